@@ -1,0 +1,167 @@
+// Package memory stores locks in the memory of one process. It implements
+// the same port as the SQLite adapter, passes the same contract suite, and
+// is the test double of choice: fast, and with no files to clean up.
+package memory
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+var _ application.LockRepository = (*LockRepository)(nil)
+
+// LockRepository implements application.LockRepository in memory. It is
+// safe for concurrent use. The zero value is not usable: call
+// NewLockRepository.
+type LockRepository struct {
+	mu    sync.Mutex
+	locks map[domain.ResourceRef]domain.Lock
+	// lastToken is the last fencing token handed out; like SQLite's
+	// AUTOINCREMENT it only grows, also when the map empties.
+	lastToken int64
+}
+
+// NewLockRepository returns an empty repository.
+func NewLockRepository() *LockRepository {
+	return &LockRepository{locks: make(map[domain.ResourceRef]domain.Lock)}
+}
+
+// Update implements application.LockRepository; decide runs under the
+// repository's mutex.
+func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
+	if err := ctx.Err(); err != nil {
+		return domain.Lock{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var cur *domain.Lock
+	if l, ok := r.locks[ref]; ok {
+		cur = &l
+	}
+	change, err := decide(cur)
+	if err != nil {
+		return domain.Lock{}, err
+	}
+	switch change.Kind {
+	case application.ChangeExtend:
+		if cur == nil {
+			return domain.Lock{}, &domain.StoreError{Op: "extend lock", Err: domain.ErrNotFound}
+		}
+		l := *cur
+		l.ExpiresAt = change.Lock.ExpiresAt
+		r.locks[ref] = l
+		return l, nil
+	case application.ChangeInsert:
+		r.lastToken++
+		l := change.Lock
+		l.Token, l.Resource = r.lastToken, ref
+		r.locks[ref] = l
+		return l, nil
+	}
+	if cur == nil {
+		return domain.Lock{}, nil
+	}
+	return *cur, nil
+}
+
+// Get implements application.LockRepository.
+func (r *LockRepository) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
+	if err := ctx.Err(); err != nil {
+		return domain.Lock{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l, ok := r.locks[ref]
+	if !ok {
+		return domain.Lock{}, domain.ErrNotFound
+	}
+	return l, nil
+}
+
+// List implements application.LockRepository.
+func (r *LockRepository) List(ctx context.Context, f application.ListFilter) ([]domain.Lock, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	out := make([]domain.Lock, 0, len(r.locks))
+	for _, l := range r.locks {
+		if (f.Type == "" || l.Resource.Type == f.Type) &&
+			(f.Owner == "" || l.Owner == f.Owner) &&
+			(f.ActiveAt.IsZero() || !l.ExpiredAt(f.ActiveAt)) {
+			out = append(out, l)
+		}
+	}
+	r.mu.Unlock()
+	slices.SortFunc(out, func(a, b domain.Lock) int {
+		return cmp.Or(cmp.Compare(a.Resource.Type, b.Resource.Type), cmp.Compare(a.Resource.ID, b.Resource.ID))
+	})
+	return out, nil
+}
+
+// DeleteOwned implements application.LockRepository.
+func (r *LockRepository) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l, ok := r.locks[ref]; ok && l.Owner == owner {
+		delete(r.locks, ref)
+		return true, nil
+	}
+	return false, nil
+}
+
+// DeleteAllOwned implements application.LockRepository.
+func (r *LockRepository) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
+	return r.deleteWhere(ctx, -1, func(l domain.Lock) bool { return l.Owner == owner })
+}
+
+// DeleteExpired implements application.LockRepository.
+func (r *LockRepository) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+	return r.deleteWhere(ctx, limit, func(l domain.Lock) bool { return l.ExpiredAt(now) })
+}
+
+// CountExpired implements application.LockRepository.
+func (r *LockRepository) CountExpired(ctx context.Context, now time.Time) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, l := range r.locks {
+		if l.ExpiredAt(now) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// deleteWhere removes up to limit locks matching match (no limit when
+// negative) and returns how many.
+func (r *LockRepository) deleteWhere(ctx context.Context, limit int, match func(domain.Lock) bool) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for ref, l := range r.locks {
+		if n == limit {
+			break
+		}
+		if match(l) {
+			delete(r.locks, ref)
+			n++
+		}
+	}
+	return n, nil
+}

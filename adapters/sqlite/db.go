@@ -1,0 +1,218 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"io/fs"
+	"math/rand/v2"
+	"time"
+
+	"entgo.io/ent/dialect"
+	entsql "entgo.io/ent/dialect/sql"
+	"github.com/pressly/goose/v3"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/ent"
+)
+
+// migrationFiles are the versioned migrations, written by
+// migrations/diff.go from the Ent schema and applied with goose.
+//
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// MigrationName is the name of the migration that creates the locks table.
+const MigrationName = "m4_001_concurrency_locks"
+
+// writeAttempts bounds how often a write that found the database busy
+// (after SQLite's own busy timeout) is tried in all.
+const writeAttempts = 4
+
+// DB is an open lock store. It is safe for concurrent use.
+type DB struct {
+	sql    *sql.DB
+	client *ent.Client
+	// writer admits one write at a time from this process: queueing here
+	// is fair and cheap, while SQLite's busy waiting is neither.
+	writer chan struct{}
+	path   string
+}
+
+// Options tune Open. The zero value is the recommended setting.
+type Options struct {
+	// BusyTimeout is how long one statement waits for another process's
+	// write lock; zero means DefaultBusyTimeout.
+	BusyTimeout time.Duration
+}
+
+// Open opens (creating it if needed) the database at pathOrURI, applies the
+// pending migrations and returns the store.
+//
+// Errors: a *domain.StoreError whose kind names the cause: StoreUnreachable
+// for a missing directory, StoreReadOnly, StoreCorrupt for a file that is not
+// a database, StoreBusy.
+func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
+	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
+	if err != nil {
+		return nil, &domain.StoreError{Op: "open lock store", Kind: domain.StoreUnreachable, Err: err}
+	}
+	path := filePath(dsn)
+	if err := createPrivate(path); err != nil {
+		return nil, FormatError("open lock store "+path, err)
+	}
+	sdb, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, FormatError("open lock store "+path, err)
+	}
+	// Connections are cheap to keep and costly to open (each runs the
+	// pragmas), so keep a few: one writer plus concurrent readers.
+	sdb.SetMaxIdleConns(4)
+	db := &DB{
+		sql:    sdb,
+		client: ent.NewClient(ent.Driver(entsql.OpenDB(dialect.SQLite, sdb))),
+		writer: make(chan struct{}, 1),
+		path:   path,
+	}
+	if err := db.migrate(ctx); err != nil {
+		sdb.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// Path returns the database file, or "" for an in-memory database.
+func (db *DB) Path() string { return db.path }
+
+// Close closes the database. Call it after the last use of the store.
+func (db *DB) Close() error {
+	if err := db.sql.Close(); err != nil {
+		return FormatError("close lock store", err)
+	}
+	return nil
+}
+
+// migrate applies the pending migrations. Processes that open a new file at
+// the same moment may race to apply the same migration; the loser sees an
+// error, and finds nothing pending when it looks again.
+func (db *DB) migrate(ctx context.Context) error {
+	fsys, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return &domain.StoreError{Op: "migrate lock store", Err: err}
+	}
+	p, err := goose.NewProvider(goose.DialectSQLite3, db.sql, fsys)
+	if err != nil {
+		return &domain.StoreError{Op: "migrate lock store", Err: err}
+	}
+	for attempt := 1; ; attempt++ {
+		err = db.withWriter(ctx, func() error { _, err := p.Up(ctx); return err })
+		if err == nil {
+			return nil
+		}
+		if pending, perr := p.HasPending(ctx); perr == nil && !pending {
+			return nil
+		}
+		if attempt == writeAttempts || ctx.Err() != nil {
+			return FormatError("migrate lock store", err)
+		}
+		if werr := backoff(ctx, attempt); werr != nil {
+			return werr
+		}
+	}
+}
+
+// MigrationApplied reports whether the migration named name has been
+// applied to the database.
+func (db *DB) MigrationApplied(ctx context.Context, name string) (bool, error) {
+	fsys, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return false, err
+	}
+	p, err := goose.NewProvider(goose.DialectSQLite3, db.sql, fsys)
+	if err != nil {
+		return false, &domain.StoreError{Op: "read migrations", Err: err}
+	}
+	status, err := p.Status(ctx)
+	if err != nil {
+		return false, FormatError("read migrations", err)
+	}
+	for _, s := range status {
+		if migrationName(s.Source.Path) == name {
+			return s.State == goose.StateApplied, nil
+		}
+	}
+	return false, nil
+}
+
+// withWriter runs fn as this process's only writer, waiting for its turn
+// unless ctx ends first.
+func (db *DB) withWriter(ctx context.Context, fn func() error) error {
+	select {
+	case db.writer <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-db.writer }()
+	return fn()
+}
+
+// write runs fn as the only writer of this process and retries it, a
+// bounded number of times with jittered backoff, while the database is busy
+// with another process's write. fn must be safe to run again: it is either
+// one statement or a whole transaction.
+func (db *DB) write(ctx context.Context, op string, fn func(context.Context) error) error {
+	for attempt := 1; ; attempt++ {
+		err := db.withWriter(ctx, func() error { return fn(ctx) })
+		if err == nil || !isBusy(err) || attempt == writeAttempts {
+			return FormatError(op, err)
+		}
+		if werr := backoff(ctx, attempt); werr != nil {
+			return FormatError(op, err)
+		}
+	}
+}
+
+// inTx runs fn in one immediate write transaction, retried as write does.
+func (db *DB) inTx(ctx context.Context, op string, fn func(context.Context, *ent.Tx) error) error {
+	return db.write(ctx, op, func(ctx context.Context) (err error) {
+		tx, err := db.client.Tx(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err != nil {
+				err = errors.Join(err, ignoreDone(tx.Rollback()))
+			}
+		}()
+		if err := fn(ctx, tx); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+// ignoreDone drops the error of rolling back a transaction that SQLite
+// already ended (it does so itself after some failures).
+func ignoreDone(err error) error {
+	if err == nil || errors.Is(err, sql.ErrTxDone) {
+		return nil
+	}
+	return err
+}
+
+// backoff waits a jittered, growing pause before retry number attempt+1.
+// It waits on a real timer: this paces I/O retries and has no bearing on
+// lock expiry, which only ever reads the service's injected clock.
+func backoff(ctx context.Context, attempt int) error {
+	base := time.Duration(1<<attempt) * 5 * time.Millisecond
+	t := time.NewTimer(base/2 + rand.N(base))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,86 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"strings"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+// FormatError translates an error of the driver, of Ent or of the file
+// system into a *domain.StoreError naming what failed and what to do. It is
+// the only place where driver errors are interpreted. Errors of the
+// context and the domain's own errors pass through unchanged.
+func FormatError(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	var se *domain.StoreError
+	if errors.As(err, &se) || isDomainError(err) {
+		return err
+	}
+	return &domain.StoreError{Op: op, Kind: kindOf(err), Err: err}
+}
+
+func isDomainError(err error) bool {
+	return errors.Is(err, domain.ErrConflict) || errors.Is(err, domain.ErrExpired) ||
+		errors.Is(err, domain.ErrValidation) || errors.Is(err, domain.ErrNotFound)
+}
+
+func kindOf(err error) domain.StoreErrorKind {
+	var serr *sqlite.Error
+	if errors.As(err, &serr) {
+		switch serr.Code() & 0xff {
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+			return domain.StoreBusy
+		case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH:
+			return domain.StoreReadOnly
+		case sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB:
+			return domain.StoreCorrupt
+		case sqlite3.SQLITE_FULL:
+			return domain.StoreFull
+		case sqlite3.SQLITE_CANTOPEN:
+			return domain.StoreUnreachable
+		case sqlite3.SQLITE_ERROR:
+			if strings.Contains(serr.Error(), "no such table") || strings.Contains(serr.Error(), "no such column") {
+				return domain.StoreSchema
+			}
+		}
+	}
+	switch {
+	case errors.Is(err, fs.ErrPermission):
+		return domain.StoreReadOnly
+	case errors.Is(err, fs.ErrNotExist):
+		return domain.StoreUnreachable
+	}
+	return domain.StoreInternal
+}
+
+// isBusy reports whether err means another connection held the write lock
+// for longer than the busy timeout.
+func isBusy(err error) bool {
+	var serr *sqlite.Error
+	if errors.As(err, &serr) {
+		c := serr.Code() & 0xff
+		return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
+	}
+	return false
+}
+
+// migrationName returns the name part of a migration file,
+// "20261129190022_m4_001_concurrency_locks.sql" -> "m4_001_concurrency_locks".
+func migrationName(path string) string {
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		path = path[i+1:]
+	}
+	_, name, _ := strings.Cut(strings.TrimSuffix(path, ".sql"), "_")
+	return name
+}

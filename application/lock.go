@@ -1,0 +1,231 @@
+package application
+
+import (
+	"context"
+	"time"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+// Precision is the resolution of every instant the service records. Times
+// are truncated to it once per operation so that every adapter stores and
+// compares exactly the same values.
+const Precision = time.Microsecond
+
+// cleanupBatch bounds how many expired locks one write removes, so that a
+// large purge never keeps other writers waiting for long.
+const cleanupBatch = 1000
+
+// LockService applies the lock rules on top of a LockRepository.
+//
+// The rules, in one place:
+//   - A lock is active while now < ExpiresAt; at now == ExpiresAt it has
+//     expired (domain.Lock.ExpiredAt).
+//   - Acquire by the holder of an active lock is re-entrant: the expiry
+//     becomes now+ttl, the acquisition time and the token stay.
+//   - Acquire by another owner of an active lock fails with a
+//     *domain.LockConflictError naming the holder.
+//   - Acquire of a free resource, or of one whose lock has expired (whoever
+//     held it), stores a new lock with a new, larger token.
+//   - Renew by the holder of an active lock sets its expiry to now+ttl.
+//     Renew of an expired or missing lock fails with *domain.LockExpiredError;
+//     renew of another owner's active lock fails with a conflict.
+//   - Release removes a lock only if the caller owns it.
+//   - Invalid input fails with *domain.ValidationError before anything is
+//     read or written.
+type LockService struct {
+	repo       LockRepository
+	clock      Clock
+	defaultTTL time.Duration
+}
+
+// NewLockService returns a service storing locks in repo and reading time
+// from clock. defaultTTL replaces a zero TTL in Acquire and Renew; zero
+// means domain.DefaultLockTTL, and any other value must lie within the TTL
+// bounds.
+func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) (*LockService, error) {
+	ttl, err := domain.ResolveTTL(defaultTTL)
+	if err != nil {
+		return nil, err
+	}
+	return &LockService{repo: repo, clock: clock, defaultTTL: ttl}, nil
+}
+
+// DefaultTTL returns the TTL used when a caller passes zero.
+func (s *LockService) DefaultTTL() time.Duration { return s.defaultTTL }
+
+// Now returns the service's current instant, at the precision it records.
+func (s *LockService) Now() time.Time { return s.clock.Now().UTC().Truncate(Precision) }
+
+// Acquire takes the lock on ref for owner for ttl (zero: the default TTL),
+// or re-enters it if owner already holds it. It returns the lock as held.
+//
+// Errors: *domain.ValidationError for bad input; *domain.LockConflictError
+// when another owner holds an active lock; *domain.StoreError when the store
+// fails.
+func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
+	ttl, err := s.checkInput(owner, ref, ttl)
+	if err != nil {
+		return domain.Lock{}, err
+	}
+	now := s.Now()
+	expires := now.Add(ttl).Truncate(Precision)
+	return s.repo.Update(ctx, ref, func(cur *domain.Lock) (Change, error) {
+		switch {
+		case cur == nil || cur.ExpiredAt(now):
+			// Free, or the previous lock has lapsed: the resource changes
+			// hands (even back to the same owner, who held nothing between
+			// the expiry and now), so it gets a new token.
+			return Change{Kind: ChangeInsert, Lock: domain.Lock{
+				Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
+			}}, nil
+		case cur.Owner == owner:
+			return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
+		default:
+			return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
+		}
+	})
+}
+
+// Renew sets the expiry of owner's active lock on ref to now+ttl (zero: the
+// default TTL) and returns the lock. Call it every RenewInterval(ttl) during
+// long work.
+//
+// Errors: *domain.ValidationError for bad input; *domain.LockExpiredError
+// when owner's lock has expired or is gone (owner must acquire again);
+// *domain.LockConflictError when another owner holds an active lock;
+// *domain.StoreError when the store fails.
+func (s *LockService) Renew(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
+	ttl, err := s.checkInput(owner, ref, ttl)
+	if err != nil {
+		return domain.Lock{}, err
+	}
+	now := s.Now()
+	expires := now.Add(ttl).Truncate(Precision)
+	return s.repo.Update(ctx, ref, func(cur *domain.Lock) (Change, error) {
+		switch {
+		case cur == nil:
+			return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref}
+		case cur.Owner == owner && cur.ExpiredAt(now):
+			return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref, ExpiredAt: cur.ExpiresAt}
+		case cur.Owner == owner:
+			return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
+		case cur.ExpiredAt(now):
+			// Someone else's lapsed lock: the caller holds nothing here.
+			return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref}
+		default:
+			return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
+		}
+	})
+}
+
+// Release removes owner's lock on ref and reports whether there was one. A
+// lock held by another owner is never touched; releasing a lock that is not
+// held is not an error, so Release is safe to call on every exit path.
+//
+// Errors: *domain.ValidationError for bad input; *domain.StoreError.
+func (s *LockService) Release(ctx context.Context, owner string, ref domain.ResourceRef) (bool, error) {
+	if err := domain.ValidateOwner(owner); err != nil {
+		return false, err
+	}
+	if err := ref.Validate(); err != nil {
+		return false, err
+	}
+	return s.repo.DeleteOwned(ctx, ref, owner)
+}
+
+// ReleaseAllForOwner removes every lock of owner, active or expired, and
+// returns how many. The container calls it on shutdown so that the
+// resources become available to other processes at once.
+//
+// Errors: *domain.ValidationError for a bad owner; *domain.StoreError.
+func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int, error) {
+	if err := domain.ValidateOwner(owner); err != nil {
+		return 0, err
+	}
+	return s.repo.DeleteAllOwned(ctx, owner)
+}
+
+// CleanupExpired purges every lock that has expired now and returns how
+// many. It deletes in bounded batches, each its own short write, so that a
+// large backlog does not stall concurrent acquirers; it stops early, with
+// the count so far, if ctx is cancelled.
+//
+// Errors: *domain.StoreError; ctx.Err() when cancelled between batches.
+func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
+	now := s.Now()
+	total := 0
+	for {
+		n, err := s.repo.DeleteExpired(ctx, now, cleanupBatch)
+		total += n
+		if err != nil || n < cleanupBatch {
+			return total, err
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}
+
+// StaleCount returns how many locks have expired but are still stored: a
+// non-zero count means cleanup has not run since they expired.
+//
+// Errors: *domain.StoreError.
+func (s *LockService) StaleCount(ctx context.Context) (int, error) {
+	return s.repo.CountExpired(ctx, s.Now())
+}
+
+// Get returns the stored lock on ref, which may have expired (check
+// Lock.ExpiredAt against Now), or domain.ErrNotFound.
+//
+// Errors: *domain.ValidationError; domain.ErrNotFound; *domain.StoreError.
+func (s *LockService) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
+	if err := ref.Validate(); err != nil {
+		return domain.Lock{}, err
+	}
+	return s.repo.Get(ctx, ref)
+}
+
+// ListOptions selects locks for List. Zero fields do not filter.
+type ListOptions struct {
+	Type  domain.ResourceType
+	Owner string
+	// IncludeExpired also returns locks that have expired but are not yet
+	// purged.
+	IncludeExpired bool
+}
+
+// List returns the locks matching opts, ordered by resource type and id.
+//
+// Errors: *domain.ValidationError for a bad filter; *domain.StoreError.
+func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock, error) {
+	if opts.Type != "" && !opts.Type.Valid() {
+		return nil, (domain.ResourceRef{Type: opts.Type, ID: "-"}).Validate()
+	}
+	if opts.Owner != "" {
+		if err := domain.ValidateOwner(opts.Owner); err != nil {
+			return nil, err
+		}
+	}
+	f := ListFilter{Type: opts.Type, Owner: opts.Owner}
+	if !opts.IncludeExpired {
+		f.ActiveAt = s.Now()
+	}
+	return s.repo.List(ctx, f)
+}
+
+func (s *LockService) checkInput(owner string, ref domain.ResourceRef, ttl time.Duration) (time.Duration, error) {
+	if err := domain.ValidateOwner(owner); err != nil {
+		return 0, err
+	}
+	if err := ref.Validate(); err != nil {
+		return 0, err
+	}
+	if ttl == 0 {
+		return s.defaultTTL, nil
+	}
+	if err := domain.ValidateTTL(ttl); err != nil {
+		return 0, err
+	}
+	return ttl, nil
+}

@@ -1,0 +1,159 @@
+package domain
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Every error the lock service returns matches one of them
+// with errors.Is; the typed errors below carry the details.
+var (
+	// ErrConflict: another owner holds an active lock on the resource.
+	ErrConflict = errors.New("lock is held by another owner")
+	// ErrExpired: the caller's lock has expired or no longer exists.
+	ErrExpired = errors.New("lock has expired")
+	// ErrValidation: a parameter was invalid; nothing was written.
+	ErrValidation = errors.New("invalid lock parameter")
+	// ErrNotFound: there is no lock on the resource.
+	ErrNotFound = errors.New("no lock on resource")
+	// ErrUnavailable: the lock store could not complete the operation.
+	// Match the StoreError kinds below for the cause.
+	ErrUnavailable = errors.New("lock store unavailable")
+)
+
+// LockConflictError reports that Holder holds an active lock on the
+// resource the caller asked for.
+type LockConflictError struct {
+	Holder Lock
+	// Now is the instant at which the conflict was decided.
+	Now time.Time
+}
+
+func (e *LockConflictError) Error() string {
+	return fmt.Sprintf("%s is locked by owner %q (acquired %s, expires %s, in %s); wait for it to be released or to expire, or ask the holder to release it",
+		e.Holder.Resource, e.Holder.Owner,
+		e.Holder.AcquiredAt.UTC().Format(time.RFC3339Nano), e.Holder.ExpiresAt.UTC().Format(time.RFC3339Nano),
+		e.Holder.Remaining(e.Now))
+}
+
+// Is makes errors.Is(err, ErrConflict) true.
+func (e *LockConflictError) Is(target error) bool { return target == ErrConflict }
+
+// LockExpiredError reports that the caller tried to renew a lock that has
+// expired or is gone. The caller no longer holds the resource and must
+// acquire it again before continuing.
+type LockExpiredError struct {
+	Owner    string
+	Resource ResourceRef
+	// ExpiredAt is when the caller's lock expired; zero when there was no
+	// lock of the caller's at all.
+	ExpiredAt time.Time
+}
+
+func (e *LockExpiredError) Error() string {
+	if e.ExpiredAt.IsZero() {
+		return fmt.Sprintf("owner %q holds no lock on %s; acquire it again before continuing", e.Owner, e.Resource)
+	}
+	return fmt.Sprintf("the lock of owner %q on %s expired at %s; acquire it again before continuing",
+		e.Owner, e.Resource, e.ExpiredAt.UTC().Format(time.RFC3339Nano))
+}
+
+// Is makes errors.Is(err, ErrExpired) true.
+func (e *LockExpiredError) Is(target error) bool { return target == ErrExpired }
+
+// ValidationError reports an invalid parameter. Field is the name of the
+// parameter as stored (owner_id, resource_type, resource_id, ttl).
+type ValidationError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("invalid %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrValidation) true.
+func (e *ValidationError) Is(target error) bool { return target == ErrValidation }
+
+// StoreErrorKind classifies why the lock store failed.
+type StoreErrorKind int
+
+// The kinds of store failure.
+const (
+	// StoreInternal is any failure not classified below.
+	StoreInternal StoreErrorKind = iota
+	// StoreBusy: the database stayed locked by another writer for longer
+	// than the busy timeout and the retries allowed.
+	StoreBusy
+	// StoreReadOnly: the database file, its directory or the connection
+	// does not allow writing.
+	StoreReadOnly
+	// StoreCorrupt: the file is not a database, or is damaged.
+	StoreCorrupt
+	// StoreUnreachable: the database could not be opened or reached.
+	StoreUnreachable
+	// StoreFull: the disk or the database is full.
+	StoreFull
+	// StoreSchema: the database does not have the expected schema.
+	StoreSchema
+)
+
+var storeKindText = map[StoreErrorKind]struct{ what, advice string }{
+	StoreInternal:    {"failed", "see the cause below"},
+	StoreBusy:        {"is busy: another writer kept it locked", "retry later, and look for a process holding a long write transaction"},
+	StoreReadOnly:    {"is read-only", "make the database file and its directory writable by this process"},
+	StoreCorrupt:     {"is not a valid database", "point the service at the right file, or move the damaged file away"},
+	StoreUnreachable: {"cannot be reached", "check the path or DSN and that the directory exists"},
+	StoreFull:        {"is full", "free disk space"},
+	StoreSchema:      {"does not have the expected schema", "let the service open it once so that its migrations run"},
+}
+
+// String returns a short name for the kind.
+func (k StoreErrorKind) String() string {
+	switch k {
+	case StoreBusy:
+		return "busy"
+	case StoreReadOnly:
+		return "read-only"
+	case StoreCorrupt:
+		return "corrupt"
+	case StoreUnreachable:
+		return "unreachable"
+	case StoreFull:
+		return "full"
+	case StoreSchema:
+		return "schema"
+	default:
+		return "internal"
+	}
+}
+
+// StoreError reports a failure of the lock store. It always matches
+// ErrUnavailable; Kind says why and Err carries the underlying cause.
+type StoreError struct {
+	Op   string
+	Kind StoreErrorKind
+	Err  error
+}
+
+func (e *StoreError) Error() string {
+	t := storeKindText[e.Kind]
+	msg := fmt.Sprintf("%s: lock store %s; %s", e.Op, t.what, t.advice)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrUnavailable) true.
+func (e *StoreError) Is(target error) bool { return target == ErrUnavailable }
+
+// Unwrap returns the underlying cause.
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// IsStoreKind reports whether err is a *StoreError of the given kind.
+func IsStoreKind(err error, kind StoreErrorKind) bool {
+	var se *StoreError
+	return errors.As(err, &se) && se.Kind == kind
+}

@@ -1,0 +1,172 @@
+// Package locks is the advisory-lock module of CleverAgents: it stops two
+// processes from changing the same plan or project at once.
+//
+// Open builds a Container from a Config: it opens the lock store (a SQLite
+// file by default, or memory for tests), applies the schema migrations,
+// purges locks that expired while no process was running, and returns the
+// container, whose Locks service takes, renews and releases locks. Close
+// releases every lock the container's owner still holds, then closes the
+// store, so that other processes can take the resources at once.
+//
+// The rules themselves live in package application, the vocabulary and the
+// errors in package domain.
+package locks
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// MemoryDatabase, as Config.Database, keeps the locks in the memory of this
+// process: for tests, and for programs that only need to exclude their own
+// goroutines.
+const MemoryDatabase = ":memory:"
+
+// DefaultShutdownTimeout bounds how long Close waits to release the
+// owner's locks.
+const DefaultShutdownTimeout = 10 * time.Second
+
+// Config says how to build a Container. Only Database is required.
+type Config struct {
+	// Database is the SQLite file (a path, or a "file:" URI with extra
+	// parameters) or MemoryDatabase. A new file is created with mode 0600;
+	// its directory must exist.
+	Database string
+	// Owner identifies this process in the locks it takes; empty means
+	// DefaultOwner(). Every lock the owner holds is released by Close.
+	Owner string
+	// DefaultTTL replaces a zero TTL in Acquire and Renew; zero means
+	// domain.DefaultLockTTL (5 minutes).
+	DefaultTTL time.Duration
+	// Clock is where the service reads the time; nil means the real clock.
+	// Tests pass clock.NewMock() from github.com/benbjohnson/clock.
+	Clock application.Clock
+	// BusyTimeout is how long a SQLite statement waits for another
+	// process's write; zero means 5 seconds.
+	BusyTimeout time.Duration
+	// SkipStartupCleanup leaves expired locks in place when opening, for
+	// tools that must show them (diagnostics, listings of expired locks).
+	SkipStartupCleanup bool
+	// KeepLocksOnClose makes Close leave the owner's locks in place, for a
+	// process that takes a lock on purpose and exits, such as the agents
+	// CLI: they expire with their TTL or are released explicitly.
+	KeepLocksOnClose bool
+}
+
+// Container is the lock module as the application container embeds it.
+type Container struct {
+	// Locks applies the lock rules. Most callers pass Owner() as the owner.
+	Locks *application.LockService
+
+	owner    string
+	keep     bool
+	shutdown *shutdown
+	cleanup  func()
+	once     sync.Once
+	// closeCtx is the context of the Close call in progress, read by the
+	// release-all that Wire's cleanup runs.
+	closeCtx context.Context
+}
+
+// Open builds the container that cfg describes. Opening applies the
+// pending migrations and then purges expired locks (unless
+// cfg.SkipStartupCleanup).
+//
+// Errors: *domain.ValidationError for a bad Config; *domain.StoreError when
+// the store cannot be opened, migrated or cleaned.
+func Open(ctx context.Context, cfg Config) (*Container, error) {
+	if cfg.Database == "" {
+		return nil, &domain.ValidationError{Field: "database", Reason: "must name a SQLite file, or " + MemoryDatabase}
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = DefaultOwner()
+	}
+	if err := domain.ValidateOwner(cfg.Owner); err != nil {
+		return nil, err
+	}
+	var (
+		c       *Container
+		cleanup func()
+		err     error
+	)
+	if cfg.Database == MemoryDatabase {
+		c, cleanup, err = openMemory(ctx, cfg)
+	} else {
+		c, cleanup, err = openSQLite(ctx, cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.cleanup = cleanup
+	return c, nil
+}
+
+// Owner returns the owner id this container acts for.
+func (c *Container) Owner() string { return c.owner }
+
+// Close releases every lock of the container's owner (unless
+// Config.KeepLocksOnClose) and closes the store, waiting at most
+// DefaultShutdownTimeout. Only the first call does anything.
+func (c *Container) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
+	defer cancel()
+	return c.Shutdown(ctx)
+}
+
+// Shutdown is Close with a caller's context for the release of the locks.
+func (c *Container) Shutdown(ctx context.Context) error {
+	c.once.Do(func() {
+		c.closeCtx = ctx
+		c.cleanup()
+	})
+	return c.shutdown.err()
+}
+
+// DefaultOwner returns an owner id that identifies this process:
+// "host:pid:random", unique even when a pid is reused.
+func DefaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	// Keep the id well within the 255 bytes an owner id may have.
+	if len(host) > 200 {
+		host = host[:200]
+	}
+	host = strings.ToValidUTF8(host, "?")
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// shutdown collects the errors of the cleanups that Wire runs on Close.
+type shutdown struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func newShutdown() *shutdown { return &shutdown{} }
+
+func (s *shutdown) add(err error) {
+	if err != nil {
+		s.mu.Lock()
+		s.errs = append(s.errs, err)
+		s.mu.Unlock()
+	}
+}
+
+func (s *shutdown) err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return errors.Join(s.errs...)
+}

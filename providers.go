@@ -1,0 +1,58 @@
+package locks
+
+import (
+	"context"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/cleveragents/locks/adapters/memory"
+	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/application"
+)
+
+// The providers that wire.go assembles. They are plain functions, so that
+// wire_gen.go stays readable and could be written by hand.
+
+func provideClock(cfg Config) application.Clock {
+	if cfg.Clock == nil {
+		return clock.New()
+	}
+	return cfg.Clock
+}
+
+func provideService(repo application.LockRepository, clk application.Clock, cfg Config) (*application.LockService, error) {
+	return application.NewLockService(repo, clk, cfg.DefaultTTL)
+}
+
+// provideSQLite opens the database; its cleanup closes it, after the
+// container's cleanup has released the owner's locks (Wire runs a
+// provider's cleanup before those of its inputs).
+func provideSQLite(ctx context.Context, cfg Config, sd *shutdown) (*sqlite.DB, func(), error) {
+	db, err := sqlite.Open(ctx, cfg.Database, sqlite.Options{BusyTimeout: cfg.BusyTimeout})
+	if err != nil {
+		return nil, nil, err
+	}
+	return db, func() { sd.add(db.Close()) }, nil
+}
+
+func provideMemory() *memory.LockRepository { return memory.NewLockRepository() }
+
+// newContainer runs the startup cleanup, so that locks left by a process
+// that died are gone before anyone asks for them; its cleanup releases the
+// owner's locks on Close.
+func newContainer(ctx context.Context, svc *application.LockService, cfg Config, sd *shutdown) (*Container, func(), error) {
+	c := &Container{Locks: svc, owner: cfg.Owner, keep: cfg.KeepLocksOnClose, shutdown: sd}
+	if !cfg.SkipStartupCleanup {
+		if _, err := svc.CleanupExpired(ctx); err != nil {
+			return nil, nil, err
+		}
+	}
+	release := func() {
+		if c.keep {
+			return
+		}
+		_, err := svc.ReleaseAllForOwner(c.closeCtx, c.owner)
+		sd.add(err)
+	}
+	return c, release, nil
+}

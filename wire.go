@@ -1,0 +1,34 @@
+//go:build wireinject
+
+package locks
+
+import (
+	"context"
+
+	"github.com/google/wire"
+
+	"github.com/cleveragents/locks/adapters/memory"
+	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/application"
+)
+
+var containerSet = wire.NewSet(newShutdown, provideClock, provideService, newContainer)
+
+func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
+	wire.Build(
+		containerSet,
+		provideSQLite,
+		sqlite.NewLockRepository,
+		wire.Bind(new(application.LockRepository), new(*sqlite.LockRepository)),
+	)
+	return nil, nil, nil
+}
+
+func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
+	wire.Build(
+		containerSet,
+		provideMemory,
+		wire.Bind(new(application.LockRepository), new(*memory.LockRepository)),
+	)
+	return nil, nil, nil
+}
