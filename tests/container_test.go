@@ -1,0 +1,198 @@
+// Package tests holds the end-to-end tests of the module as an embedder
+// uses it: through locks.Open and the container's lock service.
+package tests
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+var (
+	plan1    = domain.ResourceRef{Type: domain.ResourcePlan, ID: "plan-1"}
+	project1 = domain.ResourceRef{Type: domain.ResourceProject, ID: "project-1"}
+)
+
+// MustOpen opens a container and closes it when the test ends (a second
+// Close is harmless).
+func MustOpen(tb testing.TB, cfg locks.Config) *locks.Container {
+	tb.Helper()
+	c, err := locks.Open(context.Background(), cfg)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func newMock() *clock.Mock {
+	mc := clock.NewMock()
+	mc.Set(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	return mc
+}
+
+func allLocks(t *testing.T, c *locks.Container) []domain.Lock {
+	t.Helper()
+	l, err := c.Locks.List(context.Background(), application.ListOptions{IncludeExpired: true})
+	require.NoError(t, err)
+	return l
+}
+
+func TestContainer_CloseReleasesOwnersLocks(t *testing.T) {
+	ctx := context.Background()
+	db := filepath.Join(t.TempDir(), "agents.db")
+	mc := newMock()
+
+	other := MustOpen(t, locks.Config{Database: db, Owner: "B", Clock: mc})
+	kept, err := other.Locks.Acquire(ctx, other.Owner(), project1, 0)
+	require.NoError(t, err)
+
+	a := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: mc})
+	for _, ref := range []domain.ResourceRef{plan1, {Type: domain.ResourcePlan, ID: "plan-2"}} {
+		_, err := a.Locks.Acquire(ctx, a.Owner(), ref, 0)
+		require.NoError(t, err)
+	}
+	require.Len(t, allLocks(t, other), 3)
+
+	require.NoError(t, a.Close())
+	assert.Equal(t, []domain.Lock{kept}, allLocks(t, other), "A's locks are gone, B's stay")
+	_, err = other.Locks.Acquire(ctx, other.Owner(), plan1, 0)
+	require.NoError(t, err, "A's resource is free at once, without waiting for its TTL")
+	require.NoError(t, a.Close(), "closing twice is harmless")
+}
+
+func TestContainer_KeepLocksOnClose(t *testing.T) {
+	ctx := context.Background()
+	db := filepath.Join(t.TempDir(), "agents.db")
+	a := MustOpen(t, locks.Config{Database: db, Owner: "A", KeepLocksOnClose: true})
+	_, err := a.Locks.Acquire(ctx, "A", plan1, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.Close())
+
+	b := MustOpen(t, locks.Config{Database: db, Owner: "B"})
+	_, err = b.Locks.Acquire(ctx, "B", plan1, 0)
+	require.ErrorIs(t, err, domain.ErrConflict)
+}
+
+func TestContainer_OpenPurgesExpiredLocks(t *testing.T) {
+	ctx := context.Background()
+	db := filepath.Join(t.TempDir(), "agents.db")
+	mc := newMock()
+
+	// A process takes locks and dies without closing its container.
+	crashed := MustOpen(t, locks.Config{Database: db, Owner: "crashed", Clock: mc, KeepLocksOnClose: true})
+	_, err := crashed.Locks.Acquire(ctx, "crashed", plan1, 10*time.Second)
+	require.NoError(t, err)
+	live, err := crashed.Locks.Acquire(ctx, "crashed", project1, time.Hour)
+	require.NoError(t, err)
+
+	mc.Add(10 * time.Second)
+	stale, err := crashed.Locks.StaleCount(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, stale)
+
+	next := MustOpen(t, locks.Config{Database: db, Owner: "next", Clock: mc})
+	assert.Equal(t, []domain.Lock{live}, allLocks(t, next), "the expired lock was purged on open, the live one kept")
+	stale, err = next.Locks.StaleCount(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, stale)
+}
+
+func TestContainer_SkipStartupCleanup(t *testing.T) {
+	ctx := context.Background()
+	db := filepath.Join(t.TempDir(), "agents.db")
+	mc := newMock()
+	a := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: mc, KeepLocksOnClose: true})
+	_, err := a.Locks.Acquire(ctx, "A", plan1, 5*time.Second)
+	require.NoError(t, err)
+	mc.Add(time.Minute)
+
+	inspect := MustOpen(t, locks.Config{Database: db, Clock: mc, SkipStartupCleanup: true, KeepLocksOnClose: true})
+	n, err := inspect.Locks.StaleCount(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+}
+
+func TestContainer_RacingGoroutinesOneWinner(t *testing.T) {
+	for _, db := range []string{locks.MemoryDatabase, "file"} {
+		t.Run(db, func(t *testing.T) {
+			if db == "file" {
+				db = filepath.Join(t.TempDir(), "agents.db")
+			}
+			c := MustOpen(t, locks.Config{Database: db})
+			const racers = 32
+			var (
+				wg      sync.WaitGroup
+				start   = make(chan struct{})
+				mu      sync.Mutex
+				winners []string
+			)
+			for i := range racers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					owner := c.Owner() + "/worker-" + string(rune('A'+i))
+					<-start
+					_, err := c.Locks.Acquire(context.Background(), owner, plan1, 0)
+					if err == nil {
+						mu.Lock()
+						winners = append(winners, owner)
+						mu.Unlock()
+					} else if !errors.Is(err, domain.ErrConflict) {
+						t.Errorf("%s: %v", owner, err)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			require.Len(t, winners, 1)
+		})
+	}
+}
+
+func TestContainer_Config(t *testing.T) {
+	ctx := context.Background()
+	t.Run("DatabaseRequired", func(t *testing.T) {
+		_, err := locks.Open(ctx, locks.Config{})
+		var ve *domain.ValidationError
+		require.ErrorAs(t, err, &ve)
+		assert.Equal(t, "database", ve.Field)
+	})
+	t.Run("BadOwner", func(t *testing.T) {
+		_, err := locks.Open(ctx, locks.Config{Database: locks.MemoryDatabase, Owner: " "})
+		require.ErrorIs(t, err, domain.ErrValidation)
+	})
+	t.Run("BadDefaultTTL", func(t *testing.T) {
+		db := filepath.Join(t.TempDir(), "agents.db")
+		_, err := locks.Open(ctx, locks.Config{Database: db, DefaultTTL: 2 * time.Hour})
+		var ve *domain.ValidationError
+		require.ErrorAs(t, err, &ve)
+		assert.Equal(t, "ttl", ve.Field)
+	})
+	t.Run("DefaultTTL", func(t *testing.T) {
+		mc := newMock()
+		c := MustOpen(t, locks.Config{Database: locks.MemoryDatabase, DefaultTTL: time.Minute, Clock: mc})
+		l, err := c.Locks.Acquire(ctx, c.Owner(), plan1, 0)
+		require.NoError(t, err)
+		assert.Equal(t, mc.Now().Add(time.Minute), l.ExpiresAt)
+	})
+	t.Run("DefaultOwnerIdentifiesProcess", func(t *testing.T) {
+		a := MustOpen(t, locks.Config{Database: locks.MemoryDatabase})
+		b := MustOpen(t, locks.Config{Database: locks.MemoryDatabase})
+		assert.NotEqual(t, a.Owner(), b.Owner(), "a random suffix tells containers apart")
+		require.NoError(t, domain.ValidateOwner(a.Owner()))
+	})
+	t.Run("UnreachableDatabase", func(t *testing.T) {
+		_, err := locks.Open(ctx, locks.Config{Database: filepath.Join(t.TempDir(), "missing", "agents.db")})
+		require.ErrorIs(t, err, domain.ErrUnavailable)
+	})
+}

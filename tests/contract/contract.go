@@ -1,0 +1,614 @@
+// Package contract is the one test suite that every lock store must pass.
+// It drives the real LockService over the store under test and moves a mock
+// clock across every expiry boundary, so each rule of the service is
+// checked on each adapter, not just the adapter's plumbing.
+//
+// An adapter's test calls Run with a function that returns a new, empty
+// store for each subtest.
+package contract
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// NewRepository returns a new, empty store for one subtest; it registers
+// any cleanup with t.
+type NewRepository func(t *testing.T) application.LockRepository
+
+// Start is the instant the mock clock shows at the start of every subtest.
+// It has a non-zero sub-second part so that precision bugs show.
+var Start = time.Date(2026, 11, 29, 12, 0, 0, 123456000, time.UTC)
+
+var (
+	plan1    = domain.ResourceRef{Type: domain.ResourcePlan, ID: "plan-1"}
+	plan2    = domain.ResourceRef{Type: domain.ResourcePlan, ID: "plan-2"}
+	project1 = domain.ResourceRef{Type: domain.ResourceProject, ID: "plan-1"} // same id, other type
+)
+
+// Fixture is one subtest's service, store and clock.
+type Fixture struct {
+	Svc   *application.LockService
+	Repo  application.LockRepository
+	Clock *clock.Mock
+	Ctx   context.Context
+}
+
+// MustFixture builds a service on a new store with the clock at Start.
+func MustFixture(t *testing.T, newRepo NewRepository) *Fixture {
+	t.Helper()
+	repo := newRepo(t)
+	mc := clock.NewMock()
+	mc.Set(Start)
+	svc, err := application.NewLockService(repo, mc, 0)
+	require.NoError(t, err)
+	return &Fixture{Svc: svc, Repo: repo, Clock: mc, Ctx: context.Background()}
+}
+
+// MustAcquire acquires or fails the test.
+func (f *Fixture) MustAcquire(t *testing.T, owner string, ref domain.ResourceRef, ttl time.Duration) domain.Lock {
+	t.Helper()
+	l, err := f.Svc.Acquire(f.Ctx, owner, ref, ttl)
+	require.NoError(t, err)
+	return l
+}
+
+// All returns every stored lock, expired ones included.
+func (f *Fixture) All(t *testing.T) []domain.Lock {
+	t.Helper()
+	all, err := f.Svc.List(f.Ctx, application.ListOptions{IncludeExpired: true})
+	require.NoError(t, err)
+	return all
+}
+
+// Run runs the whole contract against the store that newRepo makes.
+func Run(t *testing.T, newRepo NewRepository) {
+	t.Run("Acquire", func(t *testing.T) { testAcquire(t, newRepo) })
+	t.Run("Renew", func(t *testing.T) { testRenew(t, newRepo) })
+	t.Run("Release", func(t *testing.T) { testRelease(t, newRepo) })
+	t.Run("ReleaseAllForOwner", func(t *testing.T) { testReleaseAll(t, newRepo) })
+	t.Run("CleanupExpired", func(t *testing.T) { testCleanup(t, newRepo) })
+	t.Run("StaleCount", func(t *testing.T) { testStaleCount(t, newRepo) })
+	t.Run("GetAndList", func(t *testing.T) { testGetAndList(t, newRepo) })
+	t.Run("FencingToken", func(t *testing.T) { testFencingToken(t, newRepo) })
+	t.Run("Validation", func(t *testing.T) { testValidation(t, newRepo) })
+	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newRepo) })
+}
+
+func testAcquire(t *testing.T, newRepo NewRepository) {
+	t.Run("FreeResource", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		l := f.MustAcquire(t, "A", plan1, 30*time.Second)
+		assert.Positive(t, l.Token)
+		assert.Equal(t, "A", l.Owner)
+		assert.Equal(t, plan1, l.Resource)
+		assert.Equal(t, Start, l.AcquiredAt)
+		assert.Equal(t, Start.Add(30*time.Second), l.ExpiresAt)
+		got, err := f.Svc.Get(f.Ctx, plan1)
+		require.NoError(t, err)
+		assert.Equal(t, l, got, "the stored lock is the returned one")
+	})
+	t.Run("ZeroTTLMeansDefault", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		l := f.MustAcquire(t, "A", plan1, 0)
+		assert.Equal(t, Start.Add(domain.DefaultLockTTL), l.ExpiresAt)
+	})
+	t.Run("BoundsAccepted", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		assert.Equal(t, Start.Add(domain.MinLockTTL), f.MustAcquire(t, "A", plan1, domain.MinLockTTL).ExpiresAt)
+		assert.Equal(t, Start.Add(domain.MaxLockTTL), f.MustAcquire(t, "A", plan2, domain.MaxLockTTL).ExpiresAt)
+	})
+	t.Run("ReentrantExtendsTTL", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		first := f.MustAcquire(t, "A", plan1, 10*time.Second)
+		f.Clock.Add(9*time.Second + 999*time.Millisecond)
+		again := f.MustAcquire(t, "A", plan1, 60*time.Second)
+		assert.Equal(t, first.Token, again.Token, "re-entry keeps the token")
+		assert.Equal(t, first.AcquiredAt, again.AcquiredAt, "re-entry keeps the acquisition time")
+		assert.Equal(t, f.Clock.Now().Add(60*time.Second), again.ExpiresAt)
+		got, err := f.Svc.Get(f.Ctx, plan1)
+		require.NoError(t, err)
+		assert.Equal(t, again, got)
+	})
+	t.Run("ConflictNamesHolder", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		held := f.MustAcquire(t, "A", plan1, 30*time.Second)
+		f.Clock.Add(10 * time.Second)
+		_, err := f.Svc.Acquire(f.Ctx, "B", plan1, 0)
+		require.ErrorIs(t, err, domain.ErrConflict)
+		var ce *domain.LockConflictError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, held, ce.Holder)
+		assert.Equal(t, 20*time.Second, ce.Holder.Remaining(ce.Now))
+		assert.Contains(t, err.Error(), `"A"`)
+		assert.Equal(t, []domain.Lock{held}, f.All(t), "a refused acquire writes nothing")
+	})
+	t.Run("OtherResourcesAreIndependent", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		f.MustAcquire(t, "A", plan1, 0)
+		f.MustAcquire(t, "B", plan2, 0)
+		f.MustAcquire(t, "C", project1, 0)
+		assert.Len(t, f.All(t), 3)
+	})
+	t.Run("ExpiryBoundary", func(t *testing.T) {
+		// Active strictly before ExpiresAt, expired at and after it.
+		for _, tc := range []struct {
+			name     string
+			advance  time.Duration
+			conflict bool
+		}{
+			{"OneMicrosecondBefore", 30*time.Second - time.Microsecond, true},
+			{"At", 30 * time.Second, false},
+			{"OneMicrosecondAfter", 30*time.Second + time.Microsecond, false},
+			{"LongAfter", 2 * time.Hour, false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				f := MustFixture(t, newRepo)
+				held := f.MustAcquire(t, "A", plan1, 30*time.Second)
+				f.Clock.Add(tc.advance)
+				l, err := f.Svc.Acquire(f.Ctx, "B", plan1, 0)
+				if tc.conflict {
+					require.ErrorIs(t, err, domain.ErrConflict)
+					return
+				}
+				require.NoError(t, err, "an expired lock is taken over transparently")
+				assert.Equal(t, "B", l.Owner)
+				assert.Greater(t, l.Token, held.Token, "a takeover gets a new, larger token")
+				assert.Equal(t, f.Clock.Now(), l.AcquiredAt)
+				assert.Equal(t, []domain.Lock{l}, f.All(t), "the expired lock is replaced")
+			})
+		}
+	})
+	t.Run("SubSecondTTLDifference", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		f.MustAcquire(t, "A", plan1, 5*time.Second)
+		f.MustAcquire(t, "A", plan2, 5*time.Second+500*time.Millisecond)
+		f.Clock.Add(5*time.Second + 250*time.Millisecond)
+		_, err := f.Svc.Acquire(f.Ctx, "B", plan1, 0)
+		require.NoError(t, err, "plan-1 expired 250ms ago")
+		_, err = f.Svc.Acquire(f.Ctx, "B", plan2, 0)
+		require.ErrorIs(t, err, domain.ErrConflict, "plan-2 still has 250ms left")
+	})
+	t.Run("SameOwnerAfterExpiryIsNewAcquisition", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		first := f.MustAcquire(t, "A", plan1, 5*time.Second)
+		f.Clock.Add(5 * time.Second)
+		again := f.MustAcquire(t, "A", plan1, 5*time.Second)
+		assert.Greater(t, again.Token, first.Token, "the owner held nothing in between")
+		assert.Equal(t, f.Clock.Now(), again.AcquiredAt)
+	})
+}
+
+func testRenew(t *testing.T, newRepo NewRepository) {
+	t.Run("HolderExtends", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		held := f.MustAcquire(t, "A", plan1, 10*time.Second)
+		f.Clock.Add(5 * time.Second)
+		l, err := f.Svc.Renew(f.Ctx, "A", plan1, 20*time.Second)
+		require.NoError(t, err)
+		assert.Equal(t, held.Token, l.Token)
+		assert.Equal(t, held.AcquiredAt, l.AcquiredAt)
+		assert.Equal(t, f.Clock.Now().Add(20*time.Second), l.ExpiresAt)
+		f.Clock.Add(19 * time.Second)
+		_, err = f.Svc.Acquire(f.Ctx, "B", plan1, 0)
+		require.ErrorIs(t, err, domain.ErrConflict, "the renewed lock outlives its first TTL")
+	})
+	t.Run("ZeroTTLMeansDefault", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		f.MustAcquire(t, "A", plan1, 10*time.Second)
+		l, err := f.Svc.Renew(f.Ctx, "A", plan1, 0)
+		require.NoError(t, err)
+		assert.Equal(t, Start.Add(domain.DefaultLockTTL), l.ExpiresAt)
+	})
+	t.Run("ExpiryBoundary", func(t *testing.T) {
+		for _, tc := range []struct {
+			name    string
+			advance time.Duration
+			expired bool
+		}{
+			{"OneMicrosecondBefore", 10*time.Second - time.Microsecond, false},
+			{"At", 10 * time.Second, true},
+			{"HalfSecondAfter", 10*time.Second + 500*time.Millisecond, true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				f := MustFixture(t, newRepo)
+				held := f.MustAcquire(t, "A", plan1, 10*time.Second)
+				f.Clock.Add(tc.advance)
+				_, err := f.Svc.Renew(f.Ctx, "A", plan1, 0)
+				if !tc.expired {
+					require.NoError(t, err)
+					return
+				}
+				require.ErrorIs(t, err, domain.ErrExpired)
+				var ee *domain.LockExpiredError
+				require.ErrorAs(t, err, &ee)
+				assert.Equal(t, held.ExpiresAt, ee.ExpiredAt)
+				assert.Equal(t, []domain.Lock{held}, f.All(t), "a refused renew writes nothing")
+			})
+		}
+	})
+	t.Run("MissingLockIsExpired", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		_, err := f.Svc.Renew(f.Ctx, "A", plan1, 0)
+		require.ErrorIs(t, err, domain.ErrExpired)
+		var ee *domain.LockExpiredError
+		require.ErrorAs(t, err, &ee)
+		assert.True(t, ee.ExpiredAt.IsZero())
+		assert.Empty(t, f.All(t))
+	})
+	t.Run("ReleasedLockIsExpired", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		f.MustAcquire(t, "A", plan1, 0)
+		_, err := f.Svc.Release(f.Ctx, "A", plan1)
+		require.NoError(t, err)
+		_, err = f.Svc.Renew(f.Ctx, "A", plan1, 0)
+		require.ErrorIs(t, err, domain.ErrExpired)
+	})
+	t.Run("OtherOwnersActiveLockConflicts", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		held := f.MustAcquire(t, "A", plan1, 0)
+		_, err := f.Svc.Renew(f.Ctx, "B", plan1, 0)
+		var ce *domain.LockConflictError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, held, ce.Holder)
+	})
+	t.Run("OtherOwnersExpiredLockIsExpired", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		held := f.MustAcquire(t, "A", plan1, 5*time.Second)
+		f.Clock.Add(6 * time.Second)
+		_, err := f.Svc.Renew(f.Ctx, "B", plan1, 0)
+		require.ErrorIs(t, err, domain.ErrExpired)
+		assert.Equal(t, []domain.Lock{held}, f.All(t))
+	})
+	t.Run("FormerHolderAfterTakeoverConflicts", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		f.MustAcquire(t, "A", plan1, 5*time.Second)
+		f.Clock.Add(5 * time.Second)
+		taken := f.MustAcquire(t, "B", plan1, 0)
+		_, err := f.Svc.Renew(f.Ctx, "A", plan1, 0)
+		var ce *domain.LockConflictError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, taken, ce.Holder)
+	})
+}
+
+func testRelease(t *testing.T, newRepo NewRepository) {
+	t.Run("HolderReleases", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		f.MustAcquire(t, "A", plan1, 0)
+		ok, err := f.Svc.Release(f.Ctx, "A", plan1)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		_, err = f.Svc.Get(f.Ctx, plan1)
+		require.ErrorIs(t, err, domain.ErrNotFound)
+		f.MustAcquire(t, "B", plan1, 0)
+	})
+	t.Run("NonHolderNeverRemoves", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		held := f.MustAcquire(t, "A", plan1, 5*time.Second)
+		ok, err := f.Svc.Release(f.Ctx, "B", plan1)
+		require.NoError(t, err)
+		assert.False(t, ok)
+		f.Clock.Add(time.Hour)
+		ok, err = f.Svc.Release(f.Ctx, "B", plan1)
+		require.NoError(t, err)
+		assert.False(t, ok, "not even once it has expired")
+		assert.Equal(t, []domain.Lock{held}, f.All(t))
+	})
+	t.Run("NotHeldIsNoError", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		ok, err := f.Svc.Release(f.Ctx, "A", plan1)
+		require.NoError(t, err)
+		assert.False(t, ok)
+	})
+	t.Run("OwnExpiredLock", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		f.MustAcquire(t, "A", plan1, 5*time.Second)
+		f.Clock.Add(time.Minute)
+		ok, err := f.Svc.Release(f.Ctx, "A", plan1)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		assert.Empty(t, f.All(t))
+	})
+	t.Run("OnlyThatResource", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		f.MustAcquire(t, "A", plan1, 0)
+		other := f.MustAcquire(t, "A", project1, 0)
+		_, err := f.Svc.Release(f.Ctx, "A", plan1)
+		require.NoError(t, err)
+		assert.Equal(t, []domain.Lock{other}, f.All(t))
+	})
+}
+
+func testReleaseAll(t *testing.T, newRepo NewRepository) {
+	f := MustFixture(t, newRepo)
+	f.MustAcquire(t, "A", plan1, 0)
+	f.MustAcquire(t, "A", project1, 5*time.Second)
+	kept := f.MustAcquire(t, "B", plan2, 0)
+	f.Clock.Add(10 * time.Second)
+	n, err := f.Svc.ReleaseAllForOwner(f.Ctx, "A")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "active and expired locks of the owner")
+	assert.Equal(t, []domain.Lock{kept}, f.All(t))
+	n, err = f.Svc.ReleaseAllForOwner(f.Ctx, "A")
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}
+
+func testCleanup(t *testing.T, newRepo NewRepository) {
+	t.Run("Boundary", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		f.MustAcquire(t, "A", plan1, 5*time.Second)
+		f.MustAcquire(t, "A", plan2, 5*time.Second+time.Microsecond)
+		keep := f.MustAcquire(t, "B", project1, 10*time.Second)
+		f.Clock.Add(5*time.Second - time.Microsecond)
+		n, err := f.Svc.CleanupExpired(f.Ctx)
+		require.NoError(t, err)
+		assert.Zero(t, n, "nothing has expired yet")
+		f.Clock.Add(time.Microsecond)
+		n, err = f.Svc.CleanupExpired(f.Ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 1, n, "plan-1 expires exactly now")
+		f.Clock.Add(time.Microsecond)
+		n, err = f.Svc.CleanupExpired(f.Ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+		assert.Equal(t, []domain.Lock{keep}, f.All(t))
+	})
+	t.Run("ManyBatches", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		const expired = 2345
+		for i := range expired {
+			ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "p" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + itoa(i)}
+			f.MustAcquire(t, "A", ref, 5*time.Second)
+		}
+		keep := f.MustAcquire(t, "A", plan1, time.Minute)
+		f.Clock.Add(30 * time.Second)
+		n, err := f.Svc.CleanupExpired(f.Ctx)
+		require.NoError(t, err)
+		assert.Equal(t, expired, n)
+		assert.Equal(t, []domain.Lock{keep}, f.All(t))
+	})
+}
+
+func testStaleCount(t *testing.T, newRepo NewRepository) {
+	f := MustFixture(t, newRepo)
+	f.MustAcquire(t, "A", plan1, 5*time.Second)
+	f.MustAcquire(t, "B", plan2, 5*time.Second+500*time.Millisecond)
+	count := func() int {
+		n, err := f.Svc.StaleCount(f.Ctx)
+		require.NoError(t, err)
+		return n
+	}
+	assert.Zero(t, count())
+	f.Clock.Add(5*time.Second - time.Microsecond)
+	assert.Zero(t, count(), "before expiry")
+	f.Clock.Add(time.Microsecond)
+	assert.Equal(t, 1, count(), "at expiry")
+	f.Clock.Add(500 * time.Millisecond)
+	assert.Equal(t, 2, count(), "after both")
+	n, err := f.Svc.CleanupExpired(f.Ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "cleanup purges what the count reported")
+	assert.Zero(t, count())
+}
+
+func testGetAndList(t *testing.T, newRepo NewRepository) {
+	f := MustFixture(t, newRepo)
+	_, err := f.Svc.Get(f.Ctx, plan1)
+	require.ErrorIs(t, err, domain.ErrNotFound)
+
+	p2 := f.MustAcquire(t, "B", plan2, time.Minute)
+	p1 := f.MustAcquire(t, "A", plan1, 5*time.Second)
+	pr := f.MustAcquire(t, "A", project1, time.Minute)
+	f.Clock.Add(5 * time.Second)
+
+	got, err := f.Svc.Get(f.Ctx, plan1)
+	require.NoError(t, err)
+	assert.Equal(t, p1, got, "Get returns an expired lock too")
+	assert.True(t, got.ExpiredAt(f.Svc.Now()))
+
+	list := func(o application.ListOptions) []domain.Lock {
+		l, err := f.Svc.List(f.Ctx, o)
+		require.NoError(t, err)
+		return l
+	}
+	assert.Equal(t, []domain.Lock{p2, pr}, list(application.ListOptions{}), "active only, by type then id")
+	assert.Equal(t, []domain.Lock{p1, p2, pr}, list(application.ListOptions{IncludeExpired: true}))
+	assert.Equal(t, []domain.Lock{p2}, list(application.ListOptions{Type: domain.ResourcePlan}))
+	assert.Equal(t, []domain.Lock{pr}, list(application.ListOptions{Owner: "A"}))
+	assert.Equal(t, []domain.Lock{p1}, list(application.ListOptions{Owner: "A", Type: domain.ResourcePlan, IncludeExpired: true}))
+	assert.Empty(t, list(application.ListOptions{Owner: "nobody"}))
+}
+
+func testFencingToken(t *testing.T, newRepo NewRepository) {
+	f := MustFixture(t, newRepo)
+	var last int64
+	next := func(l domain.Lock) {
+		t.Helper()
+		assert.Greater(t, l.Token, last)
+		last = l.Token
+	}
+	next(f.MustAcquire(t, "A", plan1, 5*time.Second))
+	same := f.MustAcquire(t, "A", plan1, 5*time.Second)
+	assert.Equal(t, last, same.Token, "re-entry keeps it")
+	renewed, err := f.Svc.Renew(f.Ctx, "A", plan1, 5*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, last, renewed.Token, "renew keeps it")
+
+	_, err = f.Svc.Release(f.Ctx, "A", plan1)
+	require.NoError(t, err)
+	next(f.MustAcquire(t, "B", plan1, 5*time.Second)) // after release
+
+	f.Clock.Add(5 * time.Second)
+	next(f.MustAcquire(t, "A", plan1, 5*time.Second)) // takeover after expiry
+
+	// Empty the store completely, by every route, then acquire again.
+	_, err = f.Svc.ReleaseAllForOwner(f.Ctx, "A")
+	require.NoError(t, err)
+	f.MustAcquire(t, "C", plan2, 5*time.Second)
+	f.Clock.Add(time.Minute)
+	_, err = f.Svc.CleanupExpired(f.Ctx)
+	require.NoError(t, err)
+	require.Empty(t, f.All(t))
+	l := f.MustAcquire(t, "A", plan1, 0)
+	assert.Greater(t, l.Token, last, "tokens are never reused, even after the store empties")
+}
+
+func testValidation(t *testing.T, newRepo NewRepository) {
+	long := strings.Repeat("x", domain.MaxIdentifierBytes+1)
+	for _, tc := range []struct {
+		name  string
+		owner string
+		ref   domain.ResourceRef
+		ttl   time.Duration
+		field string
+	}{
+		{"EmptyOwner", "", plan1, 0, "owner_id"},
+		{"BlankOwner", " \t\n", plan1, 0, "owner_id"},
+		{"LongOwner", long, plan1, 0, "owner_id"},
+		{"InvalidUTF8Owner", "a\xffb", plan1, 0, "owner_id"},
+		{"NULInOwner", "a\x00b", plan1, 0, "owner_id"},
+		{"UnknownType", "A", domain.ResourceRef{Type: "task", ID: "x"}, 0, "resource_type"},
+		{"EmptyType", "A", domain.ResourceRef{ID: "x"}, 0, "resource_type"},
+		{"TypeWrongCase", "A", domain.ResourceRef{Type: "Plan", ID: "x"}, 0, "resource_type"},
+		{"EmptyID", "A", domain.ResourceRef{Type: domain.ResourcePlan}, 0, "resource_id"},
+		{"LongID", "A", domain.ResourceRef{Type: domain.ResourcePlan, ID: long}, 0, "resource_id"},
+		{"TTLBelowMin", "A", plan1, domain.MinLockTTL - time.Nanosecond, "ttl"},
+		{"TTLAboveMax", "A", plan1, domain.MaxLockTTL + time.Nanosecond, "ttl"},
+		{"NegativeTTL", "A", plan1, -time.Second, "ttl"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := MustFixture(t, newRepo)
+			check := func(err error) {
+				t.Helper()
+				require.ErrorIs(t, err, domain.ErrValidation)
+				var ve *domain.ValidationError
+				require.ErrorAs(t, err, &ve)
+				assert.Equal(t, tc.field, ve.Field)
+			}
+			_, err := f.Svc.Acquire(f.Ctx, tc.owner, tc.ref, tc.ttl)
+			check(err)
+			_, err = f.Svc.Renew(f.Ctx, tc.owner, tc.ref, tc.ttl)
+			check(err)
+			if tc.field != "ttl" {
+				_, err = f.Svc.Release(f.Ctx, tc.owner, tc.ref)
+				check(err)
+			}
+			assert.Empty(t, f.All(t), "nothing is written")
+			l := f.MustAcquire(t, "A", plan1, 0)
+			assert.Equal(t, int64(1), l.Token, "not even a token is used up")
+		})
+	}
+	t.Run("LongestValidIDs", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		max := strings.Repeat("é", domain.MaxIdentifierBytes/2) // 254 bytes of 2-byte runes
+		ref := domain.ResourceRef{Type: domain.ResourceProject, ID: max + "x"}
+		l := f.MustAcquire(t, max+"y", ref, 0)
+		got, err := f.Svc.Get(f.Ctx, ref)
+		require.NoError(t, err)
+		assert.Equal(t, l, got, "255-byte ids round-trip unchanged")
+	})
+	t.Run("ReleaseAllBadOwner", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		_, err := f.Svc.ReleaseAllForOwner(f.Ctx, "")
+		require.ErrorIs(t, err, domain.ErrValidation)
+	})
+}
+
+func testConcurrency(t *testing.T, newRepo NewRepository) {
+	t.Run("ExactlyOneWinner", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		const racers = 16
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			winners []string
+			start   = make(chan struct{})
+		)
+		for i := range racers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				owner := "owner-" + itoa(i)
+				<-start
+				_, err := f.Svc.Acquire(f.Ctx, owner, plan1, 0)
+				switch {
+				case err == nil:
+					mu.Lock()
+					winners = append(winners, owner)
+					mu.Unlock()
+				case !errors.Is(err, domain.ErrConflict):
+					t.Errorf("%s: unexpected error: %v", owner, err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		require.Len(t, winners, 1, "exactly one owner wins")
+		got, err := f.Svc.Get(f.Ctx, plan1)
+		require.NoError(t, err)
+		assert.Equal(t, winners[0], got.Owner)
+	})
+	t.Run("HandoffsNeverOverlap", func(t *testing.T) {
+		f := MustFixture(t, newRepo)
+		const workers, rounds = 8, 25
+		var (
+			wg     sync.WaitGroup
+			mu     sync.Mutex
+			inside atomic.Int32
+			tokens []int64
+		)
+		for i := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				owner := "w" + itoa(i)
+				for done := 0; done < rounds; {
+					l, err := f.Svc.Acquire(f.Ctx, owner, plan1, 0)
+					if errors.Is(err, domain.ErrConflict) {
+						continue
+					}
+					if !assert.NoError(t, err) {
+						return
+					}
+					// The witness: a counter that only the holder may move.
+					if n := inside.Add(1); n != 1 {
+						t.Errorf("%s entered while %d others were inside", owner, n-1)
+					}
+					mu.Lock()
+					tokens = append(tokens, l.Token)
+					mu.Unlock()
+					runtime.Gosched() // give an intruder the chance to show
+					inside.Add(-1)
+					ok, err := f.Svc.Release(f.Ctx, owner, plan1)
+					if !assert.NoError(t, err) || !assert.True(t, ok) {
+						return
+					}
+					done++
+				}
+			}()
+		}
+		wg.Wait()
+		require.Len(t, tokens, workers*rounds)
+		for i := 1; i < len(tokens); i++ {
+			require.Greater(t, tokens[i], tokens[i-1], "tokens increase in the order of entry")
+		}
+	})
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
