@@ -1,0 +1,130 @@
+package domain_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+func TestResolveTTL(t *testing.T) {
+	for _, tc := range []struct {
+		in   time.Duration
+		want time.Duration
+		ok   bool
+	}{
+		{0, domain.DefaultLockTTL, true},
+		{domain.MinLockTTL, domain.MinLockTTL, true},
+		{domain.MaxLockTTL, domain.MaxLockTTL, true},
+		{90 * time.Second, 90 * time.Second, true},
+		{domain.MinLockTTL - time.Nanosecond, 0, false},
+		{domain.MaxLockTTL + time.Nanosecond, 0, false},
+		{-time.Second, 0, false},
+		{time.Duration(1<<63 - 1), 0, false},
+	} {
+		t.Run(tc.in.String(), func(t *testing.T) {
+			got, err := domain.ResolveTTL(tc.in)
+			if !tc.ok {
+				var ve *domain.ValidationError
+				require.ErrorAs(t, err, &ve)
+				assert.Equal(t, "ttl", ve.Field)
+				assert.Contains(t, err.Error(), "5s to 1h0m0s", "says what is allowed")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestResourceRef_Validate(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ref   domain.ResourceRef
+		field string
+	}{
+		{"Plan", domain.ResourceRef{Type: domain.ResourcePlan, ID: "p"}, ""},
+		{"Project", domain.ResourceRef{Type: domain.ResourceProject, ID: "日本語 ok"}, ""},
+		{"MaxBytes", domain.ResourceRef{Type: domain.ResourcePlan, ID: strings.Repeat("a", 255)}, ""},
+		{"TooLong", domain.ResourceRef{Type: domain.ResourcePlan, ID: strings.Repeat("a", 256)}, "resource_id"},
+		{"MultibyteTooLong", domain.ResourceRef{Type: domain.ResourcePlan, ID: strings.Repeat("é", 128)}, "resource_id"},
+		{"Empty", domain.ResourceRef{Type: domain.ResourcePlan}, "resource_id"},
+		{"Blank", domain.ResourceRef{Type: domain.ResourcePlan, ID: "\u00a0 \t"}, "resource_id"},
+		{"NUL", domain.ResourceRef{Type: domain.ResourcePlan, ID: "a\x00"}, "resource_id"},
+		{"BadUTF8", domain.ResourceRef{Type: domain.ResourcePlan, ID: "\xc3("}, "resource_id"},
+		{"BadType", domain.ResourceRef{Type: "plans", ID: "p"}, "resource_type"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.ref.Validate()
+			if tc.field == "" {
+				require.NoError(t, err)
+				return
+			}
+			var ve *domain.ValidationError
+			require.ErrorAs(t, err, &ve)
+			assert.Equal(t, tc.field, ve.Field)
+			require.ErrorIs(t, err, domain.ErrValidation)
+		})
+	}
+}
+
+func TestLock_ExpiredAt(t *testing.T) {
+	exp := time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC)
+	l := domain.Lock{Owner: "A", ExpiresAt: exp}
+	assert.False(t, l.ExpiredAt(exp.Add(-time.Nanosecond)))
+	assert.True(t, l.ExpiredAt(exp), "expired at the instant ExpiresAt")
+	assert.True(t, l.ExpiredAt(exp.Add(time.Nanosecond)))
+	assert.Equal(t, time.Second, l.Remaining(exp.Add(-time.Second)))
+	assert.Zero(t, l.Remaining(exp))
+	assert.True(t, l.HeldBy("A", exp.Add(-time.Second)))
+	assert.False(t, l.HeldBy("A", exp))
+	assert.False(t, l.HeldBy("B", exp.Add(-time.Second)))
+}
+
+func TestErrors(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	holder := domain.Lock{Token: 7, Owner: "A", Resource: domain.ResourceRef{Type: domain.ResourcePlan, ID: "p"}, AcquiredAt: at, ExpiresAt: at.Add(time.Minute)}
+	for _, tc := range []struct {
+		err      error
+		sentinel error
+		says     []string
+	}{
+		{&domain.LockConflictError{Holder: holder, Now: at.Add(20 * time.Second)}, domain.ErrConflict,
+			[]string{`plan/p`, `"A"`, "in 40s", "wait"}},
+		{&domain.LockExpiredError{Owner: "A", Resource: holder.Resource, ExpiredAt: at}, domain.ErrExpired,
+			[]string{"expired at 2026-01-01T00:00:00Z", "acquire it again"}},
+		{&domain.LockExpiredError{Owner: "A", Resource: holder.Resource}, domain.ErrExpired,
+			[]string{"holds no lock", "acquire it again"}},
+		{&domain.ValidationError{Field: "ttl", Reason: "too long"}, domain.ErrValidation, []string{"invalid ttl: too long"}},
+		{&domain.StoreError{Op: "acquire", Kind: domain.StoreReadOnly, Err: io.ErrUnexpectedEOF}, domain.ErrUnavailable,
+			[]string{"acquire", "read-only", "writable", io.ErrUnexpectedEOF.Error()}},
+	} {
+		t.Run(fmt.Sprintf("%T", tc.err), func(t *testing.T) {
+			wrapped := fmt.Errorf("outer: %w", tc.err)
+			require.ErrorIs(t, wrapped, tc.sentinel)
+			for _, other := range []error{domain.ErrConflict, domain.ErrExpired, domain.ErrValidation, domain.ErrUnavailable} {
+				if other != tc.sentinel {
+					assert.False(t, errors.Is(wrapped, other), "matches only its own sentinel")
+				}
+			}
+			for _, s := range tc.says {
+				assert.Contains(t, tc.err.Error(), s)
+			}
+		})
+	}
+	se := &domain.StoreError{Op: "x", Kind: domain.StoreBusy, Err: io.EOF}
+	require.ErrorIs(t, se, io.EOF, "the cause is unwrapped")
+	assert.True(t, domain.IsStoreKind(fmt.Errorf("w: %w", se), domain.StoreBusy))
+	assert.False(t, domain.IsStoreKind(se, domain.StoreFull))
+}
+
+func TestRenewInterval(t *testing.T) {
+	assert.Equal(t, 150*time.Second, domain.RenewInterval(domain.DefaultLockTTL))
+}
