@@ -1,0 +1,313 @@
+package tests
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"pgregory.net/rapid"
+
+	"github.com/cleveragents/locks/adapters/memory"
+	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// The model: the lock rules restated as plainly as possible, independent of
+// the service's code. Random sequences of operations and clock moves run
+// against both, and every result, error kind and the whole stored state
+// must agree after every step. Run longer with -rapid.checks=N -rapid.steps=M.
+
+type modelLock struct {
+	owner             string
+	acquired, expires time.Time
+	token             int64
+}
+
+type model struct {
+	now   time.Time
+	locks map[domain.ResourceRef]modelLock
+	last  int64
+}
+
+func (m *model) active(ref domain.ResourceRef) (modelLock, bool) {
+	l, ok := m.locks[ref]
+	return l, ok && m.now.Before(l.expires)
+}
+
+func (m *model) acquire(owner string, ref domain.ResourceRef, ttl time.Duration) (modelLock, string) {
+	if bad := m.invalid(owner, ref, ttl); bad != "" {
+		return modelLock{}, bad
+	}
+	if l, ok := m.active(ref); ok {
+		if l.owner != owner {
+			return l, "conflict"
+		}
+		l.expires = m.now.Add(ttlOrDefault(ttl))
+		m.locks[ref] = l
+		return l, "ok"
+	}
+	m.last++
+	l := modelLock{owner: owner, acquired: m.now, expires: m.now.Add(ttlOrDefault(ttl)), token: m.last}
+	m.locks[ref] = l
+	return l, "ok"
+}
+
+func (m *model) renew(owner string, ref domain.ResourceRef, ttl time.Duration) (modelLock, string) {
+	if bad := m.invalid(owner, ref, ttl); bad != "" {
+		return modelLock{}, bad
+	}
+	l, ok := m.active(ref)
+	switch {
+	case !ok:
+		return modelLock{}, "expired"
+	case l.owner != owner:
+		return l, "conflict"
+	}
+	l.expires = m.now.Add(ttlOrDefault(ttl))
+	m.locks[ref] = l
+	return l, "ok"
+}
+
+func (m *model) release(owner string, ref domain.ResourceRef) (bool, string) {
+	if bad := m.invalid(owner, ref, 0); bad != "" {
+		return false, bad
+	}
+	if l, ok := m.locks[ref]; ok && l.owner == owner {
+		delete(m.locks, ref)
+		return true, "ok"
+	}
+	return false, "ok"
+}
+
+func (m *model) removeWhere(match func(modelLock) bool) int {
+	n := 0
+	for ref, l := range m.locks {
+		if match(l) {
+			delete(m.locks, ref)
+			n++
+		}
+	}
+	return n
+}
+
+func (m *model) stale() int {
+	n := 0
+	for _, l := range m.locks {
+		if !m.now.Before(l.expires) {
+			n++
+		}
+	}
+	return n
+}
+
+func (m *model) invalid(owner string, ref domain.ResourceRef, ttl time.Duration) string {
+	if owner == "" || ref.ID == "" || (ref.Type != "plan" && ref.Type != "project") ||
+		(ttl != 0 && (ttl < 5*time.Second || ttl > time.Hour)) {
+		return "validation"
+	}
+	return ""
+}
+
+func ttlOrDefault(ttl time.Duration) time.Duration {
+	if ttl == 0 {
+		return 300 * time.Second
+	}
+	return ttl
+}
+
+func kindOf(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, domain.ErrConflict):
+		return "conflict"
+	case errors.Is(err, domain.ErrExpired):
+		return "expired"
+	case errors.Is(err, domain.ErrValidation):
+		return "validation"
+	}
+	return "unexpected: " + err.Error()
+}
+
+var (
+	modelOwners = []string{"alice", "bob", "carol", ""}
+	modelRefs   = []domain.ResourceRef{
+		{Type: domain.ResourcePlan, ID: "p1"}, {Type: domain.ResourcePlan, ID: "p2"},
+		{Type: domain.ResourceProject, ID: "p1"}, {Type: "task", ID: "p1"}, {Type: domain.ResourcePlan},
+	}
+	modelTTLs = []time.Duration{
+		0, 5 * time.Second, 5*time.Second + 500*time.Millisecond, 7*time.Second + time.Microsecond,
+		10 * time.Second, time.Hour, 5*time.Second - time.Microsecond, time.Hour + time.Microsecond, -time.Second,
+	}
+)
+
+// machine drives the service and the model side by side.
+type machine struct {
+	ctx   context.Context
+	svc   *application.LockService
+	clock *clock.Mock
+	model *model
+}
+
+func (s *machine) pick(t *rapid.T) (string, domain.ResourceRef, time.Duration) {
+	// Valid inputs most of the time, so that the interesting states occur.
+	owner := rapid.SampledFrom(modelOwners[:3]).Draw(t, "owner")
+	if rapid.IntRange(0, 20).Draw(t, "badOwner") == 0 {
+		owner = ""
+	}
+	ref := rapid.SampledFrom(modelRefs[:3]).Draw(t, "ref")
+	if rapid.IntRange(0, 20).Draw(t, "badRef") == 0 {
+		ref = rapid.SampledFrom(modelRefs[3:]).Draw(t, "ref")
+	}
+	return owner, ref, rapid.SampledFrom(modelTTLs).Draw(t, "ttl")
+}
+
+func (s *machine) checkLock(t *rapid.T, op string, got domain.Lock, want modelLock, ref domain.ResourceRef) {
+	if got.Owner != want.owner || got.Token != want.token || got.Resource != ref ||
+		!got.AcquiredAt.Equal(want.acquired) || !got.ExpiresAt.Equal(want.expires) {
+		t.Fatalf("%s: got %+v, model says %+v", op, got, want)
+	}
+}
+
+func (s *machine) Acquire(t *rapid.T) {
+	owner, ref, ttl := s.pick(t)
+	got, err := s.svc.Acquire(s.ctx, owner, ref, ttl)
+	want, kind := s.model.acquire(owner, ref, ttl)
+	s.compare(t, "acquire", kind, err, got, want, ref)
+}
+
+func (s *machine) Renew(t *rapid.T) {
+	owner, ref, ttl := s.pick(t)
+	got, err := s.svc.Renew(s.ctx, owner, ref, ttl)
+	want, kind := s.model.renew(owner, ref, ttl)
+	s.compare(t, "renew", kind, err, got, want, ref)
+}
+
+func (s *machine) compare(t *rapid.T, op, kind string, err error, got domain.Lock, want modelLock, ref domain.ResourceRef) {
+	if k := kindOf(err); k != kind {
+		t.Fatalf("%s: got %s (%v), model says %s", op, k, err, kind)
+	}
+	switch kind {
+	case "ok":
+		s.checkLock(t, op, got, want, ref)
+	case "conflict":
+		var ce *domain.LockConflictError
+		if !errors.As(err, &ce) {
+			t.Fatalf("%s: conflict is not a *LockConflictError: %T", op, err)
+		}
+		s.checkLock(t, op+" holder", ce.Holder, want, ref)
+	}
+}
+
+func (s *machine) Release(t *rapid.T) {
+	owner, ref, _ := s.pick(t)
+	got, err := s.svc.Release(s.ctx, owner, ref)
+	want, kind := s.model.release(owner, ref)
+	if k := kindOf(err); k != kind || got != want {
+		t.Fatalf("release: got (%v, %s), model says (%v, %s)", got, k, want, kind)
+	}
+}
+
+func (s *machine) ReleaseAll(t *rapid.T) {
+	owner := rapid.SampledFrom(modelOwners[:3]).Draw(t, "owner")
+	got, err := s.svc.ReleaseAllForOwner(s.ctx, owner)
+	want := s.model.removeWhere(func(l modelLock) bool { return l.owner == owner })
+	if err != nil || got != want {
+		t.Fatalf("release-all: got (%d, %v), model says %d", got, err, want)
+	}
+}
+
+func (s *machine) Cleanup(t *rapid.T) {
+	got, err := s.svc.CleanupExpired(s.ctx)
+	now := s.model.now
+	want := s.model.removeWhere(func(l modelLock) bool { return !now.Before(l.expires) })
+	if err != nil || got != want {
+		t.Fatalf("cleanup: got (%d, %v), model says %d", got, err, want)
+	}
+}
+
+func (s *machine) Advance(t *rapid.T) {
+	d := time.Duration(rapid.Int64Range(0, 12_000_000).Draw(t, "advanceMicros")) * time.Microsecond
+	s.clock.Add(d)
+	s.model.now = s.model.now.Add(d)
+}
+
+// AdvanceToExpiry lands exactly on a stored lock's expiry, or just before
+// it: the instants where an off-by-one in "expired" would show.
+func (s *machine) AdvanceToExpiry(t *rapid.T) {
+	var future []time.Time
+	for _, l := range s.model.locks {
+		if l.expires.After(s.model.now) {
+			future = append(future, l.expires)
+		}
+	}
+	if len(future) == 0 {
+		t.Skip("no lock expires in the future")
+	}
+	slices.SortFunc(future, time.Time.Compare)
+	to := rapid.SampledFrom(future).Draw(t, "expiry")
+	if rapid.Bool().Draw(t, "justBefore") {
+		to = to.Add(-time.Microsecond)
+	}
+	s.clock.Set(to)
+	s.model.now = to
+}
+
+// Check compares the whole stored state after every step.
+func (s *machine) Check(t *rapid.T) {
+	all, err := s.svc.List(s.ctx, application.ListOptions{IncludeExpired: true})
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	var want []domain.Lock
+	for ref, l := range s.model.locks {
+		want = append(want, domain.Lock{Token: l.token, Owner: l.owner, Resource: ref, AcquiredAt: l.acquired, ExpiresAt: l.expires})
+	}
+	slices.SortFunc(want, func(a, b domain.Lock) int {
+		return cmp.Or(cmp.Compare(a.Resource.Type, b.Resource.Type), cmp.Compare(a.Resource.ID, b.Resource.ID))
+	})
+	if fmt.Sprint(all) != fmt.Sprint(want) {
+		t.Fatalf("stored state differs from the model:\n got  %v\n want %v", all, want)
+	}
+	stale, err := s.svc.StaleCount(s.ctx)
+	if err != nil || stale != s.model.stale() {
+		t.Fatalf("stale count: got (%d, %v), model says %d", stale, err, s.model.stale())
+	}
+}
+
+func runModel(t *testing.T, newRepo func(t *testing.T) application.LockRepository) {
+	rapid.Check(t, func(rt *rapid.T) {
+		mc := clock.NewMock()
+		start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC).Add(time.Duration(rapid.Int64Range(0, 999_999).Draw(rt, "startMicros")) * time.Microsecond)
+		mc.Set(start)
+		svc, err := application.NewLockService(newRepo(t), mc, 0)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		m := &machine{ctx: context.Background(), svc: svc, clock: mc,
+			model: &model{now: start, locks: map[domain.ResourceRef]modelLock{}}}
+		rt.Repeat(rapid.StateMachineActions(m))
+	})
+}
+
+func TestModel_SQLite(t *testing.T) {
+	runModel(t, func(t *testing.T) application.LockRepository {
+		db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "locks.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return sqlite.NewLockRepository(db)
+	})
+}
+
+func TestModel_Memory(t *testing.T) {
+	runModel(t, func(*testing.T) application.LockRepository { return memory.NewLockRepository() })
+}
