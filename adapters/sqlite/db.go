@@ -27,14 +27,24 @@ var migrationFiles embed.FS
 // MigrationName is the name of the migration that creates the locks table.
 const MigrationName = "m4_001_concurrency_locks"
 
+// maxReaders bounds the reading connections of one DB.
+const maxReaders = 4
+
 // writeAttempts bounds how often a write that found the database busy
 // (after SQLite's own busy timeout) is tried in all.
 const writeAttempts = 4
 
 // DB is an open lock store. It is safe for concurrent use.
 type DB struct {
+	// sql and client serve reads, in parallel (WAL lets readers proceed
+	// while a write is in progress).
 	sql    *sql.DB
 	client *ent.Client
+	// wsql and wclient serve writes, over one connection: writers of this
+	// process queue for it in order, and never wait behind readers for a
+	// connection. Nil for a read-only handle.
+	wsql    *sql.DB
+	wclient *ent.Client
 	// writer admits one write at a time from this process: queueing here
 	// is fair and cheap, while SQLite's busy waiting is neither.
 	writer chan struct{}
@@ -63,21 +73,32 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if err := createPrivate(path); err != nil {
 		return nil, FormatError("open lock store "+path, err)
 	}
-	sdb, err := sql.Open("sqlite", dsn)
+	rdb, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, FormatError("open lock store "+path, err)
 	}
+	wdb, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		rdb.Close()
+		return nil, FormatError("open lock store "+path, err)
+	}
 	// Connections are cheap to keep and costly to open (each runs the
-	// pragmas), so keep a few: one writer plus concurrent readers.
-	sdb.SetMaxIdleConns(4)
+	// pragmas), so keep every one that is opened, and open few: more
+	// readers would only contend for the two cores we plan for.
+	rdb.SetMaxOpenConns(maxReaders)
+	rdb.SetMaxIdleConns(maxReaders)
+	wdb.SetMaxOpenConns(1)
+	wdb.SetMaxIdleConns(1)
 	db := &DB{
-		sql:    sdb,
-		client: ent.NewClient(ent.Driver(entsql.OpenDB(dialect.SQLite, sdb))),
-		writer: make(chan struct{}, 1),
-		path:   path,
+		sql:     rdb,
+		client:  ent.NewClient(ent.Driver(entsql.OpenDB(dialect.SQLite, rdb))),
+		wsql:    wdb,
+		wclient: ent.NewClient(ent.Driver(entsql.OpenDB(dialect.SQLite, wdb))),
+		writer:  make(chan struct{}, 1),
+		path:    path,
 	}
 	if err := db.migrate(ctx); err != nil {
-		sdb.Close()
+		db.Close()
 		return nil, err
 	}
 	return db, nil
@@ -88,10 +109,11 @@ func (db *DB) Path() string { return db.path }
 
 // Close closes the database. Call it after the last use of the store.
 func (db *DB) Close() error {
-	if err := db.sql.Close(); err != nil {
-		return FormatError("close lock store", err)
+	err := db.sql.Close()
+	if db.wsql != nil {
+		err = errors.Join(err, db.wsql.Close())
 	}
-	return nil
+	return FormatError("close lock store", err)
 }
 
 // migrate applies the pending migrations. Processes that open a new file at
@@ -102,7 +124,7 @@ func (db *DB) migrate(ctx context.Context) error {
 	if err != nil {
 		return &domain.StoreError{Op: "migrate lock store", Err: err}
 	}
-	p, err := goose.NewProvider(goose.DialectSQLite3, db.sql, fsys)
+	p, err := goose.NewProvider(goose.DialectSQLite3, db.wsql, fsys)
 	if err != nil {
 		return &domain.StoreError{Op: "migrate lock store", Err: err}
 	}
@@ -163,6 +185,9 @@ func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 // with another process's write. fn must be safe to run again: it is either
 // one statement or a whole transaction.
 func (db *DB) write(ctx context.Context, op string, fn func(context.Context) error) error {
+	if db.wclient == nil {
+		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
+	}
 	for attempt := 1; ; attempt++ {
 		err := db.withWriter(ctx, func() error { return fn(ctx) })
 		if err == nil || !isBusy(err) || attempt == writeAttempts {
@@ -177,7 +202,7 @@ func (db *DB) write(ctx context.Context, op string, fn func(context.Context) err
 // inTx runs fn in one immediate write transaction, retried as write does.
 func (db *DB) inTx(ctx context.Context, op string, fn func(context.Context, *ent.Tx) error) error {
 	return db.write(ctx, op, func(ctx context.Context) (err error) {
-		tx, err := db.client.Tx(ctx)
+		tx, err := db.wclient.Tx(ctx)
 		if err != nil {
 			return err
 		}

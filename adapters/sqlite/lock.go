@@ -32,6 +32,18 @@ func NewLockRepository(db *DB) *LockRepository { return &LockRepository{db: db} 
 // share one immediate transaction, so no other writer, in this process or
 // another, can slip in between.
 func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
+	// A refusal needs no write. Deciding first on a plain read (which WAL
+	// serves without waiting for the writer) lets callers that poll a held
+	// lock be refused without queueing behind, and delaying, the holder's
+	// release. The refusal is exact: the lock it names was stored and
+	// active at the read. Anything else is decided again under the write lock.
+	if row, err := r.db.client.Lock.Query().Where(byResource(ref)).Only(ctx); err == nil {
+		if cur, err := toDomain(row); err == nil {
+			if _, err := decide(&cur); err != nil {
+				return domain.Lock{}, err
+			}
+		}
+	}
 	var out domain.Lock
 	err := r.db.inTx(ctx, "update lock on "+ref.String(), func(ctx context.Context, tx *ent.Tx) error {
 		out = domain.Lock{}
@@ -137,7 +149,7 @@ func (r *LockRepository) List(ctx context.Context, f application.ListFilter) ([]
 func (r *LockRepository) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
 	var n int
 	err := r.db.write(ctx, "release lock on "+ref.String(), func(ctx context.Context) (err error) {
-		n, err = r.db.client.Lock.Delete().Where(byResource(ref), entlock.OwnerID(owner)).Exec(ctx)
+		n, err = r.db.wclient.Lock.Delete().Where(byResource(ref), entlock.OwnerID(owner)).Exec(ctx)
 		return err
 	})
 	return n > 0, err
@@ -147,7 +159,7 @@ func (r *LockRepository) DeleteOwned(ctx context.Context, ref domain.ResourceRef
 func (r *LockRepository) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	var n int
 	err := r.db.write(ctx, "release locks of "+owner, func(ctx context.Context) (err error) {
-		n, err = r.db.client.Lock.Delete().Where(entlock.OwnerID(owner)).Exec(ctx)
+		n, err = r.db.wclient.Lock.Delete().Where(entlock.OwnerID(owner)).Exec(ctx)
 		return err
 	})
 	return n, err
@@ -159,7 +171,7 @@ func (r *LockRepository) DeleteAllOwned(ctx context.Context, owner string) (int,
 func (r *LockRepository) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int
 	err := r.db.write(ctx, "clean up expired locks", func(ctx context.Context) (err error) {
-		n, err = r.db.client.Lock.Delete().
+		n, err = r.db.wclient.Lock.Delete().
 			Where(oldestExpired(now, limit)).
 			Exec(ctx)
 		return err
