@@ -1,0 +1,107 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/domain"
+)
+
+// Many goroutines of one process share one container, each acting as its
+// own owner. Run under -race, this shows the service, the SQLite adapter's
+// writer queue and the container safe for concurrent use.
+func TestGoroutines_MutualExclusion(t *testing.T) {
+	for _, db := range []string{"file", locks.MemoryDatabase} {
+		t.Run(db, func(t *testing.T) {
+			if db == "file" {
+				db = filepath.Join(t.TempDir(), "agents.db")
+			}
+			c := MustOpen(t, locks.Config{Database: db})
+			const workers = 32
+			dur := 2 * time.Second
+			if testing.Short() {
+				dur = 500 * time.Millisecond
+			}
+			type entry struct {
+				token int64
+				owner string
+			}
+			var (
+				wg      sync.WaitGroup
+				inside  [3]atomic.Int32
+				mu      [3]sync.Mutex
+				logs    [3][]entry
+				errs    atomic.Int64
+				overlap atomic.Int64
+				stop    = make(chan struct{})
+			)
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					owner := fmt.Sprintf("%s/g%02d", c.Owner(), w)
+					for i := w; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						r := i % len(stressResources)
+						ref := stressResources[r]
+						l, err := c.Locks.Acquire(context.Background(), owner, ref, time.Minute)
+						if errors.Is(err, domain.ErrConflict) {
+							continue
+						}
+						if err != nil {
+							errs.Add(1)
+							t.Errorf("acquire: %v", err)
+							return
+						}
+						if inside[r].Add(1) != 1 {
+							overlap.Add(1)
+						}
+						mu[r].Lock()
+						logs[r] = append(logs[r], entry{l.Token, owner})
+						mu[r].Unlock()
+						inside[r].Add(-1)
+						if ok, err := c.Locks.Release(context.Background(), owner, ref); err != nil || !ok {
+							errs.Add(1)
+							t.Errorf("release: %v %v", ok, err)
+							return
+						}
+					}
+				}()
+			}
+			time.Sleep(dur) // the run's length, not a wait for an expiry
+			close(stop)
+			wg.Wait()
+
+			entries, handoffs := 0, 0
+			for r := range logs {
+				for i, e := range logs[r] {
+					if i > 0 {
+						require.Greater(t, e.token, logs[r][i-1].token, "tokens increase in the order of entry")
+						if e.owner != logs[r][i-1].owner {
+							handoffs++
+						}
+					}
+				}
+				entries += len(logs[r])
+			}
+			assert.Zero(t, overlap.Load())
+			assert.Zero(t, errs.Load())
+			assert.Greater(t, handoffs, 10)
+			t.Logf("%d goroutines, %v: %d entries, %d handoffs, 0 overlaps", workers, dur, entries, handoffs)
+		})
+	}
+}
