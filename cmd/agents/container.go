@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cleveragents/locks"
+)
+
+// open builds the same container as an application that embeds the lock
+// module, so that the CLI sees the same store, migrations and startup
+// cleanup. Two settings are the CLI's own:
+//
+//   - KeepLocksOnClose, always: the container of an embedder releases its
+//     owner's locks on Close, but "agents locks acquire" exists to leave a
+//     lock behind when it exits, and the owner it acts for may be a
+//     running application's (docs/cli.md explains it in full);
+//   - SkipStartupCleanup, when asked: for the commands that must see the
+//     expired locks (list --all, and cleanup, which counts what it purges).
+//
+// The default database gets its directory, private to the user, on first
+// use; any other must be in a directory that exists.
+func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool) (*locks.Container, error) {
+	db, isDefault, err := c.database()
+	if err != nil {
+		return nil, err
+	}
+	if isDefault {
+		if err := os.MkdirAll(filepath.Dir(db), 0o700); err != nil {
+			return nil, fmt.Errorf("creating the data directory: %w", err)
+		}
+	}
+	return locks.Open(ctx, locks.Config{
+		Database:           db,
+		Owner:              owner,
+		Clock:              c.clock,
+		SkipStartupCleanup: skipCleanup,
+		KeepLocksOnClose:   true,
+	})
+}
+
+// close closes the container. The command's result is out already, so a
+// failure to close is a warning, not a change of the exit code.
+func (c *invocation) close(ctr *locks.Container) {
+	if err := ctr.Close(); err != nil {
+		fmt.Fprintf(c.stderr, "%s: warning: %s\n", c.prog(), c.redact(err.Error()))
+	}
+}

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// errChecksFailed ends a diagnostics run in which a check failed; the
+// report is the output, so nothing more is printed on stdout.
+var errChecksFailed = errors.New("a check failed")
+
+// The statuses of a check.
+const (
+	statusOK   = "ok"
+	statusWarn = "warn"
+	statusFail = "fail"
+)
+
+// check is one line of the diagnostics report.
+type check struct {
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	Detail string `json:"detail"`
+	// Count is what stale_locks and active_locks counted, when they could.
+	Count *int `json:"count,omitempty"`
+	// Oldest is the longest-held active lock (active_locks).
+	Oldest *lockDoc `json:"oldest,omitempty"`
+}
+
+// report is the JSON output of diagnostics.
+type report struct {
+	OK     bool    `json:"ok"`
+	Checks []check `json:"checks"`
+}
+
+// diagnostics runs "diagnostics": the checks database, schema, stale_locks
+// and active_locks. It never changes the database, not even by opening it:
+// it does not build the container (which would create the file, migrate it
+// and run the startup cleanup, hiding the stale locks it exists to show),
+// and opens the file read-only through sqlite.OpenReadOnly. Exit 1 when a
+// check fails; warnings leave it 0.
+func (c *invocation) diagnostics(ctx context.Context, args []string) error {
+	fs := c.flagSet()
+	if _, err := c.parse(fs, args); err != nil {
+		return err
+	}
+	path, isDefault, err := c.database()
+	if err != nil {
+		return err
+	}
+	checks := c.runChecks(ctx, path, isDefault)
+	r := report{OK: true, Checks: checks}
+	for i := range checks {
+		checks[i].Detail = c.redact(checks[i].Detail)
+		if checks[i].Status == statusFail {
+			r.OK = false
+		}
+	}
+	if err := c.emit(r, func(w io.Writer) { c.printReport(w, c.redact(path), r) }); err != nil {
+		return err
+	}
+	if !r.OK {
+		return errChecksFailed
+	}
+	return nil
+}
+
+func (c *invocation) runChecks(ctx context.Context, path string, isDefault bool) []check {
+	// Before the database is open: see sqlite.CheckWritable.
+	writable := sqlite.CheckWritable(path)
+	db, err := sqlite.OpenReadOnly(ctx, path, sqlite.Options{})
+	if err != nil {
+		return notChecked(check{Name: "database", Status: statusFail, Detail: openAdvice(path, err)})
+	}
+	defer db.Close()
+	svc, err := application.NewLockService(sqlite.NewLockRepository(db), c.clock, 0)
+	if err != nil {
+		return notChecked(check{Name: "database", Status: statusFail, Detail: err.Error()})
+	}
+	database := check{Name: "database", Status: statusOK, Detail: path + " opens, and this user can write it"}
+	if writable != nil {
+		database = check{Name: "database", Status: statusFail, Detail: writable.Error()}
+	}
+	schema, st := c.checkSchema(ctx, db)
+	if !st.LocksTable {
+		const skipped = "not checked: no locks table to read (see the schema check)"
+		return []check{database, schema,
+			{Name: "stale_locks", Status: statusFail, Detail: skipped},
+			{Name: "active_locks", Status: statusFail, Detail: skipped}}
+	}
+	return []check{database, schema, c.checkStale(ctx, svc, path, isDefault), c.checkActive(ctx, svc)}
+}
+
+// notChecked completes a failed database check with the checks that
+// could not run, so that every report names all four.
+func notChecked(database check) []check {
+	const skipped = "not checked: the database could not be opened"
+	return []check{
+		database,
+		{Name: "schema", Status: statusFail, Detail: skipped},
+		{Name: "stale_locks", Status: statusFail, Detail: skipped},
+		{Name: "active_locks", Status: statusFail, Detail: skipped},
+	}
+}
+
+// openAdvice says why the database did not open and what to do.
+func openAdvice(path string, err error) string {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Sprintf("there is no database at %s: run any 'agents locks' command with the same --db, "+
+			"or start the application, to create it (diagnostics never creates one)", path)
+	case domain.IsStoreKind(err, domain.StoreCorrupt):
+		return fmt.Sprintf("%s is not a SQLite database, or is damaged (%v): point --db (or AGENTS_DB) at the lock database, "+
+			"or move this file away so that a new one can be created", path, errors.Unwrap(err))
+	}
+	return err.Error()
+}
+
+// checkSchema checks that the migration is applied; it also returns what it
+// found, since without a locks table there is nothing to count.
+func (c *invocation) checkSchema(ctx context.Context, db *sqlite.DB) (check, sqlite.SchemaState) {
+	st, err := db.Schema(ctx)
+	switch {
+	case err != nil:
+		return check{Name: "schema", Status: statusFail, Detail: err.Error()}, st
+	case st.MigrationApplied:
+		return check{Name: "schema", Status: statusOK, Detail: "migration " + sqlite.MigrationName + " is applied"}, st
+	case st.LocksTable:
+		return check{Name: "schema", Status: statusFail, Detail: "migration " + sqlite.MigrationName +
+			" is not applied, yet a locks table exists: it was made by hand and may not be what the service expects; " +
+			"move the file away and let the service create a new database"}, st
+	}
+	return check{Name: "schema", Status: statusFail, Detail: "migration " + sqlite.MigrationName +
+		" is not applied and there is no locks table: if this is the lock database, run any 'agents locks' command " +
+		"with the same --db, or start the application, so that the migrations run"}, st
+}
+
+func (c *invocation) checkStale(ctx context.Context, svc *application.LockService, path string, isDefault bool) check {
+	n, err := svc.StaleCount(ctx)
+	if err != nil {
+		return check{Name: "stale_locks", Status: statusFail, Detail: "not counted: " + err.Error()}
+	}
+	if n == 0 {
+		return check{Name: "stale_locks", Status: statusOK, Detail: "no expired locks wait for cleanup", Count: &n}
+	}
+	cmd := "agents locks cleanup"
+	if !isDefault {
+		cmd += " --db " + shellQuote(path)
+	}
+	have := "have expired but are"
+	if n == 1 {
+		have = "has expired but is"
+	}
+	return check{Name: "stale_locks", Status: statusWarn, Count: &n, Detail: fmt.Sprintf(
+		"%s %s still stored: cleanup has not run since (the application and the 'agents locks' commands run it when they open the database); run '%s' to purge them",
+		plural(n, "lock"), have, cmd)}
+}
+
+func (c *invocation) checkActive(ctx context.Context, svc *application.LockService) check {
+	ls, err := svc.List(ctx, application.ListOptions{})
+	if err != nil {
+		return check{Name: "active_locks", Status: statusFail, Detail: "not counted: " + err.Error()}
+	}
+	n := len(ls)
+	if n == 0 {
+		return check{Name: "active_locks", Status: statusOK, Detail: "no locks are held", Count: &n}
+	}
+	oldest := ls[0]
+	for _, l := range ls[1:] {
+		if l.AcquiredAt.Before(oldest.AcquiredAt) {
+			oldest = l
+		}
+	}
+	doc := newLockDoc(oldest)
+	now := svc.Now()
+	return check{Name: "active_locks", Status: statusOK, Count: &n, Oldest: &doc, Detail: fmt.Sprintf(
+		"%s held; the oldest is %s, held by %q since %s", plural(n, "lock"), printable(oldest.Resource.String()),
+		oldest.Owner, c.when(oldest.AcquiredAt, now))}
+}
+
+func (c *invocation) printReport(w io.Writer, path string, r report) {
+	fmt.Fprintf(w, "Diagnostics of %s\n", path)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	warnings, failures := 0, 0
+	for _, ch := range r.Checks {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", ch.Status, ch.Name, ch.Detail)
+		switch ch.Status {
+		case statusWarn:
+			warnings++
+		case statusFail:
+			failures++
+		}
+	}
+	tw.Flush()
+	switch {
+	case failures > 0:
+		fmt.Fprintf(w, "%s failed.\n", plural(failures, "check"))
+	case warnings > 0:
+		fmt.Fprintf(w, "No check failed; %s.\n", plural(warnings, "warning"))
+	default:
+		fmt.Fprintln(w, "All checks passed.")
+	}
+}
+
+// shellQuote quotes a path for a command line that a user may paste.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:=+,@%") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

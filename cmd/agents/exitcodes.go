@@ -1,0 +1,57 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+// The exit codes of agents. Scripts depend on them: never renumber one.
+const (
+	exitOK       = 0 // success; for diagnostics: no check failed
+	exitFailure  = 1 // anything unexpected (an unreadable database, ...); for diagnostics: a check failed
+	exitUsage    = 2 // a usage or validation error; nothing was read or written
+	exitConflict = 3 // another owner holds an active lock on the resource
+	exitExpired  = 4 // renew: the owner's lock has expired, or the owner holds none
+)
+
+// exitCodes is the one table from errors to exit codes, and to the code of
+// the JSON error document. The first row whose error matches (errors.Is)
+// wins; an error that matches no row is internal.
+var exitCodes = []struct {
+	err  error
+	exit int
+	code string
+}{
+	{domain.ErrConflict, exitConflict, "conflict"},
+	{domain.ErrExpired, exitExpired, "expired"},
+	{domain.ErrValidation, exitUsage, "validation"},
+	{errUsage, exitUsage, "validation"},
+	{errChecksFailed, exitFailure, "internal"},
+	{domain.ErrUnavailable, exitFailure, "internal"},
+}
+
+func exitCode(err error) (exit int, code string) {
+	for _, row := range exitCodes {
+		if errors.Is(err, row.err) {
+			return row.exit, row.code
+		}
+	}
+	return exitFailure, "internal"
+}
+
+// errUsage matches every error in the use of the command line: an unknown
+// command or flag, a missing argument or owner, a malformed TTL.
+var errUsage = errors.New("usage error")
+
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+// Is makes errors.Is(err, errUsage) true.
+func (e *usageError) Is(target error) bool { return target == errUsage }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/domain"
+)
+
+// globals are the flags that every command accepts, before or after its
+// name. They are registered on every flag set with setter functions, so
+// that registering them again never resets a value already parsed.
+type globals struct {
+	db       string
+	dbSet    bool
+	owner    string
+	ownerSet bool
+	json     bool
+}
+
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.Func("db", "the lock database: a file `PATH` or a file: URI (env AGENTS_DB; default $XDG_DATA_HOME/cleveragents/agents.db)",
+		func(s string) error { g.db, g.dbSet = s, true; return nil })
+	fs.BoolFunc("json", "print exactly one JSON document on stdout",
+		func(s string) (err error) { g.json, err = strconv.ParseBool(s); return err })
+	fs.Func("owner", "the owner `ID` to act for (env AGENTS_OWNER)",
+		func(s string) error { g.owner, g.ownerSet = s, true; return nil })
+}
+
+// flagSet returns a flag set for the current command, with the globals.
+// It prints nothing: errors and help are reported by finish.
+func (c *invocation) flagSet() *flag.FlagSet {
+	fs := flag.NewFlagSet(c.prog(), flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.g.register(fs)
+	c.fs = fs
+	return fs
+}
+
+// parse parses a command's arguments, in which flags may come before,
+// between or after the positional ones ("locks acquire plan p1 --ttl 90s");
+// "--" ends the flags. It returns the positional arguments, which must be
+// exactly those that names lists.
+func (c *invocation) parse(fs *flag.FlagSet, args []string, names ...string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, flagError(err)
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+	switch {
+	case len(pos) == len(names):
+		return pos, nil
+	case len(names) == 0:
+		return nil, usagef("expected no arguments, got %q", strings.Join(pos, " "))
+	default:
+		return nil, usagef("expected %s, got %s", strings.Join(names, " and "), plural(len(pos), "argument"))
+	}
+}
+
+// flagError turns an error of the flag package into a usage error.
+func flagError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return &usageError{msg: err.Error()}
+}
+
+// wantsJSON reports whether args ask for JSON output, for the one case in
+// which parsing did not get as far as --json: a flag error before it.
+func wantsJSON(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name == "json" {
+			ok, err := strconv.ParseBool(value)
+			return !hasValue || (err == nil && ok)
+		}
+	}
+	return false
+}
+
+// database returns the lock database to use, and whether it is the default
+// one, whose directory the lock commands create.
+func (c *invocation) database() (db string, isDefault bool, err error) {
+	switch {
+	case c.g.dbSet:
+		db = c.g.db
+	case c.env("AGENTS_DB") != "":
+		db = c.env("AGENTS_DB")
+	default:
+		dir, err := c.dataDir()
+		if err != nil {
+			return "", false, err
+		}
+		return filepath.Join(dir, "cleveragents", "agents.db"), true, nil
+	}
+	switch db {
+	case "":
+		return "", false, usagef("--db must not be empty")
+	case locks.MemoryDatabase:
+		return "", false, usagef("--db %s would give every run an empty store of its own; pass a file", db)
+	}
+	return db, false, nil
+}
+
+// dataDir is the user's XDG data directory. A relative XDG_DATA_HOME is
+// ignored, as the XDG specification requires.
+func (c *invocation) dataDir() (string, error) {
+	if dir := c.env("XDG_DATA_HOME"); filepath.IsAbs(dir) {
+		return dir, nil
+	}
+	if home := c.env("HOME"); home != "" {
+		return filepath.Join(home, ".local", "share"), nil
+	}
+	return "", usagef("no default database: neither XDG_DATA_HOME nor HOME is set; pass --db PATH or set AGENTS_DB")
+}
+
+// owner returns the owner the command acts for: --owner, else AGENTS_OWNER.
+func (c *invocation) owner() (string, error) {
+	owner := c.g.owner
+	if !c.g.ownerSet {
+		owner = c.env("AGENTS_OWNER")
+		if owner == "" {
+			return "", usagef("missing owner: pass --owner ID or set AGENTS_OWNER " +
+				"(the owner holds the lock, and only the same owner can renew or release it)")
+		}
+	}
+	return owner, domain.ValidateOwner(owner)
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// listedLock is a lock in the JSON output of list.
+type listedLock struct {
+	lockDoc
+	Expired bool `json:"expired"`
+}
+
+// list runs "locks list [--type T] [--owner O] [--all]": the active locks,
+// with --all the expired ones not yet purged too, marked as such.
+//
+// Only the --owner flag filters: AGENTS_OWNER says who acts, and an
+// operator with it set still wants to see who holds what.
+func (c *invocation) list(ctx context.Context, args []string) error {
+	fs := c.flagSet()
+	typ := fs.String("type", "", "show only the locks on resources of this `type` (plan or project)")
+	all := fs.Bool("all", false, "show the expired locks that are not purged yet too")
+	if _, err := c.parse(fs, args); err != nil {
+		return err
+	}
+	opts := application.ListOptions{Type: domain.ResourceType(*typ), IncludeExpired: *all}
+	if opts.Type != "" && !opts.Type.Valid() {
+		return usagef("--type %q is not a resource type; use %q or %q", *typ, domain.ResourcePlan, domain.ResourceProject)
+	}
+	if c.g.ownerSet {
+		opts.Owner = c.g.owner
+		if err := domain.ValidateOwner(opts.Owner); err != nil {
+			return err
+		}
+	}
+	// With --all, the startup cleanup would purge what the listing is
+	// asked to show.
+	ctr, err := c.open(ctx, "", *all)
+	if err != nil {
+		return err
+	}
+	defer c.close(ctr)
+	ls, err := ctr.Locks.List(ctx, opts)
+	if err != nil {
+		return err
+	}
+	now := ctr.Locks.Now()
+	docs := make([]listedLock, 0, len(ls))
+	for _, l := range ls {
+		docs = append(docs, listedLock{lockDoc: newLockDoc(l), Expired: l.ExpiredAt(now)})
+	}
+	return c.emit(docs, func(w io.Writer) {
+		if len(ls) == 0 {
+			if *all {
+				fmt.Fprintln(w, "No locks.")
+			} else {
+				fmt.Fprintln(w, "No active locks.")
+			}
+			return
+		}
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "TYPE\tID\tOWNER\tTOKEN\tACQUIRED\tEXPIRES\tSTATUS")
+		for _, l := range ls {
+			status := "active"
+			if l.ExpiredAt(now) {
+				status = "EXPIRED"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", l.Resource.Type, printable(l.Resource.ID), printable(l.Owner), l.Token,
+				c.when(l.AcquiredAt, now), c.when(l.ExpiresAt, now), status)
+		}
+		tw.Flush()
+	})
+}

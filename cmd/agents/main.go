@@ -1,0 +1,29 @@
+// Command agents inspects and operates the advisory locks of CleverAgents,
+// in the same database file as the application that embeds the lock module
+// and with no server: who holds what, taking and releasing locks by hand,
+// purging expired locks, and the diagnostics of the lock store.
+//
+// Usage:
+//
+//	agents [--db PATH] [--json] [--owner ID] COMMAND [ARGS]
+//
+// Run "agents -h" for the commands, and see docs/cli.md for the exit codes
+// and the JSON shapes, which scripts may depend on.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/benbjohnson/clock"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	m := &Main{Stdout: os.Stdout, Stderr: os.Stderr, Env: os.Getenv, Clock: clock.New()}
+	code := m.Run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// jsonTime writes instants in JSON output: ISO-8601 in UTC, at the
+// microsecond precision the service records, always the same width.
+const jsonTime = "2006-01-02T15:04:05.000000Z07:00"
+
+// humanTime writes instants in human output, in local time.
+const humanTime = "2006-01-02 15:04:05 MST"
+
+// countDoc is a count in JSON output.
+type countDoc struct {
+	Count int `json:"count"`
+}
+
+// errorDoc is the body of the JSON document of a failure.
+type errorDoc struct {
+	Code    string   `json:"code"`
+	Message string   `json:"message"`
+	Holder  *lockDoc `json:"holder,omitempty"`
+}
+
+// emit writes a command's result: v as the one JSON document with --json,
+// else what human writes.
+func (c *invocation) emit(v any, human func(w io.Writer)) error {
+	if c.g.json {
+		return c.writeJSON(v)
+	}
+	human(c.stdout)
+	return nil
+}
+
+func (c *invocation) writeJSON(v any) error {
+	c.emitted = true
+	enc := json.NewEncoder(c.stdout)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// when shows t in local time and relative to now:
+// "2026-11-29 20:03:12 CET (in 4m12s)".
+func (c *invocation) when(t, now time.Time) string {
+	return t.In(c.loc).Format(humanTime) + " (" + relative(t, now) + ")"
+}
+
+// relative says how far t is from now, to the second: "in 4m12s", "12s ago".
+func relative(t, now time.Time) string {
+	d := t.Sub(now).Round(time.Second)
+	switch {
+	case d > 0:
+		return "in " + short(d)
+	case d < 0:
+		return short(-d) + " ago"
+	default:
+		return "now"
+	}
+}
+
+// short writes a duration without trailing zero units: 5m, 1h, 4m12s.
+func short(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
+
+// plural writes a count with its noun: "1 lock", "2 locks".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return fmt.Sprintf("1 %s", noun)
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// printable returns s as it is when every rune of it prints, else quoted,
+// so that an id with a tab, a newline or a terminal escape in it cannot
+// break a table or the terminal.
+func printable(s string) string {
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}

@@ -1,0 +1,136 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestCLI_BadInput runs each bad input against an existing database that
+// holds an active and an expired lock, so that any startup cleanup or
+// migration would show in its bytes, and checks that it is left unchanged.
+func TestCLI_BadInput(t *testing.T) {
+	t.Parallel()
+	a := newAgents(t)
+	a.mustRun("--owner", "A", "locks", "acquire", "plan", "live")
+	seedExpired(t, a.db, "stale")
+	before := snapshot(t, a.dir)
+
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"UnknownType", []string{"--owner", "A", "locks", "acquire", "job", "p1"},
+			`invalid resource_type: "job" is not a resource type; use "plan" or "project"`},
+		{"EmptyID", []string{"--owner", "A", "locks", "acquire", "plan", ""},
+			"invalid resource_id: must not be empty"},
+		{"ID256Bytes", []string{"--owner", "A", "locks", "acquire", "plan", strings.Repeat("x", 256)},
+			"invalid resource_id: is 256 bytes long; the limit is 255 bytes"},
+		{"TTL4s", []string{"--owner", "A", "locks", "acquire", "plan", "p1", "--ttl", "4s"},
+			`invalid value "4s" for flag -ttl: the TTL must be from 5s to 1h; omit --ttl for the default 5m`},
+		{"TTL2h", []string{"--owner", "A", "locks", "renew", "plan", "live", "--ttl", "2h"},
+			`invalid value "2h" for flag -ttl: the TTL must be from 5s to 1h`},
+		{"MissingOwner", []string{"locks", "acquire", "plan", "p1"},
+			"missing owner: pass --owner ID or set AGENTS_OWNER"},
+		{"MissingOwnerReleaseAll", []string{"locks", "release-all"},
+			"missing owner: pass --owner ID or set AGENTS_OWNER"},
+		{"UnknownFlag", []string{"locks", "list", "--since", "1h"},
+			"flag provided but not defined: -since"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := a.run(tc.args...)
+			assert.Equal(t, 2, r.code)
+			assert.Contains(t, r.stderr, tc.want)
+			assert.Empty(t, r.stdout)
+
+			r = a.run(append([]string{"--json"}, tc.args...)...)
+			assert.Equal(t, 2, r.code)
+			assertError(t, r, "validation")
+
+			assert.Equal(t, before, snapshot(t, a.dir), "the database must be left unchanged")
+		})
+	}
+
+	t.Run("DatabaseInMissingDirectory", func(t *testing.T) {
+		missing := filepath.Join(a.dir, "no", "such", "dir", "agents.db")
+		for _, args := range [][]string{
+			{"--owner", "A", "locks", "acquire", "plan", "p1"},
+			{"locks", "list"},
+			{"locks", "cleanup"},
+		} {
+			r := a.runEnv(nil, append([]string{"--db", missing}, args...)...)
+			assert.Equal(t, 1, r.code, "%v", args)
+			assert.Contains(t, r.stderr, "cannot be reached; check the path or DSN and that the directory exists")
+			assert.Contains(t, r.stderr, missing)
+		}
+		r := a.runEnv([]string{"AGENTS_DB=" + missing}, "--json", "diagnostics")
+		assert.Equal(t, 1, r.code)
+		var rep report
+		r.decode(t, &rep)
+		assert.Contains(t, rep.check("database").Detail, "there is no database at "+missing)
+		assert.NoDirExists(t, filepath.Join(a.dir, "no"), "nothing creates a directory for --db")
+		assert.Equal(t, before, snapshot(t, a.dir))
+	})
+
+	t.Run("FileThatIsNotADatabase", func(t *testing.T) {
+		dir := t.TempDir()
+		notDB := filepath.Join(dir, "notes.txt")
+		writeFile(t, notDB, "these are not the locks you are looking for\n")
+		want := snapshot(t, dir)
+		for _, args := range [][]string{
+			{"--owner", "A", "locks", "acquire", "plan", "p1"},
+			{"locks", "list", "--all"},
+			{"locks", "cleanup"},
+		} {
+			r := a.runEnv(nil, append([]string{"--db", notDB}, args...)...)
+			assert.Equal(t, 1, r.code, "%v", args)
+			assert.Contains(t, r.stderr, "lock store is not a valid database; point the service at the right file, or move the damaged file away")
+			assert.Contains(t, r.stderr, notDB)
+
+			r = a.runEnv(nil, append([]string{"--json", "--db", notDB}, args...)...)
+			assertError(t, r, "internal")
+		}
+		r := a.runEnv(nil, "--db", notDB, "diagnostics")
+		assert.Equal(t, 1, r.code)
+		assert.Regexp(t, `(?m)^  fail +database +.*notes.txt is not a SQLite database`, r.stdout)
+		assert.Equal(t, want, snapshot(t, dir), "the file must be left as it was, with nothing beside it")
+	})
+}
+
+// TestCLI_DefaultDatabase runs without --db or AGENTS_DB: the database is
+// created under the XDG data directory, private to the user.
+func TestCLI_DefaultDatabase(t *testing.T) {
+	t.Parallel()
+	a := newAgents(t)
+	data := filepath.Join(a.dir, "data")
+
+	r := a.runEnv(nil, "diagnostics")
+	assert.Equal(t, 1, r.code)
+	assert.NoDirExists(t, data, "diagnostics creates nothing")
+
+	r = a.runEnv(nil, "locks", "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Equal(t, "No active locks.\n", r.stdout)
+	for path, mode := range map[string]os.FileMode{
+		filepath.Join(data, "cleveragents"):              0o700,
+		filepath.Join(data, "cleveragents", "agents.db"): 0o600,
+	} {
+		fi, err := os.Stat(path)
+		require.NoError(t, err)
+		assert.Equal(t, mode, fi.Mode().Perm(), path)
+	}
+	r = a.runEnv(nil, "diagnostics")
+	assert.Equal(t, 0, r.code, r.stdout)
+	assert.Contains(t, r.stdout, "Diagnostics of "+filepath.Join(data, "cleveragents", "agents.db"))
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+}
