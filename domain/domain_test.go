@@ -128,3 +128,17 @@ func TestErrors(t *testing.T) {
 func TestRenewInterval(t *testing.T) {
 	assert.Equal(t, 150*time.Second, domain.RenewInterval(domain.DefaultLockTTL))
 }
+
+func TestResourceRef_String(t *testing.T) {
+	for id, want := range map[string]string{
+		"p1":          "plan/p1",
+		"日本":          "plan/日本",
+		"two words":   `plan/"two words"`,
+		"bell\a":      `plan/"bell\a"`,
+		"\x1b[31mred": `plan/"\x1b[31mred"`,
+		"bad\xff":     `plan/"bad\xff"`,
+		"":            `plan/""`,
+	} {
+		assert.Equal(t, want, domain.ResourceRef{Type: domain.ResourcePlan, ID: id}.String())
+	}
+}

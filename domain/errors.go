@@ -34,7 +34,16 @@ func (e *LockConflictError) Error() string {
 	return fmt.Sprintf("%s is locked by owner %q (acquired %s, expires %s, in %s); wait for it to be released or to expire, or ask the holder to release it",
 		e.Holder.Resource, e.Holder.Owner,
 		e.Holder.AcquiredAt.UTC().Format(time.RFC3339Nano), e.Holder.ExpiresAt.UTC().Format(time.RFC3339Nano),
-		e.Holder.Remaining(e.Now))
+		roundForHumans(e.Holder.Remaining(e.Now)))
+}
+
+// roundForHumans rounds a duration to what a reader needs: whole seconds
+// from a second up, milliseconds below.
+func roundForHumans(d time.Duration) time.Duration {
+	if d >= time.Second {
+		return d.Round(time.Second)
+	}
+	return d.Round(time.Millisecond)
 }
 
 // Is makes errors.Is(err, ErrConflict) true.

@@ -2,7 +2,11 @@ package domain
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // ResourceType names the kind of thing a lock protects.
@@ -45,8 +49,16 @@ func (r ResourceRef) Validate() error {
 	return validateIdentifier("resource_id", r.ID)
 }
 
-// String renders the reference as "type/id", for messages and logs.
-func (r ResourceRef) String() string { return string(r.Type) + "/" + r.ID }
+// String renders the reference as "type/id", for messages and logs. An id
+// with spaces or characters that do not print is quoted, so that it cannot
+// disguise itself or disturb a terminal.
+func (r ResourceRef) String() string {
+	id := r.ID
+	if id == "" || strings.IndexFunc(id, func(c rune) bool { return !unicode.IsGraphic(c) || unicode.IsSpace(c) }) >= 0 || !utf8.ValidString(id) {
+		id = strconv.Quote(id)
+	}
+	return string(r.Type) + "/" + id
+}
 
 // Lock is one held (or expired but not yet purged) advisory lock.
 //

@@ -121,6 +121,9 @@ func TestHostileDB_ReadOnlyFile(t *testing.T) {
 	res := runFight(t, db)
 	assert.Equal(t, "read-only", res.Kind, "%+v", res)
 	assert.Contains(t, res.Error, "writable")
+	for _, leftover := range []string{db + "-wal", db + "-shm"} {
+		assert.NoFileExists(t, leftover, "refusing a read-only store leaves nothing behind")
+	}
 }
 
 func TestHostileDB_ReadOnlyDirectory(t *testing.T) {

@@ -73,6 +73,12 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if err := createPrivate(path); err != nil {
 		return nil, FormatError("open lock store "+path, err)
 	}
+	// Refuse a store this process cannot write before SQLite opens it:
+	// SQLite would open it read-only, leave -wal and -shm files behind, and
+	// fail only at the first write.
+	if err := CheckWritable(dsn); err != nil {
+		return nil, err
+	}
 	rdb, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, FormatError("open lock store "+path, err)
@@ -97,7 +103,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		writer:  make(chan struct{}, 1),
 		path:    path,
 	}
-	if err := db.migrate(ctx); err != nil {
+	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -119,14 +125,14 @@ func (db *DB) Close() error {
 // migrate applies the pending migrations. Processes that open a new file at
 // the same moment may race to apply the same migration; the loser sees an
 // error, and finds nothing pending when it looks again.
-func (db *DB) migrate(ctx context.Context) error {
+func (db *DB) migrate(ctx context.Context, op string) error {
 	fsys, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
-		return &domain.StoreError{Op: "migrate lock store", Err: err}
+		return &domain.StoreError{Op: op, Err: err}
 	}
 	p, err := goose.NewProvider(goose.DialectSQLite3, db.wsql, fsys)
 	if err != nil {
-		return &domain.StoreError{Op: "migrate lock store", Err: err}
+		return &domain.StoreError{Op: op, Err: err}
 	}
 	for attempt := 1; ; attempt++ {
 		err = db.withWriter(ctx, func() error { _, err := p.Up(ctx); return err })
@@ -137,7 +143,7 @@ func (db *DB) migrate(ctx context.Context) error {
 			return nil
 		}
 		if attempt == writeAttempts || ctx.Err() != nil {
-			return FormatError("migrate lock store", err)
+			return FormatError(op, err)
 		}
 		if werr := backoff(ctx, attempt); werr != nil {
 			return werr
