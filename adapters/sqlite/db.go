@@ -49,6 +49,7 @@ type DB struct {
 	// is fair and cheap, while SQLite's busy waiting is neither.
 	writer chan struct{}
 	path   string
+	stmts  stmts
 }
 
 // Options tune Open. The zero value is the recommended setting.
@@ -106,6 +107,10 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {
 		db.Close()
 		return nil, err
+	}
+	if err := db.prepare(ctx); err != nil {
+		db.Close()
+		return nil, FormatError("prepare statements on "+path, err)
 	}
 	return db, nil
 }
@@ -205,10 +210,11 @@ func (db *DB) write(ctx context.Context, op string, fn func(context.Context) err
 	}
 }
 
-// inTx runs fn in one immediate write transaction, retried as write does.
-func (db *DB) inTx(ctx context.Context, op string, fn func(context.Context, *ent.Tx) error) error {
+// inTx runs fn in one immediate write transaction on the writer's
+// connection, retried as write does.
+func (db *DB) inTx(ctx context.Context, op string, fn func(context.Context, *sql.Tx) error) error {
 	return db.write(ctx, op, func(ctx context.Context) (err error) {
-		tx, err := db.wclient.Tx(ctx)
+		tx, err := db.wsql.BeginTx(ctx, nil) // BEGIN IMMEDIATE: _txlock in the DSN
 		if err != nil {
 			return err
 		}

@@ -77,12 +77,15 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 		sdb.Close()
 		return nil, FormatError(op, err)
 	}
-	return &DB{
+	db := &DB{
 		sql:    sdb,
 		client: ent.NewClient(ent.Driver(entsql.OpenDB(dialect.SQLite, sdb))),
 		writer: make(chan struct{}, 1),
 		path:   path,
-	}, nil
+	}
+	// No statements are prepared: the locks table may be missing, which is
+	// for the schema check to report, and reads fall back to plain queries.
+	return db, nil
 }
 
 // readHeader reports whether the file at path is a database in WAL mode.

@@ -2,10 +2,11 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"time"
 
-	"entgo.io/ent/dialect/sql"
+	entsql "entgo.io/ent/dialect/sql"
 
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -22,7 +23,8 @@ var _ application.LockRepository = (*LockRepository)(nil)
 
 // LockRepository implements application.LockRepository on a DB.
 type LockRepository struct {
-	db *DB
+	db        *DB
+	contended contention
 }
 
 // NewLockRepository returns the repository of db.
@@ -31,91 +33,84 @@ func NewLockRepository(db *DB) *LockRepository { return &LockRepository{db: db} 
 // Update implements application.LockRepository. The read and the write
 // share one immediate transaction, so no other writer, in this process or
 // another, can slip in between.
+//
+// A refusal needs no write, and a resource that was just refused is likely
+// to be refused again: for those the decision is first taken on a plain
+// read, which WAL serves without waiting for the writer. Pollers of a held
+// lock then neither queue behind the holder's release nor make SQLite's
+// sleeping busy handler arbitrate between processes. The refusal is exact:
+// the lock it names was stored and active at the read. Anything else is
+// decided again under the write lock.
 func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
-	// A refusal needs no write. Deciding first on a plain read (which WAL
-	// serves without waiting for the writer) lets callers that poll a held
-	// lock be refused without queueing behind, and delaying, the holder's
-	// release. The refusal is exact: the lock it names was stored and
-	// active at the read. Anything else is decided again under the write lock.
-	if row, err := r.db.client.Lock.Query().Where(byResource(ref)).Only(ctx); err == nil {
-		if cur, err := toDomain(row); err == nil {
-			if _, err := decide(&cur); err != nil {
-				return domain.Lock{}, err
-			}
+	if r.contended.has(ref) {
+		cur, err := r.db.readLock(ctx, ref)
+		if err != nil {
+			return domain.Lock{}, FormatError("read lock on "+ref.String(), err)
+		}
+		if _, err := decide(cur); errors.Is(err, domain.ErrConflict) {
+			return domain.Lock{}, err
 		}
 	}
 	var out domain.Lock
-	err := r.db.inTx(ctx, "update lock on "+ref.String(), func(ctx context.Context, tx *ent.Tx) error {
-		out = domain.Lock{}
-		row, err := tx.Lock.Query().Where(byResource(ref)).Only(ctx)
-		var cur *domain.Lock
-		switch {
-		case ent.IsNotFound(err):
-		case err != nil:
-			return err
-		default:
-			l, err := toDomain(row)
-			if err != nil {
-				return err
-			}
-			cur = &l
-		}
-		change, err := decide(cur)
+	err := r.db.inTx(ctx, "update lock on "+ref.String(), func(ctx context.Context, tx *sql.Tx) error {
+		cur, err := scanLock(tx.StmtContext(ctx, r.db.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
 		if err != nil {
 			return err
 		}
-		switch change.Kind {
-		case application.ChangeNone:
-			if cur != nil {
-				out = *cur
-			}
-		case application.ChangeExtend:
-			if cur == nil {
-				return &domain.StoreError{Op: "extend lock", Err: errNoRow}
-			}
-			if err := tx.Lock.UpdateOneID(cur.Token).SetExpiresAt(formatTime(change.Lock.ExpiresAt)).Exec(ctx); err != nil {
-				return err
-			}
-			out = *cur
-			out.ExpiresAt = change.Lock.ExpiresAt
-		case application.ChangeInsert:
-			// A change of hands inserts a new row, so the lock gets a new
-			// AUTOINCREMENT id: its fencing token, never reused.
-			if cur != nil {
-				if err := tx.Lock.DeleteOneID(cur.Token).Exec(ctx); err != nil {
-					return err
-				}
-			}
-			l := change.Lock
-			created, err := tx.Lock.Create().
-				SetOwnerID(l.Owner).
-				SetResourceType(string(ref.Type)).
-				SetResourceID(ref.ID).
-				SetAcquiredAt(formatTime(l.AcquiredAt)).
-				SetExpiresAt(formatTime(l.ExpiresAt)).
-				Save(ctx)
-			if err != nil {
-				return err
-			}
-			l.Token, l.Resource = created.ID, ref
-			out = l
+		change, err := decide(cur)
+		r.contended.note(ref, errors.Is(err, domain.ErrConflict))
+		if err != nil {
+			return err
 		}
-		return nil
+		out, err = r.apply(ctx, tx, ref, cur, change)
+		return err
 	})
 	return out, err
 }
 
+// apply writes change inside tx and returns the lock as stored.
+func (r *LockRepository) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change) (domain.Lock, error) {
+	switch change.Kind {
+	case application.ChangeExtend:
+		if cur == nil {
+			return domain.Lock{}, &domain.StoreError{Op: "extend lock", Err: errNoRow}
+		}
+		if _, err := tx.StmtContext(ctx, r.db.stmts.extend).ExecContext(ctx, formatTime(change.Lock.ExpiresAt), cur.Token); err != nil {
+			return domain.Lock{}, err
+		}
+		l := *cur
+		l.ExpiresAt = change.Lock.ExpiresAt
+		return l, nil
+	case application.ChangeInsert:
+		// A change of hands inserts a new row, so the lock gets a new
+		// AUTOINCREMENT id: its fencing token, never reused.
+		if cur != nil {
+			if _, err := tx.StmtContext(ctx, r.db.stmts.delID).ExecContext(ctx, cur.Token); err != nil {
+				return domain.Lock{}, err
+			}
+		}
+		l := change.Lock
+		l.Resource = ref
+		err := tx.StmtContext(ctx, r.db.stmts.insert).QueryRowContext(ctx,
+			l.Owner, string(ref.Type), ref.ID, formatTime(l.AcquiredAt), formatTime(l.ExpiresAt)).Scan(&l.Token)
+		return l, err
+	}
+	if cur == nil {
+		return domain.Lock{}, nil
+	}
+	return *cur, nil
+}
+
 // Get implements application.LockRepository.
 func (r *LockRepository) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
-	row, err := r.db.client.Lock.Query().Where(byResource(ref)).Only(ctx)
-	if ent.IsNotFound(err) {
+	cur, err := r.db.readLock(ctx, ref)
+	switch {
+	case err != nil:
+		return domain.Lock{}, FormatError("get lock on "+ref.String(), err)
+	case cur == nil:
 		return domain.Lock{}, domain.ErrNotFound
 	}
-	if err != nil {
-		return domain.Lock{}, FormatError("get lock on "+ref.String(), err)
-	}
-	l, err := toDomain(row)
-	return l, FormatError("get lock on "+ref.String(), err)
+	return *cur, nil
 }
 
 // List implements application.LockRepository.
@@ -147,9 +142,12 @@ func (r *LockRepository) List(ctx context.Context, f application.ListFilter) ([]
 
 // DeleteOwned implements application.LockRepository with one statement.
 func (r *LockRepository) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	var n int
-	err := r.db.write(ctx, "release lock on "+ref.String(), func(ctx context.Context) (err error) {
-		n, err = r.db.wclient.Lock.Delete().Where(byResource(ref), entlock.OwnerID(owner)).Exec(ctx)
+	var n int64
+	err := r.db.write(ctx, "release lock on "+ref.String(), func(ctx context.Context) error {
+		res, err := r.db.stmts.delOwned.ExecContext(ctx, string(ref.Type), ref.ID, owner)
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
 		return err
 	})
 	return n > 0, err
@@ -199,13 +197,13 @@ func expiredAt(now time.Time) predicate.Lock {
 // subquery on the expires_at index: SQLite has no DELETE ... LIMIT by
 // default.
 func oldestExpired(now time.Time, limit int) predicate.Lock {
-	return func(s *sql.Selector) {
-		batch := sql.Select(entlock.FieldID).
-			From(sql.Table(entlock.Table)).
-			Where(sql.LTE(entlock.FieldExpiresAt, formatTime(now))).
+	return func(s *entsql.Selector) {
+		batch := entsql.Select(entlock.FieldID).
+			From(entsql.Table(entlock.Table)).
+			Where(entsql.LTE(entlock.FieldExpiresAt, formatTime(now))).
 			OrderBy(entlock.FieldExpiresAt).
 			Limit(limit)
-		s.Where(sql.In(s.C(entlock.FieldID), batch))
+		s.Where(entsql.In(s.C(entlock.FieldID), batch))
 	}
 }
 
