@@ -64,13 +64,7 @@ func (s *LockService) Now() time.Time { return s.clock.Now().UTC().Truncate(Prec
 // when another owner holds an active lock; *domain.StoreError when the store
 // fails.
 func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
-	ttl, err := s.checkInput(owner, ref, ttl)
-	if err != nil {
-		return domain.Lock{}, err
-	}
-	now := s.Now()
-	expires := now.Add(ttl).Truncate(Precision)
-	return s.repo.Update(ctx, ref, func(cur *domain.Lock) (Change, error) {
+	return s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
 		switch {
 		case cur == nil || cur.ExpiredAt(now):
 			// Free, or the previous lock has lapsed: the resource changes
@@ -96,13 +90,7 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 // *domain.LockConflictError when another owner holds an active lock;
 // *domain.StoreError when the store fails.
 func (s *LockService) Renew(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
-	ttl, err := s.checkInput(owner, ref, ttl)
-	if err != nil {
-		return domain.Lock{}, err
-	}
-	now := s.Now()
-	expires := now.Add(ttl).Truncate(Precision)
-	return s.repo.Update(ctx, ref, func(cur *domain.Lock) (Change, error) {
+	return s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
 		switch {
 		case cur == nil:
 			return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref}
@@ -212,6 +200,19 @@ func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock
 		f.ActiveAt = s.Now()
 	}
 	return s.repo.List(ctx, f)
+}
+
+// update validates the input, takes now once, and lets rule decide the
+// change from the current lock, now and the expiry now+ttl.
+func (s *LockService) update(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
+	rule func(cur *domain.Lock, now, expires time.Time) (Change, error)) (domain.Lock, error) {
+	ttl, err := s.checkInput(owner, ref, ttl)
+	if err != nil {
+		return domain.Lock{}, err
+	}
+	now := s.Now()
+	expires := now.Add(ttl).Truncate(Precision)
+	return s.repo.Update(ctx, ref, func(cur *domain.Lock) (Change, error) { return rule(cur, now, expires) })
 }
 
 func (s *LockService) checkInput(owner string, ref domain.ResourceRef, ttl time.Duration) (time.Duration, error) {
