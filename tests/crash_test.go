@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -132,7 +133,9 @@ func TestCrash_LocksOfKilledProcess(t *testing.T) {
 
 func TestCrash_KilledMidWrite(t *testing.T) {
 	rounds := 12
-	if testing.Short() {
+	if n, err := strconv.Atoi(os.Getenv(envCrashRounds)); err == nil && n > 0 {
+		rounds = n
+	} else if testing.Short() {
 		rounds = 4
 	}
 	ctx := context.Background()

@@ -28,10 +28,7 @@ func TestGoroutines_MutualExclusion(t *testing.T) {
 			}
 			c := MustOpen(t, locks.Config{Database: db})
 			const workers = 32
-			dur := 2 * time.Second
-			if testing.Short() {
-				dur = 500 * time.Millisecond
-			}
+			dur := stressDuration() / 3
 			type entry struct {
 				token int64
 				owner string

@@ -38,9 +38,13 @@ const (
 	envDir      = "LOCKS_TEST_DIR"
 	envOwner    = "LOCKS_TEST_OWNER"
 	envDuration = "LOCKS_TEST_DURATION"
-	// LOCKS_STRESS_DURATION runs the multi-process test longer than the
-	// default, e.g. LOCKS_STRESS_DURATION=2m go test ./tests -run Processes.
+	// LOCKS_STRESS_DURATION runs the multi-process test (and, for a third
+	// of it, the goroutine test) longer than the default 6 s, e.g.
+	// LOCKS_STRESS_DURATION=2m go test ./tests -run 'Processes|Goroutines'.
 	envStress = "LOCKS_STRESS_DURATION"
+	// LOCKS_CRASH_ROUNDS sets how many processes TestCrash_KilledMidWrite
+	// kills (default 12).
+	envCrashRounds = "LOCKS_CRASH_ROUNDS"
 )
 
 var stressResources = []domain.ResourceRef{
