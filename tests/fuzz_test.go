@@ -32,8 +32,8 @@ import (
 
 var hostileStrings = []string{
 	"", " ", "\t\n", "\u00a0", "\u2003", "plan", "PLAN", "Plan", "project",
-	"pl\u0430n",                 // Cyrillic а: looks like "plan"
-	"p1\x00", "\x00", "a\xffb", "\xc3\x28", "\xed\xa0\x80", // NUL, invalid UTF-8, a surrogate
+	// A Cyrillic а that looks like "plan"; NUL; invalid UTF-8; a surrogate.
+	"pl\u0430n", "p1\x00", "\x00", "a\xffb", "\xc3\x28", "\xed\xa0\x80",
 	"'; DROP TABLE locks; --", `" OR 1=1 --`, "%_\\", "?", "$1", "`locks`",
 	"\u202eevil", "e\u0301", "ﬁ", "🔒", strings.Repeat("é", 128), strings.Repeat("x", 255),
 	strings.Repeat("x", 256), strings.Repeat("A", 10_000),
