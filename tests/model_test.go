@@ -154,6 +154,7 @@ type machine struct {
 	svc   *application.LockService
 	clock *clock.Mock
 	model *model
+	steps *int // counts the steps of the whole run, for the log
 }
 
 func (s *machine) pick(t *rapid.T) (string, domain.ResourceRef, time.Duration) {
@@ -262,6 +263,7 @@ func (s *machine) AdvanceToExpiry(t *rapid.T) {
 
 // Check compares the whole stored state after every step.
 func (s *machine) Check(t *rapid.T) {
+	*s.steps++
 	all, err := s.svc.List(s.ctx, application.ListOptions{IncludeExpired: true})
 	if err != nil {
 		t.Fatalf("list: %v", err)
@@ -283,6 +285,8 @@ func (s *machine) Check(t *rapid.T) {
 }
 
 func runModel(t *testing.T, newRepo func(t *testing.T) application.LockRepository) {
+	steps := 0
+	defer func() { t.Logf("%d steps compared with the model", steps) }()
 	rapid.Check(t, func(rt *rapid.T) {
 		mc := clock.NewMock()
 		start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC).Add(time.Duration(rapid.Int64Range(0, 999_999).Draw(rt, "startMicros")) * time.Microsecond)
@@ -291,7 +295,7 @@ func runModel(t *testing.T, newRepo func(t *testing.T) application.LockRepositor
 		if err != nil {
 			rt.Fatal(err)
 		}
-		m := &machine{ctx: context.Background(), svc: svc, clock: mc,
+		m := &machine{ctx: context.Background(), svc: svc, clock: mc, steps: &steps,
 			model: &model{now: start, locks: map[domain.ResourceRef]modelLock{}}}
 		rt.Repeat(rapid.StateMachineActions(m))
 	})
