@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/wire"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
@@ -19,7 +20,7 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 		containerSet,
 		provideSQLite,
 		sqlite.NewLockRepository,
-		wire.Bind(new(application.LockRepository), new(*sqlite.LockRepository)),
+		wire.Bind(new(application.LockRepository), new(*entstore.Store)),
 	)
 	return nil, nil, nil
 }

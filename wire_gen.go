@@ -20,9 +20,9 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	lockRepository := sqlite.NewLockRepository(db)
+	store := sqlite.NewLockRepository(db)
 	clock := provideClock(cfg)
-	lockService, err := provideService(lockRepository, clock, cfg)
+	lockService, err := provideService(store, clock, cfg)
 	if err != nil {
 		cleanup()
 		return nil, nil, err

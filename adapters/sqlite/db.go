@@ -10,12 +10,11 @@ import (
 	"time"
 
 	"entgo.io/ent/dialect"
-	entsql "entgo.io/ent/dialect/sql"
 	"github.com/pressly/goose/v3"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/domain"
-	"github.com/cleveragents/locks/ent"
 )
 
 // migrationFiles are the versioned migrations, written by
@@ -36,20 +35,18 @@ const writeAttempts = 4
 
 // DB is an open lock store. It is safe for concurrent use.
 type DB struct {
-	// sql and client serve reads, in parallel (WAL lets readers proceed
-	// while a write is in progress).
-	sql    *sql.DB
-	client *ent.Client
-	// wsql and wclient serve writes, over one connection: writers of this
-	// process queue for it in order, and never wait behind readers for a
+	// sql serves reads, in parallel (WAL lets readers proceed while a
+	// write is in progress).
+	sql *sql.DB
+	// wsql serves writes, over one connection: writers of this process
+	// queue for it in order, and never wait behind readers for a
 	// connection. Nil for a read-only handle.
-	wsql    *sql.DB
-	wclient *ent.Client
+	wsql *sql.DB
 	// writer admits one write at a time from this process: queueing here
 	// is fair and cheap, while SQLite's busy waiting is neither.
 	writer chan struct{}
 	path   string
-	stmts  stmts
+	store  *entstore.Store
 }
 
 // Options tune Open. The zero value is the recommended setting.
@@ -96,23 +93,26 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	rdb.SetMaxIdleConns(maxReaders)
 	wdb.SetMaxOpenConns(1)
 	wdb.SetMaxIdleConns(1)
-	db := &DB{
-		sql:     rdb,
-		client:  ent.NewClient(ent.Driver(entsql.OpenDB(dialect.SQLite, rdb))),
-		wsql:    wdb,
-		wclient: ent.NewClient(ent.Driver(entsql.OpenDB(dialect.SQLite, wdb))),
-		writer:  make(chan struct{}, 1),
-		path:    path,
-	}
+	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path}
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {
 		db.Close()
 		return nil, err
 	}
-	if err := db.prepare(ctx); err != nil {
+	if db.store, err = entstore.New(ctx, rdb, wdb, db.backend()); err != nil {
 		db.Close()
-		return nil, FormatError("prepare statements on "+path, err)
+		return nil, err
 	}
 	return db, nil
+}
+
+// NewLockRepository returns the lock repository of db.
+func NewLockRepository(db *DB) *entstore.Store { return db.store }
+
+// backend is what SQLite brings to the shared store: its writer queue and
+// retry, and its errors. No per-resource lock is needed: BEGIN IMMEDIATE
+// already keeps every other writer out.
+func (db *DB) backend() entstore.Backend {
+	return entstore.Backend{Dialect: dialect.SQLite, Write: db.write, FormatError: FormatError}
 }
 
 // Path returns the database file, or "" for an in-memory database.
@@ -120,7 +120,11 @@ func (db *DB) Path() string { return db.path }
 
 // Close closes the database. Call it after the last use of the store.
 func (db *DB) Close() error {
-	err := db.sql.Close()
+	var err error
+	if db.store != nil {
+		err = db.store.Close()
+	}
+	err = errors.Join(err, db.sql.Close())
 	if db.wsql != nil {
 		err = errors.Join(err, db.wsql.Close())
 	}
@@ -196,9 +200,6 @@ func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 // with another process's write. fn must be safe to run again: it is either
 // one statement or a whole transaction.
 func (db *DB) write(ctx context.Context, op string, fn func(context.Context) error) error {
-	if db.wclient == nil {
-		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
-	}
 	for attempt := 1; ; attempt++ {
 		err := db.withWriter(ctx, func() error { return fn(ctx) })
 		if err == nil || !isBusy(err) || attempt == writeAttempts {
@@ -208,35 +209,6 @@ func (db *DB) write(ctx context.Context, op string, fn func(context.Context) err
 			return FormatError(op, err)
 		}
 	}
-}
-
-// inTx runs fn in one immediate write transaction on the writer's
-// connection, retried as write does.
-func (db *DB) inTx(ctx context.Context, op string, fn func(context.Context, *sql.Tx) error) error {
-	return db.write(ctx, op, func(ctx context.Context) (err error) {
-		tx, err := db.wsql.BeginTx(ctx, nil) // BEGIN IMMEDIATE: _txlock in the DSN
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err != nil {
-				err = errors.Join(err, ignoreDone(tx.Rollback()))
-			}
-		}()
-		if err := fn(ctx, tx); err != nil {
-			return err
-		}
-		return tx.Commit()
-	})
-}
-
-// ignoreDone drops the error of rolling back a transaction that SQLite
-// already ended (it does so itself after some failures).
-func ignoreDone(err error) error {
-	if err == nil || errors.Is(err, sql.ErrTxDone) {
-		return nil
-	}
-	return err
 }
 
 // backoff waits a jittered, growing pause before retry number attempt+1.

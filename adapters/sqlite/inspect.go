@@ -13,12 +13,10 @@ import (
 	"strconv"
 	"strings"
 
-	"entgo.io/ent/dialect"
-	entsql "entgo.io/ent/dialect/sql"
 	"github.com/pressly/goose/v3"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/domain"
-	"github.com/cleveragents/locks/ent"
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
@@ -77,12 +75,8 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 		sdb.Close()
 		return nil, FormatError(op, err)
 	}
-	db := &DB{
-		sql:    sdb,
-		client: ent.NewClient(ent.Driver(entsql.OpenDB(dialect.SQLite, sdb))),
-		writer: make(chan struct{}, 1),
-		path:   path,
-	}
+	db := &DB{sql: sdb, writer: make(chan struct{}, 1), path: path}
+	db.store = entstore.NewReadOnly(sdb, db.backend())
 	// No statements are prepared: the locks table may be missing, which is
 	// for the schema check to report, and reads fall back to plain queries.
 	return db, nil

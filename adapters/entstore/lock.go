@@ -1,4 +1,4 @@
-package sqlite
+package entstore
 
 import (
 	"context"
@@ -19,63 +19,72 @@ import (
 // does not exist: a bug in the caller, not a state of the store.
 var errNoRow = errors.New("no lock to extend")
 
-var _ application.LockRepository = (*LockRepository)(nil)
+// errRowChanged reports that the row an Update read was changed by a
+// statement outside the resource's exclusion (a release, a cleanup) before
+// the Update wrote it; the Update is then decided again.
+var errRowChanged = errors.New("the lock changed while it was being updated")
 
-// LockRepository implements application.LockRepository on a DB.
-type LockRepository struct {
-	db        *DB
-	contended contention
-}
-
-// NewLockRepository returns the repository of db.
-func NewLockRepository(db *DB) *LockRepository { return &LockRepository{db: db} }
+// updateAttempts bounds how often an Update is decided again after
+// errRowChanged.
+const updateAttempts = 3
 
 // Update implements application.LockRepository. The read and the write
-// share one immediate transaction, so no other writer, in this process or
-// another, can slip in between.
+// share one transaction that no other Update of the resource can enter
+// (an immediate transaction on SQLite, an advisory lock on PostgreSQL), so
+// nothing can slip in between; a release or a cleanup that changed the row
+// meanwhile makes the Update decide again.
 //
 // A refusal needs no write, and a resource that was just refused is likely
 // to be refused again: for those the decision is first taken on a plain
-// read, which WAL serves without waiting for the writer. Pollers of a held
-// lock then neither queue behind the holder's release nor make SQLite's
-// sleeping busy handler arbitrate between processes. The refusal is exact:
+// read, which does not wait for writers (WAL on SQLite, MVCC on PostgreSQL). Pollers of a held
+// lock then neither queue behind the holder's release nor wait for the
+// database's write lock (SQLite's sleeping busy handler). The refusal is exact:
 // the lock it names was stored and active at the read. Anything else is
 // decided again under the write lock.
-func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
-	if r.contended.has(ref) {
-		cur, err := r.db.readLock(ctx, ref)
+func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
+	if s.contended.has(ref) {
+		cur, err := s.readLock(ctx, ref)
 		if err != nil {
-			return domain.Lock{}, FormatError("read lock on "+ref.String(), err)
+			return domain.Lock{}, s.b.FormatError("read lock on "+ref.String(), err)
 		}
 		if _, err := decide(cur); errors.Is(err, domain.ErrConflict) {
 			return domain.Lock{}, err
 		}
 	}
-	var out domain.Lock
-	err := r.db.inTx(ctx, "update lock on "+ref.String(), func(ctx context.Context, tx *sql.Tx) error {
-		cur, err := scanLock(tx.StmtContext(ctx, r.db.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
-		if err != nil {
+	var (
+		out domain.Lock
+		err error
+	)
+	for attempt := 1; attempt <= updateAttempts; attempt++ {
+		err = s.inTx(ctx, "update lock on "+ref.String(), ref, func(ctx context.Context, tx *sql.Tx) error {
+			cur, err := scanLock(tx.StmtContext(ctx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
+			if err != nil {
+				return err
+			}
+			change, err := decide(cur)
+			s.contended.note(ref, errors.Is(err, domain.ErrConflict))
+			if err != nil {
+				return err
+			}
+			out, err = s.apply(ctx, tx, ref, cur, change)
 			return err
+		})
+		if !errors.Is(err, errRowChanged) {
+			break
 		}
-		change, err := decide(cur)
-		r.contended.note(ref, errors.Is(err, domain.ErrConflict))
-		if err != nil {
-			return err
-		}
-		out, err = r.apply(ctx, tx, ref, cur, change)
-		return err
-	})
+	}
 	return out, err
 }
 
 // apply writes change inside tx and returns the lock as stored.
-func (r *LockRepository) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change) (domain.Lock, error) {
+func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change) (domain.Lock, error) {
 	switch change.Kind {
 	case application.ChangeExtend:
 		if cur == nil {
 			return domain.Lock{}, &domain.StoreError{Op: "extend lock", Err: errNoRow}
 		}
-		if _, err := tx.StmtContext(ctx, r.db.stmts.extend).ExecContext(ctx, formatTime(change.Lock.ExpiresAt), cur.Token); err != nil {
+		res, err := tx.StmtContext(ctx, s.stmts.extend).ExecContext(ctx, formatTime(change.Lock.ExpiresAt), cur.Token)
+		if err := oneRow(res, err); err != nil {
 			return domain.Lock{}, err
 		}
 		l := *cur
@@ -85,13 +94,13 @@ func (r *LockRepository) apply(ctx context.Context, tx *sql.Tx, ref domain.Resou
 		// A change of hands inserts a new row, so the lock gets a new
 		// AUTOINCREMENT id: its fencing token, never reused.
 		if cur != nil {
-			if _, err := tx.StmtContext(ctx, r.db.stmts.delID).ExecContext(ctx, cur.Token); err != nil {
+			if _, err := tx.StmtContext(ctx, s.stmts.delID).ExecContext(ctx, cur.Token); err != nil {
 				return domain.Lock{}, err
 			}
 		}
 		l := change.Lock
 		l.Resource = ref
-		err := tx.StmtContext(ctx, r.db.stmts.insert).QueryRowContext(ctx,
+		err := tx.StmtContext(ctx, s.stmts.insert).QueryRowContext(ctx,
 			l.Owner, string(ref.Type), ref.ID, formatTime(l.AcquiredAt), formatTime(l.ExpiresAt)).Scan(&l.Token)
 		return l, err
 	}
@@ -101,12 +110,27 @@ func (r *LockRepository) apply(ctx context.Context, tx *sql.Tx, ref domain.Resou
 	return *cur, nil
 }
 
+// oneRow checks that a statement changed exactly the one row it named.
+func oneRow(res sql.Result, err error) error {
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return errRowChanged
+	}
+	return nil
+}
+
 // Get implements application.LockRepository.
-func (r *LockRepository) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
-	cur, err := r.db.readLock(ctx, ref)
+func (s *Store) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
+	cur, err := s.readLock(ctx, ref)
 	switch {
 	case err != nil:
-		return domain.Lock{}, FormatError("get lock on "+ref.String(), err)
+		return domain.Lock{}, s.b.FormatError("get lock on "+ref.String(), err)
 	case cur == nil:
 		return domain.Lock{}, domain.ErrNotFound
 	}
@@ -114,8 +138,8 @@ func (r *LockRepository) Get(ctx context.Context, ref domain.ResourceRef) (domai
 }
 
 // List implements application.LockRepository.
-func (r *LockRepository) List(ctx context.Context, f application.ListFilter) ([]domain.Lock, error) {
-	q := r.db.client.Lock.Query()
+func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lock, error) {
+	q := s.readEnt.Lock.Query()
 	if f.Type != "" {
 		q = q.Where(entlock.ResourceType(string(f.Type)))
 	}
@@ -127,13 +151,13 @@ func (r *LockRepository) List(ctx context.Context, f application.ListFilter) ([]
 	}
 	rows, err := q.Order(ent.Asc(entlock.FieldResourceType), ent.Asc(entlock.FieldResourceID)).All(ctx)
 	if err != nil {
-		return nil, FormatError("list locks", err)
+		return nil, s.b.FormatError("list locks", err)
 	}
 	out := make([]domain.Lock, 0, len(rows))
 	for _, row := range rows {
 		l, err := toDomain(row)
 		if err != nil {
-			return nil, FormatError("list locks", err)
+			return nil, s.b.FormatError("list locks", err)
 		}
 		out = append(out, l)
 	}
@@ -141,10 +165,10 @@ func (r *LockRepository) List(ctx context.Context, f application.ListFilter) ([]
 }
 
 // DeleteOwned implements application.LockRepository with one statement.
-func (r *LockRepository) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
+func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
 	var n int64
-	err := r.db.write(ctx, "release lock on "+ref.String(), func(ctx context.Context) error {
-		res, err := r.db.stmts.delOwned.ExecContext(ctx, string(ref.Type), ref.ID, owner)
+	err := s.b.Write(ctx, "release lock on "+ref.String(), func(ctx context.Context) error {
+		res, err := s.stmts.delOwned.ExecContext(ctx, string(ref.Type), ref.ID, owner)
 		if err == nil {
 			n, err = res.RowsAffected()
 		}
@@ -154,10 +178,10 @@ func (r *LockRepository) DeleteOwned(ctx context.Context, ref domain.ResourceRef
 }
 
 // DeleteAllOwned implements application.LockRepository.
-func (r *LockRepository) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
+func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	var n int
-	err := r.db.write(ctx, "release locks of "+owner, func(ctx context.Context) (err error) {
-		n, err = r.db.wclient.Lock.Delete().Where(entlock.OwnerID(owner)).Exec(ctx)
+	err := s.b.Write(ctx, "release locks of "+owner, func(ctx context.Context) (err error) {
+		n, err = s.writeEnt.Lock.Delete().Where(entlock.OwnerID(owner)).Exec(ctx)
 		return err
 	})
 	return n, err
@@ -166,10 +190,10 @@ func (r *LockRepository) DeleteAllOwned(ctx context.Context, owner string) (int,
 // DeleteExpired implements application.LockRepository: one short write
 // that removes at most limit expired rows, found through the expires_at
 // index.
-func (r *LockRepository) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int
-	err := r.db.write(ctx, "clean up expired locks", func(ctx context.Context) (err error) {
-		n, err = r.db.wclient.Lock.Delete().
+	err := s.b.Write(ctx, "clean up expired locks", func(ctx context.Context) (err error) {
+		n, err = s.writeEnt.Lock.Delete().
 			Where(oldestExpired(now, limit)).
 			Exec(ctx)
 		return err
@@ -178,9 +202,9 @@ func (r *LockRepository) DeleteExpired(ctx context.Context, now time.Time, limit
 }
 
 // CountExpired implements application.LockRepository.
-func (r *LockRepository) CountExpired(ctx context.Context, now time.Time) (int, error) {
-	n, err := r.db.client.Lock.Query().Where(expiredAt(now)).Count(ctx)
-	return n, FormatError("count expired locks", err)
+func (s *Store) CountExpired(ctx context.Context, now time.Time) (int, error) {
+	n, err := s.readEnt.Lock.Query().Where(expiredAt(now)).Count(ctx)
+	return n, s.b.FormatError("count expired locks", err)
 }
 
 func byResource(ref domain.ResourceRef) predicate.Lock {
@@ -198,8 +222,9 @@ func expiredAt(now time.Time) predicate.Lock {
 // default.
 func oldestExpired(now time.Time, limit int) predicate.Lock {
 	return func(s *entsql.Selector) {
-		batch := entsql.Select(entlock.FieldID).
-			From(entsql.Table(entlock.Table)).
+		b := entsql.Dialect(s.Dialect())
+		batch := b.Select(entlock.FieldID).
+			From(b.Table(entlock.Table)).
 			Where(entsql.LTE(entlock.FieldExpiresAt, formatTime(now))).
 			OrderBy(entlock.FieldExpiresAt).
 			Limit(limit)

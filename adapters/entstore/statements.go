@@ -1,11 +1,10 @@
-package sqlite
+package entstore
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 
-	"entgo.io/ent/dialect"
 	entsql "entgo.io/ent/dialect/sql"
 
 	"github.com/cleveragents/locks/domain"
@@ -18,22 +17,24 @@ import (
 // is not used for them because it cost 40-45% on top of SQLite for each
 // acquire+release cycle (docs/performance.md), where the service is meant
 // to cost at most 25% more than hand-written database/sql.
-var (
-	sqlSelect, sqlInsert, sqlExtend, sqlDeleteID, sqlDeleteOwned = buildStatements()
-)
 
-func buildStatements() (sel, ins, ext, delID, delOwned string) {
-	b := entsql.Dialect(dialect.SQLite)
+// statementText is the SQL of the hot path in one dialect.
+type statementText struct {
+	sel, insert, extend, delID, delOwned string
+}
+
+func buildStatements(dialectName string) (t statementText) {
+	b := entsql.Dialect(dialectName)
 	byResource := entsql.And(entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""))
-	sel, _ = b.Select(entlock.Columns...).From(entsql.Table(entlock.Table)).Where(byResource).Query()
-	ins, _ = b.Insert(entlock.Table).
+	t.sel, _ = b.Select(entlock.Columns...).From(b.Table(entlock.Table)).Where(byResource).Query()
+	t.insert, _ = b.Insert(entlock.Table).
 		Columns(entlock.FieldOwnerID, entlock.FieldResourceType, entlock.FieldResourceID, entlock.FieldAcquiredAt, entlock.FieldExpiresAt).
 		Values("", "", "", "", "").
 		Returning(entlock.FieldID).
 		Query()
-	ext, _ = b.Update(entlock.Table).Set(entlock.FieldExpiresAt, "").Where(entsql.EQ(entlock.FieldID, 0)).Query()
-	delID, _ = b.Delete(entlock.Table).Where(entsql.EQ(entlock.FieldID, 0)).Query()
-	delOwned, _ = b.Delete(entlock.Table).
+	t.extend, _ = b.Update(entlock.Table).Set(entlock.FieldExpiresAt, "").Where(entsql.EQ(entlock.FieldID, 0)).Query()
+	t.delID, _ = b.Delete(entlock.Table).Where(entsql.EQ(entlock.FieldID, 0)).Query()
+	t.delOwned, _ = b.Delete(entlock.Table).
 		Where(entsql.And(
 			entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""),
 			entsql.EQ(entlock.FieldOwnerID, ""))).
@@ -41,13 +42,14 @@ func buildStatements() (sel, ins, ext, delID, delOwned string) {
 	return
 }
 
-// stmts are the prepared hot-path statements of one DB.
+// stmts are the prepared hot-path statements of one Store.
 type stmts struct {
 	read                                 *sql.Stmt // sqlSelect, on the readers
 	sel, insert, extend, delID, delOwned *sql.Stmt // on the writer
 }
 
-func (db *DB) prepare(ctx context.Context) error {
+func (s *Store) prepare(ctx context.Context) error {
+	t := buildStatements(s.b.Dialect)
 	var err error
 	prep := func(on *sql.DB, query string) *sql.Stmt {
 		if err != nil {
@@ -57,23 +59,23 @@ func (db *DB) prepare(ctx context.Context) error {
 		s, err = on.PrepareContext(ctx, query)
 		return s
 	}
-	db.stmts.read = prep(db.sql, sqlSelect)
-	if db.wsql != nil { // not on a read-only handle
-		db.stmts.sel = prep(db.wsql, sqlSelect)
-		db.stmts.insert = prep(db.wsql, sqlInsert)
-		db.stmts.extend = prep(db.wsql, sqlExtend)
-		db.stmts.delID = prep(db.wsql, sqlDeleteID)
-		db.stmts.delOwned = prep(db.wsql, sqlDeleteOwned)
+	s.stmts = stmts{
+		read:     prep(s.read, t.sel),
+		sel:      prep(s.write, t.sel),
+		insert:   prep(s.write, t.insert),
+		extend:   prep(s.write, t.extend),
+		delID:    prep(s.write, t.delID),
+		delOwned: prep(s.write, t.delOwned),
 	}
 	return err
 }
 
 // readLock reads the lock on ref outside any transaction, or nil.
-func (db *DB) readLock(ctx context.Context, ref domain.ResourceRef) (*domain.Lock, error) {
-	if db.stmts.read == nil { // a read-only handle prepares nothing
-		return scanLock(db.sql.QueryRowContext(ctx, sqlSelect, string(ref.Type), ref.ID))
+func (s *Store) readLock(ctx context.Context, ref domain.ResourceRef) (*domain.Lock, error) {
+	if s.stmts.read == nil { // a read-only store prepares nothing
+		return scanLock(s.read.QueryRowContext(ctx, buildStatements(s.b.Dialect).sel, string(ref.Type), ref.ID))
 	}
-	return scanLock(db.stmts.read.QueryRowContext(ctx, string(ref.Type), ref.ID))
+	return scanLock(s.stmts.read.QueryRowContext(ctx, string(ref.Type), ref.ID))
 }
 
 // scanLock reads one row of sqlSelect, or returns nil when there is none.

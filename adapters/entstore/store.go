@@ -1,0 +1,119 @@
+// Package entstore is the lock store shared by every SQL database the
+// module runs on: the repository over the Ent schema, its statements and
+// its transactions. A database adapter (sqlite, postgres) opens the
+// connections, applies its migrations and supplies a Backend: how it
+// queues and retries writes, how it keeps two updates of one resource
+// apart, and how it explains its errors.
+package entstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	entsql "entgo.io/ent/dialect/sql"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/ent"
+)
+
+// Backend is what a database adds to the shared store.
+type Backend struct {
+	// Dialect is Ent's name of the database (dialect.SQLite, ...).
+	Dialect string
+	// Write runs one write, fn: a single statement or a whole transaction,
+	// safe to run again. It applies the database's queueing and retry
+	// policy and returns errors as FormatError does.
+	Write func(ctx context.Context, op string, fn func(context.Context) error) error
+	// LockResource, when set, runs first in every Update transaction and
+	// must keep any other Update of ref out until the transaction ends.
+	// Nil when beginning the transaction already excludes every other
+	// writer (SQLite's BEGIN IMMEDIATE).
+	LockResource func(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error
+	// FormatError translates the database's errors into domain errors.
+	FormatError func(op string, err error) error
+}
+
+// Store implements application.LockRepository. It is safe for concurrent
+// use.
+type Store struct {
+	read, write       *sql.DB
+	readEnt, writeEnt *ent.Client
+	b                 Backend
+	stmts             stmts
+	contended         contention
+}
+
+var _ application.LockRepository = (*Store)(nil)
+
+// New returns the store that reads through read and writes through write,
+// with the hot-path statements prepared on each.
+func New(ctx context.Context, read, write *sql.DB, b Backend) (*Store, error) {
+	s := &Store{
+		read: read, write: write, b: b,
+		readEnt:  ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read))),
+		writeEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, write))),
+	}
+	if err := s.prepare(ctx); err != nil {
+		s.Close()
+		return nil, b.FormatError("prepare statements", err)
+	}
+	return s, nil
+}
+
+// NewReadOnly returns a store that only reads, through read, and prepares
+// nothing (the locks table may be missing: it is for inspection). Its
+// writes fail with a StoreError of kind StoreReadOnly.
+func NewReadOnly(read *sql.DB, b Backend) *Store {
+	b.Write = func(_ context.Context, op string, _ func(context.Context) error) error {
+		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
+	}
+	return &Store{read: read, b: b, readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read)))}
+}
+
+// Close releases the prepared statements. The connections belong to the
+// adapter, which closes them.
+func (s *Store) Close() error {
+	var errs []error
+	for _, st := range []*sql.Stmt{s.stmts.read, s.stmts.sel, s.stmts.insert, s.stmts.extend, s.stmts.delID, s.stmts.delOwned} {
+		if st != nil {
+			errs = append(errs, st.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// inTx runs fn in one write transaction, after Backend.LockResource, with
+// the backend's write policy.
+func (s *Store) inTx(ctx context.Context, op string, ref domain.ResourceRef, fn func(context.Context, *sql.Tx) error) error {
+	return s.b.Write(ctx, op, func(ctx context.Context) (err error) {
+		tx, err := s.write.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err != nil {
+				err = errors.Join(err, ignoreDone(tx.Rollback()))
+			}
+		}()
+		if s.b.LockResource != nil {
+			if err := s.b.LockResource(ctx, tx, ref); err != nil {
+				return err
+			}
+		}
+		if err := fn(ctx, tx); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+// ignoreDone drops the error of rolling back a transaction that the
+// database already ended (SQLite does so itself after some failures).
+func ignoreDone(err error) error {
+	if err == nil || errors.Is(err, sql.ErrTxDone) {
+		return nil
+	}
+	return err
+}
