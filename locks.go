@@ -2,7 +2,8 @@
 // processes from changing the same plan or project at once.
 //
 // Open builds a Container from a Config: it opens the lock store (a SQLite
-// file by default, or memory for tests), applies the schema migrations,
+// file by default, PostgreSQL for locks shared between machines, or memory
+// for tests), applies the schema migrations,
 // purges locks that expired while no process was running, and returns the
 // container, whose Locks service takes, renews and releases locks. Close
 // releases every lock the container's owner still holds, then closes the
@@ -39,8 +40,9 @@ const DefaultShutdownTimeout = 10 * time.Second
 // Config says how to build a Container. Only Database is required.
 type Config struct {
 	// Database is the SQLite file (a path, or a "file:" URI with extra
-	// parameters) or MemoryDatabase. A new file is created with mode 0600;
-	// its directory must exist.
+	// parameters), a PostgreSQL URL ("postgres://..." or
+	// "postgresql://..."), or MemoryDatabase. A new SQLite file is created
+	// with mode 0600; its directory must exist.
 	Database string
 	// Owner identifies this process in the locks it takes; empty means
 	// DefaultOwner(). Every lock the owner holds is released by Close.
@@ -99,9 +101,12 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 		cleanup func()
 		err     error
 	)
-	if cfg.Database == MemoryDatabase {
+	switch {
+	case cfg.Database == MemoryDatabase:
 		c, cleanup, err = openMemory(ctx, cfg)
-	} else {
+	case IsPostgres(cfg.Database):
+		c, cleanup, err = openPostgres(ctx, cfg)
+	default:
 		c, cleanup, err = openSQLite(ctx, cfg)
 	}
 	if err != nil {
@@ -109,6 +114,12 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 	}
 	c.cleanup = cleanup
 	return c, nil
+}
+
+// IsPostgres reports whether database names a PostgreSQL server rather
+// than a SQLite file.
+func IsPostgres(database string) bool {
+	return strings.HasPrefix(database, "postgres://") || strings.HasPrefix(database, "postgresql://")
 }
 
 // Owner returns the owner id this container acts for.

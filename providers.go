@@ -6,6 +6,7 @@ import (
 	"github.com/benbjohnson/clock"
 
 	"github.com/cleveragents/locks/adapters/memory"
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 )
@@ -29,6 +30,16 @@ func provideService(repo application.LockRepository, clk application.Clock, cfg 
 // provider's cleanup before those of its inputs).
 func provideSQLite(ctx context.Context, cfg Config, sd *shutdown) (*sqlite.DB, func(), error) {
 	db, err := sqlite.Open(ctx, cfg.Database, sqlite.Options{BusyTimeout: cfg.BusyTimeout})
+	if err != nil {
+		return nil, nil, err
+	}
+	return db, func() { sd.add(db.Close()) }, nil
+}
+
+// providePostgres connects to the server; its cleanup closes the pool,
+// after the container's cleanup, like provideSQLite's.
+func providePostgres(ctx context.Context, cfg Config, sd *shutdown) (*postgres.DB, func(), error) {
+	db, err := postgres.Open(ctx, cfg.Database, postgres.Options{})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/memory"
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 )
@@ -20,6 +21,16 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 		containerSet,
 		provideSQLite,
 		sqlite.NewLockRepository,
+		wire.Bind(new(application.LockRepository), new(*entstore.Store)),
+	)
+	return nil, nil, nil
+}
+
+func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
+	wire.Build(
+		containerSet,
+		providePostgres,
+		postgres.NewLockRepository,
 		wire.Bind(new(application.LockRepository), new(*entstore.Store)),
 	)
 	return nil, nil, nil

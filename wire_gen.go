@@ -8,6 +8,7 @@ package locks
 
 import (
 	"context"
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/google/wire"
 )
@@ -21,6 +22,30 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 		return nil, nil, err
 	}
 	store := sqlite.NewLockRepository(db)
+	clock := provideClock(cfg)
+	lockService, err := provideService(store, clock, cfg)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	container, cleanup2, err := newContainer(ctx, lockService, cfg, locksShutdown)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return container, func() {
+		cleanup2()
+		cleanup()
+	}, nil
+}
+
+func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
+	locksShutdown := newShutdown()
+	db, cleanup, err := providePostgres(ctx, cfg, locksShutdown)
+	if err != nil {
+		return nil, nil, err
+	}
+	store := postgres.NewLockRepository(db)
 	clock := provideClock(cfg)
 	lockService, err := provideService(store, clock, cfg)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/tests/testdb"
 )
 
 var (
@@ -48,8 +49,12 @@ func allLocks(t *testing.T, c *locks.Container) []domain.Lock {
 }
 
 func TestContainer_CloseReleasesOwnersLocks(t *testing.T) {
+	t.Run("SQLite", func(t *testing.T) { testCloseReleases(t, filepath.Join(t.TempDir(), "agents.db")) })
+	t.Run("PostgreSQL", func(t *testing.T) { testCloseReleases(t, testdb.Postgres(t)) })
+}
+
+func testCloseReleases(t *testing.T, db string) {
 	ctx := context.Background()
-	db := filepath.Join(t.TempDir(), "agents.db")
 	mc := newMock()
 
 	other := MustOpen(t, locks.Config{Database: db, Owner: "B", Clock: mc})
@@ -123,10 +128,13 @@ func TestContainer_SkipStartupCleanup(t *testing.T) {
 }
 
 func TestContainer_RacingGoroutinesOneWinner(t *testing.T) {
-	for _, db := range []string{locks.MemoryDatabase, "file"} {
+	for _, db := range []string{locks.MemoryDatabase, "file", "postgres"} {
 		t.Run(db, func(t *testing.T) {
-			if db == "file" {
+			switch db {
+			case "file":
 				db = filepath.Join(t.TempDir(), "agents.db")
+			case "postgres":
+				db = testdb.Postgres(t)
 			}
 			c := MustOpen(t, locks.Config{Database: db})
 			const racers = 32

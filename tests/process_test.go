@@ -20,6 +20,7 @@ import (
 
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/tests/testdb"
 )
 
 // Several OS processes share one SQLite file. Each loops
@@ -160,10 +161,17 @@ func stressDuration() time.Duration {
 }
 
 func TestProcesses_MutualExclusion(t *testing.T) {
+	t.Run("SQLite", func(t *testing.T) {
+		runProcesses(t, filepath.Join(t.TempDir(), "agents.db"))
+	})
+	t.Run("PostgreSQL", func(t *testing.T) { runProcesses(t, testdb.Postgres(t)) })
+}
+
+// runProcesses runs the workers on db, a SQLite file or a PostgreSQL DSN.
+func runProcesses(t *testing.T, db string) {
 	const procs = 4
-	dir := t.TempDir()
-	db := filepath.Join(dir, "agents.db")
-	// Create the file first so that the workers race on locks, not on the
+	dir := t.TempDir() // the witnesses
+	// Create the database first so that the workers race on locks, not on the
 	// migration (TestOpen_ConcurrentFirstOpen covers that race).
 	c, err := locks.Open(context.Background(), locks.Config{Database: db})
 	require.NoError(t, err)

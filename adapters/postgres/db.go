@@ -1,0 +1,154 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"hash/fnv"
+	"io/fs"
+	"math/rand/v2"
+	"time"
+
+	"entgo.io/ent/dialect"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/domain"
+)
+
+// migrationFiles are the versioned migrations for PostgreSQL, written by
+// migrations/diff.go from the Ent schema and applied with goose.
+//
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// writeAttempts bounds how often a write that failed with a serialization
+// failure or a deadlock is tried in all.
+const writeAttempts = 4
+
+// DB is an open lock store on PostgreSQL. It is safe for concurrent use.
+type DB struct {
+	sql   *sql.DB
+	store *entstore.Store
+}
+
+// Options tune Open. The zero value is the recommended setting.
+type Options struct {
+	// MaxConns bounds the connections of the pool; zero means 10.
+	MaxConns int
+}
+
+// Open connects to the database that dsn names (a postgres:// URL or a
+// key=value string, as pgx accepts), applies the pending migrations under
+// a session lock, so that processes starting together apply them once,
+// and returns the store.
+//
+// Errors: a *domain.StoreError whose kind names the cause.
+func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
+	op := "open lock store " + Redact(dsn)
+	sdb, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: errors.New(Redact(err.Error()))}
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = 10
+	}
+	sdb.SetMaxOpenConns(opts.MaxConns)
+	sdb.SetMaxIdleConns(opts.MaxConns)
+	sdb.SetConnMaxIdleTime(5 * time.Minute)
+	if err := sdb.PingContext(ctx); err != nil {
+		sdb.Close()
+		return nil, FormatError(op, err)
+	}
+	db := &DB{sql: sdb}
+	if err := db.migrate(ctx); err != nil {
+		sdb.Close()
+		return nil, err
+	}
+	backend := entstore.Backend{
+		Dialect:      dialect.Postgres,
+		Write:        write,
+		LockResource: lockResource,
+		FormatError:  FormatError,
+	}
+	if db.store, err = entstore.New(ctx, sdb, sdb, backend); err != nil {
+		sdb.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// NewLockRepository returns the lock repository of db.
+func NewLockRepository(db *DB) *entstore.Store { return db.store }
+
+// Close closes the pool. Call it after the last use of the store.
+func (db *DB) Close() error {
+	err := errors.Join(db.store.Close(), db.sql.Close())
+	return FormatError("close lock store", err)
+}
+
+func (db *DB) migrate(ctx context.Context) error {
+	const op = "migrate lock store"
+	fsys, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return &domain.StoreError{Op: op, Err: err}
+	}
+	// Poll every second, for up to a minute, while another process migrates.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 60))
+	if err != nil {
+		return &domain.StoreError{Op: op, Err: err}
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db.sql, fsys, goose.WithSessionLocker(locker))
+	if err != nil {
+		return &domain.StoreError{Op: op, Err: err}
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return FormatError(op, err)
+	}
+	return nil
+}
+
+// lockResource takes the advisory lock of ref for the rest of tx. Its key
+// is a 64-bit hash of the resource: two resources that collide only share
+// a queue, never a lock row.
+func lockResource(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error {
+	h := fnv.New64a()
+	h.Write([]byte(ref.Type))
+	h.Write([]byte{0})
+	h.Write([]byte(ref.ID))
+	_, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(h.Sum64()))
+	return err
+}
+
+// write runs fn, retrying it a bounded number of times with jittered
+// backoff when PostgreSQL aborted it to resolve a serialization failure or
+// a deadlock.
+func write(ctx context.Context, op string, fn func(context.Context) error) error {
+	for attempt := 1; ; attempt++ {
+		err := fn(ctx)
+		if err == nil || !retryable(err) || attempt == writeAttempts {
+			return FormatError(op, err)
+		}
+		if werr := backoff(ctx, attempt); werr != nil {
+			return FormatError(op, err)
+		}
+	}
+}
+
+// backoff waits a jittered, growing pause before retry number attempt+1,
+// on a real timer: it paces I/O retries and has no bearing on lock
+// expiry, which only ever reads the service's injected clock.
+func backoff(ctx context.Context, attempt int) error {
+	base := time.Duration(1<<attempt) * 5 * time.Millisecond
+	t := time.NewTimer(base/2 + rand.N(base))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

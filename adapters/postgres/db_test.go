@@ -1,0 +1,93 @@
+package postgres_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/tests/testdb"
+)
+
+var plan1 = domain.ResourceRef{Type: domain.ResourcePlan, ID: "plan-1"}
+
+func TestOpen_Unreachable(t *testing.T) {
+	// Nothing listens on port 1; the password must not reach the message.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := postgres.Open(ctx, "postgres://app:s3cret-pw@127.0.0.1:1/locks?sslmode=disable&connect_timeout=2", postgres.Options{})
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	assert.True(t, domain.IsStoreKind(err, domain.StoreUnreachable), "%v", err)
+	assert.NotContains(t, err.Error(), "s3cret-pw")
+	assert.Contains(t, err.Error(), "check the path or DSN")
+}
+
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://app:pw@db:5432/locks":             "postgres://app:xxxxx@db:5432/locks",
+		"host=db user=app password=pw dbname=locks":   "host=db user=app password=xxxxx dbname=locks",
+		"host=db password='p w' dbname=locks":         "host=db password=xxxxx dbname=locks",
+		"postgres://db/locks?user=app&password=pw":    "postgres://db/locks?user=app&password=xxxxx",
+		"postgres://app@db/locks (no password)":       "postgres://app@db/locks (no password)",
+		`failed to connect to "postgres://u:pw@h/db"`: `failed to connect to "postgres://u:xxxxx@h/db"`,
+	} {
+		assert.Equal(t, want, postgres.Redact(in), in)
+	}
+}
+
+func TestLockRepository_Schema(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	db, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	raw, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	defer raw.Close()
+	rows, err := raw.Query(`SELECT column_name, data_type, coalesce(character_maximum_length, 0)
+		FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'locks' ORDER BY ordinal_position`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var name, typ string
+		var width int
+		require.NoError(t, rows.Scan(&name, &typ, &width))
+		got = append(got, fmt.Sprintf("%s %s %d", name, typ, width))
+	}
+	assert.Equal(t, []string{
+		"id bigint 0",
+		"owner_id character varying 255",
+		"resource_type character varying 50",
+		"resource_id character varying 255",
+		"acquired_at character varying 30",
+		"expires_at character varying 30",
+	}, got)
+}
+
+func TestLockRepository_ReadOnly(t *testing.T) {
+	// A standby, or a role whose transactions are read-only: a typed
+	// error, and no lock reported as held.
+	dsn := testdb.Postgres(t)
+	db, err := postgres.Open(context.Background(), dsn, postgres.Options{}) // migrates while writable
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	ro, err := postgres.Open(context.Background(), dsn+"&default_transaction_read_only=on", postgres.Options{})
+	require.NoError(t, err, "opening an up-to-date database only reads")
+	defer ro.Close()
+	svc, err := application.NewLockService(postgres.NewLockRepository(ro), clock.New(), 0)
+	require.NoError(t, err)
+	_, err = svc.Acquire(context.Background(), "A", plan1, 0)
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	assert.True(t, domain.IsStoreKind(err, domain.StoreReadOnly), "%v", err)
+	_, err = svc.Get(context.Background(), plan1)
+	require.ErrorIs(t, err, domain.ErrNotFound)
+}

@@ -1,0 +1,13 @@
+// Package postgres stores locks in PostgreSQL through Ent, for deployments
+// that outgrow one machine: every process of every host that opens the
+// same database shares the locks. It runs the same repository as the
+// SQLite adapter (package entstore); what it adds is its own:
+//
+//   - two updates of one resource are kept apart by a transaction-scoped
+//     advisory lock on the resource (pg_advisory_xact_lock), so the read
+//     and the write of an acquire cannot interleave with another's, while
+//     updates of other resources run in parallel;
+//   - serialization failures and deadlocks are retried a bounded number of
+//     times;
+//   - driver errors are translated to the domain's in FormatError.
+package postgres

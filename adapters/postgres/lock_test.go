@@ -1,0 +1,59 @@
+package postgres_test
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/tests/contract"
+	"github.com/cleveragents/locks/tests/testdb"
+)
+
+// MustOpenDB opens a store on a new schema and closes it when the test
+// ends.
+func MustOpenDB(tb testing.TB) *postgres.DB {
+	tb.Helper()
+	db, err := postgres.Open(context.Background(), testdb.Postgres(tb), postgres.Options{})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { require.NoError(tb, db.Close()) })
+	return db
+}
+
+func TestLockRepository_Contract(t *testing.T) {
+	testdb.Postgres(t) // skip the whole suite at once without a server
+	contract.Run(t, func(t *testing.T) application.LockRepository {
+		return postgres.NewLockRepository(MustOpenDB(t))
+	})
+}
+
+func TestOpen_ConcurrentFirstOpen(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+			if err == nil {
+				err = db.Close()
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	var applied int
+	require.NoError(t, db.QueryRow("SELECT count(*) FROM goose_db_version WHERE version_id > 0").Scan(&applied))
+	require.Equal(t, 1, applied, "the migration is recorded once")
+}

@@ -1,0 +1,59 @@
+// Package testdb gives tests a PostgreSQL database of their own when a
+// server is configured, and skips them when not.
+package testdb
+
+import (
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"sync/atomic"
+	"testing"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+)
+
+// EnvPostgres names the server the PostgreSQL tests use, for example
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable. Without it they
+// skip, so that go test ./... passes on a machine without PostgreSQL;
+// .ci/run sets it.
+const EnvPostgres = "LOCKS_TEST_POSTGRES_DSN"
+
+var schemas atomic.Int64
+
+// PostgresAvailable reports whether EnvPostgres is set.
+func PostgresAvailable() bool { return os.Getenv(EnvPostgres) != "" }
+
+// Postgres returns a DSN whose search_path is a new, empty schema of the
+// test server, dropped when the test ends; it skips the test when
+// EnvPostgres is not set.
+func Postgres(tb testing.TB) string {
+	tb.Helper()
+	dsn := os.Getenv(EnvPostgres)
+	if dsn == "" {
+		tb.Skipf("PostgreSQL tests skipped: set %s to a server's DSN to run them", EnvPostgres)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		tb.Fatalf("%s must be a postgres:// URL", EnvPostgres)
+	}
+	admin, err := sql.Open("pgx", dsn)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	schema := fmt.Sprintf("locks_test_%d_%d", os.Getpid(), schemas.Add(1))
+	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
+		admin.Close()
+		tb.Fatalf("creating a scratch schema on the server of %s: %v", EnvPostgres, err)
+	}
+	tb.Cleanup(func() {
+		defer admin.Close()
+		if _, err := admin.Exec("DROP SCHEMA " + schema + " CASCADE"); err != nil {
+			tb.Errorf("dropping the scratch schema %s: %v", schema, err)
+		}
+	})
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
