@@ -14,9 +14,11 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/cleveragents/locks/adapters/memory"
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/tests/testdb"
 )
 
 // The model: the lock rules restated as plainly as possible, independent of
@@ -284,14 +286,18 @@ func (s *machine) Check(t *rapid.T) {
 	}
 }
 
-func runModel(t *testing.T, newRepo func(t *testing.T) application.LockRepository) {
+// runModel runs the model against the stores that newRepo opens, one per
+// check; the returned function closes it.
+func runModel(t *testing.T, newRepo func(t *testing.T) (application.LockRepository, func())) {
 	steps := 0
 	defer func() { t.Logf("%d steps compared with the model", steps) }()
 	rapid.Check(t, func(rt *rapid.T) {
 		mc := clock.NewMock()
 		start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC).Add(time.Duration(rapid.Int64Range(0, 999_999).Draw(rt, "startMicros")) * time.Microsecond)
 		mc.Set(start)
-		svc, err := application.NewLockService(newRepo(t), mc, 0)
+		repo, closeRepo := newRepo(t)
+		defer closeRepo()
+		svc, err := application.NewLockService(repo, mc, 0)
 		if err != nil {
 			rt.Fatal(err)
 		}
@@ -302,16 +308,26 @@ func runModel(t *testing.T, newRepo func(t *testing.T) application.LockRepositor
 }
 
 func TestModel_SQLite(t *testing.T) {
-	runModel(t, func(t *testing.T) application.LockRepository {
+	runModel(t, func(t *testing.T) (application.LockRepository, func()) {
 		db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "locks.db"), sqlite.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { db.Close() })
-		return sqlite.NewLockRepository(db)
+		return sqlite.NewLockRepository(db), func() { db.Close() }
+	})
+}
+
+func TestModel_PostgreSQL(t *testing.T) {
+	testdb.Postgres(t) // skip at once without a server
+	runModel(t, func(t *testing.T) (application.LockRepository, func()) {
+		db, err := postgres.Open(context.Background(), testdb.Postgres(t), postgres.Options{MaxConns: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return postgres.NewLockRepository(db), func() { db.Close() }
 	})
 }
 
 func TestModel_Memory(t *testing.T) {
-	runModel(t, func(*testing.T) application.LockRepository { return memory.NewLockRepository() })
+	runModel(t, func(*testing.T) (application.LockRepository, func()) { return memory.NewLockRepository(), func() {} })
 }

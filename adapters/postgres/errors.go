@@ -45,7 +45,8 @@ func kindOf(err error) domain.StoreErrorKind {
 			return domain.StoreFull
 		case code == "42P01" || code == "42703": // undefined table or column
 			return domain.StoreSchema
-		case code == "55P03" || code == "57014" || code == "40001" || code == "40P01": // lock timeout, cancelled by timeout, retries exhausted
+		case code == "55P03" || code == "57014" || code == "40001" || code == "40P01" || code == "53300":
+			// lock timeout, cancelled by timeout, retries exhausted, too many connections
 			return domain.StoreBusy
 		case strings.HasPrefix(code, "08") || strings.HasPrefix(code, "57P") || code == "3D000" || code == "28P01" || code == "28000":
 			return domain.StoreUnreachable // connection, shutdown, unknown database, authentication

@@ -37,18 +37,12 @@ func Postgres(tb testing.TB) string {
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		tb.Fatalf("%s must be a postgres:// URL", EnvPostgres)
 	}
-	admin, err := sql.Open("pgx", dsn)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	schema := fmt.Sprintf("locks_test_%d_%d", os.Getpid(), schemas.Add(1))
-	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
-		admin.Close()
+	if err := adminExec(dsn, "CREATE SCHEMA "+schema); err != nil {
 		tb.Fatalf("creating a scratch schema on the server of %s: %v", EnvPostgres, err)
 	}
 	tb.Cleanup(func() {
-		defer admin.Close()
-		if _, err := admin.Exec("DROP SCHEMA " + schema + " CASCADE"); err != nil {
+		if err := adminExec(dsn, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
 			tb.Errorf("dropping the scratch schema %s: %v", schema, err)
 		}
 	})
@@ -56,4 +50,16 @@ func Postgres(tb testing.TB) string {
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// adminExec runs one statement on a connection of its own, closed at once:
+// tests that make many schemas must not hold a connection for each.
+func adminExec(dsn, query string) error {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.Exec(query)
+	return err
 }
