@@ -36,11 +36,12 @@ const updateAttempts = 3
 //
 // A refusal needs no write, and a resource that was just refused is likely
 // to be refused again: for those the decision is first taken on a plain
-// read, which does not wait for writers (WAL on SQLite, MVCC on PostgreSQL). Pollers of a held
-// lock then neither queue behind the holder's release nor wait for the
-// database's write lock (SQLite's sleeping busy handler). The refusal is exact:
-// the lock it names was stored and active at the read. Anything else is
-// decided again under the write lock.
+// read, which does not wait for writers (WAL on SQLite, MVCC on
+// PostgreSQL). Pollers of a held lock then neither queue behind the
+// holder's release nor wait for the database's write lock (SQLite's
+// sleeping busy handler). The refusal is exact: the lock it names was
+// stored and active at the read. Anything else is decided again under the
+// write lock.
 func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
 	if s.contended.has(ref) {
 		cur, err := s.readLock(ctx, ref)
