@@ -92,8 +92,9 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 		l.ExpiresAt = change.Lock.ExpiresAt
 		return l, nil
 	case application.ChangeInsert:
-		// A change of hands inserts a new row, so the lock gets a new
-		// AUTOINCREMENT id: its fencing token, never reused.
+		// A change of hands inserts a new row, so the lock gets a new id
+		// (SQLite's AUTOINCREMENT, PostgreSQL's identity sequence): its
+		// fencing token, never reused.
 		if cur != nil {
 			if _, err := tx.StmtContext(ctx, s.stmts.delID).ExecContext(ctx, cur.Token); err != nil {
 				return domain.Lock{}, err
