@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -46,8 +48,9 @@ type report struct {
 // and active_locks. It never changes the database, not even by opening it:
 // it does not build the container (which would create the file, migrate it
 // and run the startup cleanup, hiding the stale locks it exists to show),
-// and opens the file read-only through sqlite.OpenReadOnly. Exit 1 when a
-// check fails; warnings leave it 0.
+// and opens the file read-only through sqlite.OpenReadOnly, or a PostgreSQL
+// server through postgres.OpenReadOnly, whose connections cannot write.
+// Exit 1 when a check fails; warnings leave it 0.
 func (c *invocation) diagnostics(ctx context.Context, args []string) error {
 	fs := c.flagSet()
 	if _, err := c.parse(fs, args); err != nil {
@@ -60,7 +63,7 @@ func (c *invocation) diagnostics(ctx context.Context, args []string) error {
 	checks := c.runChecks(ctx, path, isDefault)
 	r := report{OK: true, Checks: checks}
 	for i := range checks {
-		checks[i].Detail = c.redact(checks[i].Detail)
+		checks[i].Detail = c.redact(c.advise(oneLine(checks[i].Detail)))
 		if checks[i].Status == statusFail {
 			r.OK = false
 		}
@@ -74,30 +77,71 @@ func (c *invocation) diagnostics(ctx context.Context, args []string) error {
 	return nil
 }
 
+// inspection is a lock database opened for diagnostics, read-only, whatever
+// its kind.
+type inspection struct {
+	repo   application.LockRepository
+	schema func(context.Context) (schemaState, error)
+	close  func() error
+}
+
+// schemaState is what the schema check found.
+type schemaState struct {
+	migrationApplied bool
+	locksTable       bool
+	// server: the database is a PostgreSQL server, and schema the current
+	// schema, where the migrations create the locks table ("" when the
+	// search_path names none).
+	server bool
+	schema string
+}
+
 func (c *invocation) runChecks(ctx context.Context, path string, isDefault bool) []check {
-	// Before the database is open: see sqlite.CheckWritable.
-	writable := sqlite.CheckWritable(path)
-	db, err := sqlite.OpenReadOnly(ctx, path, sqlite.Options{})
-	if err != nil {
-		return notChecked(check{Name: "database", Status: statusFail, Detail: openAdvice(path, err)})
+	inspect := c.inspectSQLite
+	if locks.IsPostgres(path) {
+		inspect = c.inspectPostgres
 	}
-	defer db.Close()
-	svc, err := application.NewLockService(sqlite.NewLockRepository(db), c.clock, 0)
+	database, db := inspect(ctx, path)
+	if db == nil {
+		return notChecked(database)
+	}
+	defer db.close()
+	svc, err := application.NewLockService(db.repo, c.clock, 0)
 	if err != nil {
 		return notChecked(check{Name: "database", Status: statusFail, Detail: err.Error()})
 	}
-	database := check{Name: "database", Status: statusOK, Detail: path + " opens, and this user can write it"}
-	if writable != nil {
-		database = check{Name: "database", Status: statusFail, Detail: writable.Error()}
-	}
 	schema, st := c.checkSchema(ctx, db)
-	if !st.LocksTable {
+	if !st.locksTable {
 		const skipped = "not checked: no locks table to read (see the schema check)"
 		return []check{database, schema,
 			{Name: "stale_locks", Status: statusFail, Detail: skipped},
 			{Name: "active_locks", Status: statusFail, Detail: skipped}}
 	}
 	return []check{database, schema, c.checkStale(ctx, svc, path, isDefault), c.checkActive(ctx, svc)}
+}
+
+// inspectSQLite opens the SQLite file for diagnostics, read-only, and
+// checks whether this user could write it: the database check, and the
+// open database unless it failed to open.
+func (c *invocation) inspectSQLite(ctx context.Context, path string) (check, *inspection) {
+	// Before the database is open: see sqlite.CheckWritable.
+	writable := sqlite.CheckWritable(path)
+	db, err := sqlite.OpenReadOnly(ctx, path, sqlite.Options{})
+	if err != nil {
+		return check{Name: "database", Status: statusFail, Detail: openAdvice(path, err)}, nil
+	}
+	database := check{Name: "database", Status: statusOK, Detail: path + " opens, and this user can write it"}
+	if writable != nil {
+		database = check{Name: "database", Status: statusFail, Detail: writable.Error()}
+	}
+	return database, &inspection{
+		repo:  sqlite.NewLockRepository(db),
+		close: db.Close,
+		schema: func(ctx context.Context) (schemaState, error) {
+			st, err := db.Schema(ctx)
+			return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable}, err
+		},
+	}
 }
 
 // notChecked completes a failed database check with the checks that
@@ -127,19 +171,38 @@ func openAdvice(path string, err error) string {
 
 // checkSchema checks that the migration is applied; it also returns what it
 // found, since without a locks table there is nothing to count.
-func (c *invocation) checkSchema(ctx context.Context, db *sqlite.DB) (check, sqlite.SchemaState) {
-	st, err := db.Schema(ctx)
-	switch {
-	case err != nil:
+func (c *invocation) checkSchema(ctx context.Context, db *inspection) (check, schemaState) {
+	st, err := db.schema(ctx)
+	if err != nil {
 		return check{Name: "schema", Status: statusFail, Detail: err.Error()}, st
-	case st.MigrationApplied:
-		return check{Name: "schema", Status: statusOK, Detail: "migration " + sqlite.MigrationName + " is applied"}, st
-	case st.LocksTable:
-		return check{Name: "schema", Status: statusFail, Detail: "migration " + sqlite.MigrationName +
+	}
+	migration := "migration " + sqlite.MigrationName
+	if st.server {
+		migration = "migration " + postgres.MigrationName
+	}
+	switch {
+	case st.server && st.schema == "":
+		return check{Name: "schema", Status: statusFail, Detail: migration + " is not applied: the search_path of the URL " +
+			"names no schema that exists and that this user may use; create the schema or fix search_path, " +
+			"then run any 'agents locks' command with the same --db, or start the application, so that the migrations run"}, st
+	case st.server && st.migrationApplied:
+		return check{Name: "schema", Status: statusOK, Detail: fmt.Sprintf("%s is applied in schema %q", migration, st.schema)}, st
+	case st.server && st.locksTable:
+		return check{Name: "schema", Status: statusFail, Detail: fmt.Sprintf("%s is not applied in schema %q, yet a locks table exists there: "+
+			"it was made by hand and may not be what the service expects; drop or rename it, or point search_path at another schema, "+
+			"and let the service create it", migration, st.schema)}, st
+	case st.server:
+		return check{Name: "schema", Status: statusFail, Detail: fmt.Sprintf("%s is not applied in schema %q and there is no locks table there: "+
+			"if this is the lock database, run any 'agents locks' command with the same --db, or start the application, "+
+			"so that the migrations run", migration, st.schema)}, st
+	case st.migrationApplied:
+		return check{Name: "schema", Status: statusOK, Detail: migration + " is applied"}, st
+	case st.locksTable:
+		return check{Name: "schema", Status: statusFail, Detail: migration +
 			" is not applied, yet a locks table exists: it was made by hand and may not be what the service expects; " +
 			"move the file away and let the service create a new database"}, st
 	}
-	return check{Name: "schema", Status: statusFail, Detail: "migration " + sqlite.MigrationName +
+	return check{Name: "schema", Status: statusFail, Detail: migration +
 		" is not applied and there is no locks table: if this is the lock database, run any 'agents locks' command " +
 		"with the same --db, or start the application, so that the migrations run"}, st
 }

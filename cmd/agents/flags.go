@@ -24,7 +24,7 @@ type globals struct {
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
-	fs.Func("db", "the lock database: a file `PATH` or a file: URI (env AGENTS_DB; default $XDG_DATA_HOME/cleveragents/agents.db)",
+	fs.Func("db", "the lock database: a file `PATH`, a file: URI or a postgres:// URL (env AGENTS_DB; default $XDG_DATA_HOME/cleveragents/agents.db)",
 		func(s string) error { g.db, g.dbSet = s, true; return nil })
 	fs.BoolFunc("json", "print exactly one JSON document on stdout",
 		func(s string) (err error) { g.json, err = strconv.ParseBool(s); return err })
@@ -97,7 +97,8 @@ func wantsJSON(args []string) bool {
 }
 
 // database returns the lock database to use, and whether it is the default
-// one, whose directory the lock commands create.
+// one, whose directory the lock commands create. A PostgreSQL URL is never
+// the default: nothing is created on the file system for it.
 func (c *invocation) database() (db string, isDefault bool, err error) {
 	switch {
 	case c.g.dbSet:
@@ -116,6 +117,11 @@ func (c *invocation) database() (db string, isDefault bool, err error) {
 		return "", false, usagef("--db must not be empty")
 	case locks.MemoryDatabase:
 		return "", false, usagef("--db %s would give every run an empty store of its own; pass a file", db)
+	}
+	if locks.IsPostgres(db) {
+		if err := checkPostgresURL(db); err != nil {
+			return "", false, err
+		}
 	}
 	return db, false, nil
 }

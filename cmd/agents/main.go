@@ -1,6 +1,7 @@
 // Command agents inspects and operates the advisory locks of CleverAgents,
-// in the same database file as the application that embeds the lock module
-// and with no server: who holds what, taking and releasing locks by hand,
+// in the same database as the application that embeds the lock module (a
+// SQLite file, or a PostgreSQL server named by a postgres:// URL), running
+// no server of its own: who holds what, taking and releasing locks by hand,
 // purging expired locks, and the diagnostics of the lock store.
 //
 // Usage:

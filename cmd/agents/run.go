@@ -139,14 +139,17 @@ func (c *invocation) finish(err error) int {
 		return exitOK
 	}
 	exit, code := exitCode(err)
-	msg := err.Error()
-	if db, _, dberr := c.database(); dberr == nil && errors.Is(err, domain.ErrUnavailable) && !strings.Contains(msg, db) {
-		msg = "database " + db + ": " + msg // say which, when the store did not
+	msg := c.redact(c.advise(oneLine(err.Error())))
+	if db, _, dberr := c.database(); dberr == nil && errors.Is(err, domain.ErrUnavailable) {
+		// Say which, when the store did not. Compared redacted: the store
+		// quotes a DSN with its password hidden.
+		if shown := c.redact(db); !strings.Contains(msg, shown) {
+			msg = "database " + shown + ": " + msg
+		}
 	}
 	if errors.Is(err, context.Canceled) {
 		msg = "interrupted"
 	}
-	msg = c.redact(msg)
 	var conflict *domain.LockConflictError
 	if errors.As(err, &conflict) {
 		c.printConflict(conflict)
@@ -192,8 +195,9 @@ Commands:
 	}
 	b.WriteString(`
 Global flags (before or after the command):
-  --db PATH    the lock database, a file or a file: URI (env AGENTS_DB; default
-               $XDG_DATA_HOME/cleveragents/agents.db, or ~/.local/share/...)
+  --db PATH    the lock database: a file, a file: URI or a postgres:// URL (env
+               AGENTS_DB; default $XDG_DATA_HOME/cleveragents/agents.db, or
+               ~/.local/share/...)
   --json       print exactly one JSON document on stdout
   --owner ID   the owner to act for (env AGENTS_OWNER)
 

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/domain"
+)
+
+// What the CLI does differently when --db is a PostgreSQL URL: the lock
+// commands run through locks.Open as they do on a file, but diagnostics
+// inspects the server its own way, and the advice of errors speaks of a
+// server rather than of a file and its directory.
+
+// checkPostgresURL refuses a PostgreSQL URL with an unescaped '@' in its
+// user info, before anything connects: libpq and pgx end the user info at
+// the first '@', so the rest of the password would be taken for the host
+// and quoted, unredacted, in the connection error.
+func checkPostgresURL(db string) error {
+	_, rest, _ := strings.Cut(db, "://")
+	authority, _, _ := strings.Cut(rest, "/")
+	if strings.Count(authority, "@") > 1 {
+		return usagef("--db: the PostgreSQL URL has more than one '@' before its path: " +
+			"write an '@' of the user name or password as %%40")
+	}
+	return nil
+}
+
+// oneLine joins the lines of a message: pgx reports a failure to connect
+// to each host of a multi-host URL on a line of its own, indented, and a
+// failure is reported in one line.
+func oneLine(msg string) string {
+	msg = strings.ReplaceAll(msg, ":\n\t", ": ")
+	msg = strings.ReplaceAll(msg, "\n\t", "; ")
+	return strings.ReplaceAll(msg, "\n", " ")
+}
+
+// serverAdvice is what to do about a store error on a PostgreSQL server,
+// for the kinds whose advice in package domain is about a SQLite file.
+var serverAdvice = map[domain.StoreErrorKind]string{
+	domain.StoreUnreachable: "check the host, port, database name, user and password of the URL, " +
+		"and that the server is running and accepts connections from this host",
+	domain.StoreReadOnly: "connect to the primary server as a user that may write the locks table, " +
+		"with transactions that are not read-only by default (default_transaction_read_only)",
+	domain.StoreCorrupt: "the server reported an internal error or damaged data: see its log",
+	domain.StoreFull:    "free disk space on the database server",
+}
+
+// fileAdvice returns the advice that package domain gives for kind, as it
+// appears in the text of a *domain.StoreError.
+func fileAdvice(kind domain.StoreErrorKind) string {
+	// "OP: lock store WHAT; ADVICE"
+	_, advice, _ := strings.Cut((&domain.StoreError{Kind: kind}).Error(), "; ")
+	return advice
+}
+
+// advise replaces, when the database is a PostgreSQL server, the advice of
+// the store errors that msg quotes with advice for a server.
+func (c *invocation) advise(msg string) string {
+	if !locks.IsPostgres(c.dbArg()) {
+		return msg
+	}
+	for kind, advice := range serverAdvice {
+		if file := fileAdvice(kind); file != "" {
+			msg = strings.ReplaceAll(msg, file, advice)
+		}
+	}
+	return msg
+}
+
+// inspectPostgres opens the PostgreSQL database for diagnostics, through
+// postgres.OpenReadOnly, whose connections cannot write, and asks the
+// server whether the service could write there (postgres.CheckWritable).
+// It applies no migration, runs no cleanup, and creates nothing: not even
+// goose's version table, which postgres.Open would.
+func (c *invocation) inspectPostgres(ctx context.Context, dsn string) (check, *inspection) {
+	db, err := postgres.OpenReadOnly(ctx, dsn, postgres.Options{})
+	if err != nil {
+		return check{Name: "database", Status: statusFail, Detail: c.postgresOpenAdvice(dsn, err)}, nil
+	}
+	database := check{Name: "database", Status: statusOK, Detail: dsn + " accepts connections, and this user can write there"}
+	if err := postgres.CheckWritable(ctx, dsn); err != nil {
+		detail := err.Error()
+		var se *domain.StoreError
+		if errors.As(err, &se) && se.Kind == domain.StoreReadOnly && se.Err != nil {
+			detail = dsn + " accepts connections, but the service could not write there: " + se.Err.Error()
+		}
+		database = check{Name: "database", Status: statusFail, Detail: detail}
+	}
+	return database, &inspection{
+		repo:  postgres.NewLockRepository(db),
+		close: db.Close,
+		schema: func(ctx context.Context) (schemaState, error) {
+			st, err := db.Schema(ctx)
+			return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable, schema: st.Schema, server: true}, err
+		},
+	}
+}
+
+// postgresOpenAdvice says why the server did not let diagnostics in, and
+// what to do.
+func (c *invocation) postgresOpenAdvice(dsn string, err error) string {
+	var se *domain.StoreError
+	if errors.As(err, &se) && se.Kind == domain.StoreUnreachable && se.Err != nil {
+		return fmt.Sprintf("cannot connect to %s: %v; %s (diagnostics never creates a database or a schema)",
+			dsn, se.Err, serverAdvice[domain.StoreUnreachable])
+	}
+	return err.Error()
+}
