@@ -40,8 +40,8 @@ const DefaultShutdownTimeout = 10 * time.Second
 // Config says how to build a Container. Only Database is required.
 type Config struct {
 	// Database is the SQLite file (a path, or a "file:" URI with extra
-	// parameters), a PostgreSQL URL ("postgres://..." or
-	// "postgresql://..."), or MemoryDatabase. A new SQLite file is created
+	// parameters), a PostgreSQL DSN (a "postgres://..." URL, or libpq's
+	// "host=... dbname=..." form), or MemoryDatabase. A new SQLite file is created
 	// with mode 0600; its directory must exist.
 	Database string
 	// Owner identifies this process in the locks it takes; empty means
@@ -117,9 +117,24 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 }
 
 // IsPostgres reports whether database names a PostgreSQL server rather
-// than a SQLite file.
+// than a SQLite file: a postgres:// or postgresql:// URL, or libpq's
+// key=value form ("host=db user=app dbname=agents") beginning with one of
+// its keywords, so that such a DSN never becomes the name of a file.
 func IsPostgres(database string) bool {
-	return strings.HasPrefix(database, "postgres://") || strings.HasPrefix(database, "postgresql://")
+	if strings.HasPrefix(database, "postgres://") || strings.HasPrefix(database, "postgresql://") {
+		return true
+	}
+	fields := strings.Fields(database)
+	if len(fields) == 0 {
+		return false
+	}
+	key, _, ok := strings.Cut(fields[0], "=")
+	return ok && libpqKeywords[key]
+}
+
+var libpqKeywords = map[string]bool{
+	"host": true, "hostaddr": true, "port": true, "dbname": true, "user": true, "password": true,
+	"sslmode": true, "connect_timeout": true, "application_name": true, "service": true,
 }
 
 // Owner returns the owner id this container acts for.

@@ -144,11 +144,18 @@ type StoreError struct {
 	Op   string
 	Kind StoreErrorKind
 	Err  error
+	// Advice, when set, replaces the kind's default advice (which is
+	// written for a database file) with the adapter's own.
+	Advice string
 }
 
 func (e *StoreError) Error() string {
 	t := storeKindText[e.Kind]
-	msg := fmt.Sprintf("%s: lock store %s; %s", e.Op, t.what, t.advice)
+	advice := t.advice
+	if e.Advice != "" {
+		advice = e.Advice
+	}
+	msg := fmt.Sprintf("%s: lock store %s; %s", e.Op, t.what, advice)
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}

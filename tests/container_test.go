@@ -204,3 +204,19 @@ func TestContainer_Config(t *testing.T) {
 		require.ErrorIs(t, err, domain.ErrUnavailable)
 	})
 }
+
+func TestIsPostgres(t *testing.T) {
+	for db, want := range map[string]bool{
+		"postgres://h/db":                   true,
+		"postgresql://u@h/db":               true,
+		"host=db user=app password=pw":      true,
+		"dbname=agents":                     true,
+		"agents.db":                         false,
+		"file:agents.db?_busy_timeout=9000": false,
+		"/var/lib/agents/host=1.db":         false,
+		locks.MemoryDatabase:                false,
+		"":                                  false,
+	} {
+		assert.Equal(t, want, locks.IsPostgres(db), db)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io/fs"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"entgo.io/ent/dialect"
@@ -49,7 +50,7 @@ type Options struct {
 // Errors: a *domain.StoreError whose kind names the cause.
 func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	op := "open lock store " + Redact(dsn)
-	sdb, err := sql.Open("pgx", dsn)
+	sdb, err := sql.Open("pgx", WithConnectTimeout(dsn))
 	if err != nil {
 		return nil, &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: errors.New(Redact(err.Error()))}
 	}
@@ -79,6 +80,27 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	return db, nil
+}
+
+// DefaultConnectTimeout bounds how long connecting may take when the DSN
+// does not say: without it, a host that never answers blocks until the
+// operating system gives up, minutes later.
+const DefaultConnectTimeout = "10"
+
+// WithConnectTimeout adds connect_timeout=DefaultConnectTimeout (seconds)
+// to a DSN, URL or key=value, that does not set one.
+func WithConnectTimeout(dsn string) string {
+	if strings.Contains(dsn, "connect_timeout=") {
+		return dsn
+	}
+	if !strings.Contains(dsn, "://") {
+		return dsn + " connect_timeout=" + DefaultConnectTimeout
+	}
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + "connect_timeout=" + DefaultConnectTimeout
 }
 
 // NewLockRepository returns the lock repository of db.

@@ -27,7 +27,7 @@ func TestOpen_Unreachable(t *testing.T) {
 	require.ErrorIs(t, err, domain.ErrUnavailable)
 	assert.True(t, domain.IsStoreKind(err, domain.StoreUnreachable), "%v", err)
 	assert.NotContains(t, err.Error(), "s3cret-pw")
-	assert.Contains(t, err.Error(), "check the path or DSN")
+	assert.Contains(t, err.Error(), "check the host, port", "advice for a server, not a file")
 }
 
 func TestRedact(t *testing.T) {
@@ -38,6 +38,10 @@ func TestRedact(t *testing.T) {
 		"postgres://db/locks?user=app&password=pw":    "postgres://db/locks?user=app&password=xxxxx",
 		"postgres://app@db/locks (no password)":       "postgres://app@db/locks (no password)",
 		`failed to connect to "postgres://u:pw@h/db"`: `failed to connect to "postgres://u:xxxxx@h/db"`,
+		"postgres://u:s3cr%2ft@h/db":                  "postgres://u:xxxxx@h/db",
+		"postgres://u:p@ss@h:5432/db":                 "postgres://u:xxxxx@h:5432/db",
+		"postgres://h1:5432,h2:5432/db":               "postgres://h1:5432,h2:5432/db",
+		"postgres://u@h:5432/db?x=a@b":                "postgres://u@h:5432/db?x=a@b",
 	} {
 		assert.Equal(t, want, postgres.Redact(in), in)
 	}
@@ -90,4 +94,16 @@ func TestLockRepository_ReadOnly(t *testing.T) {
 	assert.True(t, domain.IsStoreKind(err, domain.StoreReadOnly), "%v", err)
 	_, err = svc.Get(context.Background(), plan1)
 	require.ErrorIs(t, err, domain.ErrNotFound)
+}
+
+func TestWithConnectTimeout(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://h/db":                    "postgres://h/db?connect_timeout=10",
+		"postgres://h/db?sslmode=disable":    "postgres://h/db?sslmode=disable&connect_timeout=10",
+		"postgres://h/db?connect_timeout=3":  "postgres://h/db?connect_timeout=3",
+		"host=h dbname=db":                   "host=h dbname=db connect_timeout=10",
+		"host=h connect_timeout=3 dbname=db": "host=h connect_timeout=3 dbname=db",
+	} {
+		assert.Equal(t, want, postgres.WithConnectTimeout(in), in)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/url"
 	"regexp"
 	"strings"
 
@@ -30,8 +29,25 @@ func FormatError(op string, err error) error {
 		errors.Is(err, domain.ErrValidation) || errors.Is(err, domain.ErrNotFound) {
 		return err
 	}
-	return &domain.StoreError{Op: op, Kind: kindOf(err), Err: redacted{err}}
+	kind := kindOf(err)
+	return &domain.StoreError{Op: op, Kind: kind, Err: redacted{err}, Advice: serverAdvice[kind]}
 }
+
+// serverAdvice says what to do about a failure of a database server,
+// where the domain's default advice speaks of a file.
+var serverAdvice = map[domain.StoreErrorKind]string{
+	domain.StoreUnreachable: "check the host, port, database name, user and password of the URL, " +
+		"and that the server is running and accepts connections from this host",
+	domain.StoreReadOnly: "connect to the primary server as a user that may write the locks table, " +
+		"with transactions that are not read-only by default (default_transaction_read_only)",
+	domain.StoreCorrupt: "the server reported an internal error or damaged data: see its log",
+	domain.StoreFull:    "free disk space on the database server",
+	domain.StoreBusy:    "retry later, and look for long transactions or too many connections on the server",
+}
+
+// Advice returns what to do about a store error of kind on a PostgreSQL
+// server, or "" where the domain's default advice holds.
+func Advice(kind domain.StoreErrorKind) string { return serverAdvice[kind] }
 
 func kindOf(err error) domain.StoreErrorKind {
 	var pgErr *pgconn.PgError
@@ -76,20 +92,17 @@ type redacted struct{ err error }
 func (r redacted) Error() string { return Redact(r.err.Error()) }
 func (r redacted) Unwrap() error { return r.err }
 
-var keywordPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+var (
+	keywordPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)`)
+	// urlPassword is the password of a URL's user info as written: from
+	// the first ':' after "://" to the last '@' before the path, so that
+	// an unescaped '@' in the password does not leak its end.
+	urlPassword = regexp.MustCompile(`(://[^:/@\s"']*:)[^/\s"']*@`)
+)
 
 // Redact hides the password of a PostgreSQL DSN, in URL or key=value form,
-// and in any text that quotes one.
+// and in any text that quotes one, however the password is escaped.
 func Redact(s string) string {
-	s = keywordPassword.ReplaceAllString(s, "${1}xxxxx")
-	for _, field := range strings.Fields(s) {
-		u, err := url.Parse(strings.Trim(field, `"'(),;`))
-		if err != nil || u.User == nil {
-			continue
-		}
-		if _, ok := u.User.Password(); ok {
-			s = strings.ReplaceAll(s, u.User.String()+"@", u.User.Username()+":xxxxx@")
-		}
-	}
-	return s
+	s = urlPassword.ReplaceAllString(s, "${1}xxxxx@")
+	return keywordPassword.ReplaceAllString(s, "${1}xxxxx")
 }

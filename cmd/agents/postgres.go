@@ -39,17 +39,6 @@ func oneLine(msg string) string {
 	return strings.ReplaceAll(msg, "\n", " ")
 }
 
-// serverAdvice is what to do about a store error on a PostgreSQL server,
-// for the kinds whose advice in package domain is about a SQLite file.
-var serverAdvice = map[domain.StoreErrorKind]string{
-	domain.StoreUnreachable: "check the host, port, database name, user and password of the URL, " +
-		"and that the server is running and accepts connections from this host",
-	domain.StoreReadOnly: "connect to the primary server as a user that may write the locks table, " +
-		"with transactions that are not read-only by default (default_transaction_read_only)",
-	domain.StoreCorrupt: "the server reported an internal error or damaged data: see its log",
-	domain.StoreFull:    "free disk space on the database server",
-}
-
 // fileAdvice returns the advice that package domain gives for kind, as it
 // appears in the text of a *domain.StoreError.
 func fileAdvice(kind domain.StoreErrorKind) string {
@@ -64,9 +53,10 @@ func (c *invocation) advise(msg string) string {
 	if !locks.IsPostgres(c.dbArg()) {
 		return msg
 	}
-	for kind, advice := range serverAdvice {
-		if file := fileAdvice(kind); file != "" {
-			msg = strings.ReplaceAll(msg, file, advice)
+	for _, kind := range []domain.StoreErrorKind{domain.StoreUnreachable, domain.StoreReadOnly,
+		domain.StoreCorrupt, domain.StoreFull, domain.StoreBusy} {
+		if file, server := fileAdvice(kind), postgres.Advice(kind); file != "" && server != "" {
+			msg = strings.ReplaceAll(msg, file, server)
 		}
 	}
 	return msg
@@ -107,7 +97,7 @@ func (c *invocation) postgresOpenAdvice(dsn string, err error) string {
 	var se *domain.StoreError
 	if errors.As(err, &se) && se.Kind == domain.StoreUnreachable && se.Err != nil {
 		return fmt.Sprintf("cannot connect to %s: %v; %s (diagnostics never creates a database or a schema)",
-			dsn, se.Err, serverAdvice[domain.StoreUnreachable])
+			dsn, se.Err, postgres.Advice(domain.StoreUnreachable))
 	}
 	return err.Error()
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/tests/testdb"
 )
@@ -38,7 +39,9 @@ func TestSecrets_Postgres(t *testing.T) {
 }
 
 func TestAdvise(t *testing.T) {
-	for kind, advice := range serverAdvice {
+	for _, kind := range []domain.StoreErrorKind{domain.StoreUnreachable, domain.StoreReadOnly,
+		domain.StoreCorrupt, domain.StoreFull, domain.StoreBusy} {
+		advice := postgres.Advice(kind)
 		err := &domain.StoreError{Op: "open lock store", Kind: kind, Err: errors.New("cause")}
 		file := fileAdvice(kind)
 		require.NotEmpty(t, file, kind)
