@@ -49,7 +49,7 @@ type stmts struct {
 }
 
 func (s *Store) prepare(ctx context.Context) error {
-	t := buildStatements(s.b.Dialect)
+	t := s.text
 	var err error
 	prep := func(on *sql.DB, query string) *sql.Stmt {
 		if err != nil {
@@ -73,7 +73,7 @@ func (s *Store) prepare(ctx context.Context) error {
 // readLock reads the lock on ref outside any transaction, or nil.
 func (s *Store) readLock(ctx context.Context, ref domain.ResourceRef) (*domain.Lock, error) {
 	if s.stmts.read == nil { // a read-only store prepares nothing
-		return scanLock(s.read.QueryRowContext(ctx, buildStatements(s.b.Dialect).sel, string(ref.Type), ref.ID))
+		return scanLock(s.read.QueryRowContext(ctx, s.text.sel, string(ref.Type), ref.ID))
 	}
 	return scanLock(s.stmts.read.QueryRowContext(ctx, string(ref.Type), ref.ID))
 }

@@ -41,6 +41,7 @@ type Store struct {
 	read, write       *sql.DB
 	readEnt, writeEnt *ent.Client
 	b                 Backend
+	text              statementText // the hot path's SQL in b.Dialect
 	stmts             stmts
 	contended         contention
 }
@@ -51,7 +52,7 @@ var _ application.LockRepository = (*Store)(nil)
 // with the hot-path statements prepared on each.
 func New(ctx context.Context, read, write *sql.DB, b Backend) (*Store, error) {
 	s := &Store{
-		read: read, write: write, b: b,
+		read: read, write: write, b: b, text: buildStatements(b.Dialect),
 		readEnt:  ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read))),
 		writeEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, write))),
 	}
@@ -69,7 +70,8 @@ func NewReadOnly(read *sql.DB, b Backend) *Store {
 	b.Write = func(_ context.Context, op string, _ func(context.Context) error) error {
 		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
 	}
-	return &Store{read: read, b: b, readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read)))}
+	return &Store{read: read, b: b, text: buildStatements(b.Dialect),
+		readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read)))}
 }
 
 // Close releases the prepared statements. The connections belong to the

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"hash/fnv"
 	"io/fs"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -149,28 +148,5 @@ func lockResource(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error
 // backoff when PostgreSQL aborted it to resolve a serialization failure or
 // a deadlock.
 func write(ctx context.Context, op string, fn func(context.Context) error) error {
-	for attempt := 1; ; attempt++ {
-		err := fn(ctx)
-		if err == nil || !retryable(err) || attempt == writeAttempts {
-			return FormatError(op, err)
-		}
-		if werr := backoff(ctx, attempt); werr != nil {
-			return FormatError(op, err)
-		}
-	}
-}
-
-// backoff waits a jittered, growing pause before retry number attempt+1,
-// on a real timer: it paces I/O retries and has no bearing on lock
-// expiry, which only ever reads the service's injected clock.
-func backoff(ctx context.Context, attempt int) error {
-	base := time.Duration(1<<attempt) * 5 * time.Millisecond
-	t := time.NewTimer(base/2 + rand.N(base))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return FormatError(op, entstore.Retry(ctx, writeAttempts, retryable, fn))
 }

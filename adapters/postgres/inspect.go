@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"path"
-	"strconv"
 	"strings"
 
 	"entgo.io/ent/dialect"
@@ -120,7 +118,7 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 		return st, nil
 	}
 	st.Schema = *schema
-	version, err := migrationVersion(MigrationName)
+	version, err := migrationVersion()
 	if err != nil {
 		return st, &domain.StoreError{Op: op, Err: err}
 	}
@@ -134,19 +132,13 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 }
 
 // migrationVersion returns the goose version of the embedded migration
-// named name: the number its file name begins with.
-func migrationVersion(name string) (int64, error) {
-	paths, err := fs.Glob(migrationFiles, "migrations/*.sql")
+// MigrationName.
+func migrationVersion() (int64, error) {
+	fsys, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
 		return 0, err
 	}
-	for _, p := range paths {
-		prefix, rest, _ := strings.Cut(path.Base(p), "_")
-		if strings.TrimSuffix(rest, ".sql") == name {
-			return strconv.ParseInt(prefix, 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("no embedded migration is named %s", name)
+	return entstore.MigrationVersion(fsys, MigrationName)
 }
 
 // CheckWritable reports whether the service could write the lock store

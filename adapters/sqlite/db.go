@@ -6,7 +6,6 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
-	"math/rand/v2"
 	"time"
 
 	"entgo.io/ent/dialect"
@@ -143,44 +142,16 @@ func (db *DB) migrate(ctx context.Context, op string) error {
 	if err != nil {
 		return &domain.StoreError{Op: op, Err: err}
 	}
-	for attempt := 1; ; attempt++ {
-		err = db.withWriter(ctx, func() error { _, err := p.Up(ctx); return err })
-		if err == nil {
-			return nil
+	err = entstore.Retry(ctx, writeAttempts, func(error) bool { return ctx.Err() == nil }, func(ctx context.Context) error {
+		err := db.withWriter(ctx, func() error { _, err := p.Up(ctx); return err })
+		if err != nil {
+			if pending, perr := p.HasPending(ctx); perr == nil && !pending {
+				return nil // another process applied it meanwhile
+			}
 		}
-		if pending, perr := p.HasPending(ctx); perr == nil && !pending {
-			return nil
-		}
-		if attempt == writeAttempts || ctx.Err() != nil {
-			return FormatError(op, err)
-		}
-		if werr := backoff(ctx, attempt); werr != nil {
-			return werr
-		}
-	}
-}
-
-// MigrationApplied reports whether the migration named name has been
-// applied to the database.
-func (db *DB) MigrationApplied(ctx context.Context, name string) (bool, error) {
-	fsys, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return false, err
-	}
-	p, err := goose.NewProvider(goose.DialectSQLite3, db.sql, fsys)
-	if err != nil {
-		return false, &domain.StoreError{Op: "read migrations", Err: err}
-	}
-	status, err := p.Status(ctx)
-	if err != nil {
-		return false, FormatError("read migrations", err)
-	}
-	for _, s := range status {
-		if migrationName(s.Source.Path) == name {
-			return s.State == goose.StateApplied, nil
-		}
-	}
-	return false, nil
+		return err
+	})
+	return FormatError(op, err)
 }
 
 // withWriter runs fn as this process's only writer, waiting for its turn
@@ -200,28 +171,8 @@ func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 // with another process's write. fn must be safe to run again: it is either
 // one statement or a whole transaction.
 func (db *DB) write(ctx context.Context, op string, fn func(context.Context) error) error {
-	for attempt := 1; ; attempt++ {
-		err := db.withWriter(ctx, func() error { return fn(ctx) })
-		if err == nil || !isBusy(err) || attempt == writeAttempts {
-			return FormatError(op, err)
-		}
-		if werr := backoff(ctx, attempt); werr != nil {
-			return FormatError(op, err)
-		}
-	}
-}
-
-// backoff waits a jittered, growing pause before retry number attempt+1.
-// It waits on a real timer: this paces I/O retries and has no bearing on
-// lock expiry, which only ever reads the service's injected clock.
-func backoff(ctx context.Context, attempt int) error {
-	base := time.Duration(1<<attempt) * 5 * time.Millisecond
-	t := time.NewTimer(base/2 + rand.N(base))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	err := entstore.Retry(ctx, writeAttempts, isBusy, func(ctx context.Context) error {
+		return db.withWriter(ctx, func() error { return fn(ctx) })
+	})
+	return FormatError(op, err)
 }

@@ -41,9 +41,9 @@ func TestOpen_Migration(t *testing.T) {
 	for range 3 {
 		db, err := sqlite.Open(ctx, path, sqlite.Options{})
 		require.NoError(t, err)
-		ok, err := db.MigrationApplied(ctx, sqlite.MigrationName)
+		st, err := db.Schema(ctx)
 		require.NoError(t, err)
-		assert.True(t, ok)
+		assert.True(t, st.MigrationApplied)
 		require.NoError(t, db.Close())
 	}
 	raw := rawDB(t, path)

@@ -74,13 +74,3 @@ func isBusy(err error) bool {
 	}
 	return false
 }
-
-// migrationName returns the name part of a migration file,
-// "20261129190022_m4_001_concurrency_locks.sql" -> "m4_001_concurrency_locks".
-func migrationName(path string) string {
-	if i := strings.LastIndexByte(path, '/'); i >= 0 {
-		path = path[i+1:]
-	}
-	_, name, _ := strings.Cut(strings.TrimSuffix(path, ".sql"), "_")
-	return name
-}

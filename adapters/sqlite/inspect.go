@@ -4,13 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"io"
 	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/pressly/goose/v3"
@@ -156,7 +154,7 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	if !tables[goose.DefaultTablename] {
 		return st, nil
 	}
-	version, err := migrationVersion(MigrationName)
+	version, err := migrationVersion()
 	if err != nil {
 		return st, &domain.StoreError{Op: op, Err: err}
 	}
@@ -166,22 +164,6 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 		return st, FormatError(op, err)
 	}
 	return st, nil
-}
-
-// migrationVersion returns the goose version of the embedded migration
-// named name: the number its file name begins with.
-func migrationVersion(name string) (int64, error) {
-	paths, err := fs.Glob(migrationFiles, "migrations/*.sql")
-	if err != nil {
-		return 0, err
-	}
-	for _, p := range paths {
-		if migrationName(p) == name {
-			prefix, _, _ := strings.Cut(filepath.Base(p), "_")
-			return strconv.ParseInt(prefix, 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("no embedded migration is named %s", name)
 }
 
 // CheckWritable reports whether this process could write the database at
@@ -216,4 +198,14 @@ func CheckWritable(pathOrURI string) error {
 		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: err}
 	}
 	return nil
+}
+
+// migrationVersion returns the goose version of the embedded migration
+// MigrationName.
+func migrationVersion() (int64, error) {
+	fsys, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return 0, err
+	}
+	return entstore.MigrationVersion(fsys, MigrationName)
 }
