@@ -57,7 +57,7 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 		err error
 	)
 	for attempt := 1; attempt <= updateAttempts; attempt++ {
-		err = s.inTx(ctx, "update lock on "+ref.String(), ref, func(ctx context.Context, tx *sql.Tx) error {
+		err = s.inTx(ctx, ref, func(ctx context.Context, tx *sql.Tx) error {
 			cur, err := scanLock(tx.StmtContext(ctx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
 			if err != nil {
 				return err
@@ -74,7 +74,7 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 			break
 		}
 	}
-	return out, err
+	return out, s.failed(err, "update lock on", ref)
 }
 
 // apply writes change inside tx and returns the lock as stored.
@@ -169,24 +169,27 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 // DeleteOwned implements application.LockRepository with one statement.
 func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
 	var n int64
-	err := s.b.Write(ctx, "release lock on "+ref.String(), func(ctx context.Context) error {
+	err := s.b.Write(ctx, func(ctx context.Context) error {
 		res, err := s.stmts.delOwned.ExecContext(ctx, string(ref.Type), ref.ID, owner)
 		if err == nil {
 			n, err = res.RowsAffected()
 		}
 		return err
 	})
-	return n > 0, err
+	return n > 0, s.failed(err, "release lock on", ref)
 }
 
 // DeleteAllOwned implements application.LockRepository.
 func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	var n int
-	err := s.b.Write(ctx, "release locks of "+owner, func(ctx context.Context) (err error) {
+	err := s.b.Write(ctx, func(ctx context.Context) (err error) {
 		n, err = s.writeEnt.Lock.Delete().Where(entlock.OwnerID(owner)).Exec(ctx)
 		return err
 	})
-	return n, err
+	if err != nil {
+		return n, s.b.FormatError("release locks of "+owner, err)
+	}
+	return n, nil
 }
 
 // DeleteExpired implements application.LockRepository: one short write
@@ -194,13 +197,16 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 // index.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int
-	err := s.b.Write(ctx, "clean up expired locks", func(ctx context.Context) (err error) {
+	err := s.b.Write(ctx, func(ctx context.Context) (err error) {
 		n, err = s.writeEnt.Lock.Delete().
 			Where(oldestExpired(now, limit)).
 			Exec(ctx)
 		return err
 	})
-	return n, err
+	if err != nil {
+		return n, s.b.FormatError("clean up expired locks", err)
+	}
+	return n, nil
 }
 
 // CountExpired implements application.LockRepository.

@@ -24,8 +24,9 @@ type Backend struct {
 	Dialect string
 	// Write runs one write, fn: a single statement or a whole transaction,
 	// safe to run again. It applies the database's queueing and retry
-	// policy and returns errors as FormatError does.
-	Write func(ctx context.Context, op string, fn func(context.Context) error) error
+	// policy and returns fn's last error as it is: the store explains it
+	// with FormatError, and builds that message only when there is one.
+	Write func(ctx context.Context, fn func(context.Context) error) error
 	// LockResource, when set, runs first in every Update transaction and
 	// must keep any other Update of ref out until the transaction ends.
 	// Nil when beginning the transaction already excludes every other
@@ -67,8 +68,8 @@ func New(ctx context.Context, read, write *sql.DB, b Backend) (*Store, error) {
 // nothing (the locks table may be missing: it is for inspection). Its
 // writes fail with a StoreError of kind StoreReadOnly.
 func NewReadOnly(read *sql.DB, b Backend) *Store {
-	b.Write = func(_ context.Context, op string, _ func(context.Context) error) error {
-		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
+	b.Write = func(context.Context, func(context.Context) error) error {
+		return &domain.StoreError{Op: "write", Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
 	}
 	return &Store{read: read, b: b, text: buildStatements(b.Dialect),
 		readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read)))}
@@ -88,8 +89,8 @@ func (s *Store) Close() error {
 
 // inTx runs fn in one write transaction, after Backend.LockResource, with
 // the backend's write policy.
-func (s *Store) inTx(ctx context.Context, op string, ref domain.ResourceRef, fn func(context.Context, *sql.Tx) error) error {
-	return s.b.Write(ctx, op, func(ctx context.Context) (err error) {
+func (s *Store) inTx(ctx context.Context, ref domain.ResourceRef, fn func(context.Context, *sql.Tx) error) error {
+	return s.b.Write(ctx, func(ctx context.Context) (err error) {
 		tx, err := s.write.BeginTx(ctx, nil)
 		if err != nil {
 			return err
@@ -109,6 +110,16 @@ func (s *Store) inTx(ctx context.Context, op string, ref domain.ResourceRef, fn 
 		}
 		return tx.Commit()
 	})
+}
+
+// failed explains err, when there is one, with the backend's FormatError,
+// naming the operation on ref; the message is built only then, never on
+// the way of a write that worked.
+func (s *Store) failed(err error, what string, ref domain.ResourceRef) error {
+	if err == nil {
+		return nil
+	}
+	return s.b.FormatError(what+" "+ref.String(), err)
 }
 
 // ignoreDone drops the error of rolling back a transaction that the

@@ -147,6 +147,6 @@ func lockResource(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error
 // write runs fn, retrying it a bounded number of times with jittered
 // backoff when PostgreSQL aborted it to resolve a serialization failure or
 // a deadlock.
-func write(ctx context.Context, op string, fn func(context.Context) error) error {
-	return FormatError(op, entstore.Retry(ctx, writeAttempts, retryable, fn))
+func write(ctx context.Context, fn func(context.Context) error) error {
+	return entstore.Retry(ctx, writeAttempts, retryable, fn)
 }

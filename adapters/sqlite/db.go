@@ -170,9 +170,8 @@ func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 // bounded number of times with jittered backoff, while the database is busy
 // with another process's write. fn must be safe to run again: it is either
 // one statement or a whole transaction.
-func (db *DB) write(ctx context.Context, op string, fn func(context.Context) error) error {
-	err := entstore.Retry(ctx, writeAttempts, isBusy, func(ctx context.Context) error {
+func (db *DB) write(ctx context.Context, fn func(context.Context) error) error {
+	return entstore.Retry(ctx, writeAttempts, isBusy, func(ctx context.Context) error {
 		return db.withWriter(ctx, func() error { return fn(ctx) })
 	})
-	return FormatError(op, err)
 }
