@@ -51,7 +51,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	op := "open lock store " + Redact(dsn)
 	sdb, err := sql.Open("pgx", WithConnectTimeout(dsn))
 	if err != nil {
-		return nil, &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: errors.New(Redact(err.Error()))}
+		return nil, storeError(op, domain.StoreUnreachable, errors.New(Redact(err.Error())))
 	}
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 10

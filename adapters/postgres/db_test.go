@@ -3,7 +3,9 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/tests/testdb"
@@ -105,5 +108,28 @@ func TestWithConnectTimeout(t *testing.T) {
 		"host=h connect_timeout=3 dbname=db": "host=h connect_timeout=3 dbname=db",
 	} {
 		assert.Equal(t, want, postgres.WithConnectTimeout(in), in)
+	}
+}
+
+func TestFormatError_ServerAdvice(t *testing.T) {
+	for _, kind := range []domain.StoreErrorKind{domain.StoreUnreachable, domain.StoreReadOnly,
+		domain.StoreCorrupt, domain.StoreFull, domain.StoreBusy} {
+		advice := postgres.Advice(kind)
+		// A StoreError made by the shared store carries the domain's
+		// advice, which speaks of a file.
+		err := &domain.StoreError{Op: "open lock store", Kind: kind, Err: errors.New("cause")}
+		_, file, _ := strings.Cut(err.Error(), "; ")
+		file = strings.TrimSuffix(file, ": cause")
+		require.NotEmpty(t, file, kind)
+		require.Contains(t, err.Error(), file, "the domain's advice is found in its messages")
+
+		got := postgres.FormatError("clean up", err).Error()
+		assert.Contains(t, got, advice, kind)
+		if !strings.Contains(advice, file) {
+			assert.NotContains(t, got, file, kind)
+		}
+		assert.True(t, strings.HasSuffix(got, ": cause"), got)
+
+		assert.Equal(t, err.Error(), sqlite.FormatError("clean up", err).Error(), "a SQLite file keeps the domain's advice")
 	}
 }

@@ -24,13 +24,21 @@ func FormatError(op string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
+	if se, ok := err.(*domain.StoreError); ok && se.Advice == "" && serverAdvice[se.Kind] != "" {
+		// Made by the shared store, with the domain's advice for a file.
+		return storeError(se.Op, se.Kind, se.Err)
+	}
 	var se *domain.StoreError
 	if errors.As(err, &se) || errors.Is(err, domain.ErrConflict) || errors.Is(err, domain.ErrExpired) ||
 		errors.Is(err, domain.ErrValidation) || errors.Is(err, domain.ErrNotFound) {
 		return err
 	}
-	kind := kindOf(err)
-	return &domain.StoreError{Op: op, Kind: kind, Err: redacted{err}, Advice: serverAdvice[kind]}
+	return storeError(op, kindOf(err), redacted{err})
+}
+
+// storeError is a StoreError with the advice for a server.
+func storeError(op string, kind domain.StoreErrorKind, err error) *domain.StoreError {
+	return &domain.StoreError{Op: op, Kind: kind, Err: err, Advice: serverAdvice[kind]}
 }
 
 // serverAdvice says what to do about a failure of a database server,

@@ -43,7 +43,7 @@ const inspectConns = 2
 func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, &domain.StoreError{Op: "inspect lock store", Kind: domain.StoreUnreachable, Err: redacted{err}}
+		return nil, storeError("inspect lock store", domain.StoreUnreachable, redacted{err})
 	}
 	op := "inspect lock store " + target(cfg)
 	// A run-time parameter of the startup message: the server applies it
@@ -154,7 +154,7 @@ func migrationVersion() (int64, error) {
 func CheckWritable(ctx context.Context, dsn string) error {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return &domain.StoreError{Op: "check lock store", Kind: domain.StoreUnreachable, Err: redacted{err}}
+		return storeError("check lock store", domain.StoreUnreachable, redacted{err})
 	}
 	op := "check lock store " + target(cfg)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
@@ -163,7 +163,7 @@ func CheckWritable(ctx context.Context, dsn string) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	readOnly := func(format string, args ...any) error {
-		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: fmt.Errorf(format, args...)}
+		return storeError(op, domain.StoreReadOnly, fmt.Errorf(format, args...))
 	}
 
 	var (

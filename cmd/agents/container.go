@@ -45,6 +45,6 @@ func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool) (
 // failure to close is a warning, not a change of the exit code.
 func (c *invocation) close(ctr *locks.Container) {
 	if err := ctr.Close(); err != nil {
-		fmt.Fprintf(c.stderr, "%s: warning: %s\n", c.prog(), c.redact(c.advise(err.Error())))
+		fmt.Fprintf(c.stderr, "%s: warning: %s\n", c.prog(), c.redact(err.Error()))
 	}
 }

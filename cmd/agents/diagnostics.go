@@ -63,7 +63,7 @@ func (c *invocation) diagnostics(ctx context.Context, args []string) error {
 	checks := c.runChecks(ctx, path, isDefault)
 	r := report{OK: true, Checks: checks}
 	for i := range checks {
-		checks[i].Detail = c.redact(c.advise(oneLine(checks[i].Detail)))
+		checks[i].Detail = c.redact(oneLine(checks[i].Detail))
 		if checks[i].Status == statusFail {
 			r.OK = false
 		}

@@ -6,15 +6,14 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/domain"
 )
 
 // What the CLI does differently when --db is a PostgreSQL URL: the lock
 // commands run through locks.Open as they do on a file, but diagnostics
-// inspects the server its own way, and the advice of errors speaks of a
-// server rather than of a file and its directory.
+// inspects the server its own way. (The adapter's errors already give
+// advice for a server rather than for a file.)
 
 // checkPostgresURL refuses a PostgreSQL URL with an unescaped '@' in its
 // user info, before anything connects: libpq and pgx end the user info at
@@ -37,29 +36,6 @@ func oneLine(msg string) string {
 	msg = strings.ReplaceAll(msg, ":\n\t", ": ")
 	msg = strings.ReplaceAll(msg, "\n\t", "; ")
 	return strings.ReplaceAll(msg, "\n", " ")
-}
-
-// fileAdvice returns the advice that package domain gives for kind, as it
-// appears in the text of a *domain.StoreError.
-func fileAdvice(kind domain.StoreErrorKind) string {
-	// "OP: lock store WHAT; ADVICE"
-	_, advice, _ := strings.Cut((&domain.StoreError{Kind: kind}).Error(), "; ")
-	return advice
-}
-
-// advise replaces, when the database is a PostgreSQL server, the advice of
-// the store errors that msg quotes with advice for a server.
-func (c *invocation) advise(msg string) string {
-	if !locks.IsPostgres(c.dbArg()) {
-		return msg
-	}
-	for _, kind := range []domain.StoreErrorKind{domain.StoreUnreachable, domain.StoreReadOnly,
-		domain.StoreCorrupt, domain.StoreFull, domain.StoreBusy} {
-		if file, server := fileAdvice(kind), postgres.Advice(kind); file != "" && server != "" {
-			msg = strings.ReplaceAll(msg, file, server)
-		}
-	}
-	return msg
 }
 
 // inspectPostgres opens the PostgreSQL database for diagnostics, through

@@ -2,16 +2,12 @@ package main
 
 import (
 	"database/sql"
-	"errors"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cleveragents/locks/adapters/postgres"
-	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/tests/testdb"
 )
 
@@ -36,30 +32,6 @@ func TestSecrets_Postgres(t *testing.T) {
 		}
 	}
 	assert.Empty(t, secrets("postgres://u@h/db?sslmode=disable"))
-}
-
-func TestAdvise(t *testing.T) {
-	for _, kind := range []domain.StoreErrorKind{domain.StoreUnreachable, domain.StoreReadOnly,
-		domain.StoreCorrupt, domain.StoreFull, domain.StoreBusy} {
-		advice := postgres.Advice(kind)
-		err := &domain.StoreError{Op: "open lock store", Kind: kind, Err: errors.New("cause")}
-		file := fileAdvice(kind)
-		require.NotEmpty(t, file, kind)
-		require.Contains(t, err.Error(), file, "the domain's advice is found in its messages")
-
-		pg := &invocation{env: func(string) string { return "" }}
-		pg.g.db, pg.g.dbSet = "postgres://u@h/db", true
-		got := pg.advise("clean up: " + err.Error())
-		assert.Contains(t, got, advice, kind)
-		if !strings.Contains(advice, file) {
-			assert.NotContains(t, got, file, kind)
-		}
-		assert.True(t, strings.HasSuffix(got, ": cause"), got)
-
-		onFile := &invocation{env: func(string) string { return "" }}
-		onFile.g.db, onFile.g.dbSet = "/var/lib/agents.db", true
-		assert.Equal(t, err.Error(), onFile.advise(err.Error()), "a SQLite file keeps the domain's advice")
-	}
 }
 
 func TestMain_PostgresURLWithAt(t *testing.T) {

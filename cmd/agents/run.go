@@ -139,7 +139,7 @@ func (c *invocation) finish(err error) int {
 		return exitOK
 	}
 	exit, code := exitCode(err)
-	msg := c.redact(c.advise(oneLine(err.Error())))
+	msg := c.redact(oneLine(err.Error()))
 	if db, _, dberr := c.database(); dberr == nil && errors.Is(err, domain.ErrUnavailable) {
 		// Say which, when the store did not. Compared redacted: the store
 		// quotes a DSN with its password hidden.
