@@ -32,6 +32,10 @@ type Backend struct {
 	// Nil when beginning the transaction already excludes every other
 	// writer (SQLite's BEGIN IMMEDIATE).
 	LockResource func(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error
+	// TxOptions begin every Update transaction. A server database pins its
+	// isolation level here, so that a server's or role's default cannot
+	// change how contention surfaces; nil keeps the driver's default.
+	TxOptions *sql.TxOptions
 	// FormatError translates the database's errors into domain errors.
 	FormatError func(op string, err error) error
 }
@@ -91,7 +95,7 @@ func (s *Store) Close() error {
 // the backend's write policy.
 func (s *Store) inTx(ctx context.Context, ref domain.ResourceRef, fn func(context.Context, *sql.Tx) error) error {
 	return s.b.Write(ctx, func(ctx context.Context) (err error) {
-		tx, err := s.write.BeginTx(ctx, nil)
+		tx, err := s.write.BeginTx(ctx, s.b.TxOptions)
 		if err != nil {
 			return err
 		}
