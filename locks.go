@@ -140,9 +140,13 @@ var libpqKeywords = map[string]bool{
 // Owner returns the owner id this container acts for.
 func (c *Container) Owner() string { return c.owner }
 
-// Close releases every lock of the container's owner (unless
-// Config.KeepLocksOnClose) and closes the store, waiting at most
-// DefaultShutdownTimeout. Only the first call does anything.
+// Close shuts the container down, in this order: the lock service refuses
+// every new call (they fail with domain.ErrClosed), the calls in progress
+// finish, every lock of the container's owner is released (unless
+// Config.KeepLocksOnClose), and the store closes. It waits at most
+// DefaultShutdownTimeout; if calls are still in progress by then, it
+// releases nothing and says so, since they could take locks after the
+// release. Only the first call does anything.
 func (c *Container) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
 	defer cancel()

@@ -49,9 +49,12 @@ func providePostgres(ctx context.Context, cfg Config, sd *shutdown) (*postgres.D
 func provideMemory() *memory.LockRepository { return memory.NewLockRepository() }
 
 // newContainer runs the startup cleanup, so that locks left by a process
-// that died are gone before anyone asks for them; its cleanup releases the
-// owner's locks on Close.
-func newContainer(ctx context.Context, svc *application.LockService, cfg Config, sd *shutdown) (*Container, func(), error) {
+// that died are gone before anyone asks for them. Its cleanup, run by Close
+// before the store closes, shuts the service (later calls fail with
+// domain.ErrClosed, and the calls in flight finish) and only then releases
+// the owner's locks, through the repository itself: nothing the service
+// admitted can commit a lock after that release.
+func newContainer(ctx context.Context, svc *application.LockService, repo application.LockRepository, cfg Config, sd *shutdown) (*Container, func(), error) {
 	c := &Container{Locks: svc, owner: cfg.Owner, keep: cfg.KeepLocksOnClose, shutdown: sd}
 	if !cfg.SkipStartupCleanup {
 		if _, err := svc.CleanupExpired(ctx); err != nil {
@@ -59,10 +62,14 @@ func newContainer(ctx context.Context, svc *application.LockService, cfg Config,
 		}
 	}
 	release := func() {
+		if err := svc.Close(c.closeCtx); err != nil {
+			sd.add(err)
+			return
+		}
 		if c.keep {
 			return
 		}
-		_, err := svc.ReleaseAllForOwner(c.closeCtx, c.owner)
+		_, err := repo.DeleteAllOwned(c.closeCtx, c.owner)
 		sd.add(err)
 	}
 	return c, release, nil

@@ -28,7 +28,7 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 		cleanup()
 		return nil, nil, err
 	}
-	container, cleanup2, err := newContainer(ctx, lockService, cfg, locksShutdown)
+	container, cleanup2, err := newContainer(ctx, lockService, store, cfg, locksShutdown)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
@@ -52,7 +52,7 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 		cleanup()
 		return nil, nil, err
 	}
-	container, cleanup2, err := newContainer(ctx, lockService, cfg, locksShutdown)
+	container, cleanup2, err := newContainer(ctx, lockService, store, cfg, locksShutdown)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
@@ -71,7 +71,7 @@ func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 		return nil, nil, err
 	}
 	locksShutdown := newShutdown()
-	container, cleanup, err := newContainer(ctx, lockService, cfg, locksShutdown)
+	container, cleanup, err := newContainer(ctx, lockService, lockRepository, cfg, locksShutdown)
 	if err != nil {
 		return nil, nil, err
 	}

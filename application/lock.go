@@ -33,10 +33,15 @@ const cleanupBatch = 1000
 //   - Release removes a lock only if the caller owns it.
 //   - Invalid input fails with *domain.ValidationError before anything is
 //     read or written.
+//   - Every decision reads the clock when the store has the resource's
+//     current row in hand, inside the write that applies it: never before
+//     a wait for the store, which would date the lock in the past.
+//   - After Close, every call fails with domain.ErrClosed.
 type LockService struct {
 	repo       LockRepository
 	clock      Clock
 	defaultTTL time.Duration
+	gate       gate
 }
 
 // NewLockService returns a service storing locks in repo and reading time
@@ -57,12 +62,20 @@ func (s *LockService) DefaultTTL() time.Duration { return s.defaultTTL }
 // Now returns the service's current instant, at the precision it records.
 func (s *LockService) Now() time.Time { return s.clock.Now().UTC().Truncate(Precision) }
 
+// Close makes every later call fail with domain.ErrClosed and waits until
+// the calls already in progress have returned, or ctx ends (then it says
+// how many were left). Once it returns nil, no call of this service can
+// still change the store: the container relies on that to release the
+// owner's locks last.
+func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx) }
+
 // Acquire takes the lock on ref for owner for ttl (zero: the default TTL),
 // or re-enters it if owner already holds it. It returns the lock as held.
 //
 // Errors: *domain.ValidationError for bad input; *domain.LockConflictError
-// when another owner holds an active lock; *domain.StoreError when the store
-// fails.
+// when another owner holds an active lock; *domain.LockExpiredError with
+// WrittenAt set when the store took longer than ttl to write the lock;
+// *domain.StoreError when the store fails; domain.ErrClosed after Close.
 func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
 	return s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
 		switch {
@@ -86,9 +99,11 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 // long work.
 //
 // Errors: *domain.ValidationError for bad input; *domain.LockExpiredError
-// when owner's lock has expired or is gone (owner must acquire again);
-// *domain.LockConflictError when another owner holds an active lock;
-// *domain.StoreError when the store fails.
+// when owner's lock has expired or is gone (owner must acquire again), or
+// (with WrittenAt set) when the store took longer than ttl to write the
+// renewal; *domain.LockConflictError when another owner holds an active
+// lock; *domain.StoreError when the store fails; domain.ErrClosed after
+// Close.
 func (s *LockService) Renew(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
 	return s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
 		switch {
@@ -113,6 +128,10 @@ func (s *LockService) Renew(ctx context.Context, owner string, ref domain.Resour
 //
 // Errors: *domain.ValidationError for bad input; *domain.StoreError.
 func (s *LockService) Release(ctx context.Context, owner string, ref domain.ResourceRef) (bool, error) {
+	if err := s.gate.enter(); err != nil {
+		return false, err
+	}
+	defer s.gate.leave()
 	if err := domain.ValidateOwner(owner); err != nil {
 		return false, err
 	}
@@ -128,6 +147,10 @@ func (s *LockService) Release(ctx context.Context, owner string, ref domain.Reso
 //
 // Errors: *domain.ValidationError for a bad owner; *domain.StoreError.
 func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int, error) {
+	if err := s.gate.enter(); err != nil {
+		return 0, err
+	}
+	defer s.gate.leave()
 	if err := domain.ValidateOwner(owner); err != nil {
 		return 0, err
 	}
@@ -141,6 +164,10 @@ func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int
 //
 // Errors: *domain.StoreError; ctx.Err() when cancelled between batches.
 func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
+	if err := s.gate.enter(); err != nil {
+		return 0, err
+	}
+	defer s.gate.leave()
 	now := s.Now()
 	total := 0
 	for {
@@ -160,6 +187,10 @@ func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
 //
 // Errors: *domain.StoreError.
 func (s *LockService) StaleCount(ctx context.Context) (int, error) {
+	if err := s.gate.enter(); err != nil {
+		return 0, err
+	}
+	defer s.gate.leave()
 	return s.repo.CountExpired(ctx, s.Now())
 }
 
@@ -168,6 +199,10 @@ func (s *LockService) StaleCount(ctx context.Context) (int, error) {
 //
 // Errors: *domain.ValidationError; domain.ErrNotFound; *domain.StoreError.
 func (s *LockService) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
+	if err := s.gate.enter(); err != nil {
+		return domain.Lock{}, err
+	}
+	defer s.gate.leave()
 	if err := ref.Validate(); err != nil {
 		return domain.Lock{}, err
 	}
@@ -187,6 +222,10 @@ type ListOptions struct {
 //
 // Errors: *domain.ValidationError for a bad filter; *domain.StoreError.
 func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock, error) {
+	if err := s.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer s.gate.leave()
 	if opts.Type != "" && !opts.Type.Valid() {
 		return nil, (domain.ResourceRef{Type: opts.Type, ID: "-"}).Validate()
 	}
@@ -202,17 +241,38 @@ func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock
 	return s.repo.List(ctx, f)
 }
 
-// update validates the input, takes now once, and lets rule decide the
-// change from the current lock, now and the expiry now+ttl.
+// update validates the input and lets rule decide the change from the
+// current lock, now and the expiry now+ttl. Now is read inside the store's
+// Update, once the current row is in hand, and not before: the store may
+// first wait for other writers (a busy database, a queue of writes) for
+// longer than the TTL, and a lock dated before that wait could be returned
+// already expired.
+//
+// The write itself can still be slow (a commit waiting for the disk). A
+// lock that has expired by the time the store returns is of no use to the
+// caller, who could not know it: that ends in a *domain.LockExpiredError
+// whose WrittenAt says when the write finished.
 func (s *LockService) update(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	rule func(cur *domain.Lock, now, expires time.Time) (Change, error)) (domain.Lock, error) {
 	ttl, err := s.checkInput(owner, ref, ttl)
 	if err != nil {
 		return domain.Lock{}, err
 	}
-	now := s.Now()
-	expires := now.Add(ttl).Truncate(Precision)
-	return s.repo.Update(ctx, ref, func(cur *domain.Lock) (Change, error) { return rule(cur, now, expires) })
+	if err := s.gate.enter(); err != nil {
+		return domain.Lock{}, err
+	}
+	defer s.gate.leave()
+	l, err := s.repo.Update(ctx, ref, func(cur *domain.Lock) (Change, error) {
+		now := s.Now()
+		return rule(cur, now, now.Add(ttl).Truncate(Precision))
+	})
+	if err != nil {
+		return domain.Lock{}, err
+	}
+	if now := s.Now(); l.ExpiredAt(now) {
+		return domain.Lock{}, &domain.LockExpiredError{Owner: owner, Resource: ref, ExpiredAt: l.ExpiresAt, WrittenAt: now}
+	}
+	return l, nil
 }
 
 func (s *LockService) checkInput(owner string, ref domain.ResourceRef, ttl time.Duration) (time.Duration, error) {

@@ -20,6 +20,9 @@ var (
 	// ErrUnavailable: the lock store could not complete the operation.
 	// Match the StoreError kinds below for the cause.
 	ErrUnavailable = errors.New("lock store unavailable")
+	// ErrClosed: the lock service was closed (the container shut down);
+	// nothing was read or written. Open a new container to use locks again.
+	ErrClosed = errors.New("lock service is closed; open a new container to take locks again")
 )
 
 // LockConflictError reports that Holder holds an active lock on the
@@ -58,9 +61,19 @@ type LockExpiredError struct {
 	// ExpiredAt is when the caller's lock expired; zero when there was no
 	// lock of the caller's at all.
 	ExpiredAt time.Time
+	// WrittenAt, when set, is when the store finished writing the lock the
+	// caller asked for: later than ExpiredAt, because the write waited (for
+	// another writer, a busy database) longer than the lock's TTL. The lock
+	// was stored but had lapsed before the caller could use it.
+	WrittenAt time.Time
 }
 
 func (e *LockExpiredError) Error() string {
+	if !e.WrittenAt.IsZero() {
+		return fmt.Sprintf("the lock of owner %q on %s expired at %s, before the store finished writing it at %s; "+
+			"the store was too slow for the TTL: acquire again, with a longer TTL or once the database is less busy",
+			e.Owner, e.Resource, e.ExpiredAt.UTC().Format(time.RFC3339Nano), e.WrittenAt.UTC().Format(time.RFC3339Nano))
+	}
 	if e.ExpiredAt.IsZero() {
 		return fmt.Sprintf("owner %q holds no lock on %s; acquire it again before continuing", e.Owner, e.Resource)
 	}
