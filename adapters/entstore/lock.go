@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"entgo.io/ent/dialect"
 	entsql "entgo.io/ent/dialect/sql"
 
 	"github.com/cleveragents/locks/application"
@@ -46,7 +47,7 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 	if s.contended.has(ref) {
 		cur, err := s.readLock(ctx, ref)
 		if err != nil {
-			return domain.Lock{}, s.b.FormatError("read lock on "+ref.String(), err)
+			return domain.Lock{}, s.explain(ctx, err, "read lock on "+ref.String())
 		}
 		if _, err := decide(cur); errors.Is(err, domain.ErrConflict) {
 			return domain.Lock{}, err
@@ -55,8 +56,12 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 	var (
 		out domain.Lock
 		err error
+		// refused is Decide's own error, which the port promises to
+		// return unchanged: not joined, wrapped or explained.
+		refused error
 	)
 	for attempt := 1; attempt <= updateAttempts; attempt++ {
+		refused = nil
 		err = s.inTx(ctx, ref, func(ctx context.Context, tx *sql.Tx) error {
 			cur, err := scanLock(tx.StmtContext(ctx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
 			if err != nil {
@@ -65,6 +70,7 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 			change, err := decide(cur)
 			s.contended.note(ref, errors.Is(err, domain.ErrConflict))
 			if err != nil {
+				refused = err
 				return err
 			}
 			out, err = s.apply(ctx, tx, ref, cur, change)
@@ -74,36 +80,61 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 			break
 		}
 	}
-	return out, s.failed(err, "update lock on", ref)
+	if refused != nil {
+		return domain.Lock{}, refused
+	}
+	if err != nil {
+		return domain.Lock{}, s.failed(ctx, err, "update lock on", ref)
+	}
+	return out, nil
 }
 
-// apply writes change inside tx and returns the lock as stored.
+// apply writes change inside tx and returns the lock as stored: its times
+// read back through the stored form, so that the caller compares exactly
+// what SQL compares.
+//
+// Each statement's WHERE names the row version the decision was taken on
+// (its token and its expiry as read), not only the row: a statement that
+// matched a row changed since would carry out a decision nobody took.
+// Another Update cannot change the row meanwhile (LockResource, or SQLite's
+// single writer), but a release or a cleanup can delete it.
 func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change) (domain.Lock, error) {
 	switch change.Kind {
 	case application.ChangeExtend:
 		if cur == nil {
 			return domain.Lock{}, &domain.StoreError{Op: "extend lock", Err: errNoRow}
 		}
-		res, err := tx.StmtContext(ctx, s.stmts.extend).ExecContext(ctx, formatTime(change.Lock.ExpiresAt), cur.Token)
+		expires := formatTime(change.Lock.ExpiresAt)
+		res, err := tx.StmtContext(ctx, s.stmts.extend).ExecContext(ctx, expires, cur.Token, formatTime(cur.ExpiresAt))
 		if err := oneRow(res, err); err != nil {
 			return domain.Lock{}, err
 		}
 		l := *cur
-		l.ExpiresAt = change.Lock.ExpiresAt
-		return l, nil
+		l.ExpiresAt, err = parseTime(entlock.FieldExpiresAt, expires)
+		return l, err
 	case application.ChangeInsert:
 		// A change of hands inserts a new row, so the lock gets a new id
 		// (SQLite's AUTOINCREMENT, PostgreSQL's identity sequence): its
-		// fencing token, never reused.
+		// fencing token, never reused. The old row goes only if it is
+		// still the version that was decided on; if a release or a
+		// cleanup removed it meanwhile, there is nothing to remove.
 		if cur != nil {
-			if _, err := tx.StmtContext(ctx, s.stmts.delID).ExecContext(ctx, cur.Token); err != nil {
+			if _, err := tx.StmtContext(ctx, s.stmts.delID).ExecContext(ctx, cur.Token, formatTime(cur.ExpiresAt)); err != nil {
 				return domain.Lock{}, err
 			}
 		}
 		l := change.Lock
 		l.Resource = ref
+		acquired, expires := formatTime(l.AcquiredAt), formatTime(l.ExpiresAt)
 		err := tx.StmtContext(ctx, s.stmts.insert).QueryRowContext(ctx,
-			l.Owner, string(ref.Type), ref.ID, formatTime(l.AcquiredAt), formatTime(l.ExpiresAt)).Scan(&l.Token)
+			l.Owner, string(ref.Type), ref.ID, acquired, expires).Scan(&l.Token)
+		if err != nil {
+			return domain.Lock{}, err
+		}
+		if l.AcquiredAt, err = parseTime(entlock.FieldAcquiredAt, acquired); err != nil {
+			return domain.Lock{}, err
+		}
+		l.ExpiresAt, err = parseTime(entlock.FieldExpiresAt, expires)
 		return l, err
 	}
 	if cur == nil {
@@ -132,7 +163,7 @@ func (s *Store) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, e
 	cur, err := s.readLock(ctx, ref)
 	switch {
 	case err != nil:
-		return domain.Lock{}, s.b.FormatError("get lock on "+ref.String(), err)
+		return domain.Lock{}, s.explain(ctx, err, "get lock on "+ref.String())
 	case cur == nil:
 		return domain.Lock{}, domain.ErrNotFound
 	}
@@ -151,15 +182,15 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 	if !f.ActiveAt.IsZero() {
 		q = q.Where(entlock.ExpiresAtGT(formatTime(f.ActiveAt)))
 	}
-	rows, err := q.Order(ent.Asc(entlock.FieldResourceType), ent.Asc(entlock.FieldResourceID)).All(ctx)
+	rows, err := q.Order(byBytes(entlock.FieldResourceType), byBytes(entlock.FieldResourceID)).All(ctx)
 	if err != nil {
-		return nil, s.b.FormatError("list locks", err)
+		return nil, s.explain(ctx, err, "list locks")
 	}
 	out := make([]domain.Lock, 0, len(rows))
 	for _, row := range rows {
 		l, err := toDomain(row)
 		if err != nil {
-			return nil, s.b.FormatError("list locks", err)
+			return nil, s.explain(ctx, err, "list locks")
 		}
 		out = append(out, l)
 	}
@@ -176,7 +207,7 @@ func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner s
 		}
 		return err
 	})
-	return n > 0, s.failed(err, "release lock on", ref)
+	return n > 0, s.failed(ctx, err, "release lock on", ref)
 }
 
 // DeleteAllOwned implements application.LockRepository.
@@ -187,7 +218,7 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 		return err
 	})
 	if err != nil {
-		return n, s.b.FormatError("release locks of "+owner, err)
+		return n, s.explain(ctx, err, "release locks of "+owner)
 	}
 	return n, nil
 }
@@ -204,7 +235,7 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 		return err
 	})
 	if err != nil {
-		return n, s.b.FormatError("clean up expired locks", err)
+		return n, s.explain(ctx, err, "clean up expired locks")
 	}
 	return n, nil
 }
@@ -212,7 +243,10 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 // CountExpired implements application.LockRepository.
 func (s *Store) CountExpired(ctx context.Context, now time.Time) (int, error) {
 	n, err := s.readEnt.Lock.Query().Where(expiredAt(now)).Count(ctx)
-	return n, s.b.FormatError("count expired locks", err)
+	if err != nil {
+		return 0, s.explain(ctx, err, "count expired locks")
+	}
+	return n, nil
 }
 
 func byResource(ref domain.ResourceRef) predicate.Lock {
@@ -228,6 +262,12 @@ func expiredAt(now time.Time) predicate.Lock {
 // oldestExpired matches at most limit expired rows, oldest first, as a
 // subquery on the expires_at index: SQLite has no DELETE ... LIMIT by
 // default.
+//
+// The expiry is tested on the deleted row itself as well, not only in the
+// subquery. On PostgreSQL, a DELETE that waited for a concurrent renew to
+// commit re-checks its own WHERE against the renewed row, but not the
+// subquery that chose it: with "id IN (...)" alone, a lock renewed a moment
+// before its expiry was deleted after its holder had been told it held it.
 func oldestExpired(now time.Time, limit int) predicate.Lock {
 	return func(s *entsql.Selector) {
 		b := entsql.Dialect(s.Dialect())
@@ -236,7 +276,24 @@ func oldestExpired(now time.Time, limit int) predicate.Lock {
 			Where(entsql.LTE(entlock.FieldExpiresAt, formatTime(now))).
 			OrderBy(entlock.FieldExpiresAt).
 			Limit(limit)
-		s.Where(entsql.In(s.C(entlock.FieldID), batch))
+		s.Where(entsql.And(
+			entsql.LTE(s.C(entlock.FieldExpiresAt), formatTime(now)),
+			entsql.In(s.C(entlock.FieldID), batch),
+		))
+	}
+}
+
+// byBytes orders by column in byte order on every database, as the port
+// promises, and as SQLite's default collation and Go's string comparison
+// do. PostgreSQL would otherwise sort by the database's collation, which
+// under en-US puts "_x" before "a" and "B" after "a1".
+func byBytes(column string) func(*entsql.Selector) {
+	return func(s *entsql.Selector) {
+		if s.Dialect() == dialect.Postgres {
+			s.OrderExpr(entsql.Expr(s.C(column) + ` COLLATE "C"`))
+			return
+		}
+		s.OrderBy(s.C(column))
 	}
 }
 

@@ -32,8 +32,11 @@ func buildStatements(dialectName string) (t statementText) {
 		Values("", "", "", "", "").
 		Returning(entlock.FieldID).
 		Query()
-	t.extend, _ = b.Update(entlock.Table).Set(entlock.FieldExpiresAt, "").Where(entsql.EQ(entlock.FieldID, 0)).Query()
-	t.delID, _ = b.Delete(entlock.Table).Where(entsql.EQ(entlock.FieldID, 0)).Query()
+	// extend and delID name the row version read (id and expiry), so that
+	// they never apply a decision to a row that changed since.
+	thisVersion := entsql.And(entsql.EQ(entlock.FieldID, 0), entsql.EQ(entlock.FieldExpiresAt, ""))
+	t.extend, _ = b.Update(entlock.Table).Set(entlock.FieldExpiresAt, "").Where(thisVersion).Query()
+	t.delID, _ = b.Delete(entlock.Table).Where(thisVersion).Query()
 	t.delOwned, _ = b.Delete(entlock.Table).
 		Where(entsql.And(
 			entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""),

@@ -10,6 +10,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 
 	entsql "entgo.io/ent/dialect/sql"
 
@@ -92,16 +93,24 @@ func (s *Store) Close() error {
 }
 
 // inTx runs fn in one write transaction, after Backend.LockResource, with
-// the backend's write policy.
+// the backend's write policy. The transaction always ends: it is rolled
+// back when fn fails and also when fn panics (a Decide function that
+// panics inside a recovering server), before the panic goes on; a
+// transaction left open would hold SQLite's only writer connection, or
+// PostgreSQL's lock on the resource, for good.
 func (s *Store) inTx(ctx context.Context, ref domain.ResourceRef, fn func(context.Context, *sql.Tx) error) error {
 	return s.b.Write(ctx, func(ctx context.Context) (err error) {
 		tx, err := s.write.BeginTx(ctx, s.b.TxOptions)
 		if err != nil {
 			return err
 		}
+		committed := false
 		defer func() {
-			if err != nil {
-				err = errors.Join(err, ignoreDone(tx.Rollback()))
+			if committed {
+				return
+			}
+			if rerr := ignoreDone(tx.Rollback()); rerr != nil && err != nil {
+				err = errors.Join(err, rerr)
 			}
 		}()
 		if s.b.LockResource != nil {
@@ -112,18 +121,34 @@ func (s *Store) inTx(ctx context.Context, ref domain.ResourceRef, fn func(contex
 		if err := fn(ctx, tx); err != nil {
 			return err
 		}
+		committed = true
 		return tx.Commit()
 	})
 }
 
-// failed explains err, when there is one, with the backend's FormatError,
-// naming the operation on ref; the message is built only then, never on
-// the way of a write that worked.
-func (s *Store) failed(err error, what string, ref domain.ResourceRef) error {
+// failed explains err, when there is one, naming the operation on ref;
+// the message is built only then, never on the way of a write that worked.
+func (s *Store) failed(ctx context.Context, err error, what string, ref domain.ResourceRef) error {
 	if err == nil {
 		return nil
 	}
-	return s.b.FormatError(what+" "+ref.String(), err)
+	return s.explain(ctx, err, what+" "+ref.String())
+}
+
+// explain translates a failure of operation op with the backend's
+// FormatError, except when ctx ended meanwhile: the driver then reports
+// the interruption in its own words (SQLite's "interrupted", or
+// sql.ErrTxDone from a commit whose transaction database/sql already
+// rolled back), which would read as a store failure. The caller learns
+// that its context ended, as it does when ctx ends before the call.
+func (s *Store) explain(ctx context.Context, err error, op string) error {
+	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(err, cerr) {
+			return err
+		}
+		return fmt.Errorf("%s: %w (the store reported: %v)", op, cerr, err)
+	}
+	return s.b.FormatError(op, err)
 }
 
 // ignoreDone drops the error of rolling back a transaction that the

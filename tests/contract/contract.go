@@ -87,6 +87,7 @@ func Run(t *testing.T, newRepo NewRepository) {
 	t.Run("FencingToken", func(t *testing.T) { testFencingToken(t, newRepo) })
 	t.Run("Validation", func(t *testing.T) { testValidation(t, newRepo) })
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newRepo) })
+	t.Run("Repository", func(t *testing.T) { testRepository(t, newRepo) })
 }
 
 func testAcquire(t *testing.T, newRepo NewRepository) {
