@@ -54,13 +54,14 @@ func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, dec
 			return domain.Lock{}, &domain.StoreError{Op: "extend lock", Err: domain.ErrNotFound}
 		}
 		l := *cur
-		l.ExpiresAt = change.Lock.ExpiresAt
+		l.ExpiresAt = stored(change.Lock.ExpiresAt)
 		r.locks[ref] = l
 		return l, nil
 	case application.ChangeInsert:
 		r.lastToken++
 		l := change.Lock
 		l.Token, l.Resource = r.lastToken, ref
+		l.AcquiredAt, l.ExpiresAt = stored(l.AcquiredAt), stored(l.ExpiresAt)
 		r.locks[ref] = l
 		return l, nil
 	}
@@ -69,6 +70,12 @@ func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, dec
 	}
 	return *cur, nil
 }
+
+// stored is an instant as the SQL stores keep it: UTC, truncated to
+// application.Precision, without a monotonic reading. Keeping the same
+// form here means the memory store decides expiry at exactly the instants
+// the SQL stores do, and returns what it keeps.
+func stored(t time.Time) time.Time { return t.UTC().Truncate(application.Precision) }
 
 // Get implements application.LockRepository.
 func (r *LockRepository) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
