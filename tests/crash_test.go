@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
@@ -26,6 +27,46 @@ import (
 // workerChurn takes locks and reports them (mode "hold-locks"), or churns
 // through every write the service has until it is killed.
 func workerChurn() int {
+	if os.Getenv(envDuration) == "hold-locks" {
+		return workerHoldLocks()
+	}
+	ctx := context.Background()
+	owner := os.Getenv(envOwner)
+	// The stack that locks.Open builds for a SQLite file, with the
+	// repository wrapped so that the parent can see where the writes are.
+	db, err := sqlite.Open(ctx, os.Getenv(envDB), sqlite.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "open:", err)
+		return 1
+	}
+	svc, err := application.NewLockService(writeMarks{sqlite.NewLockRepository(db)}, clock.New(), 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "service:", err)
+		return 1
+	}
+	fmt.Println("churning")
+	for i := 0; ; i++ {
+		ref := stressResources[rand.IntN(len(stressResources))]
+		switch i % 5 {
+		case 0, 1:
+			svc.Acquire(ctx, owner, ref, time.Duration(5+rand.IntN(55))*time.Second)
+		case 2:
+			svc.Renew(ctx, owner, ref, 0)
+		case 3:
+			svc.Release(ctx, owner, ref)
+		case 4:
+			if i%20 == 4 {
+				svc.ReleaseAllForOwner(ctx, owner)
+			} else {
+				svc.CleanupExpired(ctx)
+			}
+		}
+	}
+}
+
+// workerHoldLocks takes a lock on every stress resource, reports them and
+// waits to be killed.
+func workerHoldLocks() int {
 	ctx := context.Background()
 	owner := os.Getenv(envOwner)
 	c, err := locks.Open(ctx, locks.Config{Database: os.Getenv(envDB), Owner: owner, KeepLocksOnClose: true})
@@ -33,37 +74,48 @@ func workerChurn() int {
 		fmt.Fprintln(os.Stderr, "open:", err)
 		return 1
 	}
-	if os.Getenv(envDuration) == "hold-locks" {
-		var held []domain.Lock
-		for _, ref := range stressResources {
-			l, err := c.Locks.Acquire(ctx, owner, ref, 30*time.Second)
-			if err != nil {
-				fmt.Fprintln(os.Stderr, "acquire:", err)
-				return 1
-			}
-			held = append(held, l)
+	var held []domain.Lock
+	for _, ref := range stressResources {
+		l, err := c.Locks.Acquire(ctx, owner, ref, 30*time.Second)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "acquire:", err)
+			return 1
 		}
-		reportJSON(held)
-		select {} // wait to be killed
+		held = append(held, l)
 	}
-	fmt.Println("churning")
-	for i := 0; ; i++ {
-		ref := stressResources[rand.IntN(len(stressResources))]
-		switch i % 5 {
-		case 0, 1:
-			c.Locks.Acquire(ctx, owner, ref, time.Duration(5+rand.IntN(55))*time.Second)
-		case 2:
-			c.Locks.Renew(ctx, owner, ref, 0)
-		case 3:
-			c.Locks.Release(ctx, owner, ref)
-		case 4:
-			if i%20 == 4 {
-				c.Locks.ReleaseAllForOwner(ctx, owner)
-			} else {
-				c.Locks.CleanupExpired(ctx)
-			}
+	reportJSON(held)
+	select {} // wait to be killed
+}
+
+// The marks a churning worker writes on stdout, one byte each, unbuffered:
+// markWrite when an Update has decided to write (its transaction is open,
+// the row about to be written and committed), markDone when that Update
+// has returned. A worker whose last mark is markWrite died in the middle
+// of a write.
+const (
+	markWrite = 'w'
+	markDone  = 'd'
+)
+
+// writeMarks is a lock repository that writes the marks around the writes
+// of Update (acquire and renew). The other writes (release, cleanup) go
+// unmarked, so that a kill during one of them is not counted.
+type writeMarks struct{ application.LockRepository }
+
+func (r writeMarks) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
+	writing := false
+	l, err := r.LockRepository.Update(ctx, ref, func(cur *domain.Lock) (application.Change, error) {
+		ch, err := decide(cur)
+		if err == nil && ch.Kind != application.ChangeNone && !writing {
+			writing = true
+			os.Stdout.Write([]byte{markWrite})
 		}
+		return ch, err
+	})
+	if writing {
+		os.Stdout.Write([]byte{markDone})
 	}
+	return l, err
 }
 
 // workerHold holds SQLite's write lock in a transaction until killed.
@@ -144,16 +196,47 @@ func TestCrash_KilledMidWrite(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
 
-	var seen int
-	for round := range rounds {
+	// A kill that lands between two writes tests nothing: go on past the
+	// rounds asked for until at least one kill has landed mid-write.
+	var seen, midWrite, writes int
+	round := 0
+	for ; round < rounds || (midWrite == 0 && round < 10*rounds); round++ {
 		cmd := startWorker(t, "churn", envDB+"="+db, envOwner+fmt.Sprintf("=victim-%d", round))
 		out, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		require.NoError(t, cmd.Start())
-		waitLine(t, bufio.NewScanner(out))
+		br := bufio.NewReader(out)
+		line, err := br.ReadString('\n')
+		require.NoError(t, err, "the worker exited early")
+		require.Equal(t, "churning\n", line)
+		// Read the marks until the worker's death closes the pipe.
+		type marks struct {
+			last   byte
+			writes int
+		}
+		got := make(chan marks, 1)
+		go func() {
+			var m marks
+			for {
+				b, err := br.ReadByte()
+				if err != nil {
+					got <- m
+					return
+				}
+				m.last = b
+				if b == markDone {
+					m.writes++
+				}
+			}
+		}()
 		time.Sleep(time.Duration(5+rand.IntN(60)) * time.Millisecond) // let it get into a write
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		m := <-got
 		_ = cmd.Wait()
+		writes += m.writes
+		if m.last == markWrite {
+			midWrite++
+		}
 
 		// SQLite recovers the interrupted transaction on the next open.
 		raw, err := sql.Open("sqlite", "file:"+db)
@@ -185,5 +268,7 @@ func TestCrash_KilledMidWrite(t *testing.T) {
 		require.NoError(t, check.Close())
 		seen += rows
 	}
-	t.Logf("%d kills, %d locks left behind by killed processes, all readable and all purged", rounds, seen)
+	t.Logf("%d kills, %d of them mid-write, after %d marked writes had returned; %d locks left behind by killed processes, all readable and all purged",
+		round, midWrite, writes, seen)
+	require.NotZero(t, midWrite, "none of %d kills landed while a write was in progress: crash recovery was not exercised", round)
 }

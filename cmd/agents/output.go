@@ -30,13 +30,14 @@ type errorDoc struct {
 }
 
 // emit writes a command's result: v as the one JSON document with --json,
-// else what human writes.
+// else what human writes. A human writer need not check its writes: stdout
+// remembers the first that failed, and finish reports it.
 func (c *invocation) emit(v any, human func(w io.Writer)) error {
 	if c.g.json {
 		return c.writeJSON(v)
 	}
 	human(c.stdout)
-	return nil
+	return c.stdout.err
 }
 
 func (c *invocation) writeJSON(v any) error {
@@ -46,6 +47,42 @@ func (c *invocation) writeJSON(v any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
+
+// outputWriter is stdout as the commands see it. Human output is written
+// by many Fprintf calls whose errors nobody checks; this writer remembers
+// the first failure, so that finish turns it into exit 1 whatever wrote
+// it, and refuses the writes after it, so that no half table follows a
+// lost line.
+type outputWriter struct {
+	w   io.Writer
+	err error // the first write that failed, as an *outputError
+}
+
+func (o *outputWriter) Write(p []byte) (int, error) {
+	if o.err != nil {
+		return 0, o.err
+	}
+	n, err := o.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		o.err = &outputError{err: err}
+	}
+	return n, o.err
+}
+
+// outputError is a write to stdout that failed: a full disk, a closed
+// file. The result is written last, once the command has done what it
+// does, so the message says that only the output is lost: an acquired
+// lock is held all the same.
+type outputError struct{ err error }
+
+func (e *outputError) Error() string {
+	return "cannot write the output: " + e.err.Error() + "; anything the command changed stands, only its output is lost"
+}
+
+func (e *outputError) Unwrap() error { return e.err }
 
 // when shows t in local time and relative to now:
 // "2026-11-29 20:03:12 CET (in 4m12s)".

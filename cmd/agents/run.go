@@ -32,7 +32,7 @@ type Main struct {
 // Run runs one command line (args without the program name) and returns
 // the process's exit code.
 func (m *Main) Run(ctx context.Context, args []string) (code int) {
-	c := &invocation{stdout: m.Stdout, stderr: m.Stderr, env: m.Env, clock: m.Clock, loc: m.Location, args: args}
+	c := &invocation{stdout: &outputWriter{w: m.Stdout}, stderr: m.Stderr, env: m.Env, clock: m.Clock, loc: m.Location, args: args}
 	if c.env == nil {
 		c.env = os.Getenv
 	}
@@ -54,11 +54,12 @@ func (m *Main) Run(ctx context.Context, args []string) (code int) {
 
 // invocation is the state of one Run: the global flags and the command.
 type invocation struct {
-	stdout, stderr io.Writer
-	env            func(string) string
-	clock          application.Clock
-	loc            *time.Location
-	args           []string
+	stdout *outputWriter
+	stderr io.Writer
+	env    func(string) string
+	clock  application.Clock
+	loc    *time.Location
+	args   []string
 
 	g   globals
 	cmd *command      // nil until the command is known
@@ -129,14 +130,19 @@ func (c *invocation) prog() string {
 }
 
 // finish reports err, if any, and returns the exit code: the human message
-// on stderr and, with --json, the error document on stdout.
+// on stderr and, with --json, the error document on stdout. Output that
+// could not be written is a failure like any other (exit 1): a script
+// that reads the result must not take a lost one for success.
 func (c *invocation) finish(err error) int {
-	if err == nil {
-		return exitOK
-	}
 	if errors.Is(err, flag.ErrHelp) {
 		c.usage(c.stdout)
-		return exitOK
+		err = nil
+	}
+	if err == nil {
+		if c.stdout.err == nil {
+			return exitOK
+		}
+		err = c.stdout.err
 	}
 	exit, code := exitCode(err)
 	msg := c.redact(oneLine(err.Error()))
