@@ -40,19 +40,17 @@ var errNotDatabase = errors.New("the file does not begin with the SQLite header"
 // them. When a -wal file exists, other processes may have commits in it that
 // only it holds, so the database is read through it.
 //
-// Errors: a *domain.StoreError: StoreUnreachable wrapping fs.ErrNotExist
-// when the file does not exist, StoreCorrupt when it is not a database.
+// Errors: a *domain.ValidationError (Field "database") when pathOrURI names
+// no file, such as an in-memory database; a *domain.StoreError:
+// StoreUnreachable wrapping fs.ErrNotExist when the file does not exist,
+// StoreCorrupt when it is not a database.
 func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
-		return nil, &domain.StoreError{Op: "inspect lock store", Kind: domain.StoreUnreachable, Err: err}
+		return nil, err // a *domain.ValidationError
 	}
 	path := filePath(dsn)
 	op := "inspect lock store " + path
-	if path == "" {
-		return nil, &domain.StoreError{Op: "inspect lock store", Kind: domain.StoreUnreachable,
-			Err: errors.New("an in-memory database has nothing to inspect")}
-	}
 	wal, err := readHeader(path)
 	if errors.Is(err, errNotDatabase) {
 		return nil, &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
@@ -172,17 +170,15 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 // creates nothing. Call it before opening the database: closing another
 // descriptor of an open database file drops SQLite's locks on it.
 //
-// Errors: a *domain.StoreError of kind StoreReadOnly saying what is not
-// writable, or StoreUnreachable when the file does not exist.
+// Errors: a *domain.ValidationError when pathOrURI names no file; a
+// *domain.StoreError of kind StoreReadOnly saying what is not writable, or
+// StoreUnreachable when the file does not exist.
 func CheckWritable(pathOrURI string) error {
 	dsn, err := DSN(pathOrURI, 0)
 	if err != nil {
-		return &domain.StoreError{Op: "check lock store", Kind: domain.StoreUnreachable, Err: err}
+		return err // a *domain.ValidationError
 	}
 	path := filePath(dsn)
-	if path == "" {
-		return nil
-	}
 	op := "check lock store " + path
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -78,7 +78,9 @@ func TestOpenReadOnly(t *testing.T) {
 	})
 	t.Run("InMemoryHasNothingToInspect", func(t *testing.T) {
 		_, err := sqlite.OpenReadOnly(ctx, ":memory:", sqlite.Options{})
-		assert.ErrorIs(t, err, domain.ErrUnavailable)
+		var ve *domain.ValidationError
+		require.ErrorAs(t, err, &ve)
+		assert.Equal(t, "database", ve.Field)
 	})
 }
 
