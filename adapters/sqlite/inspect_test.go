@@ -290,8 +290,22 @@ func TestCheckWritable(t *testing.T) {
 	assert.ErrorIs(t, sqlite.CheckWritable(missing), fs.ErrNotExist)
 	assert.NoFileExists(t, missing)
 
-	if os.Geteuid() != 0 { // root may write anything
-		require.NoError(t, os.Chmod(path, 0o400))
-		assert.True(t, domain.IsStoreKind(sqlite.CheckWritable(path), domain.StoreReadOnly))
-	}
+	// Root may write anything: the checks run as nobody under root.
+	asNobody := os.Geteuid() == 0
+	t.Run("ReadOnlyFile", func(t *testing.T) {
+		path := mustCreateStoreIn(t, reachableDir(t, 0o777))
+		require.NoError(t, os.Chmod(path, 0o444))
+		r := runWorker(t, "check-writable", path, asNobody)
+		assert.Equal(t, "read-only", r.Kind, "%+v", r)
+		assert.Contains(t, r.Error, path)
+	})
+	t.Run("ReadOnlyDirectory", func(t *testing.T) {
+		dir := reachableDir(t, 0o755)
+		path := mustCreateStoreIn(t, dir)
+		require.NoError(t, os.Chmod(path, 0o666))
+		require.NoError(t, os.Chmod(dir, 0o555))
+		r := runWorker(t, "check-writable", path, asNobody)
+		assert.Equal(t, "read-only", r.Kind, "%+v", r)
+		assert.Contains(t, r.Error, "write in directory "+dir)
+	})
 }
