@@ -32,8 +32,12 @@ var errNotDatabase = errors.New("the file does not begin with the SQLite header"
 // OpenReadOnly opens the existing database at pathOrURI for reading only.
 // It never creates the database, applies no migration and leaves the
 // journal mode as it is; writes through the returned DB fail with a
-// StoreReadOnly error. It reads what other processes commit meanwhile, and
-// leaves no file behind unless one stays open beside it (see readAccess).
+// StoreReadOnly error. It reads what other processes commit meanwhile. The
+// -wal and -shm files it may need belong to the database's owner, and are
+// removed when the last connection closes (see readAccess). Call it in a
+// process that has no other connection to the database: reading the
+// header opens and closes the file, which drops the locks that SQLite
+// holds on it for this process.
 //
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
 // no file, such as an in-memory database; a *domain.StoreError:
