@@ -175,6 +175,17 @@ func TestContainer_Config(t *testing.T) {
 		require.ErrorAs(t, err, &ve)
 		assert.Equal(t, "database", ve.Field)
 	})
+	t.Run("InMemorySQLiteURI", func(t *testing.T) {
+		// The reader pool and the writer would each open a database of
+		// their own: the error must point to MemoryDatabase instead.
+		for _, db := range []string{"file::memory:", "file::memory:?cache=shared", "file:x?mode=memory"} {
+			_, err := locks.Open(ctx, locks.Config{Database: db})
+			var ve *domain.ValidationError
+			require.ErrorAs(t, err, &ve, db)
+			assert.Equal(t, "database", ve.Field)
+			assert.Contains(t, ve.Reason, "locks.MemoryDatabase")
+		}
+	})
 	t.Run("BadOwner", func(t *testing.T) {
 		_, err := locks.Open(ctx, locks.Config{Database: locks.MemoryDatabase, Owner: " "})
 		require.ErrorIs(t, err, domain.ErrValidation)

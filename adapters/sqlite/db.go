@@ -58,13 +58,14 @@ type Options struct {
 // Open opens (creating it if needed) the database at pathOrURI, applies the
 // pending migrations and returns the store.
 //
-// Errors: a *domain.StoreError whose kind names the cause: StoreUnreachable
-// for a missing directory, StoreReadOnly, StoreCorrupt for a file that is not
-// a database, StoreBusy.
+// Errors: a *domain.ValidationError (Field "database") when pathOrURI names
+// no file, such as an in-memory database; a *domain.StoreError whose kind
+// names the cause: StoreUnreachable for a missing directory, StoreReadOnly,
+// StoreCorrupt for a file that is not a database, StoreBusy.
 func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
-		return nil, &domain.StoreError{Op: "open lock store", Kind: domain.StoreUnreachable, Err: err}
+		return nil, err // a *domain.ValidationError, before anything is created
 	}
 	path := filePath(dsn)
 	if err := createPrivate(path); err != nil {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/cleveragents/locks/domain"
 )
 
 // DefaultBusyTimeout is how long one SQLite statement waits for another
@@ -24,9 +26,12 @@ var settings = []struct{ key, value string }{
 // DSN turns a database path, or a "file:" URI, into the DSN the adapter
 // opens: WAL journal, synchronous=NORMAL, the busy timeout and immediate
 // write transactions, unless the URI already sets them (_txlock excepted).
+//
+// Errors: a *domain.ValidationError (Field "database") for an empty path, a
+// URI whose query does not parse, or an in-memory database (see inMemory).
 func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 	if pathOrURI == "" {
-		return "", fmt.Errorf("empty database path")
+		return "", &domain.ValidationError{Field: "database", Reason: "must name a SQLite file"}
 	}
 	var base string
 	var q url.Values
@@ -34,12 +39,19 @@ func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 		path, query, _ := strings.Cut(rest, "?")
 		var err error
 		if q, err = url.ParseQuery(query); err != nil {
-			return "", fmt.Errorf("parsing the query of %q: %w", redact(pathOrURI), err)
+			return "", &domain.ValidationError{Field: "database",
+				Reason: fmt.Sprintf("the query of %q does not parse: %v", redact(pathOrURI), err)}
 		}
 		base = "file:" + path
 	} else {
 		q = url.Values{}
 		base = "file:" + (&url.URL{Path: pathOrURI}).EscapedPath()
+	}
+	if inMemory(base, q) {
+		return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
+			"%q names an in-memory SQLite database, which each connection of the store would see as "+
+				"a separate, empty database: to keep the locks in this process's memory, set the database "+
+				"to locks.MemoryDatabase (%q); to share them, name a file", redact(pathOrURI), ":memory:")}
 	}
 	if busyTimeout <= 0 {
 		busyTimeout = DefaultBusyTimeout
@@ -55,17 +67,56 @@ func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 	return base + "?" + q.Encode(), nil
 }
 
-// filePath returns the file a DSN names, or "" for an in-memory database.
-func filePath(dsn string) string {
-	rest := strings.TrimPrefix(dsn, "file:")
-	path, query, _ := strings.Cut(rest, "?")
-	if q, _ := url.ParseQuery(query); q.Get("mode") == "memory" || path == ":memory:" || path == "" {
-		return ""
+// inMemory reports whether SQLite would open base (a "file:" URI without
+// its query) with query q as something other than one file that every
+// connection shares: ":memory:", mode=memory, the memdb VFS, or an empty
+// name, which SQLite opens as a temporary database private to the
+// connection. The store opens a pool of readers and a writer, which would
+// each get a database of their own, so DSN refuses them all.
+func inMemory(base string, q url.Values) bool {
+	// A parameter may be given more than once: refusing any occurrence of
+	// these values is the strict reading.
+	for _, mode := range q["mode"] {
+		if mode == "memory" {
+			return true
+		}
 	}
+	for _, vfs := range q["vfs"] {
+		if vfs == "memdb" {
+			return true
+		}
+	}
+	name := uriPath(base)
+	return name == ":memory:" || name == ""
+}
+
+// uriPath returns the file name that SQLite reads in base, a "file:" URI
+// without its query: percent-decoded, after an authority ("file://" with
+// "localhost" or nothing) is dropped, and up to a fragment.
+func uriPath(base string) string {
+	path := strings.TrimPrefix(base, "file:")
+	if rest, ok := strings.CutPrefix(path, "//"); ok {
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			path = rest[i:]
+		} else {
+			path = ""
+		}
+	}
+	path, _, _ = strings.Cut(path, "#")
 	if p, err := url.PathUnescape(path); err == nil {
 		return p
 	}
 	return path
+}
+
+// filePath returns the file a DSN made by DSN names, or "" for an in-memory
+// database (which DSN refuses).
+func filePath(dsn string) string {
+	base, query, _ := strings.Cut(dsn, "?")
+	if q, _ := url.ParseQuery(query); inMemory(base, q) {
+		return ""
+	}
+	return uriPath(base)
 }
 
 // createPrivate creates the database file with mode 0600 if it does not

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/url"
@@ -29,30 +30,27 @@ const sqliteMagic = "SQLite format 3\x00"
 var errNotDatabase = errors.New("the file does not begin with the SQLite header")
 
 // OpenReadOnly opens the existing database at pathOrURI for reading only.
-// It never creates the file, never applies migrations, and creates no file
-// beside it: writes through the returned DB fail with a StoreReadOnly error.
+// It never creates the database, applies no migration and leaves the
+// journal mode as it is; writes through the returned DB fail with a
+// StoreReadOnly error. It reads what other processes commit meanwhile. The
+// -wal and -shm files it may need belong to the database's owner, and are
+// removed when the last connection closes (see readAccess). Call it in a
+// process that has no other connection to the database: reading the
+// header opens and closes the file, which drops the locks that SQLite
+// holds on it for this process.
 //
-// SQLite opens a WAL database read-only by creating its -wal and -shm files
-// when they are missing, and leaves them behind, owned by whoever ran the
-// inspection (a root-owned -shm locks the application out). When they are
-// missing, no connection is open and the last one checkpointed everything
-// into the file, so the file is opened as immutable, which reads it without
-// them. When a -wal file exists, other processes may have commits in it that
-// only it holds, so the database is read through it.
-//
-// Errors: a *domain.StoreError: StoreUnreachable wrapping fs.ErrNotExist
-// when the file does not exist, StoreCorrupt when it is not a database.
+// Errors: a *domain.ValidationError (Field "database") when pathOrURI names
+// no file, such as an in-memory database; a *domain.StoreError:
+// StoreUnreachable wrapping fs.ErrNotExist when the file does not exist,
+// StoreCorrupt when it is not a database, StoreUnreachable with advice when
+// this user cannot read it safely now.
 func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
-		return nil, &domain.StoreError{Op: "inspect lock store", Kind: domain.StoreUnreachable, Err: err}
+		return nil, err // a *domain.ValidationError
 	}
 	path := filePath(dsn)
 	op := "inspect lock store " + path
-	if path == "" {
-		return nil, &domain.StoreError{Op: "inspect lock store", Kind: domain.StoreUnreachable,
-			Err: errors.New("an in-memory database has nothing to inspect")}
-	}
 	wal, err := readHeader(path)
 	if errors.Is(err, errNotDatabase) {
 		return nil, &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
@@ -60,9 +58,12 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	if err != nil {
 		return nil, FormatError(op, err)
 	}
-	_, walErr := os.Lstat(path + "-wal")
-	immutable := wal && errors.Is(walErr, fs.ErrNotExist)
-	sdb, err := sql.Open("sqlite", readOnlyDSN(dsn, immutable))
+	acc, err := readAccess(path, wal)
+	if err != nil {
+		return nil, &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err,
+			Advice: "inspect it as its owner or as root, or while the application has it open"}
+	}
+	sdb, err := sql.Open("sqlite", readOnlyDSN(dsn, acc))
 	if err != nil {
 		return nil, FormatError(op, err)
 	}
@@ -78,6 +79,114 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	// No statements are prepared: the locks table may be missing, which is
 	// for the schema check to report, and reads fall back to plain queries.
 	return db, nil
+}
+
+// access is how OpenReadOnly has SQLite open a database.
+type access struct {
+	// mode is SQLite's mode parameter: "ro", or "rw" with query_only set.
+	mode string
+	// immutable reads the file alone, trusting that nothing changes it.
+	immutable bool
+}
+
+// readAccess decides how to read the database at path, in WAL mode or not,
+// so that the reads see what other processes commit meanwhile and nothing
+// is left behind that could keep the application from writing.
+//
+// A database not in WAL mode (or an empty file) is read with mode=ro and
+// SQLite's file locks, which create nothing.
+//
+// A WAL database is read through its -wal file (commits not yet copied into
+// the database file) and its -shm file (the index by which readers and
+// writers agree on what each may read and overwrite). SQLite creates them
+// when they are missing, even for a read-only connection, with the
+// database's permission bits. They belong to whoever creates them, except
+// that SQLite, when run as root, hands them to the database's owner. A
+// missing one is therefore created only when the result is the same as when
+// the application creates it; otherwise a -shm the owner cannot write would
+// make every later write of the application fail. In order:
+//
+//   - No -wal file exists, and no process can write the database: it, or
+//     its directory (where a writer would have to create the -wal file),
+//     has no write permission for anyone, or the file system is mounted
+//     read-only. Then immutable=1 reads the file alone, with no lock and no
+//     -wal or -shm. Only a process running as root could still write it,
+//     ignoring the permission bits: such a store is left read-only on
+//     purpose, and a service that writes to it anyway must not run as root.
+//     With a -wal file, or with any writer possible, immutable could serve
+//     pages that a writer is replacing: stale reads, or SQLITE_CORRUPT.
+//   - Both -wal and -shm exist (the application has the database open, or
+//     left them at a crash): mode=ro reads through them, creating nothing,
+//     even for a user who cannot write them.
+//   - One is missing, and this user is root or the database's owner and can
+//     write the database and its directory: mode=rw with query_only=1,
+//     under which SQLite refuses every statement that would change the
+//     database. SQLite creates what is missing and, when the last
+//     connection closes, removes it again as it does for the application,
+//     leaving the directory as it was. (A mode=ro connection would leave
+//     them behind: removing them takes a write lock on the database file.)
+//     The only write this can make is that closing checkpoint, which copies
+//     commits another process left in the -wal file into the database
+//     unchanged, as any last connection does.
+//   - Otherwise the database cannot be read safely now: the error says why.
+func readAccess(path string, wal bool) (access, error) {
+	if !wal {
+		return access{mode: "ro"}, nil
+	}
+	walExists, err := exists(path + "-wal")
+	if err != nil {
+		return access{}, err
+	}
+	shmExists, err := exists(path + "-shm")
+	if err != nil {
+		return access{}, err
+	}
+	if !walExists && nobodyCanWrite(path) {
+		return access{mode: "ro", immutable: true}, nil
+	}
+	if walExists && shmExists {
+		return access{mode: "ro"}, nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return access{}, err
+	}
+	missing := fmt.Errorf("reading it needs its -wal and -shm files, which do not both exist")
+	if err := ownerOrRoot(fi); err != nil {
+		return access{}, fmt.Errorf("%w, and %w", missing, err)
+	}
+	err = fileWritable(path)
+	if err == nil {
+		err = dirWritable(filepath.Dir(path))
+	}
+	if err != nil {
+		return access{}, fmt.Errorf("%w, and %w", missing, err)
+	}
+	return access{mode: "rw"}, nil
+}
+
+// nobodyCanWrite reports whether no process but one running as root could
+// write the database at path or create a -wal file beside it.
+func nobodyCanWrite(path string) bool {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return false
+	}
+	di, err := os.Stat(filepath.Dir(path))
+	if err != nil {
+		return false
+	}
+	const anyWrite = 0o222
+	return fi.Mode().Perm()&anyWrite == 0 || di.Mode().Perm()&anyWrite == 0 || readOnlyMount(path)
+}
+
+// exists reports whether a file exists at path.
+func exists(path string) (bool, error) {
+	_, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // readHeader reports whether the file at path is a database in WAL mode.
@@ -102,19 +211,19 @@ func readHeader(path string) (wal bool, err error) {
 	return h[18] == 2 && h[19] == 2, nil
 }
 
-// readOnlyDSN turns a DSN made by DSN into one that cannot write: the
-// settings that would change the file are dropped, and the connection is
-// opened read-only (and immutable when asked).
-func readOnlyDSN(dsn string, immutable bool) string {
+// readOnlyDSN turns a DSN made by DSN into one that opens the database as
+// acc says and cannot write: the settings that would change the file are
+// dropped, and statements that write are refused (query_only).
+func readOnlyDSN(dsn string, acc access) string {
 	base, query, _ := strings.Cut(dsn, "?")
 	q, _ := url.ParseQuery(query) // DSN produced it, so it parses
 	for _, k := range []string{"_journal_mode", "_journal", "_synchronous", "_sync", "_txlock",
-		"_pragma", "_auto_vacuum", "_vacuum", "mode", "immutable"} {
+		"_pragma", "_auto_vacuum", "_vacuum", "_query_only", "mode", "immutable"} {
 		q.Del(k)
 	}
-	q.Set("mode", "ro")
+	q.Set("mode", acc.mode)
 	q.Set("_query_only", "1")
-	if immutable {
+	if acc.immutable {
 		q.Set("immutable", "1")
 	}
 	return base + "?" + q.Encode()
@@ -172,17 +281,15 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 // creates nothing. Call it before opening the database: closing another
 // descriptor of an open database file drops SQLite's locks on it.
 //
-// Errors: a *domain.StoreError of kind StoreReadOnly saying what is not
-// writable, or StoreUnreachable when the file does not exist.
+// Errors: a *domain.ValidationError when pathOrURI names no file; a
+// *domain.StoreError of kind StoreReadOnly saying what is not writable, or
+// StoreUnreachable when the file does not exist.
 func CheckWritable(pathOrURI string) error {
 	dsn, err := DSN(pathOrURI, 0)
 	if err != nil {
-		return &domain.StoreError{Op: "check lock store", Kind: domain.StoreUnreachable, Err: err}
+		return err // a *domain.ValidationError
 	}
 	path := filePath(dsn)
-	if path == "" {
-		return nil
-	}
 	op := "check lock store " + path
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -1,0 +1,104 @@
+package sqlite_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/domain"
+)
+
+// inMemoryDSNs are names that SQLite opens as something other than one file
+// shared by every connection: each connection of the store would get a
+// database of its own.
+var inMemoryDSNs = []string{
+	":memory:",
+	"file::memory:",
+	"file::memory:?cache=shared",
+	"file:x?mode=memory",
+	"file:locks?mode=memory&cache=shared",
+	"file:x.db?mode=rw&mode=memory",
+	"file:%3Amemory%3A",
+	"file:/locks.db?vfs=memdb",
+	"file:",              // an empty name: a temporary database per connection
+	"file:?cache=shared", // the same
+	"file://localhost",   // the same, after the authority
+}
+
+// requireMemoryRefused checks that err is the validation error that points
+// to locks.MemoryDatabase.
+func requireMemoryRefused(t *testing.T, err error) {
+	t.Helper()
+	var ve *domain.ValidationError
+	require.ErrorAs(t, err, &ve)
+	assert.Equal(t, "database", ve.Field)
+	assert.Contains(t, ve.Reason, "locks.MemoryDatabase")
+}
+
+func TestDSN_InMemoryRefused(t *testing.T) {
+	ctx := context.Background()
+	for _, dsn := range inMemoryDSNs {
+		t.Run(dsn, func(t *testing.T) {
+			// Whatever goes wrong, nothing may appear in the working
+			// directory (a file named ":memory:", say).
+			dir := t.TempDir()
+			t.Chdir(dir)
+
+			_, err := sqlite.DSN(dsn, 0)
+			requireMemoryRefused(t, err)
+			_, err = sqlite.Open(ctx, dsn, sqlite.Options{})
+			requireMemoryRefused(t, err)
+			_, err = sqlite.OpenReadOnly(ctx, dsn, sqlite.Options{})
+			requireMemoryRefused(t, err)
+			requireMemoryRefused(t, sqlite.CheckWritable(dsn))
+			// Through the module, as an application configures it.
+			_, err = locks.Open(ctx, locks.Config{Database: dsn})
+			if dsn == locks.MemoryDatabase {
+				require.NoError(t, err, "the module keeps these locks in memory itself")
+			} else {
+				requireMemoryRefused(t, err)
+			}
+
+			entries, err := os.ReadDir(dir)
+			require.NoError(t, err)
+			assert.Empty(t, entries, "nothing is created on disk")
+		})
+	}
+}
+
+func TestDSN_Files(t *testing.T) {
+	ctx := context.Background()
+	t.Run("SharedCacheFile", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "locks.db")
+		db, err := sqlite.Open(ctx, "file:"+path+"?cache=shared", sqlite.Options{})
+		require.NoError(t, err)
+		require.NoError(t, db.Close())
+		assert.FileExists(t, path)
+	})
+	t.Run("FileNamedLikeMemory", func(t *testing.T) {
+		dir := t.TempDir()
+		t.Chdir(dir)
+		db, err := sqlite.Open(ctx, ":memory:.db", sqlite.Options{})
+		require.NoError(t, err)
+		require.NoError(t, db.Close())
+		assert.FileExists(t, filepath.Join(dir, ":memory:.db"))
+	})
+	t.Run("LocalhostAuthority", func(t *testing.T) {
+		// SQLite reads "file://localhost/path" as /path: the file created
+		// private beforehand must be that one.
+		path := filepath.Join(t.TempDir(), "locks.db")
+		db, err := sqlite.Open(ctx, "file://localhost"+path, sqlite.Options{})
+		require.NoError(t, err)
+		assert.Equal(t, path, db.Path())
+		require.NoError(t, db.Close())
+		fi, err := os.Stat(path)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	})
+}
