@@ -40,6 +40,7 @@ const cleanupBatch = 1000
 type LockService struct {
 	repo       LockRepository
 	clock      Clock
+	timers     Timers
 	defaultTTL time.Duration
 	gate       gate
 }
@@ -53,7 +54,7 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) 
 	if err != nil {
 		return nil, err
 	}
-	return &LockService{repo: repo, clock: clock, defaultTTL: ttl}, nil
+	return &LockService{repo: repo, clock: clock, timers: timersOf(clock), defaultTTL: ttl}, nil
 }
 
 // DefaultTTL returns the TTL used when a caller passes zero.

@@ -7,10 +7,33 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Clock is the only thing the service needs of a clock. Both clock.New()
-// and clock.NewMock() from github.com/benbjohnson/clock satisfy it.
+// Clock is what the service needs of a clock to decide: the time. Both
+// clock.New() and clock.NewMock() from github.com/benbjohnson/clock
+// satisfy it, and also Timers.
 type Clock interface {
 	Now() time.Time
+}
+
+// Timers is what waiting needs of a clock: a channel that receives once d
+// has passed on that clock. Waiting for a lock, keeping one alive and
+// periodic cleanup all wait through it, so that a mock clock drives them
+// in tests without sleeping. A Clock that does not implement Timers waits
+// on real time.
+type Timers interface {
+	After(d time.Duration) <-chan time.Time
+}
+
+// realTimers waits on real time, for a Clock that has no timers.
+type realTimers struct{}
+
+func (realTimers) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// timersOf returns clk's timers, or real ones.
+func timersOf(clk Clock) Timers {
+	if t, ok := clk.(Timers); ok {
+		return t
+	}
+	return realTimers{}
 }
 
 // ChangeKind says what a Decide function wants done with a resource's row.
