@@ -18,7 +18,15 @@ type gate struct {
 	closed   bool
 	// idle is closed when the gate is closed and the last call has left.
 	idle chan struct{}
+	// closing is closed when the gate closes, so that calls that wait
+	// (for a lock, for the next renewal) stop waiting at once.
+	closing chan struct{}
 }
+
+func newGate() gate { return gate{closing: make(chan struct{})} }
+
+// done is closed once the gate closes.
+func (g *gate) done() <-chan struct{} { return g.closing }
 
 // enter admits one call, or returns domain.ErrClosed. Every admitted call
 // must call leave.
@@ -47,6 +55,7 @@ func (g *gate) close(ctx context.Context) error {
 	g.mu.Lock()
 	if !g.closed {
 		g.closed = true
+		close(g.closing)
 		g.idle = make(chan struct{})
 		if g.inFlight == 0 {
 			close(g.idle)

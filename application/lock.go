@@ -43,6 +43,7 @@ type LockService struct {
 	timers     Timers
 	defaultTTL time.Duration
 	gate       gate
+	waiters    *waitQueues
 }
 
 // NewLockService returns a service storing locks in repo and reading time
@@ -54,7 +55,8 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) 
 	if err != nil {
 		return nil, err
 	}
-	return &LockService{repo: repo, clock: clock, timers: timersOf(clock), defaultTTL: ttl}, nil
+	return &LockService{repo: repo, clock: clock, timers: timersOf(clock), defaultTTL: ttl,
+		gate: newGate(), waiters: newWaitQueues()}, nil
 }
 
 // DefaultTTL returns the TTL used when a caller passes zero.
@@ -139,7 +141,11 @@ func (s *LockService) Release(ctx context.Context, owner string, ref domain.Reso
 	if err := ref.Validate(); err != nil {
 		return false, err
 	}
-	return s.repo.DeleteOwned(ctx, ref, owner)
+	ok, err := s.repo.DeleteOwned(ctx, ref, owner)
+	if ok {
+		s.waiters.wake(ref)
+	}
+	return ok, err
 }
 
 // ReleaseAllForOwner removes every lock of owner, active or expired, and
@@ -155,7 +161,11 @@ func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int
 	if err := domain.ValidateOwner(owner); err != nil {
 		return 0, err
 	}
-	return s.repo.DeleteAllOwned(ctx, owner)
+	n, err := s.repo.DeleteAllOwned(ctx, owner)
+	if n > 0 {
+		s.waiters.wakeAll()
+	}
+	return n, err
 }
 
 // CleanupExpired purges every lock that has expired now and returns how

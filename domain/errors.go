@@ -31,13 +31,25 @@ type LockConflictError struct {
 	Holder Lock
 	// Now is the instant at which the conflict was decided.
 	Now time.Time
+	// Waited is how long the caller waited for the lock before giving up
+	// (its context or timeout ended); zero for an acquire that did not
+	// wait.
+	Waited time.Duration
+	// Cause is why a wait ended without the lock: the context's error
+	// (context.DeadlineExceeded also for a wait's own timeout). Nil for an
+	// acquire that did not wait.
+	Cause error
 }
 
 func (e *LockConflictError) Error() string {
-	return fmt.Sprintf("%s is locked by owner %q (acquired %s, expires %s, in %s); wait for it to be released or to expire, or ask the holder to release it",
+	waited := ""
+	if e.Waited > 0 {
+		waited = fmt.Sprintf(" after waiting %s", roundForHumans(e.Waited))
+	}
+	return fmt.Sprintf("%s is locked by owner %q (acquired %s, expires %s, in %s)%s; wait for it to be released or to expire, or ask the holder to release it",
 		e.Holder.Resource, e.Holder.Owner,
 		e.Holder.AcquiredAt.UTC().Format(time.RFC3339Nano), e.Holder.ExpiresAt.UTC().Format(time.RFC3339Nano),
-		roundForHumans(e.Holder.Remaining(e.Now)))
+		roundForHumans(e.Holder.Remaining(e.Now)), waited)
 }
 
 // roundForHumans rounds a duration to what a reader needs: whole seconds
@@ -51,6 +63,10 @@ func roundForHumans(d time.Duration) time.Duration {
 
 // Is makes errors.Is(err, ErrConflict) true.
 func (e *LockConflictError) Is(target error) bool { return target == ErrConflict }
+
+// Unwrap returns why a wait ended, so that errors.Is(err,
+// context.DeadlineExceeded) holds for a wait that timed out.
+func (e *LockConflictError) Unwrap() error { return e.Cause }
 
 // LockExpiredError reports that the caller tried to renew a lock that has
 // expired or is gone. The caller no longer holds the resource and must
@@ -83,6 +99,77 @@ func (e *LockExpiredError) Error() string {
 
 // Is makes errors.Is(err, ErrExpired) true.
 func (e *LockExpiredError) Is(target error) bool { return target == ErrExpired }
+
+// LostReason says why a held lock was lost.
+type LostReason int
+
+// Why a lock is lost.
+const (
+	// LostExpired: the lock passed its expiry without being renewed, and
+	// nobody has taken it yet.
+	LostExpired LostReason = iota + 1
+	// LostTakenOver: another owner holds the resource now (NewHolder).
+	LostTakenOver
+	// LostStoreFailing: every renewal failed (Err is the last failure)
+	// until the lock's expiry passed.
+	LostStoreFailing
+	// LostClosed: the lock service was closed while the lock was kept
+	// alive; the container releases the owner's locks.
+	LostClosed
+)
+
+func (r LostReason) String() string {
+	switch r {
+	case LostExpired:
+		return "expired"
+	case LostTakenOver:
+		return "taken over"
+	case LostStoreFailing:
+		return "store failing"
+	case LostClosed:
+		return "service closed"
+	}
+	return "unknown"
+}
+
+// LockLostError reports that a lock being kept alive was lost: whatever it
+// protected must stop, because another owner may hold the resource now or
+// at any moment. It matches ErrExpired.
+type LockLostError struct {
+	// Lock is the lock as last held.
+	Lock   Lock
+	Reason LostReason
+	// At is when the loss was noticed.
+	At time.Time
+	// NewHolder is the owner's successor, for LostTakenOver.
+	NewHolder *Lock
+	// Err is the last store failure, for LostStoreFailing.
+	Err error
+}
+
+func (e *LockLostError) Error() string {
+	const next = "stop the work it protected, and acquire it again before continuing"
+	l := e.Lock
+	switch e.Reason {
+	case LostTakenOver:
+		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: owner %q took it over (token %d) after it expired at %s; %s",
+			l.Owner, l.Resource, l.Token, e.NewHolder.Owner, e.NewHolder.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), next)
+	case LostStoreFailing:
+		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the store failed every renewal until the lock expired at %s (last failure: %v); %s",
+			l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), e.Err, next)
+	case LostClosed:
+		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the lock service was closed; %s",
+			l.Owner, l.Resource, l.Token, next)
+	}
+	return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: it expired at %s without being renewed; %s",
+		l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), next)
+}
+
+// Is makes errors.Is(err, ErrExpired) true.
+func (e *LockLostError) Is(target error) bool { return target == ErrExpired }
+
+// Unwrap returns the last store failure, if any.
+func (e *LockLostError) Unwrap() error { return e.Err }
 
 // ValidationError reports an invalid parameter. Field is the name of the
 // parameter as stored (owner_id, resource_type, resource_id, ttl).

@@ -1,0 +1,216 @@
+package application
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+// Backoff between renewals that failed with a transient store error
+// (busy, unreachable): retried until the lock's own expiry, never past it.
+const (
+	renewBackoffMin = 50 * time.Millisecond
+	renewBackoffMax = 2 * time.Second
+)
+
+var (
+	// errRenewTooSlow is the last failure of a renewal that was still
+	// running when the lock expired.
+	errRenewTooSlow = errors.New("the renewal had not completed when the lock expired")
+	// errReleased ends the context of a keep-alive whose handle was
+	// released.
+	errReleased = errors.New("the lock was released")
+)
+
+// keeper renews one handle's lock in the background.
+type keeper struct {
+	h *Handle
+	// run bounds the goroutine and every renewal: stop cancels it.
+	run     context.Context
+	stopRun context.CancelFunc
+	// held is the caller's context: it ends, with the loss as its cause,
+	// the moment the lock is lost.
+	held       context.Context
+	cancelHeld context.CancelCauseFunc
+	done       chan struct{}
+
+	mu   sync.Mutex
+	lost *domain.LockLostError
+}
+
+// KeepAlive renews the lock every domain.RenewInterval(TTL) on the
+// service's clock until the handle is released or ctx ends, and returns a
+// context derived from ctx that ends the moment the lock is lost:
+// context.Cause then returns the *domain.LockLostError that says why
+// (expired, taken over by another owner, the store failing until the
+// expiry, the service closed). A transient store failure is retried with
+// backoff until the lock's expiry, and is never reported as a loss before
+// then. Release ends the keep-alive and its goroutine. Calling KeepAlive
+// again returns the same context.
+func (h *Handle) KeepAlive(ctx context.Context) context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.keeper != nil {
+		return h.keeper.held
+	}
+	k := &keeper{h: h, done: make(chan struct{})}
+	k.run, k.stopRun = context.WithCancel(ctx)
+	k.held, k.cancelHeld = context.WithCancelCause(ctx)
+	h.keeper = k
+	if h.released {
+		k.cancelHeld(errReleased)
+		k.stopRun()
+		close(k.done)
+		return k.held
+	}
+	go k.loop()
+	return k.held
+}
+
+// Done is closed when the keep-alive has ended: lost, released, or its
+// context ended. It is nil before KeepAlive.
+func (h *Handle) Done() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.keeper == nil {
+		return nil
+	}
+	return h.keeper.done
+}
+
+// Err returns the *domain.LockLostError once a kept-alive lock is lost,
+// and nil while it is held or after a plain release.
+func (h *Handle) Err() error {
+	h.mu.Lock()
+	k := h.keeper
+	h.mu.Unlock()
+	if k == nil {
+		return nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lost == nil {
+		return nil
+	}
+	return k.lost
+}
+
+// stop ends the keep-alive and waits for its goroutine.
+func (k *keeper) stop() {
+	k.stopRun()
+	<-k.done
+	k.cancelHeld(errReleased)
+}
+
+func (k *keeper) loop() {
+	defer close(k.done)
+	svc := k.h.svc
+	for {
+		select {
+		case <-svc.timers.After(domain.RenewInterval(k.h.ttl)):
+		case <-k.run.Done():
+			return
+		case <-svc.gate.done():
+			k.lose(domain.LockLostError{Lock: k.h.Lock(), Reason: domain.LostClosed})
+			return
+		}
+		if !k.renew() {
+			return
+		}
+	}
+}
+
+// renew renews the lock, retrying transient failures until its expiry,
+// and reports whether the lock is still held.
+func (k *keeper) renew() bool {
+	svc := k.h.svc
+	l := k.h.Lock()
+	backoff := renewBackoffMin
+	var last error
+	for {
+		now := svc.Now()
+		if l.ExpiredAt(now) {
+			k.lose(k.lostAt(l, last))
+			return false
+		}
+		err := k.renewBefore(l, now)
+		var conflict *domain.LockConflictError
+		switch {
+		case err == nil:
+			return true
+		case k.run.Err() != nil:
+			return false // released, or the caller's context ended
+		case errors.As(err, &conflict):
+			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostTakenOver, NewHolder: &conflict.Holder})
+			return false
+		case errors.Is(err, domain.ErrExpired):
+			k.lose(k.lostAt(l, nil))
+			return false
+		case errors.Is(err, domain.ErrClosed):
+			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostClosed})
+			return false
+		}
+		last = err
+		pause := backoff/2 + rand.N(backoff/2+1)
+		if left := l.ExpiresAt.Sub(svc.Now()); left < pause {
+			pause = left
+		}
+		backoff = min(2*backoff, renewBackoffMax)
+		select {
+		case <-svc.timers.After(pause):
+		case <-k.run.Done():
+			return false
+		case <-svc.gate.done():
+			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostClosed})
+			return false
+		}
+	}
+}
+
+// renewBefore runs one renewal, abandoned when l expires on the service's
+// clock: a renewal that completes after the expiry is of no use.
+func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
+	svc := k.h.svc
+	ctx, cancel := context.WithCancelCause(k.run)
+	defer cancel(nil)
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-svc.timers.After(l.ExpiresAt.Sub(now)):
+			cancel(errRenewTooSlow)
+		case <-finished:
+		}
+	}()
+	_, err := k.h.Renew(ctx)
+	if err != nil && errors.Is(context.Cause(ctx), errRenewTooSlow) {
+		return errRenewTooSlow
+	}
+	return err
+}
+
+// lostAt explains the loss of l, which has expired: the store kept failing
+// (last), another owner holds the resource now, or nobody took it yet.
+func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
+	if last != nil {
+		return domain.LockLostError{Lock: l, Reason: domain.LostStoreFailing, Err: last}
+	}
+	cur, err := k.h.svc.Get(k.run, l.Resource)
+	if err == nil && cur.Token != l.Token {
+		return domain.LockLostError{Lock: l, Reason: domain.LostTakenOver, NewHolder: &cur}
+	}
+	return domain.LockLostError{Lock: l, Reason: domain.LostExpired}
+}
+
+// lose records the loss and ends the caller's context with it.
+func (k *keeper) lose(e domain.LockLostError) {
+	e.At = k.h.svc.Now()
+	k.mu.Lock()
+	k.lost = &e
+	k.mu.Unlock()
+	k.cancelHeld(&e)
+}

@@ -1,0 +1,173 @@
+package application
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+// Backoff of a waiter that polls a lock held by another process: it starts
+// small, so that a lock released a moment later is taken a moment later,
+// doubles up to a cap, so that many waiters do not hammer the store, and
+// is jittered, so that waiters of several processes do not poll in step.
+// It never sleeps past the holder's expiry.
+const (
+	waitBackoffMin = 5 * time.Millisecond
+	waitBackoffMax = time.Second
+)
+
+// waitQueues holds, per resource, the callers of this service waiting for
+// its lock, in arrival order. Only the first of each queue (the head)
+// tries the lock; the others sleep until they become the head. A release
+// through this service wakes the head at once; a release by another
+// process is seen by the head's polling, and an expiry by its timer.
+type waitQueues struct {
+	mu     sync.Mutex
+	queues map[domain.ResourceRef][]*waiter
+}
+
+type waiter struct {
+	// wake receives when the waiter becomes the head, or when the head
+	// should try again at once (an in-process release).
+	wake chan struct{}
+}
+
+func newWaitQueues() *waitQueues {
+	return &waitQueues{queues: make(map[domain.ResourceRef][]*waiter)}
+}
+
+// join queues a new waiter for ref; it is woken at once if it is the head.
+func (q *waitQueues) join(ref domain.ResourceRef) *waiter {
+	w := &waiter{wake: make(chan struct{}, 1)}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.queues[ref] = append(q.queues[ref], w)
+	if len(q.queues[ref]) == 1 {
+		w.wake <- struct{}{}
+	}
+	return w
+}
+
+// leave removes w from ref's queue and wakes the next head, if w was the
+// head.
+func (q *waitQueues) leave(ref domain.ResourceRef, w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	queue := q.queues[ref]
+	for i, x := range queue {
+		if x != w {
+			continue
+		}
+		queue = append(queue[:i:i], queue[i+1:]...)
+		if len(queue) == 0 {
+			delete(q.queues, ref)
+			return
+		}
+		q.queues[ref] = queue
+		if i == 0 {
+			signal(queue[0].wake)
+		}
+		return
+	}
+}
+
+// wake tells the head waiter of ref to try again now.
+func (q *waitQueues) wake(ref domain.ResourceRef) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if queue := q.queues[ref]; len(queue) > 0 {
+		signal(queue[0].wake)
+	}
+}
+
+// wakeAll tells every head waiter to try again now.
+func (q *waitQueues) wakeAll() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, queue := range q.queues {
+		signal(queue[0].wake)
+	}
+}
+
+// count returns how many callers wait for ref.
+func (q *waitQueues) count(ref domain.ResourceRef) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queues[ref])
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}
+
+// Waiting returns how many callers of this service are waiting for the lock
+// on ref.
+func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.count(ref) }
+
+// acquireWaiting acquires the lock on ref for owner, waiting while another
+// owner holds it, until ctx ends, timeout passes on the service's clock
+// (zero: no timeout) or the service closes. A wait that ends without the
+// lock returns the last conflict seen, with Waited set; if the waiter never
+// got to try (others were ahead of it), the context's error or ErrClosed.
+func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref domain.ResourceRef, ttl, timeout time.Duration) (domain.Lock, error) {
+	start := s.Now()
+	var expired <-chan time.Time
+	if timeout > 0 {
+		expired = s.timers.After(timeout)
+	}
+	w := s.waiters.join(ref)
+	defer s.waiters.leave(ref, w)
+
+	var last *domain.LockConflictError
+	gaveUp := func(cause error) (domain.Lock, error) {
+		if last == nil {
+			return domain.Lock{}, cause
+		}
+		c := *last
+		c.Waited, c.Cause = s.Now().Sub(start), cause
+		return domain.Lock{}, &c
+	}
+	// Sleep until this waiter is the head of the queue.
+	select {
+	case <-w.wake:
+	case <-ctx.Done():
+		return gaveUp(ctx.Err())
+	case <-expired:
+		return gaveUp(context.DeadlineExceeded)
+	case <-s.gate.done():
+		return domain.Lock{}, domain.ErrClosed
+	}
+	backoff := waitBackoffMin
+	for {
+		l, err := s.Acquire(ctx, owner, ref, ttl)
+		if !errors.As(err, &last) {
+			if err != nil && ctx.Err() != nil {
+				return gaveUp(err)
+			}
+			return l, err
+		}
+		pause := backoff/2 + rand.N(backoff/2+1)
+		if left := last.Holder.ExpiresAt.Sub(last.Now); left < pause {
+			pause = left
+		}
+		backoff = min(2*backoff, waitBackoffMax)
+		select {
+		case <-w.wake:
+			backoff = waitBackoffMin // released here: the next holder may be quick too
+		case <-s.timers.After(pause):
+		case <-ctx.Done():
+			return gaveUp(ctx.Err())
+		case <-expired:
+			return gaveUp(context.DeadlineExceeded)
+		case <-s.gate.done():
+			return domain.Lock{}, domain.ErrClosed
+		}
+	}
+}
