@@ -44,6 +44,16 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, storeError(op, domain.StoreUnreachable, errors.New(Redact(err.Error())))
 	}
+	// The store's decisions rely on READ COMMITTED: a statement sees what
+	// committed before it, and a transaction that waited on a resource's
+	// advisory lock sees the row its predecessor left. At REPEATABLE READ
+	// contention would surface as unique violations, at SERIALIZABLE as
+	// serialization failures, rather than as conflicts. A startup
+	// parameter overrides the server's, the database's and the role's
+	// defaults (and the DSN's "options"), so that it holds for statements
+	// outside any transaction too; Backend.TxOptions pins the
+	// transactions themselves.
+	cfg.RuntimeParams["default_transaction_isolation"] = "read committed"
 	sdb := stdlib.OpenDB(*cfg)
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 10
@@ -64,6 +74,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		Dialect:      dialect.Postgres,
 		Write:        write,
 		LockResource: lockResource,
+		TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 		FormatError:  FormatError,
 	}
 	if db.store, err = entstore.New(ctx, sdb, sdb, backend); err != nil {
