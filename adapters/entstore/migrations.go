@@ -1,15 +1,36 @@
 package entstore
 
 import (
+	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
+
+	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
 // The adapters' migration files are named as Ent writes them for goose:
 // "VERSION_NAME.sql", e.g. "20261129190022_m4_001_concurrency_locks.sql".
+
+// VersionTable is the table in which the module records the migrations it
+// applied, in goose's format. It is the module's own: goose's default
+// table, goose_db_version, belongs to an embedding application that also
+// uses goose, and sharing it makes each side's versions look missing (out
+// of order) to the other.
+const VersionTable = "locks_schema_version"
+
+// LegacyVersionTable is goose's default table, where versions of the
+// module that predate VersionTable recorded their migrations. The module
+// only reads it, to adopt that history once.
+const LegacyVersionTable = goose.DefaultTablename
 
 // MigrationName returns the NAME part of a migration file's path.
 func MigrationName(file string) string {
@@ -26,9 +47,106 @@ func MigrationVersion(fsys fs.FS, name string) (int64, error) {
 	}
 	for _, f := range files {
 		if MigrationName(f) == name {
-			version, _, _ := strings.Cut(path.Base(f), "_")
-			return strconv.ParseInt(version, 10, 64)
+			return fileVersion(f)
 		}
 	}
 	return 0, fmt.Errorf("no embedded migration is named %s", name)
+}
+
+// MigrationVersions returns the goose versions of the .sql files at the
+// root of fsys, in ascending order.
+func MigrationVersions(fsys fs.FS) ([]int64, error) {
+	files, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	versions := make([]int64, 0, len(files))
+	for _, f := range files {
+		v, err := fileVersion(f)
+		if err != nil {
+			return nil, err
+		}
+		versions = append(versions, v)
+	}
+	slices.Sort(versions)
+	return versions, nil
+}
+
+func fileVersion(file string) (int64, error) {
+	version, _, _ := strings.Cut(path.Base(file), "_")
+	return strconv.ParseInt(version, 10, 64)
+}
+
+// VersionTables is how an adapter names the version tables to
+// AdoptHistory.
+type VersionTables struct {
+	// Dialect is goose's name of the database.
+	Dialect database.Dialect
+	// Ours and Legacy are VersionTable and LegacyVersionTable as written
+	// in SQL, qualified (and quoted) where the database needs it.
+	Ours, Legacy string
+	// Exists reports whether the table named name (unqualified) exists
+	// where the migrations create their tables.
+	Exists func(ctx context.Context, db database.DBTxConn, name string) (bool, error)
+}
+
+// AdoptHistory copies to VersionTable the history of a database that an
+// earlier version of the module migrated: when VersionTable does not
+// exist yet, LegacyVersionTable records the first migration of fsys as
+// applied, and the locks table it creates exists, it creates VersionTable
+// as goose would and records in it version 0 and every migration of fsys
+// that LegacyVersionTable records as applied. It reports whether it did.
+// LegacyVersionTable is left as it is: it may hold an application's rows,
+// and an earlier version of the module may still open the database.
+//
+// It runs in tx, which the caller commits: the adoption is then all or
+// nothing. The caller must keep other processes from doing the same at
+// once (SQLite's BEGIN IMMEDIATE does; on PostgreSQL, an advisory lock).
+func AdoptHistory(ctx context.Context, tx *sql.Tx, t VersionTables, fsys fs.FS) (bool, error) {
+	for _, c := range []struct {
+		table string
+		want  bool
+	}{{VersionTable, false}, {LegacyVersionTable, true}, {entlock.Table, true}} {
+		ok, err := t.Exists(ctx, tx, c.table)
+		if err != nil || ok != c.want {
+			return false, err
+		}
+	}
+	versions, err := MigrationVersions(fsys)
+	if err != nil || len(versions) == 0 {
+		return false, err
+	}
+	legacy, err := database.NewStore(t.Dialect, t.Legacy)
+	if err != nil {
+		return false, err
+	}
+	var applied []int64
+	for _, v := range versions {
+		m, err := legacy.GetMigration(ctx, tx, v)
+		if errors.Is(err, database.ErrVersionNotFound) {
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		if m.IsApplied {
+			applied = append(applied, v)
+		}
+	}
+	if len(applied) == 0 || applied[0] != versions[0] {
+		return false, nil // the locks table is not ours to vouch for
+	}
+	ours, err := database.NewStore(t.Dialect, t.Ours)
+	if err != nil {
+		return false, err
+	}
+	if err := ours.CreateVersionTable(ctx, tx); err != nil {
+		return false, err
+	}
+	for _, v := range append([]int64{0}, applied...) {
+		if err := ours.Insert(ctx, tx, database.InsertRequest{Version: v}); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
 }

@@ -3,27 +3,18 @@ package postgres
 import (
 	"context"
 	"database/sql"
-	"embed"
 	"errors"
 	"hash/fnv"
-	"io/fs"
 	"strings"
 	"time"
 
 	"entgo.io/ent/dialect"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/domain"
 )
-
-// migrationFiles are the versioned migrations for PostgreSQL, written by
-// migrations/diff.go from the Ent schema and applied with goose.
-//
-//go:embed migrations/*.sql
-var migrationFiles embed.FS
 
 // writeAttempts bounds how often a write that failed with a serialization
 // failure or a deadlock is tried in all.
@@ -49,10 +40,21 @@ type Options struct {
 // Errors: a *domain.StoreError whose kind names the cause.
 func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	op := "open lock store " + Redact(dsn)
-	sdb, err := sql.Open("pgx", WithConnectTimeout(dsn))
+	cfg, err := pgx.ParseConfig(WithConnectTimeout(dsn))
 	if err != nil {
 		return nil, storeError(op, domain.StoreUnreachable, errors.New(Redact(err.Error())))
 	}
+	// The store's decisions rely on READ COMMITTED: a statement sees what
+	// committed before it, and a transaction that waited on a resource's
+	// advisory lock sees the row its predecessor left. At REPEATABLE READ
+	// contention would surface as unique violations, at SERIALIZABLE as
+	// serialization failures, rather than as conflicts. A startup
+	// parameter overrides the server's, the database's and the role's
+	// defaults (and the DSN's "options"), so that it holds for statements
+	// outside any transaction too; Backend.TxOptions pins the
+	// transactions themselves.
+	cfg.RuntimeParams["default_transaction_isolation"] = "read committed"
+	sdb := stdlib.OpenDB(*cfg)
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 10
 	}
@@ -72,6 +74,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		Dialect:      dialect.Postgres,
 		Write:        write,
 		LockResource: lockResource,
+		TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 		FormatError:  FormatError,
 	}
 	if db.store, err = entstore.New(ctx, sdb, sdb, backend); err != nil {
@@ -109,27 +112,6 @@ func NewLockRepository(db *DB) *entstore.Store { return db.store }
 func (db *DB) Close() error {
 	err := errors.Join(db.store.Close(), db.sql.Close())
 	return FormatError("close lock store", err)
-}
-
-func (db *DB) migrate(ctx context.Context) error {
-	const op = "migrate lock store"
-	fsys, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return &domain.StoreError{Op: op, Err: err}
-	}
-	// Poll every second, for up to a minute, while another process migrates.
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 60))
-	if err != nil {
-		return &domain.StoreError{Op: op, Err: err}
-	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db.sql, fsys, goose.WithSessionLocker(locker))
-	if err != nil {
-		return &domain.StoreError{Op: op, Err: err}
-	}
-	if _, err := p.Up(ctx); err != nil {
-		return FormatError(op, err)
-	}
-	return nil
 }
 
 // lockResource takes the advisory lock of ref for the rest of tx. Its key

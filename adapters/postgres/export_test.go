@@ -20,3 +20,14 @@ func ReadOnlySession(t *testing.T, db *DB) bool {
 	}
 	return true
 }
+
+// SessionIsolation returns the isolation level of a statement sent
+// through db outside any transaction: the session's default.
+func SessionIsolation(t *testing.T, db *DB) string {
+	t.Helper()
+	var level string
+	if err := db.sql.QueryRow("SELECT current_setting('transaction_isolation')").Scan(&level); err != nil {
+		t.Fatalf("reading the isolation level: %v", err)
+	}
+	return level
+}

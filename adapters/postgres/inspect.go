@@ -11,7 +11,6 @@ import (
 	"entgo.io/ent/dialect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/domain"
@@ -100,18 +99,25 @@ type SchemaState struct {
 func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	const op = "read schema"
 	var (
-		st     SchemaState
-		schema *string
-		goosed bool
+		st           SchemaState
+		schema       *string
+		ours, legacy bool
 	)
 	err := db.sql.QueryRowContext(ctx, `SELECT current_schema(),
 		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($1)) IS NOT NULL,
-		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($2)) IS NOT NULL`,
-		entlock.Table, goose.DefaultTablename).Scan(&schema, &st.LocksTable, &goosed)
+		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($2)) IS NOT NULL,
+		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($3)) IS NOT NULL`,
+		entlock.Table, entstore.VersionTable, entstore.LegacyVersionTable).Scan(&schema, &st.LocksTable, &ours, &legacy)
 	if err != nil {
 		return st, FormatError(op, err)
 	}
-	if schema == nil || !goosed {
+	// The module's own version table or, in a schema that only versions of
+	// the module older than that table have opened, goose's default one.
+	versions := entstore.VersionTable
+	if !ours {
+		versions = entstore.LegacyVersionTable
+	}
+	if schema == nil || !(ours || legacy) {
 		if schema != nil {
 			st.Schema = *schema
 		}
@@ -122,7 +128,7 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	if err != nil {
 		return st, &domain.StoreError{Op: op, Err: err}
 	}
-	table := pgx.Identifier{st.Schema, goose.DefaultTablename}.Sanitize()
+	table := pgx.Identifier{st.Schema, versions}.Sanitize()
 	err = db.sql.QueryRowContext(ctx, "SELECT is_applied FROM "+table+
 		" WHERE version_id = $1 ORDER BY id DESC LIMIT 1", version).Scan(&st.MigrationApplied)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {

@@ -46,7 +46,7 @@ func relations(t *testing.T, dsn string) []string {
 	}
 	require.NoError(t, rows.Err())
 	rows.Close()
-	for _, table := range []string{"locks", "goose_db_version"} {
+	for _, table := range []string{"locks", "goose_db_version", "locks_schema_version"} {
 		var dump []string
 		rows, err := raw.Query("SELECT t::text FROM " + table + " t ORDER BY 1")
 		if err != nil {

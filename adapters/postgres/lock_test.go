@@ -54,6 +54,6 @@ func TestOpen_ConcurrentFirstOpen(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	var applied int
-	require.NoError(t, db.QueryRow("SELECT count(*) FROM goose_db_version WHERE version_id > 0").Scan(&applied))
+	require.NoError(t, db.QueryRow("SELECT count(*) FROM locks_schema_version WHERE version_id > 0").Scan(&applied))
 	require.Equal(t, 1, applied, "the migration is recorded once")
 }

@@ -131,19 +131,25 @@ func (db *DB) Close() error {
 	return FormatError("close lock store", err)
 }
 
-// migrate applies the pending migrations. Processes that open a new file at
-// the same moment may race to apply the same migration; the loser sees an
-// error, and finds nothing pending when it looks again.
+// migrate applies the pending migrations, recording them in the module's
+// own version table (entstore.VersionTable), after adopting the history
+// that an earlier version of the module recorded in goose's default table.
+// Processes that open a new file at the same moment may race to apply the
+// same migration; the loser sees an error, and finds nothing pending when
+// it looks again.
 func (db *DB) migrate(ctx context.Context, op string) error {
 	fsys, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
 		return &domain.StoreError{Op: op, Err: err}
 	}
-	p, err := goose.NewProvider(goose.DialectSQLite3, db.wsql, fsys)
+	p, err := goose.NewProvider(goose.DialectSQLite3, db.wsql, fsys, goose.WithTableName(entstore.VersionTable))
 	if err != nil {
 		return &domain.StoreError{Op: op, Err: err}
 	}
 	err = entstore.Retry(ctx, writeAttempts, func(error) bool { return ctx.Err() == nil }, func(ctx context.Context) error {
+		if err := db.adoptHistory(ctx, fsys); err != nil {
+			return err
+		}
 		err := db.withWriter(ctx, func() error { _, err := p.Up(ctx); return err })
 		if err != nil {
 			if pending, perr := p.HasPending(ctx); perr == nil && !pending {

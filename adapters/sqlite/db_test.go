@@ -50,7 +50,7 @@ func TestOpen_Migration(t *testing.T) {
 
 	t.Run("AppliedOnce", func(t *testing.T) {
 		var n int
-		require.NoError(t, raw.QueryRow(`SELECT count(*) FROM goose_db_version WHERE version_id > 0`).Scan(&n))
+		require.NoError(t, raw.QueryRow(`SELECT count(*) FROM locks_schema_version WHERE version_id > 0`).Scan(&n))
 		assert.Equal(t, 1, n, "three opens record the migration once")
 	})
 	t.Run("ColumnsAsPublished", func(t *testing.T) {

@@ -12,8 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/pressly/goose/v3"
-
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/domain"
 	entlock "github.com/cleveragents/locks/ent/lock"
@@ -260,14 +258,20 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 		return st, FormatError(op, err)
 	}
 	st.LocksTable = tables[entlock.Table]
-	if !tables[goose.DefaultTablename] {
+	// The module's own version table or, in a database that only versions
+	// of the module older than that table have opened, goose's default one.
+	table := entstore.VersionTable
+	if !tables[table] {
+		table = entstore.LegacyVersionTable
+	}
+	if !tables[table] {
 		return st, nil
 	}
 	version, err := migrationVersion()
 	if err != nil {
 		return st, &domain.StoreError{Op: op, Err: err}
 	}
-	err = db.sql.QueryRowContext(ctx, "SELECT is_applied FROM "+goose.DefaultTablename+
+	err = db.sql.QueryRowContext(ctx, "SELECT is_applied FROM "+table+
 		" WHERE version_id = ? ORDER BY id DESC LIMIT 1", version).Scan(&st.MigrationApplied)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return st, FormatError(op, err)

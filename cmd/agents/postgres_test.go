@@ -45,14 +45,14 @@ func TestMain_PostgresURLWithAt(t *testing.T) {
 	}
 }
 
-// schemaRows returns every row of the locks and goose tables of dsn.
+// schemaRows returns every row of the locks and version tables of dsn.
 func schemaRows(t *testing.T, dsn string) []string {
 	t.Helper()
 	db, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
 	defer db.Close()
 	var out []string
-	for _, table := range []string{"locks", "goose_db_version"} {
+	for _, table := range []string{"locks", "locks_schema_version"} {
 		rows, err := db.Query("SELECT t::text FROM " + table + " t ORDER BY 1")
 		require.NoError(t, err)
 		for rows.Next() {

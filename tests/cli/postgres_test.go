@@ -163,7 +163,7 @@ func TestCLI_Postgres_Diagnostics(t *testing.T) {
 		a.mustRun("--owner", "A", "locks", "acquire", "plan", "live")
 		seedExpired(t, a.db, "s1", "s2", "s3")
 		before := pgState(t, a.db)
-		require.Contains(t, before, "goose_db_version r")
+		require.Contains(t, before, "locks_schema_version r")
 
 		r := a.mustRun("--json", "diagnostics")
 		var rep report
@@ -217,7 +217,7 @@ func TestCLI_Postgres_Diagnostics(t *testing.T) {
 		assert.Equal(t, 1, r.code)
 		assert.Contains(t, r.stdout, "3 checks failed.")
 
-		assert.Empty(t, pgState(t, a.db), "diagnostics created nothing: no goose_db_version, no locks table")
+		assert.Empty(t, pgState(t, a.db), "diagnostics created nothing: no version table, no locks table")
 		assertNothingCreated(t, a)
 	})
 
