@@ -10,6 +10,7 @@ import (
 	"github.com/benbjohnson/clock"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -103,4 +104,30 @@ func Example_renew() {
 	fmt.Println(errors.Is(err, domain.ErrExpired))
 	// Output:
 	// true
+}
+
+// Work that outlasts a TTL runs under Do: it waits for the lock, keeps it
+// alive while the function runs, and releases it afterwards; the
+// function's context ends the moment the lock is lost.
+func Example_do() {
+	ctx := context.Background()
+	c, err := locks.Open(ctx, locks.Config{Database: locks.MemoryDatabase, Owner: "worker-1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	plan := domain.ResourceRef{Type: domain.ResourcePlan, ID: "plan-42"}
+
+	err = c.Locks.Do(ctx, c.Owner(), plan, application.AcquireOptions{Wait: true, Timeout: time.Minute},
+		func(ctx context.Context, lock domain.Lock) error {
+			fmt.Println("executing under token", lock.Token)
+			return ctx.Err() // nil: the lock is still held
+		})
+	fmt.Println("done:", err)
+	_, err = c.Locks.Get(ctx, plan)
+	fmt.Println("released:", errors.Is(err, domain.ErrNotFound))
+	// Output:
+	// executing under token 1
+	// done: <nil>
+	// released: true
 }
