@@ -1,0 +1,181 @@
+package application
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+// Fence is what a plan store checks inside the transaction that persists
+// a transition: that Owner still holds the lock on Resource with Token, and
+// that it has not expired. A holder that was paused past its expiry, and
+// whose resource another owner took meanwhile, then cannot persist over
+// the new holder's work.
+type Fence struct {
+	Resource domain.ResourceRef
+	Owner    string
+	Token    int64
+}
+
+// FenceOf returns the fence of a held lock.
+func FenceOf(l domain.Lock) Fence { return Fence{Resource: l.Resource, Owner: l.Owner, Token: l.Token} }
+
+// PlanStore loads and persists the embedder's plans. The plan's phases and
+// state are the embedder's type P; the lifecycle service only orders the
+// calls around the locks.
+type PlanStore[P any] interface {
+	// Load returns the plan with id planID.
+	Load(ctx context.Context, planID string) (P, error)
+	// Persist writes plan in one transaction in which it first checks
+	// every fence, in order, on the same database as the locks, and writes
+	// nothing unless all hold. A fence that does not hold fails with a
+	// *domain.LockLostError (matching domain.ErrExpired) naming the lock
+	// and, when another owner holds the resource now, that owner.
+	Persist(ctx context.Context, planID string, plan P, fences []Fence) error
+}
+
+// PlanLockOptions tune how PlanLifecycleService takes its locks.
+type PlanLockOptions struct {
+	// TTL of the locks; zero means the lock service's default. Locks are
+	// kept alive while a transition runs, so the TTL bounds how long a
+	// crashed process blocks the plan, not how long a transition may take.
+	TTL time.Duration
+	// WaitTimeout bounds, on the service's clock, how long a transition
+	// waits for each lock; zero leaves it to the caller's context.
+	WaitTimeout time.Duration
+}
+
+// PlanLifecycleService runs plan lifecycle transitions under the plan's
+// lock (and the project's, for transitions that change project state too):
+//
+//  1. take the project lock, if any, then the plan lock, waiting for each;
+//     always in that order, so that two transitions never deadlock;
+//  2. load the plan;
+//  3. run the transition, keeping the locks alive while it runs;
+//  4. persist the plan, fenced by the locks inside the store's own
+//     transaction;
+//  5. release the locks, also when the transition fails or panics.
+//
+// A lock lost before the plan is persisted ends the transition with the
+// loss, and nothing is persisted.
+type PlanLifecycleService[P any] struct {
+	locks *LockService
+	store PlanStore[P]
+	owner string
+	opts  PlanLockOptions
+}
+
+// NewPlanLifecycleService returns the service that runs transitions for
+// owner with locks from locks and plans from store.
+//
+// Errors: *domain.ValidationError for a bad owner, TTL or timeout.
+func NewPlanLifecycleService[P any](locks *LockService, store PlanStore[P], owner string, opts PlanLockOptions) (*PlanLifecycleService[P], error) {
+	if err := domain.ValidateOwner(owner); err != nil {
+		return nil, err
+	}
+	if opts.TTL != 0 {
+		if err := domain.ValidateTTL(opts.TTL); err != nil {
+			return nil, err
+		}
+	}
+	if opts.WaitTimeout < 0 {
+		return nil, &domain.ValidationError{Field: "wait_timeout", Reason: "must not be negative; pass zero to wait as long as the context allows"}
+	}
+	return &PlanLifecycleService[P]{locks: locks, store: store, owner: owner, opts: opts}, nil
+}
+
+// Transition runs fn on plan planID under the plan's lock and persists
+// what fn returns. fn's context ends the moment a lock is lost; fn should
+// stop then, and whatever it returns is not persisted.
+//
+// Errors: *domain.ValidationError for a bad id; *domain.LockConflictError
+// naming the holder when the lock could not be had in time;
+// *domain.LockLostError when a lock was lost before persistence (nothing
+// persisted); fn's error (nothing persisted); the store's errors.
+func (s *PlanLifecycleService[P]) Transition(ctx context.Context, planID string, fn func(ctx context.Context, plan P) (P, error)) (P, error) {
+	return s.transition(ctx, []domain.ResourceRef{{Type: domain.ResourcePlan, ID: planID}}, planID, fn)
+}
+
+// TransitionWithProject is Transition for a transition that changes the
+// project's state as well: it takes the project's lock, then the plan's,
+// and fences the persist with both.
+func (s *PlanLifecycleService[P]) TransitionWithProject(ctx context.Context, projectID, planID string, fn func(ctx context.Context, plan P) (P, error)) (P, error) {
+	return s.transition(ctx, []domain.ResourceRef{
+		{Type: domain.ResourceProject, ID: projectID},
+		{Type: domain.ResourcePlan, ID: planID},
+	}, planID, fn)
+}
+
+func (s *PlanLifecycleService[P]) transition(ctx context.Context, refs []domain.ResourceRef, planID string,
+	fn func(ctx context.Context, plan P) (P, error)) (out P, err error) {
+	for _, ref := range refs {
+		if err := ref.Validate(); err != nil {
+			return out, err
+		}
+	}
+	held := ctx
+	handles := make([]*Handle, 0, len(refs))
+	defer func() {
+		p := recover()
+		// Release in reverse order, even when ctx has ended: a lock left
+		// behind blocks the plan for its whole TTL.
+		for i := len(handles) - 1; i >= 0; i-- {
+			if _, rerr := handles[i].Release(context.WithoutCancel(ctx)); rerr != nil && !errors.Is(rerr, domain.ErrClosed) {
+				err = errors.Join(err, rerr)
+			}
+		}
+		if p != nil {
+			panic(p)
+		}
+	}()
+	opts := AcquireOptions{TTL: s.opts.TTL, Wait: true, Timeout: s.opts.WaitTimeout}
+	for _, ref := range refs {
+		h, err := s.locks.Take(ctx, s.owner, ref, opts)
+		if err != nil {
+			return out, err
+		}
+		handles = append(handles, h)
+		held = h.KeepAlive(held)
+	}
+
+	plan, err := s.store.Load(held, planID)
+	if err != nil {
+		return out, lostOr(handles, err)
+	}
+	next, err := fn(held, plan)
+	if err != nil {
+		return out, lostOr(handles, err)
+	}
+	if lost := lostErr(handles); lost != nil {
+		return out, lost
+	}
+	fences := make([]Fence, len(handles))
+	for i, h := range handles {
+		fences[i] = FenceOf(h.Lock())
+	}
+	if err := s.store.Persist(held, planID, next, fences); err != nil {
+		return out, lostOr(handles, err)
+	}
+	return next, nil
+}
+
+// lostErr returns the loss of the first lock of handles that was lost.
+func lostErr(handles []*Handle) error {
+	for _, h := range handles {
+		if err := h.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lostOr returns err joined with the loss of a lock, if one was lost: an
+// error that follows from the loss (a cancelled context) then says why.
+func lostOr(handles []*Handle, err error) error {
+	if lost := lostErr(handles); lost != nil && !errors.Is(err, lost) {
+		return errors.Join(lost, err)
+	}
+	return err
+}
