@@ -152,8 +152,12 @@ func (e *LockLostError) Error() string {
 	l := e.Lock
 	switch e.Reason {
 	case LostTakenOver:
-		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: owner %q took it over (token %d) after it expired at %s; %s",
-			l.Owner, l.Resource, l.Token, e.NewHolder.Owner, e.NewHolder.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), next)
+		when := ""
+		if !l.ExpiresAt.IsZero() {
+			when = " after it expired at " + l.ExpiresAt.UTC().Format(time.RFC3339Nano)
+		}
+		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: owner %q took it over (token %d)%s; %s",
+			l.Owner, l.Resource, l.Token, e.NewHolder.Owner, e.NewHolder.Token, when, next)
 	case LostStoreFailing:
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the store failed every renewal until the lock expired at %s (last failure: %v); %s",
 			l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), e.Err, next)

@@ -1,0 +1,89 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// PlanStore keeps plans of type P in memory, fenced by the locks of a
+// memory LockRepository: the test double of application.PlanStore. Persist
+// checks the fences and writes under the lock repository's mutex, so no
+// lock can change hands between the check and the write, as a SQL store's
+// transaction guarantees on a database.
+type PlanStore[P any] struct {
+	locks *LockRepository
+	clock application.Clock
+
+	mu    sync.Mutex
+	plans map[string]P
+}
+
+var _ application.PlanStore[int] = (*PlanStore[int])(nil)
+
+// NewPlanStore returns an empty store fenced by locks, deciding expiry on
+// clock.
+func NewPlanStore[P any](locks *LockRepository, clock application.Clock) *PlanStore[P] {
+	return &PlanStore[P]{locks: locks, clock: clock, plans: make(map[string]P)}
+}
+
+// Put stores plan as it is, unfenced: for setting up tests.
+func (s *PlanStore[P]) Put(planID string, plan P) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.plans[planID] = plan
+}
+
+// Load implements application.PlanStore; a missing plan is
+// domain.ErrNotFound.
+func (s *PlanStore[P]) Load(ctx context.Context, planID string) (P, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.plans[planID]
+	if err := ctx.Err(); err != nil {
+		return p, err
+	}
+	if !ok {
+		return p, fmt.Errorf("plan %q: %w", planID, domain.ErrNotFound)
+	}
+	return p, nil
+}
+
+// Persist implements application.PlanStore.
+func (s *PlanStore[P]) Persist(ctx context.Context, planID string, plan P, fences []application.Fence) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.locks.mu.Lock()
+	defer s.locks.mu.Unlock()
+	now := stored(s.clock.Now())
+	for _, f := range fences {
+		if err := checkFence(s.locks.locks[f.Resource], f, now); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.plans[planID] = plan
+	return nil
+}
+
+// checkFence reports whether cur (the zero Lock when there is none) is the
+// fenced lock, held and unexpired at now.
+func checkFence(cur domain.Lock, f application.Fence, now time.Time) error {
+	if cur.Token == f.Token && cur.Owner == f.Owner && !cur.ExpiredAt(now) {
+		return nil
+	}
+	held := domain.Lock{Token: f.Token, Owner: f.Owner, Resource: f.Resource}
+	if cur.Token == f.Token {
+		held = cur
+	}
+	if cur.Token != 0 && cur.Token != f.Token && !cur.ExpiredAt(now) {
+		return &domain.LockLostError{Lock: held, Reason: domain.LostTakenOver, At: now, NewHolder: &cur}
+	}
+	return &domain.LockLostError{Lock: held, Reason: domain.LostExpired, At: now}
+}
