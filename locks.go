@@ -19,10 +19,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -59,6 +62,14 @@ type Config struct {
 	// SkipStartupCleanup leaves expired locks in place when opening, for
 	// tools that must show them (diagnostics, listings of expired locks).
 	SkipStartupCleanup bool
+	// Logger, when set, receives every lock event: acquisitions, takeovers
+	// of expired locks (with the previous holder), releases and cleanups at
+	// Info, failed renewals at Warn, re-entries, renewals and refusals at
+	// Debug.
+	Logger *slog.Logger
+	// MeterProvider, when set, receives the module's OpenTelemetry metrics
+	// (package adapters/telemetry lists them).
+	MeterProvider metric.MeterProvider
 	// KeepLocksOnClose makes Close leave the owner's locks in place, for a
 	// process that takes a lock on purpose and exits, such as the agents
 	// CLI: they expire with their TTL or are released explicitly.

@@ -2,12 +2,14 @@ package locks
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/benbjohnson/clock"
 
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/adapters/telemetry"
 	"github.com/cleveragents/locks/application"
 )
 
@@ -21,8 +23,34 @@ func provideClock(cfg Config) application.Clock {
 	return cfg.Clock
 }
 
-func provideService(repo application.LockRepository, clk application.Clock, cfg Config) (*application.LockService, error) {
-	return application.NewLockService(repo, clk, cfg.DefaultTTL)
+// provideService builds the lock service and connects it to the
+// embedder's logger and metrics, if any; its cleanup unregisters the
+// metrics' callback, after the container's cleanup has closed the service.
+func provideService(repo application.LockRepository, clk application.Clock, cfg Config) (*application.LockService, func(), error) {
+	svc, err := application.NewLockService(repo, clk, cfg.DefaultTTL)
+	if err != nil {
+		return nil, nil, err
+	}
+	var observers telemetry.Observers
+	if cfg.Logger != nil {
+		observers = append(observers, telemetry.NewLogger(cfg.Logger))
+	}
+	cleanup := func() {}
+	if cfg.MeterProvider != nil {
+		m, err := telemetry.NewMetrics(cfg.MeterProvider, func(ctx context.Context) (int, error) {
+			active, err := svc.List(ctx, application.ListOptions{})
+			return len(active), err
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("registering the lock metrics: %w", err)
+		}
+		observers = append(observers, m)
+		cleanup = func() { _ = m.Close() }
+	}
+	if len(observers) > 0 {
+		svc.SetObserver(observers)
+	}
+	return svc, cleanup, nil
 }
 
 // provideSQLite opens the database; its cleanup closes it, after the

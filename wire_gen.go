@@ -23,17 +23,19 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 	}
 	store := sqlite.NewLockRepository(db)
 	clock := provideClock(cfg)
-	lockService, err := provideService(store, clock, cfg)
+	lockService, cleanup2, err := provideService(store, clock, cfg)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
-	container, cleanup2, err := newContainer(ctx, lockService, store, cfg, locksShutdown)
+	container, cleanup3, err := newContainer(ctx, lockService, store, cfg, locksShutdown)
 	if err != nil {
+		cleanup2()
 		cleanup()
 		return nil, nil, err
 	}
 	return container, func() {
+		cleanup3()
 		cleanup2()
 		cleanup()
 	}, nil
@@ -47,17 +49,19 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 	}
 	store := postgres.NewLockRepository(db)
 	clock := provideClock(cfg)
-	lockService, err := provideService(store, clock, cfg)
+	lockService, cleanup2, err := provideService(store, clock, cfg)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
-	container, cleanup2, err := newContainer(ctx, lockService, store, cfg, locksShutdown)
+	container, cleanup3, err := newContainer(ctx, lockService, store, cfg, locksShutdown)
 	if err != nil {
+		cleanup2()
 		cleanup()
 		return nil, nil, err
 	}
 	return container, func() {
+		cleanup3()
 		cleanup2()
 		cleanup()
 	}, nil
@@ -66,16 +70,18 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 	lockRepository := provideMemory()
 	clock := provideClock(cfg)
-	lockService, err := provideService(lockRepository, clock, cfg)
+	lockService, cleanup, err := provideService(lockRepository, clock, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
 	locksShutdown := newShutdown()
-	container, cleanup, err := newContainer(ctx, lockService, lockRepository, cfg, locksShutdown)
+	container, cleanup2, err := newContainer(ctx, lockService, lockRepository, cfg, locksShutdown)
 	if err != nil {
+		cleanup()
 		return nil, nil, err
 	}
 	return container, func() {
+		cleanup2()
 		cleanup()
 	}, nil
 }

@@ -113,7 +113,7 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	cur := h.Lock()
-	return h.svc.Release(ctx, cur.Owner, cur.Resource)
+	return h.svc.release(ctx, cur.Owner, cur.Resource, cur.AcquiredAt)
 }
 
 // Do takes the lock on ref for owner (waiting if opts.Wait), keeps it

@@ -2,6 +2,7 @@ package application
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/cleveragents/locks/domain"
@@ -44,6 +45,7 @@ type LockService struct {
 	defaultTTL time.Duration
 	gate       gate
 	waiters    *waitQueues
+	observer   Observer
 }
 
 // NewLockService returns a service storing locks in repo and reading time
@@ -80,21 +82,46 @@ func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx
 // WrittenAt set when the store took longer than ttl to write the lock;
 // *domain.StoreError when the store fails; domain.ErrClosed after Close.
 func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
-	return s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
+	var (
+		start    time.Time
+		kind     EventKind
+		previous *domain.Lock
+	)
+	if s.observer != nil {
+		start = s.clock.Now()
+	}
+	l, err := s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
 		switch {
 		case cur == nil || cur.ExpiredAt(now):
 			// Free, or the previous lock has lapsed: the resource changes
 			// hands (even back to the same owner, who held nothing between
 			// the expiry and now), so it gets a new token.
+			kind, previous = EventAcquired, cur
+			if cur != nil {
+				kind = EventTakenOver
+			}
 			return Change{Kind: ChangeInsert, Lock: domain.Lock{
 				Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
 			}}, nil
 		case cur.Owner == owner:
+			kind, previous = EventReentered, nil
 			return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
 		default:
 			return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
 		}
 	})
+	if s.observer != nil {
+		e := Event{Kind: kind, Owner: owner, Resource: ref, Lock: l, Previous: previous, Took: s.clock.Now().Sub(start)}
+		var conflict *domain.LockConflictError
+		switch {
+		case errors.As(err, &conflict):
+			e.Kind, e.Previous = EventRefused, &conflict.Holder
+		case err != nil:
+			return l, err
+		}
+		s.observer.Observe(ctx, e)
+	}
+	return l, err
 }
 
 // Renew sets the expiry of owner's active lock on ref to now+ttl (zero: the
@@ -108,6 +135,18 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 // lock; *domain.StoreError when the store fails; domain.ErrClosed after
 // Close.
 func (s *LockService) Renew(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
+	l, err := s.renew(ctx, owner, ref, ttl)
+	if s.observer != nil && !errors.Is(err, domain.ErrValidation) && !errors.Is(err, domain.ErrClosed) {
+		e := Event{Kind: EventRenewed, Owner: owner, Resource: ref, Lock: l}
+		if err != nil {
+			e.Kind, e.Err = EventRenewFailed, err
+		}
+		s.observer.Observe(ctx, e)
+	}
+	return l, err
+}
+
+func (s *LockService) renew(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
 	return s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
 		switch {
 		case cur == nil:
@@ -131,6 +170,12 @@ func (s *LockService) Renew(ctx context.Context, owner string, ref domain.Resour
 //
 // Errors: *domain.ValidationError for bad input; *domain.StoreError.
 func (s *LockService) Release(ctx context.Context, owner string, ref domain.ResourceRef) (bool, error) {
+	return s.release(ctx, owner, ref, time.Time{})
+}
+
+// release is Release, with when the lock was acquired if the caller knows
+// (a Handle), for the hold time of the event.
+func (s *LockService) release(ctx context.Context, owner string, ref domain.ResourceRef, acquired time.Time) (bool, error) {
 	if err := s.gate.enter(); err != nil {
 		return false, err
 	}
@@ -144,6 +189,11 @@ func (s *LockService) Release(ctx context.Context, owner string, ref domain.Reso
 	ok, err := s.repo.DeleteOwned(ctx, ref, owner)
 	if ok {
 		s.waiters.wake(ref)
+		e := Event{Kind: EventReleased, Owner: owner, Resource: ref}
+		if !acquired.IsZero() && s.observer != nil {
+			e.HeldFor = s.Now().Sub(acquired)
+		}
+		s.observe(ctx, e)
 	}
 	return ok, err
 }
@@ -164,6 +214,7 @@ func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int
 	n, err := s.repo.DeleteAllOwned(ctx, owner)
 	if n > 0 {
 		s.waiters.wakeAll()
+		s.observe(ctx, Event{Kind: EventReleasedAll, Owner: owner, Count: n})
 	}
 	return n, err
 }

@@ -1,0 +1,85 @@
+// Package telemetry shows the lock service's events to the embedder's
+// logs (log/slog) and metrics (OpenTelemetry): the adapters of the
+// application.Observer port.
+package telemetry
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/cleveragents/locks/application"
+)
+
+// Logger writes every lock event to a *slog.Logger: changes of hands,
+// releases and cleanups at Info, failed renewals at Warn, and the frequent
+// ones (re-entries, renewals, refusals) at Debug.
+type Logger struct {
+	log *slog.Logger
+}
+
+var _ application.Observer = (*Logger)(nil)
+
+// NewLogger returns the observer that logs to log.
+func NewLogger(log *slog.Logger) *Logger { return &Logger{log: log} }
+
+var levels = map[application.EventKind]slog.Level{
+	application.EventAcquired:    slog.LevelInfo,
+	application.EventTakenOver:   slog.LevelInfo,
+	application.EventReleased:    slog.LevelInfo,
+	application.EventReleasedAll: slog.LevelInfo,
+	application.EventCleanedUp:   slog.LevelInfo,
+	application.EventRenewFailed: slog.LevelWarn,
+	application.EventReentered:   slog.LevelDebug,
+	application.EventRenewed:     slog.LevelDebug,
+	application.EventRefused:     slog.LevelDebug,
+}
+
+// Observe implements application.Observer.
+func (l *Logger) Observe(ctx context.Context, e application.Event) {
+	level := levels[e.Kind]
+	if !l.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	if e.Owner != "" {
+		attrs = append(attrs, slog.String("owner", e.Owner))
+	}
+	if e.Resource.Type != "" {
+		attrs = append(attrs, slog.String("resource", e.Resource.String()))
+	}
+	if e.Lock.Token != 0 {
+		attrs = append(attrs, slog.Int64("token", e.Lock.Token), slog.Time("expires_at", e.Lock.ExpiresAt))
+	}
+	if p := e.Previous; p != nil {
+		prefix := "previous_"
+		if e.Kind == application.EventRefused {
+			prefix = "holder_"
+		}
+		attrs = append(attrs, slog.String(prefix+"owner", p.Owner), slog.Int64(prefix+"token", p.Token),
+			slog.Time(prefix+"expires_at", p.ExpiresAt))
+	}
+	if e.Kind == application.EventReleasedAll || e.Kind == application.EventCleanedUp {
+		attrs = append(attrs, slog.Int("count", e.Count))
+	}
+	if e.Took > 0 {
+		attrs = append(attrs, slog.Duration("took", e.Took))
+	}
+	if e.HeldFor > 0 {
+		attrs = append(attrs, slog.Duration("held_for", e.HeldFor.Round(time.Millisecond)))
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.String("error", e.Err.Error()))
+	}
+	l.log.LogAttrs(ctx, level, "lock "+e.Kind.String(), attrs...)
+}
+
+// Observers fans events out to several observers, in order.
+type Observers []application.Observer
+
+// Observe implements application.Observer.
+func (o Observers) Observe(ctx context.Context, e application.Event) {
+	for _, x := range o {
+		x.Observe(ctx, e)
+	}
+}
