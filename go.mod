@@ -1,6 +1,8 @@
 module github.com/cleveragents/locks
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
 	ariga.io/atlas v0.32.1-0.20250325101103-175b25e1c1b9
