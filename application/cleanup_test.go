@@ -2,14 +2,18 @@ package application_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
+	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
 )
 
 // timedBatches is a store with rows expired locks whose DeleteExpired
@@ -79,5 +83,169 @@ func TestLockService_CleanupBatchesSizedByTime(t *testing.T) {
 		limits := run(t, 150, each(time.Second))
 		assert.Equal(t, []int{100, 20, 20, 20}, limits,
 			"100 s for 100 rows: the next batch still deletes 20, so that cleanup ends")
+	})
+}
+
+// flakyStore is the memory store whose DeleteExpired fails while failing
+// is set, as a busy database does.
+type flakyStore struct {
+	*memory.LockRepository
+	failing atomic.Bool
+}
+
+var errBusy = &domain.StoreError{Op: "clean up expired locks", Kind: domain.StoreBusy}
+
+func (r *flakyStore) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+	if r.failing.Load() {
+		return 0, errBusy
+	}
+	return r.LockRepository.DeleteExpired(ctx, now, limit)
+}
+
+// blockingStore is the memory store whose DeleteExpired waits until its
+// context ends, as a write stuck behind a long one does.
+type blockingStore struct {
+	*memory.LockRepository
+	entered chan struct{}
+}
+
+func (r *blockingStore) DeleteExpired(ctx context.Context, _ time.Time, _ int) (int, error) {
+	r.entered <- struct{}{}
+	<-ctx.Done()
+	return 0, ctx.Err()
+}
+
+// cleanupRun is what StartCleanup's onRun received.
+type cleanupRun struct {
+	purged int
+	err    error
+}
+
+func startCleanup(t *testing.T, svc *application.LockService, interval time.Duration) (*application.PeriodicCleanup, chan cleanupRun) {
+	t.Helper()
+	runs := make(chan cleanupRun, 10)
+	p, err := svc.StartCleanup(interval, func(n int, err error) { runs <- cleanupRun{n, err} })
+	require.NoError(t, err)
+	t.Cleanup(p.Stop)
+	return p, runs
+}
+
+// nextRun returns the report of the next run. The loop runs as soon as
+// the mock clock fires its timer; the deadline only turns a loop that
+// died into a failure instead of a hung test.
+func nextRun(t *testing.T, runs <-chan cleanupRun) cleanupRun {
+	t.Helper()
+	select {
+	case r := <-runs:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no cleanup ran after the interval passed")
+		return cleanupRun{}
+	}
+}
+
+// expireOne stores a lock of owner "dead" on plan and lets it expire.
+func expireOne(t *testing.T, svc *application.LockService, mc *clock.Mock) {
+	t.Helper()
+	_, err := svc.Acquire(context.Background(), "dead", plan, domain.MinLockTTL)
+	require.NoError(t, err)
+	mc.Add(domain.MinLockTTL)
+	requireStale(t, svc, 1)
+}
+
+func requireStale(t *testing.T, svc *application.LockService, want int) {
+	t.Helper()
+	n, err := svc.StaleCount(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, want, n)
+}
+
+func TestLockService_StartCleanup(t *testing.T) {
+	const interval = time.Minute
+
+	t.Run("PurgesOnceTheIntervalHasPassed", func(t *testing.T) {
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		mc := clock.NewMock()
+		svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0)
+		require.NoError(t, err)
+		p, runs := startCleanup(t, svc, interval)
+		expireOne(t, svc, mc) // 5 s into the interval
+
+		mc.Add(interval - domain.MinLockTTL - time.Microsecond)
+		requireStale(t, svc, 1)
+		require.Empty(t, runs, "no run before the interval has passed")
+
+		mc.Add(time.Microsecond)
+		require.Equal(t, cleanupRun{purged: 1}, nextRun(t, runs))
+		requireStale(t, svc, 0)
+
+		// And again an interval after that run.
+		expireOne(t, svc, mc)
+		mc.Add(interval - domain.MinLockTTL)
+		require.Equal(t, cleanupRun{purged: 1}, nextRun(t, runs))
+		requireStale(t, svc, 0)
+		p.Stop()
+	})
+
+	t.Run("SurvivesAFailingStore", func(t *testing.T) {
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		mc := clock.NewMock()
+		repo := &flakyStore{LockRepository: memory.NewLockRepository()}
+		svc, err := application.NewLockService(repo, mc, 0)
+		require.NoError(t, err)
+		p, runs := startCleanup(t, svc, interval)
+		expireOne(t, svc, mc)
+
+		repo.failing.Store(true)
+		mc.Add(interval)
+		run := nextRun(t, runs)
+		require.ErrorIs(t, run.err, errBusy, "the failure is reported")
+		requireStale(t, svc, 1)
+
+		repo.failing.Store(false)
+		mc.Add(interval)
+		require.Equal(t, cleanupRun{purged: 1}, nextRun(t, runs), "the next interval runs again")
+		requireStale(t, svc, 0)
+		p.Stop()
+	})
+
+	t.Run("StopCutsARunShortAndEndsTheGoroutine", func(t *testing.T) {
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		mc := clock.NewMock()
+		repo := &blockingStore{LockRepository: memory.NewLockRepository(), entered: make(chan struct{}, 1)}
+		svc, err := application.NewLockService(repo, mc, 0)
+		require.NoError(t, err)
+		p, runs := startCleanup(t, svc, interval)
+		mc.Add(interval)
+		<-repo.entered
+		p.Stop() // returns only once the run and the goroutine have ended
+		require.Empty(t, runs, "a run cut short by Stop is no failure to report")
+		require.NoError(t, svc.Close(context.Background()), "nothing left for Close to wait for")
+		p.Stop()
+	})
+
+	t.Run("EndsWhenTheServiceCloses", func(t *testing.T) {
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		mc := clock.NewMock()
+		svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0)
+		require.NoError(t, err)
+		runs := make(chan cleanupRun, 1)
+		_, err = svc.StartCleanup(interval, func(n int, err error) { runs <- cleanupRun{n, err} })
+		require.NoError(t, err)
+		require.NoError(t, svc.Close(context.Background()))
+		mc.Add(interval)
+		// goleak.VerifyNone checks that the loop has ended, without Stop.
+		require.Empty(t, runs)
+	})
+
+	t.Run("RefusesAShortInterval", func(t *testing.T) {
+		svc, err := application.NewLockService(memory.NewLockRepository(), clock.NewMock(), 0)
+		require.NoError(t, err)
+		for _, d := range []time.Duration{-time.Minute, 0, time.Second, application.MinCleanupInterval - 1} {
+			_, err := svc.StartCleanup(d, nil)
+			var ve *domain.ValidationError
+			require.ErrorAs(t, err, &ve, d)
+			assert.Equal(t, "cleanup_interval", ve.Field)
+		}
 	})
 }
