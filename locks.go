@@ -70,6 +70,19 @@ type Config struct {
 	// MeterProvider, when set, receives the module's OpenTelemetry metrics
 	// (package adapters/telemetry lists them).
 	MeterProvider metric.MeterProvider
+	// CleanupInterval, when set, purges expired locks every interval (on
+	// Clock) for as long as the container is open, as the startup cleanup
+	// does once: for a long-running process, so that locks left by
+	// processes that died do not pile up until the next start. Zero, the
+	// default, runs no periodic cleanup; otherwise it must be at least
+	// application.MinCleanupInterval.
+	CleanupInterval time.Duration
+	// OnCleanup, when set with CleanupInterval, is called after every
+	// periodic cleanup with how many locks it purged and its error, nil
+	// on success. A failed cleanup (a busy database) is tried again an
+	// interval later; this is where the application logs it. It runs in
+	// the cleanup's goroutine and must return promptly.
+	OnCleanup func(purged int, err error)
 	// KeepLocksOnClose makes Close leave the owner's locks in place, for a
 	// process that takes a lock on purpose and exits, such as the agents
 	// CLI: they expire with their TTL or are released explicitly.
@@ -93,7 +106,8 @@ type Container struct {
 
 // Open builds the container that cfg describes. Opening applies the
 // pending migrations and then purges expired locks (unless
-// cfg.SkipStartupCleanup).
+// cfg.SkipStartupCleanup), and starts the periodic cleanup when
+// cfg.CleanupInterval is set.
 //
 // Errors: *domain.ValidationError for a bad Config; *domain.StoreError when
 // the store cannot be opened, migrated or cleaned.
@@ -106,6 +120,11 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 	}
 	if err := domain.ValidateOwner(cfg.Owner); err != nil {
 		return nil, err
+	}
+	if cfg.CleanupInterval != 0 {
+		if err := application.ValidateCleanupInterval(cfg.CleanupInterval); err != nil {
+			return nil, err
+		}
 	}
 	var (
 		c       *Container
@@ -151,7 +170,8 @@ var libpqKeywords = map[string]bool{
 // Owner returns the owner id this container acts for.
 func (c *Container) Owner() string { return c.owner }
 
-// Close shuts the container down, in this order: the lock service refuses
+// Close shuts the container down, in this order: the periodic cleanup
+// stops (a run in progress is cut short), the lock service refuses
 // every new call (they fail with domain.ErrClosed), the calls in progress
 // finish, every lock of the container's owner is released (unless
 // Config.KeepLocksOnClose), and the store closes. It waits at most

@@ -77,11 +77,13 @@ func providePostgres(ctx context.Context, cfg Config, sd *shutdown) (*postgres.D
 func provideMemory() *memory.LockRepository { return memory.NewLockRepository() }
 
 // newContainer runs the startup cleanup, so that locks left by a process
-// that died are gone before anyone asks for them. Its cleanup, run by Close
-// before the store closes, shuts the service (later calls fail with
-// domain.ErrClosed, and the calls in flight finish) and only then releases
-// the owner's locks, through the repository itself: nothing the service
-// admitted can commit a lock after that release.
+// that died are gone before anyone asks for them, and starts the periodic
+// cleanup if asked. Its cleanup, run by Close before the store closes,
+// stops the periodic cleanup first (Close must not wait for a purge, and
+// no goroutine may outlive the container), then shuts the service (later
+// calls fail with domain.ErrClosed, and the calls in flight finish) and
+// only then releases the owner's locks, through the repository itself:
+// nothing the service admitted can commit a lock after that release.
 func newContainer(ctx context.Context, svc *application.LockService, repo application.LockRepository, cfg Config, sd *shutdown) (*Container, func(), error) {
 	c := &Container{Locks: svc, owner: cfg.Owner, keep: cfg.KeepLocksOnClose, shutdown: sd}
 	if !cfg.SkipStartupCleanup {
@@ -89,7 +91,17 @@ func newContainer(ctx context.Context, svc *application.LockService, repo applic
 			return nil, nil, err
 		}
 	}
+	var periodic *application.PeriodicCleanup
+	if cfg.CleanupInterval != 0 {
+		var err error
+		if periodic, err = svc.StartCleanup(cfg.CleanupInterval, cfg.OnCleanup); err != nil {
+			return nil, nil, err
+		}
+	}
 	release := func() {
+		if periodic != nil {
+			periodic.Stop()
+		}
 		if err := svc.Close(c.closeCtx); err != nil {
 			sd.add(err)
 			return

@@ -13,9 +13,21 @@ import (
 // compares exactly the same values.
 const Precision = time.Microsecond
 
-// cleanupBatch bounds how many expired locks one write removes, so that a
-// large purge never keeps other writers waiting for long.
-const cleanupBatch = 1000
+// CleanupExpired sizes its batches by time, not by count: how long a
+// delete of n rows takes depends on the store, the disk and the load, and
+// on SQLite every other writer of the process waits for the whole of it.
+// Each batch aims at cleanupTarget of writing; its size follows from how
+// long the last one took, within [cleanupMinBatch, cleanupMaxBatch],
+// starting from cleanupFirstBatch. A millisecond is where a shorter target
+// stopped helping a concurrent acquirer on a SQLite file while the purge
+// kept getting slower (docs/performance.md); the floor keeps a purge
+// moving on a store whose every write costs more than the target.
+const (
+	cleanupTarget     = time.Millisecond
+	cleanupFirstBatch = 100
+	cleanupMinBatch   = 20
+	cleanupMaxBatch   = 20_000
+)
 
 // LockService applies the lock rules on top of a LockRepository.
 //
@@ -220,9 +232,11 @@ func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int
 }
 
 // CleanupExpired purges every lock that has expired now and returns how
-// many. It deletes in bounded batches, each its own short write, so that a
-// large backlog does not stall concurrent acquirers; it stops early, with
-// the count so far, if ctx is cancelled.
+// many. It deletes in batches, each its own short write, sized from the
+// time the previous one took (on the service's clock) so that each write
+// lasts about a millisecond however fast the store and the disk are: a
+// writer queued behind a batch waits about that long, not for the whole
+// backlog. It stops early, with the count so far, if ctx is cancelled.
 //
 // Errors: *domain.StoreError; ctx.Err() when cancelled between batches.
 func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
@@ -230,18 +244,45 @@ func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	defer s.gate.leave()
+	n, err := s.cleanupExpired(ctx)
+	if n > 0 {
+		s.observe(ctx, Event{Kind: EventCleanedUp, Count: n})
+	}
+	return n, err
+}
+
+func (s *LockService) cleanupExpired(ctx context.Context) (int, error) {
 	now := s.Now()
-	total := 0
+	total, limit := 0, cleanupFirstBatch
 	for {
-		n, err := s.repo.DeleteExpired(ctx, now, cleanupBatch)
+		start := s.clock.Now()
+		n, err := s.repo.DeleteExpired(ctx, now, limit)
 		total += n
-		if err != nil || n < cleanupBatch {
+		if err != nil || n < limit {
 			return total, err
 		}
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
+		// Between two batches, the writers that queued behind the last
+		// one go first: the next batch queues behind them (SQLite's
+		// writer queue is first come, first served), so none of them
+		// waits for more than about one batch.
+		limit = nextCleanupBatch(limit, s.clock.Now().Sub(start))
 	}
+}
+
+// nextCleanupBatch sizes the batch after one of limit rows that took took:
+// the rows that fit in cleanupTarget at the rate just seen, growing at most
+// twofold at a time (a batch that was fast by luck must not make the next
+// one long), shrinking at once, and within [cleanupMinBatch,
+// cleanupMaxBatch].
+func nextCleanupBatch(limit int, took time.Duration) int {
+	next := 2 * limit
+	if took > 0 {
+		next = min(next, int(int64(limit)*int64(cleanupTarget)/int64(took)))
+	}
+	return max(cleanupMinBatch, min(cleanupMaxBatch, next))
 }
 
 // StaleCount returns how many locks have expired but are still stored: a

@@ -13,6 +13,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/application"
@@ -230,4 +231,79 @@ func TestIsPostgres(t *testing.T) {
 	} {
 		assert.Equal(t, want, locks.IsPostgres(db), db)
 	}
+}
+
+func TestContainer_PeriodicCleanup(t *testing.T) {
+	t.Run("SQLite", func(t *testing.T) { testPeriodicCleanup(t, filepath.Join(t.TempDir(), "agents.db")) })
+	t.Run("PostgreSQL", func(t *testing.T) { testPeriodicCleanup(t, testdb.Postgres(t)) })
+	t.Run("Memory", func(t *testing.T) { testPeriodicCleanup(t, locks.MemoryDatabase) })
+
+	t.Run("OffByDefault", func(t *testing.T) {
+		mc := newMock()
+		c := MustOpen(t, locks.Config{Database: filepath.Join(t.TempDir(), "agents.db"), Clock: mc})
+		_, err := c.Locks.Acquire(context.Background(), "crashed", plan1, domain.MinLockTTL)
+		require.NoError(t, err)
+		mc.Add(24 * time.Hour)
+		n, err := c.Locks.StaleCount(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 1, n, "without CleanupInterval, only the startup cleanup purges")
+	})
+
+	t.Run("IntervalValidated", func(t *testing.T) {
+		for _, d := range []time.Duration{-time.Minute, time.Second, application.MinCleanupInterval - 1} {
+			db := filepath.Join(t.TempDir(), "agents.db")
+			_, err := locks.Open(context.Background(), locks.Config{Database: db, CleanupInterval: d})
+			var ve *domain.ValidationError
+			require.ErrorAs(t, err, &ve, d)
+			assert.Equal(t, "cleanup_interval", ve.Field)
+			assert.NoFileExists(t, db, "bad input writes nothing")
+		}
+	})
+}
+
+// testPeriodicCleanup opens a container that cleans up every minute and
+// closes it itself, so that goleak can check that Close ended the loop.
+func testPeriodicCleanup(t *testing.T, db string) {
+	before := goleak.IgnoreCurrent()
+	ctx := context.Background()
+	mc := newMock()
+	type run struct {
+		purged int
+		err    error
+	}
+	runs := make(chan run, 10)
+	c, err := locks.Open(ctx, locks.Config{Database: db, Owner: "A", Clock: mc,
+		CleanupInterval: time.Minute, OnCleanup: func(n int, err error) { runs <- run{n, err} }})
+	require.NoError(t, err)
+	defer c.Close()
+	stale := func() int {
+		n, err := c.Locks.StaleCount(ctx)
+		require.NoError(t, err)
+		return n
+	}
+
+	// A lock of a process that died expires 5 s into the interval.
+	_, err = c.Locks.Acquire(ctx, "crashed", plan1, domain.MinLockTTL)
+	require.NoError(t, err)
+	mc.Add(domain.MinLockTTL)
+	require.Equal(t, 1, stale())
+	mc.Add(time.Minute - domain.MinLockTTL - time.Microsecond)
+	require.Empty(t, runs, "no cleanup before the interval")
+	require.Equal(t, 1, stale())
+
+	mc.Add(time.Microsecond)
+	select {
+	case r := <-runs:
+		require.Equal(t, run{purged: 1}, r)
+	case <-time.After(10 * time.Second): // a guard against a hang, not a wait for time to pass
+		t.Fatal("no cleanup ran after the interval passed")
+	}
+	require.Equal(t, 0, stale())
+
+	require.NoError(t, c.Close())
+	// Checked before the clock moves again: a loop still waiting for its
+	// next run would end there, on the closed service, and hide the leak.
+	goleak.VerifyNone(t, before)
+	mc.Add(time.Hour)
+	require.Empty(t, runs, "nothing runs after Close")
 }
