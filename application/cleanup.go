@@ -45,8 +45,7 @@ type PeriodicCleanup struct {
 // in the loop's goroutine, which waits for it; it must return promptly.
 //
 // Stop it before closing the service: Close waits for a run in progress,
-// while Stop cuts it short. A loop whose service closed first ends at its
-// next run.
+// while Stop cuts it short. A loop whose service closes ends at once.
 //
 // Errors: *domain.ValidationError for an interval shorter than
 // MinCleanupInterval.
