@@ -24,6 +24,10 @@ import (
 	"sync"
 	"time"
 
+	"entgo.io/ent/dialect"
+
+	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
@@ -72,6 +76,7 @@ type Container struct {
 
 	owner    string
 	keep     bool
+	fence    fencer
 	shutdown *shutdown
 	cleanup  func()
 	once     sync.Once
@@ -101,18 +106,22 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 		cleanup func()
 		err     error
 	)
+	var f fencer
 	switch {
 	case cfg.Database == MemoryDatabase:
 		c, cleanup, err = openMemory(ctx, cfg)
 	case IsPostgres(cfg.Database):
 		c, cleanup, err = openPostgres(ctx, cfg)
+		f = fencer{dialect: dialect.Postgres, formatError: postgres.FormatError}
 	default:
 		c, cleanup, err = openSQLite(ctx, cfg)
+		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError}
 	}
 	if err != nil {
 		return nil, err
 	}
 	c.cleanup = cleanup
+	c.fence = f
 	return c, nil
 }
 
