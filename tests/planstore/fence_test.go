@@ -74,6 +74,7 @@ func requireTakenOver(t *testing.T, err error, stale, holder domain.Lock) {
 	assert.Equal(t, stale.Token, lost.Lock.Token)
 	assert.Equal(t, stale.Owner, lost.Lock.Owner)
 	assert.Contains(t, err.Error(), `owner "`+holder.Owner+`" took it over`)
+	assert.NotContains(t, err.Error(), "0001-01-01", "an unknown expiry is not a zero time")
 }
 
 // A lock that expired, but that nobody took, no longer fences: the
