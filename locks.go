@@ -25,8 +25,11 @@ import (
 	"sync"
 	"time"
 
+	"entgo.io/ent/dialect"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
@@ -96,6 +99,7 @@ type Container struct {
 
 	owner    string
 	keep     bool
+	fence    fencer
 	shutdown *shutdown
 	cleanup  func()
 	once     sync.Once
@@ -131,18 +135,22 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 		cleanup func()
 		err     error
 	)
+	var f fencer
 	switch {
 	case cfg.Database == MemoryDatabase:
 		c, cleanup, err = openMemory(ctx, cfg)
 	case IsPostgres(cfg.Database):
 		c, cleanup, err = openPostgres(ctx, cfg)
+		f = fencer{dialect: dialect.Postgres, formatError: postgres.FormatError}
 	default:
 		c, cleanup, err = openSQLite(ctx, cfg)
+		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError}
 	}
 	if err != nil {
 		return nil, err
 	}
 	c.cleanup = cleanup
+	c.fence = f
 	return c, nil
 }
 

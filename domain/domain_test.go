@@ -142,3 +142,28 @@ func TestResourceRef_String(t *testing.T) {
 		assert.Equal(t, want, domain.ResourceRef{Type: domain.ResourcePlan, ID: id}.String())
 	}
 }
+
+// A store that checks a fence may know the lost lock's token but not its
+// expiry (the row is gone): the message then gives no zero time.
+func TestLockLostError_UnknownExpiry(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "p"}
+	gone := domain.Lock{Token: 3, Owner: "A", Resource: ref}
+	next := domain.Lock{Token: 4, Owner: "B", Resource: ref, AcquiredAt: at, ExpiresAt: at.Add(time.Minute)}
+	for _, tc := range []struct {
+		err  *domain.LockLostError
+		says string
+	}{
+		{&domain.LockLostError{Lock: gone, Reason: domain.LostTakenOver, NewHolder: &next}, `owner "B" took it over (token 4); stop`},
+		{&domain.LockLostError{Lock: gone, Reason: domain.LostExpired}, "no longer stored"},
+	} {
+		t.Run(tc.err.Reason.String(), func(t *testing.T) {
+			assert.Contains(t, tc.err.Error(), tc.says)
+			assert.NotContains(t, tc.err.Error(), "0001-01-01")
+		})
+	}
+	known := gone
+	known.ExpiresAt = at
+	assert.Contains(t, (&domain.LockLostError{Lock: known, Reason: domain.LostTakenOver, NewHolder: &next}).Error(),
+		"after it expired at 2026-01-01T00:00:00Z")
+}

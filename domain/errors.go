@@ -150,19 +150,26 @@ type LockLostError struct {
 func (e *LockLostError) Error() string {
 	const next = "stop the work it protected, and acquire it again before continuing"
 	l := e.Lock
+	// A fence checked by a store knows the lost lock's token but not
+	// always its expiry: the row may be gone. Say nothing rather than a
+	// zero time.
+	expired := ""
+	if !l.ExpiresAt.IsZero() {
+		expired = " after it expired at " + l.ExpiresAt.UTC().Format(time.RFC3339Nano)
+	}
 	switch e.Reason {
 	case LostTakenOver:
-		when := ""
-		if !l.ExpiresAt.IsZero() {
-			when = " after it expired at " + l.ExpiresAt.UTC().Format(time.RFC3339Nano)
-		}
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: owner %q took it over (token %d)%s; %s",
-			l.Owner, l.Resource, l.Token, e.NewHolder.Owner, e.NewHolder.Token, when, next)
+			l.Owner, l.Resource, l.Token, e.NewHolder.Owner, e.NewHolder.Token, expired, next)
 	case LostStoreFailing:
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the store failed every renewal until the lock expired at %s (last failure: %v); %s",
 			l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), e.Err, next)
 	case LostClosed:
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the lock service was closed; %s",
+			l.Owner, l.Resource, l.Token, next)
+	}
+	if l.ExpiresAt.IsZero() {
+		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: it is no longer stored (it expired and was cleaned up, or it was released); %s",
 			l.Owner, l.Resource, l.Token, next)
 	}
 	return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: it expired at %s without being renewed; %s",

@@ -81,8 +81,9 @@ func (s *Store) readLock(ctx context.Context, ref domain.ResourceRef) (*domain.L
 	return scanLock(s.stmts.read.QueryRowContext(ctx, string(ref.Type), ref.ID))
 }
 
-// scanLock reads one row of sqlSelect, or returns nil when there is none.
-func scanLock(row *sql.Row) (*domain.Lock, error) {
+// scanLock reads one row of the lock's columns (a *sql.Row or the current
+// row of *sql.Rows), or returns nil when there is none.
+func scanLock(row interface{ Scan(dest ...any) error }) (*domain.Lock, error) {
 	var (
 		l                 domain.Lock
 		typ               string

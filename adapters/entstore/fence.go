@@ -1,0 +1,177 @@
+package entstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"entgo.io/ent/dialect"
+	entsql "entgo.io/ent/dialect/sql"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+	entlock "github.com/cleveragents/locks/ent/lock"
+)
+
+// Querier runs statements inside the caller's transaction. *sql.Tx
+// satisfies it, and so does the Tx of an Ent client generated with the
+// sql/execquery feature (entc's --feature sql/execquery), whose
+// ExecContext and QueryContext run on the transaction's connection.
+type Querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// CheckFence checks, inside the caller's transaction q on the database of
+// the locks, that f.Owner still holds the lock on f.Resource with token
+// f.Token and that it has not expired at now (the lock service's clock:
+// active while now < expires_at), and keeps that lock from changing hands
+// until q ends. The caller then writes what the lock protects in the same
+// transaction and commits: the write lands while the lock is held, or not
+// at all.
+//
+// How the lock is kept until the transaction ends:
+//
+//   - SQLite: the check is one UPDATE of the lock row that changes
+//     nothing but must match id, owner, resource and an unexpired
+//     expires_at. Running it takes the database's write lock, held until
+//     q ends, and every change of hands (takeover, release, cleanup) is a
+//     write, so none can come between the check and the commit. A
+//     deferred transaction that already read an older snapshot cannot
+//     take the write lock: the UPDATE fails (SQLITE_BUSY), never succeeds
+//     on what it read.
+//   - PostgreSQL: the check is a SELECT of that row FOR KEY SHARE. The
+//     row lock is held until q ends: it makes the DELETE of a release, a
+//     takeover or a cleanup wait for q's commit, and then, at READ
+//     COMMITTED (the lock store pins it for its own transactions), the
+//     DELETE re-reads the row and goes ahead on the lock as it is then.
+//     The holder's renewal, an UPDATE of expires_at only, which is not a
+//     key column, does not wait. Run q at READ COMMITTED too, so that
+//     the check and its explanation read the lock as it is now. At
+//     REPEATABLE READ or SERIALIZABLE the check still never succeeds on a
+//     lock removed since q's snapshot (PostgreSQL fails the locking read
+//     with a serialization failure, to be retried in a new transaction),
+//     but a refusal may name the lock as the snapshot had it.
+//
+// Keep q short: on SQLite it holds the only write lock, and every lock
+// operation waits for it.
+//
+// Errors: *domain.ValidationError for a malformed fence or a zero now;
+// *domain.LockLostError (matching domain.ErrExpired) when the fence does
+// not hold, with Reason LostTakenOver and NewHolder when another lock is
+// on the resource now, LostExpired otherwise; the database's error,
+// wrapped, when a statement fails. Only a nil error means the fence holds.
+func CheckFence(ctx context.Context, q Querier, dialectName string, f application.Fence, now time.Time) error {
+	if err := validateFence(f, now); err != nil {
+		return err
+	}
+	held, err := fenceHolds(ctx, q, dialectName, f, formatTime(now))
+	if err != nil {
+		return fmt.Errorf("check the fence of owner %q on %s (token %d): %w", f.Owner, f.Resource, f.Token, err)
+	}
+	if held {
+		return nil
+	}
+	return lostFence(ctx, q, dialectName, f, now)
+}
+
+func validateFence(f application.Fence, now time.Time) error {
+	if err := f.Resource.Validate(); err != nil {
+		return err
+	}
+	if err := domain.ValidateOwner(f.Owner); err != nil {
+		return err
+	}
+	if f.Token <= 0 {
+		return &domain.ValidationError{Field: "token", Reason: "must be the positive token of a held lock (application.FenceOf)"}
+	}
+	if now.IsZero() {
+		return &domain.ValidationError{Field: "now", Reason: "must be the lock service's current time (LockService.Now)"}
+	}
+	return nil
+}
+
+// fenceHolds runs the check and reports whether the fence holds.
+func fenceHolds(ctx context.Context, q Querier, dialectName string, f application.Fence, now string) (bool, error) {
+	b := entsql.Dialect(dialectName)
+	thisLock := entsql.And(
+		entsql.EQ(entlock.FieldID, f.Token),
+		entsql.EQ(entlock.FieldOwnerID, f.Owner),
+		entsql.EQ(entlock.FieldResourceType, string(f.Resource.Type)),
+		entsql.EQ(entlock.FieldResourceID, f.Resource.ID),
+		entsql.GT(entlock.FieldExpiresAt, now),
+	)
+	switch dialectName {
+	case dialect.SQLite:
+		query, args := b.Update(entlock.Table).
+			Set(entlock.FieldOwnerID, entsql.ExprFunc(func(b *entsql.Builder) { b.Ident(entlock.FieldOwnerID) })).
+			Where(thisLock).
+			Query()
+		res, err := q.ExecContext(ctx, query, args...)
+		if err != nil {
+			return false, err
+		}
+		n, err := res.RowsAffected()
+		return n == 1, err
+	case dialect.Postgres:
+		query, args := b.Select(entlock.FieldID).
+			From(b.Table(entlock.Table)).
+			Where(thisLock).
+			For(entsql.LockKeyShare).
+			Query()
+		rows, err := q.QueryContext(ctx, query, args...)
+		if err != nil {
+			return false, err
+		}
+		defer rows.Close()
+		found := rows.Next()
+		if err := rows.Err(); err != nil {
+			return false, err
+		}
+		return found, rows.Close()
+	}
+	return false, fmt.Errorf("fencing is not supported on %q: the locks must live in a SQLite or PostgreSQL database", dialectName)
+}
+
+// lostFence explains a fence that does not hold, reading the resource's
+// lock as it is now in the same transaction: another lock (a new token)
+// means the resource was taken over, or released and taken again; no lock,
+// or the fence's own lock past its expiry, means it expired (and may have
+// been cleaned up, or released).
+func lostFence(ctx context.Context, q Querier, dialectName string, f application.Fence, now time.Time) error {
+	b := entsql.Dialect(dialectName)
+	query, args := b.Select(entlock.Columns...).
+		From(b.Table(entlock.Table)).
+		Where(entsql.And(
+			entsql.EQ(entlock.FieldResourceType, string(f.Resource.Type)),
+			entsql.EQ(entlock.FieldResourceID, f.Resource.ID))).
+		Query()
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("read the lock on %s after its fence failed: %w", f.Resource, err)
+	}
+	defer rows.Close()
+	var cur *domain.Lock
+	if rows.Next() {
+		if cur, err = scanLock(rows); err != nil {
+			return fmt.Errorf("read the lock on %s after its fence failed: %w", f.Resource, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the lock on %s after its fence failed: %w", f.Resource, err)
+	}
+	lost := &domain.LockLostError{
+		Lock:   domain.Lock{Token: f.Token, Owner: f.Owner, Resource: f.Resource},
+		Reason: domain.LostExpired,
+		At:     now,
+	}
+	switch {
+	case cur == nil:
+	case cur.Token != f.Token || cur.Owner != f.Owner:
+		lost.Reason, lost.NewHolder = domain.LostTakenOver, cur
+	default:
+		lost.Lock = *cur // the fence's own lock, expired but not yet removed
+	}
+	return lost
+}
