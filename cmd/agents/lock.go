@@ -63,11 +63,16 @@ func (c *invocation) printConflict(e *domain.LockConflictError) {
 	}
 	fmt.Fprintf(c.stderr, "%s: %s is held by another owner: %q (token %d)\n", c.prog(), printable(h.Resource.String()), h.Owner, h.Token)
 	c.printTimes(c.stderr, h, now)
+	// A wait is told to the second, or to the millisecond below one.
+	waited := e.Waited.Round(time.Second)
+	if e.Waited < time.Second {
+		waited = e.Waited.Round(time.Millisecond)
+	}
 	switch {
 	case errors.Is(e.Cause, context.DeadlineExceeded):
-		fmt.Fprintf(c.stderr, "Gave up after waiting %s (--timeout).\n", short(e.Waited.Round(time.Millisecond)))
+		fmt.Fprintf(c.stderr, "Gave up after waiting %s (--timeout).\n", short(waited))
 	case e.Cause != nil:
-		fmt.Fprintf(c.stderr, "Interrupted after waiting %s.\n", short(e.Waited.Round(time.Millisecond)))
+		fmt.Fprintf(c.stderr, "Interrupted after waiting %s.\n", short(waited))
 	}
 	fmt.Fprintf(c.stderr, "Wait until it is released or expires (%s left), or ask its holder to release it.\n",
 		short(h.Remaining(now).Round(time.Second)))
