@@ -42,6 +42,9 @@ func (a *agents) start(args ...string) *proc {
 	p.cmd = exec.Command(agentsBin, append([]string{"--db", a.db}, args...)...)
 	p.cmd.Env = slices.Clone(a.env)
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	// A command that outlives agents keeps its output pipes open: do not
+	// wait for it, once agents has exited.
+	p.cmd.WaitDelay = time.Second
 	require.NoError(a.t, p.cmd.Start())
 	go func() {
 		_ = p.cmd.Wait()
