@@ -1,27 +1,37 @@
 package main
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
-// acquire runs "locks acquire TYPE ID [--ttl D]": take the lock for the
-// owner, or re-enter it (a new expiry, the same token) if the owner holds
-// it already. Another owner's active lock is a conflict, exit 3.
+// acquire runs "locks acquire TYPE ID [--ttl D] [--wait [--timeout D]]":
+// take the lock for the owner, or re-enter it (a new expiry, the same
+// token) if the owner holds it already. Another owner's active lock is a
+// conflict, exit 3: at once, or with --wait once the wait ends without the
+// lock (--timeout, or an interrupt).
 func (c *invocation) acquire(ctx context.Context, args []string) error {
 	fs := c.flagSet()
 	var ttl ttlFlag
 	fs.Var(&ttl, "ttl", ttlUsage)
-	ctr, ref, owner, err := c.openTarget(ctx, fs, args)
+	var wait waitFlags
+	wait.register(fs)
+	ref, owner, err := c.target(fs, args)
+	if err != nil {
+		return err
+	}
+	opts, err := wait.options(ttl)
+	if err != nil {
+		return err
+	}
+	ctr, err := c.open(ctx, owner, false)
 	if err != nil {
 		return err
 	}
 	defer c.close(ctr)
 	before := ctr.Locks.Now()
-	l, err := ctr.Locks.Acquire(ctx, owner, ref, time.Duration(ttl))
+	h, err := ctr.Locks.Take(ctx, owner, ref, opts)
 	if err != nil {
 		return err
 	}
+	l := h.Lock()
 	verb := "Acquired"
 	if l.AcquiredAt.Before(before) { // re-entry keeps the first acquisition time
 		verb = "Re-entered"

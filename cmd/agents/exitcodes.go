@@ -13,7 +13,12 @@ const (
 	exitFailure  = 1 // anything unexpected (an unreadable database, ...); for diagnostics: a check failed
 	exitUsage    = 2 // a usage or validation error; nothing was read or written
 	exitConflict = 3 // another owner holds an active lock on the resource
-	exitExpired  = 4 // renew: the owner's lock has expired, or the owner holds none
+	exitExpired  = 4 // renew: the owner's lock has expired, or the owner holds none; run: the lock was lost while CMD ran
+
+	// Codes of "locks run" alone, as shells and env(1) use them. Any other
+	// code of run is its command's own.
+	exitCannotRun = 126 // run: CMD was found but could not be started
+	exitNotFound  = 127 // run: CMD was not found
 )
 
 // exitCodes is the one table from errors to exit codes, and to the code of
@@ -30,6 +35,8 @@ var exitCodes = []struct {
 	{errUsage, exitUsage, "validation"},
 	{errChecksFailed, exitFailure, "internal"},
 	{domain.ErrUnavailable, exitFailure, "internal"},
+	{errNotFound, exitNotFound, "not_found"},
+	{errCannotRun, exitCannotRun, "cannot_run"},
 }
 
 func exitCode(err error) (exit int, code string) {
@@ -55,3 +62,16 @@ func (e *usageError) Is(target error) bool { return target == errUsage }
 func usagef(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
+
+// errNotFound and errCannotRun match the commands that "locks run" could not
+// find, or could not start.
+var (
+	errNotFound  = errors.New("command not found")
+	errCannotRun = errors.New("command cannot be run")
+)
+
+// exitStatus ends agents with a code and prints nothing more: the status of
+// the command that "locks run" ran, reported already.
+type exitStatus int
+
+func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)) }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -53,11 +55,27 @@ func (c *invocation) printTimes(w io.Writer, l domain.Lock, now time.Time) {
 // printConflict reports on stderr who holds the resource, since when and
 // for how long yet.
 func (c *invocation) printConflict(e *domain.LockConflictError) {
-	h := e.Holder
+	h, now := e.Holder, e.Now
+	if e.Cause != nil {
+		// A wait that gave up: e.Now is its last try, which may be a while
+		// ago.
+		now = c.clock.Now()
+	}
 	fmt.Fprintf(c.stderr, "%s: %s is held by another owner: %q (token %d)\n", c.prog(), printable(h.Resource.String()), h.Owner, h.Token)
-	c.printTimes(c.stderr, h, e.Now)
+	c.printTimes(c.stderr, h, now)
+	// A wait is told to the second, or to the millisecond below one.
+	waited := e.Waited.Round(time.Second)
+	if e.Waited < time.Second {
+		waited = e.Waited.Round(time.Millisecond)
+	}
+	switch {
+	case errors.Is(e.Cause, context.DeadlineExceeded):
+		fmt.Fprintf(c.stderr, "Gave up after waiting %s (--timeout).\n", short(waited))
+	case e.Cause != nil:
+		fmt.Fprintf(c.stderr, "Interrupted after waiting %s.\n", short(waited))
+	}
 	fmt.Fprintf(c.stderr, "Wait until it is released or expires (%s left), or ask its holder to release it.\n",
-		short(h.Remaining(e.Now).Round(time.Second)))
+		short(h.Remaining(now).Round(time.Second)))
 }
 
 // openTarget starts every command that acts for the owner on one resource:
@@ -65,20 +83,27 @@ func (c *invocation) printConflict(e *domain.LockConflictError) {
 // before anything touches the database, and opens the container. The
 // caller closes it.
 func (c *invocation) openTarget(ctx context.Context, fs *flag.FlagSet, args []string) (*locks.Container, domain.ResourceRef, string, error) {
-	pos, err := c.parse(fs, args, "TYPE", "ID")
-	if err != nil {
-		return nil, domain.ResourceRef{}, "", err
-	}
-	ref, err := domain.NewResourceRef(domain.ResourceType(pos[0]), pos[1])
-	if err != nil {
-		return nil, ref, "", err
-	}
-	owner, err := c.owner()
+	ref, owner, err := c.target(fs, args)
 	if err != nil {
 		return nil, ref, "", err
 	}
 	ctr, err := c.open(ctx, owner, false)
 	return ctr, ref, owner, err
+}
+
+// target parses TYPE and ID with the flags in fs, and validates them and
+// the owner, without touching the database.
+func (c *invocation) target(fs *flag.FlagSet, args []string) (domain.ResourceRef, string, error) {
+	pos, err := c.parse(fs, args, "TYPE", "ID")
+	if err != nil {
+		return domain.ResourceRef{}, "", err
+	}
+	ref, err := domain.NewResourceRef(domain.ResourceType(pos[0]), pos[1])
+	if err != nil {
+		return ref, "", err
+	}
+	owner, err := c.owner()
+	return ref, owner, err
 }
 
 // ttlFlag is --ttl: a Go duration ("90s", "5m") or whole seconds ("300"),
@@ -98,14 +123,9 @@ func (f *ttlFlag) String() string {
 // Set parses and checks a TTL. A TTL out of bounds is refused here, as a
 // usage error, rather than by the service after the database is open.
 func (f *ttlFlag) Set(s string) error {
-	var d time.Duration
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		d = time.Duration(n) * time.Second
-		if n > math.MaxInt64/int64(time.Second) || n < 0 {
-			d = -1
-		}
-	} else if d, err = time.ParseDuration(s); err != nil {
-		return fmt.Errorf("%q is neither a duration such as 90s or 5m nor whole seconds such as 300", s)
+	d, err := parseDuration(s)
+	if err != nil {
+		return err
 	}
 	if err := domain.ValidateTTL(d); err != nil {
 		return fmt.Errorf("the TTL must be from %s to %s; omit --ttl for the default %s",
@@ -113,4 +133,52 @@ func (f *ttlFlag) Set(s string) error {
 	}
 	*f = ttlFlag(d)
 	return nil
+}
+
+// parseDuration parses the durations of the flags: a Go duration ("90s",
+// "5m") or whole seconds ("300"). Whole seconds too many to count in a
+// duration come back negative, which every flag refuses.
+func parseDuration(s string) (time.Duration, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n > math.MaxInt64/int64(time.Second) || n < 0 {
+			return -1, nil
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is neither a duration such as 90s or 5m nor whole seconds such as 300", s)
+	}
+	return d, nil
+}
+
+// waitFlags are --wait and --timeout, of the commands that take a lock.
+type waitFlags struct {
+	wait       bool
+	timeout    time.Duration
+	timeoutSet bool
+}
+
+func (w *waitFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&w.wait, "wait", false, "wait until the lock is free, instead of exiting 3 while another owner holds it")
+	fs.Func("timeout", "with --wait: give up after `D` (a duration or whole seconds), exit 3; default: wait as long as it takes",
+		func(s string) error {
+			d, err := parseDuration(s)
+			if err != nil {
+				return err
+			}
+			if d <= 0 {
+				return fmt.Errorf("the timeout must be positive; omit --timeout to wait as long as it takes")
+			}
+			w.timeout, w.timeoutSet = d, true
+			return nil
+		})
+}
+
+// options returns the acquire options that the flags ask for.
+func (w *waitFlags) options(ttl ttlFlag) (application.AcquireOptions, error) {
+	if w.timeoutSet && !w.wait {
+		return application.AcquireOptions{}, usagef("--timeout bounds a wait: pass --wait with it")
+	}
+	return application.AcquireOptions{TTL: time.Duration(ttl), Wait: w.wait, Timeout: w.timeout}, nil
 }

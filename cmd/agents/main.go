@@ -2,7 +2,8 @@
 // in the same database as the application that embeds the lock module (a
 // SQLite file, or a PostgreSQL server named by a postgres:// URL), running
 // no server of its own: who holds what, taking and releasing locks by hand,
-// purging expired locks, and the diagnostics of the lock store.
+// purging expired locks, running a command under a lock, and the
+// diagnostics of the lock store.
 //
 // Usage:
 //
@@ -22,8 +23,10 @@ import (
 )
 
 func main() {
+	// An interrupt cancels the command in progress. "locks run" catches the
+	// same signals itself once its command runs, and forwards them to it.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	m := &Main{Stdout: os.Stdout, Stderr: os.Stderr, Env: os.Getenv, Clock: clock.New()}
+	m := &Main{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Env: os.Getenv, Clock: clock.New()}
 	code := m.Run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)

@@ -90,6 +90,17 @@ func TestMain_Usage(t *testing.T) {
 		{"TTLTooLong", []string{"locks", "renew", "plan", "p1", "--owner", "a", "--ttl", "3601"}, "the TTL must be from 5s to 1h"},
 		{"TTLZero", []string{"locks", "acquire", "plan", "p1", "--owner", "a", "--ttl", "0"}, "omit --ttl for the default 5m"},
 		{"TTLMalformed", []string{"locks", "acquire", "plan", "p1", "--owner", "a", "--ttl", "soon"}, `"soon" is neither a duration`},
+		{"TimeoutWithoutWait", []string{"locks", "acquire", "plan", "p1", "--owner", "a", "--timeout", "5s"}, "--timeout bounds a wait: pass --wait with it"},
+		{"TimeoutZero", []string{"locks", "acquire", "plan", "p1", "--owner", "a", "--wait", "--timeout", "0"}, "the timeout must be positive"},
+		{"TimeoutMalformed", []string{"locks", "acquire", "plan", "p1", "--owner", "a", "--wait", "--timeout", "soon"}, `"soon" is neither a duration`},
+		{"RunWithoutDashDash", []string{"locks", "run", "plan", "p1", "true"}, "expected TYPE and ID, then -- and the command to run"},
+		{"RunWithoutCommand", []string{"locks", "run", "plan", "p1", "--"}, "expected TYPE and ID, then -- and the command to run"},
+		{"RunWithoutID", []string{"locks", "run", "plan", "--", "true"}, "expected TYPE and ID, then -- and the command to run"},
+		{"RunBadType", []string{"locks", "run", "job", "p1", "--", "true"}, `"job" is not a resource type`},
+		{"RunEmptyOwner", []string{"locks", "run", "plan", "p1", "--owner", "", "--", "true"}, "invalid owner_id: must not be empty"},
+		{"RunTimeoutWithoutWait", []string{"locks", "run", "plan", "p1", "--timeout", "5s", "--", "true"}, "--timeout bounds a wait"},
+		{"RunNegativeGrace", []string{"locks", "run", "plan", "p1", "--grace", "-1s", "--", "true"}, "the grace period must not be negative"},
+		{"RunTTLTooShort", []string{"locks", "run", "plan", "p1", "--ttl", "1s", "--", "true"}, "the TTL must be from 5s to 1h"},
 		{"MemoryDatabase", []string{"--db", ":memory:", "locks", "list"}, "would give every run an empty store"},
 		{"EmptyDatabase", []string{"--db", "", "locks", "list"}, "--db must not be empty"},
 	}
@@ -115,7 +126,7 @@ func TestMain_Usage(t *testing.T) {
 		r.decode(t, &doc)
 		assert.Equal(t, "validation", doc.Error.Code)
 	})
-	for _, args := range [][]string{{"-h"}, {"help"}, {"locks", "--help"}, {"locks", "acquire", "-h"}} {
+	for _, args := range [][]string{{"-h"}, {"help"}, {"locks", "--help"}, {"locks", "acquire", "-h"}, {"locks", "run", "-h"}} {
 		t.Run("Help"+filepath.Join(args...), func(t *testing.T) {
 			r := newHarness(t).run(args...)
 			assert.Equal(t, exitOK, r.code)

@@ -27,6 +27,9 @@ type errorDoc struct {
 	Code    string   `json:"code"`
 	Message string   `json:"message"`
 	Holder  *lockDoc `json:"holder,omitempty"`
+	// WaitedSeconds is how long a --wait waited before it gave up, to the
+	// millisecond; absent when the command did not wait.
+	WaitedSeconds *float64 `json:"waited_seconds,omitempty"`
 }
 
 // emit writes a command's result: v as the one JSON document with --json,

@@ -19,6 +19,9 @@ import (
 // Main runs the agents command. The tests drive it directly, with their
 // own writers, environment and clock; main gives it the process's.
 type Main struct {
+	// Stdin is the input of the command that "locks run" runs; nil means
+	// none (the null device).
+	Stdin  io.Reader
 	Stdout io.Writer
 	Stderr io.Writer
 	// Env reads an environment variable; nil means os.Getenv.
@@ -27,12 +30,17 @@ type Main struct {
 	Clock application.Clock
 	// Location is the time zone of human output; nil means time.Local.
 	Location *time.Location
+	// Signals delivers to c the signals that "locks run" forwards to its
+	// command, until stop is called; nil means SIGINT and SIGTERM through
+	// signal.Notify.
+	Signals func(c chan<- os.Signal) (stop func())
 }
 
 // Run runs one command line (args without the program name) and returns
 // the process's exit code.
 func (m *Main) Run(ctx context.Context, args []string) (code int) {
-	c := &invocation{stdout: &outputWriter{w: m.Stdout}, stderr: m.Stderr, env: m.Env, clock: m.Clock, loc: m.Location, args: args}
+	c := &invocation{stdout: &outputWriter{w: m.Stdout}, stderr: m.Stderr, env: m.Env, clock: m.Clock, loc: m.Location, args: args,
+		stdin: m.Stdin, rawStdout: m.Stdout, signals: m.Signals}
 	if c.env == nil {
 		c.env = os.Getenv
 	}
@@ -41,6 +49,9 @@ func (m *Main) Run(ctx context.Context, args []string) (code int) {
 	}
 	if c.loc == nil {
 		c.loc = time.Local
+	}
+	if c.signals == nil {
+		c.signals = notifySignals
 	}
 	defer func() {
 		// A panic is a bug, reported in one line like any failure: a stack
@@ -60,6 +71,12 @@ type invocation struct {
 	clock  application.Clock
 	loc    *time.Location
 	args   []string
+	// What "locks run" gives its command: the input, the output as Main
+	// has it (an *os.File passes to the command as it is), and the
+	// signals to forward.
+	stdin     io.Reader
+	rawStdout io.Writer
+	signals   func(c chan<- os.Signal) (stop func())
 
 	g   globals
 	cmd *command      // nil until the command is known
@@ -79,7 +96,8 @@ type command struct {
 
 // commands are the subcommands of agents, in the order of the help text.
 var commands = []command{
-	{"locks acquire", "TYPE ID [--ttl D]", "Take the lock on a resource for --owner, or re-enter it if --owner holds it already.", (*invocation).acquire},
+	{"locks acquire", "TYPE ID [--ttl D] [--wait [--timeout D]]", "Take the lock on a resource for --owner, or re-enter it if --owner holds it already; with --wait, wait until it is free.", (*invocation).acquire},
+	{"locks run", "TYPE ID [--ttl D] [--wait [--timeout D]] [--grace D] -- CMD [ARGS...]", "Take the lock, run CMD while keeping it alive, and release it when CMD ends; exit with CMD's status.", (*invocation).lockRun},
 	{"locks renew", "TYPE ID [--ttl D]", "Extend the lock that --owner holds on a resource.", (*invocation).renew},
 	{"locks release", "TYPE ID", "Release the lock that --owner holds on a resource.", (*invocation).release},
 	{"locks release-all", "", "Release every lock of --owner.", (*invocation).releaseAll},
@@ -103,7 +121,7 @@ func (c *invocation) run(ctx context.Context) error {
 		return flag.ErrHelp
 	case "locks":
 		if len(args) < 2 {
-			return usagef("locks needs a subcommand: acquire, renew, release, release-all, list or cleanup")
+			return usagef("locks needs a subcommand: acquire, run, renew, release, release-all, list or cleanup")
 		}
 		if isHelp(args[1]) {
 			return flag.ErrHelp
@@ -138,9 +156,14 @@ func (c *invocation) finish(err error) int {
 		c.usage(c.stdout)
 		err = nil
 	}
+	var status exitStatus
+	if errors.As(err, &status) {
+		// The status of the command that "locks run" ran, already reported.
+		err = nil
+	}
 	if err == nil {
 		if c.stdout.err == nil {
-			return exitOK
+			return int(status)
 		}
 		err = c.stdout.err
 	}
@@ -171,6 +194,10 @@ func (c *invocation) finish(err error) int {
 		if conflict != nil {
 			holder := newLockDoc(conflict.Holder)
 			doc.Holder = &holder
+			if conflict.Cause != nil {
+				waited := conflict.Waited.Round(time.Millisecond).Seconds()
+				doc.WaitedSeconds = &waited
+			}
 		}
 		_ = c.writeJSON(map[string]errorDoc{"error": doc})
 	}
@@ -211,7 +238,10 @@ TYPE is plan or project. D is a duration (90s, 5m) or whole seconds (300),
 from 5s to 1h; the default is 5m.
 
 Exit codes: 0 success, 1 failure (diagnostics: a check failed), 2 usage or
-validation error, 3 held by another owner, 4 expired or not held.
+validation error, 3 held by another owner, 4 expired or not held (locks run:
+the lock was lost while CMD ran). locks run otherwise exits with CMD's
+status (128+N when signal N killed it), 126 when CMD could not be started
+and 127 when it was not found.
 Run 'agents COMMAND -h' for the flags of a command.
 `)
 	return b.String()

@@ -53,7 +53,8 @@ func buildAndRun(m *testing.M) int {
 var lockKeys = []string{"token", "owner_id", "resource_type", "resource_id", "acquired_at", "expires_at"}
 
 // agents runs the binary with an environment of its own: a home, a data
-// directory and a time zone, and nothing of the test process's AGENTS_*.
+// directory, a time zone and the PATH in which "locks run" finds its
+// commands, and nothing of the test process's AGENTS_*.
 type agents struct {
 	t   *testing.T
 	dir string
@@ -67,6 +68,7 @@ func newAgents(t *testing.T) *agents {
 		"HOME=" + filepath.Join(dir, "home"),
 		"XDG_DATA_HOME=" + filepath.Join(dir, "data"),
 		"TZ=UTC",
+		"PATH=" + os.Getenv("PATH"),
 	}}
 }
 

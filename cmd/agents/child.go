@@ -1,0 +1,66 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"syscall"
+)
+
+// child is the command that "locks run" runs.
+type child struct {
+	cmd *exec.Cmd
+	// done receives the result of Wait once the command has ended.
+	done chan error
+	// reported is set once the loss of the lock has been reported.
+	reported bool
+}
+
+// startChild starts cmd, and waits for it in a goroutine locked to the OS
+// thread that started it. On Linux the command gets a parent-death signal
+// (see protectChild), which the kernel sends when the thread that created
+// the command exits, not the process: were that goroutine's thread to end
+// while the command runs, the command would be killed, and while it is
+// locked to the goroutine the runtime never ends it.
+func startChild(cmd *exec.Cmd) (*child, error) {
+	protectChild(cmd)
+	p := &child{cmd: cmd, done: make(chan error, 1)}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		p.done <- cmd.Wait()
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// terminate asks the command to stop.
+func (p *child) terminate() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
+
+// result is how the command ended, once it has: its exit code, or 128+N
+// when signal N killed it, as a shell reports it.
+func (p *child) result() commandDoc {
+	ps := p.cmd.ProcessState
+	doc := commandDoc{PID: p.cmd.Process.Pid, ExitCode: ps.ExitCode()}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		n := int(ws.Signal())
+		doc.ExitCode, doc.Signal = 128+n, &n
+	}
+	return doc
+}
+
+// notifySignals is Main.Signals of the agents process: SIGINT and SIGTERM,
+// which "locks run" forwards to its command.
+func notifySignals(c chan<- os.Signal) (stop func()) {
+	signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+	return func() { signal.Stop(c) }
+}

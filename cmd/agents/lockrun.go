@@ -1,0 +1,321 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"time"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// defaultGrace is how long a command whose lock was lost has, after
+// SIGTERM, before it gets SIGKILL.
+const defaultGrace = 10 * time.Second
+
+// runDoc is the JSON output of "locks run", written once the command has
+// ended.
+type runDoc struct {
+	// Lock is the lock as last acquired or renewed.
+	Lock    lockDoc    `json:"lock"`
+	Command commandDoc `json:"command"`
+	// Lost says why the lock was lost while the command ran; null when it
+	// was held throughout.
+	Lost *lostDoc `json:"lost"`
+	// Released says whether the lock was released when the command ended:
+	// false when it was lost, since it is no longer the owner's to release.
+	Released bool `json:"released"`
+}
+
+// commandDoc is how the command ended.
+type commandDoc struct {
+	PID int `json:"pid"`
+	// ExitCode is its status as a shell reports it: 128+N when signal N
+	// killed it.
+	ExitCode int `json:"exit_code"`
+	// Signal is the number of the signal that killed it, or null.
+	Signal *int `json:"signal"`
+}
+
+// lostDoc is a lock lost while the command ran.
+type lostDoc struct {
+	// Reason is expired, taken_over, store_failing or closed.
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	// At is when agents noticed the loss.
+	At string `json:"at"`
+	// NewHolder is who holds the resource now, for taken_over.
+	NewHolder *lockDoc `json:"new_holder,omitempty"`
+}
+
+var lostReasons = map[domain.LostReason]string{
+	domain.LostExpired:      "expired",
+	domain.LostTakenOver:    "taken_over",
+	domain.LostStoreFailing: "store_failing",
+	domain.LostClosed:       "closed",
+}
+
+func newLostDoc(e *domain.LockLostError) *lostDoc {
+	doc := &lostDoc{Reason: lostReasons[e.Reason], Message: e.Error(), At: e.At.UTC().Format(jsonTime)}
+	if e.NewHolder != nil {
+		holder := newLockDoc(*e.NewHolder)
+		doc.NewHolder = &holder
+	}
+	return doc
+}
+
+// lockRun runs "locks run TYPE ID [flags] -- CMD [ARGS...]": take the lock
+// (waiting for it with --wait), start CMD with the lock in its environment,
+// keep the lock alive while CMD runs, release it when CMD ends, and exit
+// with CMD's status. If the lock is lost meanwhile, CMD gets SIGTERM, then
+// SIGKILL after --grace, and agents exits 4 without releasing anything:
+// the resource may be another owner's by then.
+func (c *invocation) lockRun(ctx context.Context, args []string) error {
+	fs := c.flagSet()
+	var ttl ttlFlag
+	fs.Var(&ttl, "ttl", ttlUsage+"; renewed every half of it while CMD runs")
+	var wait waitFlags
+	wait.register(fs)
+	grace := defaultGrace
+	fs.Func("grace", "how long CMD has to exit after SIGTERM, once the lock is lost, before SIGKILL: a duration `D` or whole seconds; default 10s",
+		func(s string) (err error) {
+			if grace, err = parseDuration(s); err == nil && grace < 0 {
+				err = errors.New("the grace period must not be negative")
+			}
+			return err
+		})
+	ref, owner, argv, err := c.runTarget(fs, args)
+	if err != nil {
+		return err
+	}
+	opts, err := wait.options(ttl)
+	if err != nil {
+		return err
+	}
+	// Find CMD before the lock is taken, or the database even opened: a
+	// typo must not leave a lock, or a new database, behind.
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return commandError(argv[0], err)
+	}
+
+	ctr, err := c.open(ctx, owner, false)
+	if err != nil {
+		return err
+	}
+	defer c.close(ctr)
+	// Catch the signals to forward before the lock is taken, so that none
+	// is lost between starting CMD and forwarding.
+	sigs := make(chan os.Signal, 8)
+	defer c.signals(sigs)()
+
+	h, err := ctr.Locks.Take(ctx, owner, ref, opts)
+	if err != nil {
+		return err
+	}
+	// From here on, the lock and CMD outlive an interrupt of agents: it is
+	// forwarded to CMD, and agents waits for CMD before it releases.
+	bg := context.WithoutCancel(ctx)
+	if ctx.Err() != nil { // interrupted before CMD started: run nothing
+		_, _ = c.releaseHandle(bg, h)
+		return ctx.Err()
+	}
+	keep, stopKeep := context.WithCancel(bg)
+	defer stopKeep()
+	held := h.KeepAlive(keep)
+
+	l := h.Lock()
+	cmd := c.command(path, argv, l)
+	p, err := startChild(cmd)
+	if err != nil {
+		stopKeep()
+		_, _ = c.releaseHandle(bg, h)
+		return commandError(argv[0], err)
+	}
+	c.supervise(p, h, held, sigs, grace)
+
+	// CMD has ended: stop renewing, then release the lock if it is still
+	// the owner's.
+	stopKeep()
+	<-h.Done()
+	lost := c.lossAtEnd(bg, h, ctr.Locks)
+	if lost != nil && !p.reported {
+		fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(lost.Error()))
+	}
+	doc := runDoc{Lock: newLockDoc(h.Lock()), Command: p.result()}
+	if lost == nil {
+		var err error
+		if doc.Released, err = c.releaseHandle(bg, h); err == nil && !doc.Released {
+			// Gone before its expiry: released by hand, as the same owner.
+			// The keep-alive would have reported it as expired at its next
+			// renewal; so does agents.
+			lost = &domain.LockLostError{Lock: h.Lock(), Reason: domain.LostExpired, At: ctr.Locks.Now()}
+			fmt.Fprintf(c.stderr, "%s: the lock of owner %q on %s (token %d) was gone when the command ended: someone released it as that owner\n",
+				c.prog(), h.Lock().Owner, printable(ref.String()), h.Lock().Token)
+		}
+	}
+	if lost != nil {
+		doc.Lost = newLostDoc(lost)
+	}
+	if c.g.json {
+		if err := c.writeJSON(doc); err != nil {
+			return err
+		}
+	}
+	if lost != nil {
+		return exitStatus(exitExpired)
+	}
+	return exitStatus(doc.Command.ExitCode)
+}
+
+// runTarget parses "TYPE ID [flags] -- CMD [ARGS...]": flags may come
+// before, between or after TYPE and ID, as for the other lock commands;
+// the first "--" after them starts CMD, whose arguments are never read as
+// flags. An ID that begins with a dash follows a "--" of its own:
+// "locks run plan -- -p1 -- CMD".
+func (c *invocation) runTarget(fs *flag.FlagSet, args []string) (domain.ResourceRef, string, []string, error) {
+	const synopsis = "expected TYPE and ID, then -- and the command to run: agents locks run plan p1 -- make deploy"
+	var pos, argv []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return domain.ResourceRef{}, "", nil, flagError(err)
+		}
+		rest := fs.Args()
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			if need := 2 - len(pos); need > 0 {
+				if len(rest) < need+1 || rest[need] != "--" {
+					return domain.ResourceRef{}, "", nil, usagef("%s", synopsis)
+				}
+				pos, rest = append(pos, rest[:need]...), rest[need+1:]
+			}
+			argv = rest
+			break
+		}
+		if len(rest) == 0 {
+			break
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+	if len(pos) != 2 || len(argv) == 0 {
+		return domain.ResourceRef{}, "", nil, usagef("%s", synopsis)
+	}
+	ref, err := domain.NewResourceRef(domain.ResourceType(pos[0]), pos[1])
+	if err != nil {
+		return ref, "", nil, err
+	}
+	owner := locks.DefaultOwner() // this process, unless told otherwise
+	if c.g.ownerSet || c.env("AGENTS_OWNER") != "" {
+		if owner, err = c.owner(); err != nil {
+			return ref, "", nil, err
+		}
+	}
+	return ref, owner, argv, nil
+}
+
+// commandError explains why CMD could not be found or started.
+func commandError(name string, err error) error {
+	if e := (*exec.Error)(nil); errors.As(err, &e) {
+		err = e.Err // without the name, which the message gives once
+	}
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: %s: %v; check its name and PATH", errNotFound, strconv.Quote(name), err)
+	}
+	return fmt.Errorf("%w: %s: %v", errCannotRun, strconv.Quote(name), err)
+}
+
+// command builds CMD, with the lock in its environment. With --json, its
+// stdout goes to agents' stderr, so that stdout carries only the one JSON
+// document.
+func (c *invocation) command(path string, argv []string, l domain.Lock) *exec.Cmd {
+	cmd := exec.Command(path, argv[1:]...)
+	cmd.Args[0] = argv[0]
+	cmd.Env = append(os.Environ(),
+		"AGENTS_LOCK_TOKEN="+strconv.FormatInt(l.Token, 10),
+		"AGENTS_LOCK_OWNER="+l.Owner,
+		"AGENTS_LOCK_RESOURCE="+string(l.Resource.Type)+"/"+l.Resource.ID,
+	)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = c.stdin, c.rawStdout, c.stderr
+	if c.g.json {
+		cmd.Stdout = c.stderr
+	}
+	// Output that is not a file is copied by agents; a grandchild of CMD
+	// that keeps the pipe open must not hold agents up for long.
+	cmd.WaitDelay = time.Second
+	return cmd
+}
+
+// supervise waits for CMD to end, forwarding the signals that agents
+// receives, and stopping CMD if the lock is lost: SIGTERM at once, SIGKILL
+// after grace.
+func (c *invocation) supervise(p *child, h *application.Handle, held context.Context, sigs <-chan os.Signal, grace time.Duration) {
+	lostc := held.Done()
+	var kill <-chan time.Time
+	for {
+		select {
+		case <-p.done:
+			return
+		case s := <-sigs:
+			_ = p.cmd.Process.Signal(s) // fails only once CMD has exited
+		case <-lostc:
+			lostc = nil
+			p.reported = true
+			fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(context.Cause(held).Error()))
+			fmt.Fprintf(c.stderr, "%s: stopping the command (pid %d): SIGTERM now, SIGKILL in %s if it is still running\n",
+				c.prog(), p.cmd.Process.Pid, short(grace))
+			_ = p.terminate()
+			kill = c.after(grace)
+		case <-kill:
+			kill = nil
+			fmt.Fprintf(c.stderr, "%s: the command (pid %d) was still running %s after SIGTERM: sending SIGKILL\n",
+				c.prog(), p.cmd.Process.Pid, short(grace))
+			_ = p.cmd.Process.Kill()
+		}
+	}
+}
+
+// lossAtEnd returns the loss of h's lock, noticed while CMD ran or found
+// now that it has ended: a lock that expired meanwhile, whose renewal the
+// keep-alive had not yet attempted (agents was stopped, say), is lost too.
+func (c *invocation) lossAtEnd(ctx context.Context, h *application.Handle, svc *application.LockService) *domain.LockLostError {
+	var lost *domain.LockLostError
+	if errors.As(h.Err(), &lost) {
+		return lost
+	}
+	l, now := h.Lock(), svc.Now()
+	if !l.ExpiredAt(now) {
+		return nil
+	}
+	lost = &domain.LockLostError{Lock: l, Reason: domain.LostExpired, At: now}
+	if cur, err := svc.Get(ctx, l.Resource); err == nil && cur.Token != l.Token && !cur.ExpiredAt(now) {
+		lost.Reason, lost.NewHolder = domain.LostTakenOver, &cur
+	}
+	return lost
+}
+
+// releaseHandle releases h's lock and reports whether it did. A failure leaves
+// the lock to expire with its TTL: it is warned about here, and does not
+// change the exit status, since CMD's is what the caller waits for.
+func (c *invocation) releaseHandle(ctx context.Context, h *application.Handle) (bool, error) {
+	released, err := h.Release(ctx)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "%s: warning: the lock could not be released, and expires at %s: %s\n",
+			c.prog(), h.Lock().ExpiresAt.UTC().Format(time.RFC3339), c.redact(oneLine(err.Error())))
+	}
+	return released, err
+}
+
+// after returns a channel that receives once d has passed on the clock.
+func (c *invocation) after(d time.Duration) <-chan time.Time {
+	if t, ok := c.clock.(interface {
+		After(time.Duration) <-chan time.Time
+	}); ok {
+		return t.After(d)
+	}
+	return time.After(d)
+}
