@@ -345,7 +345,7 @@ func TestHandle_KeepAlive(t *testing.T) {
 		assert.Contains(t, lost.Error(), fmt.Sprintf("owner %q took it over (token %d)", "B", b.Token))
 	})
 
-	t.Run("Expired", func(t *testing.T) {
+	t.Run("RemovedBehindItsBack", func(t *testing.T) {
 		clk, _, svc, _, held := setup(t)
 		_, err := svc.Release(ctx, "A", plan)
 		require.NoError(t, err)
@@ -354,7 +354,8 @@ func TestHandle_KeepAlive(t *testing.T) {
 		<-held.Done()
 		var lost *domain.LockLostError
 		require.ErrorAs(t, context.Cause(held), &lost)
-		assert.Equal(t, domain.LostExpired, lost.Reason)
+		assert.Equal(t, domain.LostRemoved, lost.Reason)
+		assert.Contains(t, lost.Error(), "removed from the store before its expiry")
 	})
 
 	t.Run("RenewalStuckPastTheExpiry", func(t *testing.T) {

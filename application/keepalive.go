@@ -193,15 +193,19 @@ func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 	return err
 }
 
-// lostAt explains the loss of l, which has expired: the store kept failing
-// (last), another owner holds the resource now, or nobody took it yet.
+// lostAt explains the loss of l: the store kept failing until the expiry
+// (last), another owner holds the resource now, the lock was removed
+// before its expiry, or it expired and nobody took it yet.
 func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 	if last != nil {
 		return domain.LockLostError{Lock: l, Reason: domain.LostStoreFailing, Err: last}
 	}
 	cur, err := k.h.svc.Get(k.run, l.Resource)
-	if err == nil && cur.Token != l.Token {
+	switch {
+	case err == nil && cur.Token != l.Token:
 		return domain.LockLostError{Lock: l, Reason: domain.LostTakenOver, NewHolder: &cur}
+	case errors.Is(err, domain.ErrNotFound) && !l.ExpiredAt(k.h.svc.Now()):
+		return domain.LockLostError{Lock: l, Reason: domain.LostRemoved}
 	}
 	return domain.LockLostError{Lock: l, Reason: domain.LostExpired}
 }

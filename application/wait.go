@@ -140,6 +140,11 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 	case <-ctx.Done():
 		return gaveUp(ctx.Err())
 	case <-expired:
+		// Queued behind others all along: one try, so that the answer
+		// names the holder (or takes a lock that just came free).
+		if l, err := s.Acquire(ctx, owner, ref, ttl); !errors.As(err, &last) {
+			return l, err
+		}
 		return gaveUp(context.DeadlineExceeded)
 	case <-s.gate.done():
 		return domain.Lock{}, domain.ErrClosed

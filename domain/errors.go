@@ -116,6 +116,10 @@ const (
 	// LostClosed: the lock service was closed while the lock was kept
 	// alive; the container releases the owner's locks.
 	LostClosed
+	// LostRemoved: the lock was removed from the store before its expiry:
+	// released behind the keep-alive's back (by the same owner elsewhere,
+	// or an operator), or purged by a cleanup whose clock ran ahead.
+	LostRemoved
 )
 
 func (r LostReason) String() string {
@@ -128,6 +132,8 @@ func (r LostReason) String() string {
 		return "store failing"
 	case LostClosed:
 		return "service closed"
+	case LostRemoved:
+		return "removed"
 	}
 	return "unknown"
 }
@@ -166,6 +172,9 @@ func (e *LockLostError) Error() string {
 			l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), e.Err, next)
 	case LostClosed:
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the lock service was closed; %s",
+			l.Owner, l.Resource, l.Token, next)
+	case LostRemoved:
+		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: it was removed from the store before its expiry (released elsewhere, or purged); %s",
 			l.Owner, l.Resource, l.Token, next)
 	}
 	if l.ExpiresAt.IsZero() {

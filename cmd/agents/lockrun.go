@@ -45,7 +45,7 @@ type commandDoc struct {
 
 // lostDoc is a lock lost while the command ran.
 type lostDoc struct {
-	// Reason is expired, taken_over, store_failing or closed.
+	// Reason is expired, taken_over, removed, store_failing or closed.
 	Reason  string `json:"reason"`
 	Message string `json:"message"`
 	// At is when agents noticed the loss.
@@ -59,6 +59,7 @@ var lostReasons = map[domain.LostReason]string{
 	domain.LostTakenOver:    "taken_over",
 	domain.LostStoreFailing: "store_failing",
 	domain.LostClosed:       "closed",
+	domain.LostRemoved:      "removed",
 }
 
 func newLostDoc(e *domain.LockLostError) *lostDoc {

@@ -307,7 +307,7 @@ func TestMain_LockRun(t *testing.T) {
 		r.decode(t, &doc)
 		assert.Equal(t, 128+9, doc.Command.ExitCode)
 		require.NotNil(t, doc.Lost)
-		assert.Equal(t, "expired", doc.Lost.Reason)
+		assert.Equal(t, "removed", doc.Lost.Reason, "released by hand before its expiry")
 		assert.Contains(t, doc.Lost.Message, `the lock of owner "runner" on plan/p1 (token 1) was lost`)
 		assert.Nil(t, doc.Lost.NewHolder)
 		assert.False(t, doc.Released)
