@@ -456,3 +456,57 @@ func TestLockService_Do(t *testing.T) {
 		assert.False(t, ran)
 	})
 }
+
+// stepClock is a mock clock whose timers fire only when the test fires
+// them: a timer that fires late stands for a process that was paused.
+type stepClock struct {
+	*clock.Mock
+	timers chan stepTimer
+}
+
+type stepTimer struct {
+	d time.Duration
+	c chan time.Time
+}
+
+func (c *stepClock) After(d time.Duration) <-chan time.Time {
+	t := stepTimer{d: d, c: make(chan time.Time, 1)}
+	c.timers <- t
+	return t.c
+}
+
+func (c *stepClock) await(t *testing.T) stepTimer {
+	t.Helper()
+	select {
+	case st := <-c.timers:
+		return st
+	case <-time.After(10 * time.Second):
+		t.Fatal("the service set no timer")
+		return stepTimer{}
+	}
+}
+
+func TestHandle_KeepAlive_PausedPastItsExpiry(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ctx := context.Background()
+	mc := clock.NewMock()
+	mc.Set(holdStart)
+	clk := &stepClock{Mock: mc, timers: make(chan stepTimer, 64)}
+	svc, err := application.NewLockService(memory.NewLockRepository(), clk, 0)
+	require.NoError(t, err)
+	h, err := svc.Take(ctx, "A", plan, application.AcquireOptions{TTL: 10 * time.Second})
+	require.NoError(t, err)
+	held := h.KeepAlive(ctx)
+	defer h.Release(ctx)
+
+	renewal := clk.await(t)
+	require.Equal(t, 5*time.Second, renewal.d)
+	mc.Set(holdStart.Add(12 * time.Second)) // the process slept through its renewal
+	renewal.c <- mc.Now()
+	<-held.Done()
+	var lost *domain.LockLostError
+	require.ErrorAs(t, context.Cause(held), &lost)
+	assert.Equal(t, domain.LostExpired, lost.Reason)
+	assert.Equal(t, holdStart.Add(12*time.Second), lost.At)
+	assert.Contains(t, lost.Error(), "expired at 2026-11-30T10:00:10Z without being renewed")
+}
