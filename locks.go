@@ -57,8 +57,14 @@ type Config struct {
 	// domain.DefaultLockTTL (5 minutes).
 	DefaultTTL time.Duration
 	// Clock is where the service reads the time; nil means the real clock.
-	// Tests pass clock.NewMock() from github.com/benbjohnson/clock.
+	// Tests pass clock.NewMock() from github.com/benbjohnson/clock. On
+	// PostgreSQL, expiry is decided on the server's time: this clock
+	// corrected by its measured offset to the server (see LocalTime).
 	Clock application.Clock
+	// LocalTime, on PostgreSQL, decides expiry on Clock as it is rather
+	// than on the server's time: for tests that drive a mock clock. Hosts
+	// that share locks must not set it unless their clocks agree.
+	LocalTime bool
 	// BusyTimeout is how long a SQLite statement waits for another
 	// process's write; zero means 5 seconds.
 	BusyTimeout time.Duration
@@ -98,6 +104,7 @@ type Container struct {
 	Locks *application.LockService
 
 	owner    string
+	clock    application.Clock
 	keep     bool
 	fence    fencer
 	shutdown *shutdown
@@ -177,6 +184,11 @@ var libpqKeywords = map[string]bool{
 
 // Owner returns the owner id this container acts for.
 func (c *Container) Owner() string { return c.owner }
+
+// Clock returns the clock the container decides expiry on: Config.Clock
+// (or the real clock), corrected to the server's time on PostgreSQL
+// unless Config.LocalTime.
+func (c *Container) Clock() application.Clock { return c.clock }
 
 // Close shuts the container down, in this order: the periodic cleanup
 // stops (a run in progress is cut short), the lock service refuses

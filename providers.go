@@ -26,6 +26,23 @@ func provideClock(cfg Config) application.Clock {
 // provideService builds the lock service and connects it to the
 // embedder's logger and metrics, if any; its cleanup unregisters the
 // metrics' callback, after the container's cleanup has closed the service.
+// providePostgresClock decides expiry on the server's clock (the local
+// clock corrected by its measured offset to the server), so that hosts
+// whose clocks disagree never take a live lock early; Config.LocalTime
+// keeps the local clock, for tests that drive a mock clock. Its cleanup
+// stops the offset's refreshes.
+func providePostgresClock(ctx context.Context, cfg Config, db *postgres.DB) (application.Clock, func(), error) {
+	local := provideClock(cfg)
+	if cfg.LocalTime {
+		return local, func() {}, nil
+	}
+	c, err := postgres.NewServerClock(ctx, db, local)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, c.Close, nil
+}
+
 func provideService(repo application.LockRepository, clk application.Clock, cfg Config) (*application.LockService, func(), error) {
 	svc, err := application.NewLockService(repo, clk, cfg.DefaultTTL)
 	if err != nil {
@@ -84,8 +101,9 @@ func provideMemory() *memory.LockRepository { return memory.NewLockRepository() 
 // calls fail with domain.ErrClosed, and the calls in flight finish) and
 // only then releases the owner's locks, through the repository itself:
 // nothing the service admitted can commit a lock after that release.
-func newContainer(ctx context.Context, svc *application.LockService, repo application.LockRepository, cfg Config, sd *shutdown) (*Container, func(), error) {
-	c := &Container{Locks: svc, owner: cfg.Owner, keep: cfg.KeepLocksOnClose, shutdown: sd}
+func newContainer(ctx context.Context, svc *application.LockService, repo application.LockRepository, clk application.Clock,
+	cfg Config, sd *shutdown) (*Container, func(), error) {
+	c := &Container{Locks: svc, owner: cfg.Owner, clock: clk, keep: cfg.KeepLocksOnClose, shutdown: sd}
 	if !cfg.SkipStartupCleanup {
 		if _, err := svc.CleanupExpired(ctx); err != nil {
 			return nil, nil, err

@@ -14,11 +14,12 @@ import (
 	"github.com/cleveragents/locks/application"
 )
 
-var containerSet = wire.NewSet(newShutdown, provideClock, provideService, newContainer)
+var containerSet = wire.NewSet(newShutdown, provideService, newContainer)
 
 func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 	wire.Build(
 		containerSet,
+		provideClock,
 		provideSQLite,
 		sqlite.NewLockRepository,
 		wire.Bind(new(application.LockRepository), new(*entstore.Store)),
@@ -29,6 +30,7 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 	wire.Build(
 		containerSet,
+		providePostgresClock,
 		providePostgres,
 		postgres.NewLockRepository,
 		wire.Bind(new(application.LockRepository), new(*entstore.Store)),
@@ -39,6 +41,7 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 	wire.Build(
 		containerSet,
+		provideClock,
 		provideMemory,
 		wire.Bind(new(application.LockRepository), new(*memory.LockRepository)),
 	)

@@ -28,7 +28,7 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 		cleanup()
 		return nil, nil, err
 	}
-	container, cleanup3, err := newContainer(ctx, lockService, store, cfg, locksShutdown)
+	container, cleanup3, err := newContainer(ctx, lockService, store, clock, cfg, locksShutdown)
 	if err != nil {
 		cleanup2()
 		cleanup()
@@ -48,19 +48,26 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 		return nil, nil, err
 	}
 	store := postgres.NewLockRepository(db)
-	clock := provideClock(cfg)
-	lockService, cleanup2, err := provideService(store, clock, cfg)
+	clock, cleanup2, err := providePostgresClock(ctx, cfg, db)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
-	container, cleanup3, err := newContainer(ctx, lockService, store, cfg, locksShutdown)
+	lockService, cleanup3, err := provideService(store, clock, cfg)
 	if err != nil {
 		cleanup2()
 		cleanup()
 		return nil, nil, err
 	}
+	container, cleanup4, err := newContainer(ctx, lockService, store, clock, cfg, locksShutdown)
+	if err != nil {
+		cleanup3()
+		cleanup2()
+		cleanup()
+		return nil, nil, err
+	}
 	return container, func() {
+		cleanup4()
 		cleanup3()
 		cleanup2()
 		cleanup()
@@ -75,7 +82,7 @@ func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 		return nil, nil, err
 	}
 	locksShutdown := newShutdown()
-	container, cleanup2, err := newContainer(ctx, lockService, lockRepository, cfg, locksShutdown)
+	container, cleanup2, err := newContainer(ctx, lockService, lockRepository, clock, cfg, locksShutdown)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
@@ -88,4 +95,4 @@ func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 
 // wire.go:
 
-var containerSet = wire.NewSet(newShutdown, provideClock, provideService, newContainer)
+var containerSet = wire.NewSet(newShutdown, provideService, newContainer)

@@ -58,11 +58,11 @@ func testCloseReleases(t *testing.T, db string) {
 	ctx := context.Background()
 	mc := newMock()
 
-	other := MustOpen(t, locks.Config{Database: db, Owner: "B", Clock: mc})
+	other := MustOpen(t, locks.Config{Database: db, Owner: "B", Clock: mc, LocalTime: true})
 	kept, err := other.Locks.Acquire(ctx, other.Owner(), project1, 0)
 	require.NoError(t, err)
 
-	a := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: mc})
+	a := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: mc, LocalTime: true})
 	for _, ref := range []domain.ResourceRef{plan1, {Type: domain.ResourcePlan, ID: "plan-2"}} {
 		_, err := a.Locks.Acquire(ctx, a.Owner(), ref, 0)
 		require.NoError(t, err)
@@ -95,7 +95,7 @@ func TestContainer_OpenPurgesExpiredLocks(t *testing.T) {
 	mc := newMock()
 
 	// A process takes locks and dies without closing its container.
-	crashed := MustOpen(t, locks.Config{Database: db, Owner: "crashed", Clock: mc, KeepLocksOnClose: true})
+	crashed := MustOpen(t, locks.Config{Database: db, Owner: "crashed", Clock: mc, LocalTime: true, KeepLocksOnClose: true})
 	_, err := crashed.Locks.Acquire(ctx, "crashed", plan1, 10*time.Second)
 	require.NoError(t, err)
 	live, err := crashed.Locks.Acquire(ctx, "crashed", project1, time.Hour)
@@ -106,7 +106,7 @@ func TestContainer_OpenPurgesExpiredLocks(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, stale)
 
-	next := MustOpen(t, locks.Config{Database: db, Owner: "next", Clock: mc})
+	next := MustOpen(t, locks.Config{Database: db, Owner: "next", Clock: mc, LocalTime: true})
 	assert.Equal(t, []domain.Lock{live}, allLocks(t, next), "the expired lock was purged on open, the live one kept")
 	stale, err = next.Locks.StaleCount(ctx)
 	require.NoError(t, err)
@@ -117,12 +117,12 @@ func TestContainer_SkipStartupCleanup(t *testing.T) {
 	ctx := context.Background()
 	db := filepath.Join(t.TempDir(), "agents.db")
 	mc := newMock()
-	a := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: mc, KeepLocksOnClose: true})
+	a := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: mc, LocalTime: true, KeepLocksOnClose: true})
 	_, err := a.Locks.Acquire(ctx, "A", plan1, 5*time.Second)
 	require.NoError(t, err)
 	mc.Add(time.Minute)
 
-	inspect := MustOpen(t, locks.Config{Database: db, Clock: mc, SkipStartupCleanup: true, KeepLocksOnClose: true})
+	inspect := MustOpen(t, locks.Config{Database: db, Clock: mc, LocalTime: true, SkipStartupCleanup: true, KeepLocksOnClose: true})
 	n, err := inspect.Locks.StaleCount(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
@@ -200,7 +200,7 @@ func TestContainer_Config(t *testing.T) {
 	})
 	t.Run("DefaultTTL", func(t *testing.T) {
 		mc := newMock()
-		c := MustOpen(t, locks.Config{Database: locks.MemoryDatabase, DefaultTTL: time.Minute, Clock: mc})
+		c := MustOpen(t, locks.Config{Database: locks.MemoryDatabase, DefaultTTL: time.Minute, Clock: mc, LocalTime: true})
 		l, err := c.Locks.Acquire(ctx, c.Owner(), plan1, 0)
 		require.NoError(t, err)
 		assert.Equal(t, mc.Now().Add(time.Minute), l.ExpiresAt)
@@ -240,7 +240,7 @@ func TestContainer_PeriodicCleanup(t *testing.T) {
 
 	t.Run("OffByDefault", func(t *testing.T) {
 		mc := newMock()
-		c := MustOpen(t, locks.Config{Database: filepath.Join(t.TempDir(), "agents.db"), Clock: mc})
+		c := MustOpen(t, locks.Config{Database: filepath.Join(t.TempDir(), "agents.db"), Clock: mc, LocalTime: true})
 		_, err := c.Locks.Acquire(context.Background(), "crashed", plan1, domain.MinLockTTL)
 		require.NoError(t, err)
 		mc.Add(24 * time.Hour)
@@ -272,7 +272,7 @@ func testPeriodicCleanup(t *testing.T, db string) {
 		err    error
 	}
 	runs := make(chan run, 10)
-	c, err := locks.Open(ctx, locks.Config{Database: db, Owner: "A", Clock: mc,
+	c, err := locks.Open(ctx, locks.Config{Database: db, Owner: "A", Clock: mc, LocalTime: true,
 		CleanupInterval: time.Minute, OnCleanup: func(n int, err error) { runs <- run{n, err} }})
 	require.NoError(t, err)
 	defer c.Close()

@@ -159,7 +159,7 @@ func TestCrash_LocksOfKilledProcess(t *testing.T) {
 	// the instants that matter for its locks.
 	mc := clock.NewMock()
 	mc.Set(held[0].AcquiredAt.Add(time.Second))
-	survivor, err := locks.Open(ctx, locks.Config{Database: db, Owner: "survivor", Clock: mc})
+	survivor, err := locks.Open(ctx, locks.Config{Database: db, Owner: "survivor", Clock: mc, LocalTime: true})
 	require.NoError(t, err)
 	defer survivor.Close()
 	for _, l := range held {
@@ -170,7 +170,7 @@ func TestCrash_LocksOfKilledProcess(t *testing.T) {
 	}
 
 	mc.Set(held[len(held)-1].ExpiresAt)
-	restarted, err := locks.Open(ctx, locks.Config{Database: db, Owner: "restarted", Clock: mc})
+	restarted, err := locks.Open(ctx, locks.Config{Database: db, Owner: "restarted", Clock: mc, LocalTime: true})
 	require.NoError(t, err)
 	defer restarted.Close()
 	all, err := restarted.Locks.List(ctx, application.ListOptions{IncludeExpired: true})
@@ -252,7 +252,7 @@ func TestCrash_KilledMidWrite(t *testing.T) {
 		// once its TTL has passed cleanup removes it: nothing is stuck.
 		mc := clock.NewMock()
 		mc.Set(time.Now().Add(2 * time.Hour))
-		check, err := locks.Open(ctx, locks.Config{Database: db, Clock: mc, SkipStartupCleanup: true})
+		check, err := locks.Open(ctx, locks.Config{Database: db, Clock: mc, LocalTime: true, SkipStartupCleanup: true})
 		require.NoError(t, err)
 		all, err := check.Locks.List(ctx, application.ListOptions{IncludeExpired: true})
 		require.NoError(t, err, "round %d: every stored row parses", round)

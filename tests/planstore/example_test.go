@@ -93,7 +93,7 @@ func Example_staleHolder() {
 	defer os.RemoveAll(dir)
 	database := filepath.Join(dir, "agents.db")
 	mc := clock.NewMock()
-	c, err := locks.Open(ctx, locks.Config{Database: database, Clock: mc})
+	c, err := locks.Open(ctx, locks.Config{Database: database, Clock: mc, LocalTime: true})
 	if err != nil {
 		log.Fatal(err)
 	}

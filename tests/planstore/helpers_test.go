@@ -39,7 +39,7 @@ func newMock() *clock.Mock {
 // mustOpen opens a container on database, closed when the test ends.
 func mustOpen(t *testing.T, database, owner string, clk application.Clock) *locks.Container {
 	t.Helper()
-	c, err := locks.Open(context.Background(), locks.Config{Database: database, Owner: owner, Clock: clk})
+	c, err := locks.Open(context.Background(), locks.Config{Database: database, Owner: owner, Clock: clk, LocalTime: true})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
