@@ -29,6 +29,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/adapters/proc"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -61,6 +62,12 @@ type Config struct {
 	// PostgreSQL, expiry is decided on the server's time: this clock
 	// corrected by its measured offset to the server (see LocalTime).
 	Clock application.Clock
+	// DisableDeadHolderTakeover makes Acquire wait for the expiry of every
+	// active lock. By default, an active lock whose owner is a process of
+	// this machine (a DefaultOwner id) that is provably gone is taken over
+	// at once, with a new token, and reported as a takeover; a stopped
+	// process is alive, and explicit owner ids are never taken early.
+	DisableDeadHolderTakeover bool
 	// LocalTime, on PostgreSQL, decides expiry on Clock as it is rather
 	// than on the server's time: for tests that drive a mock clock. Hosts
 	// that share locks must not set it unless their clocks agree.
@@ -213,9 +220,18 @@ func (c *Container) Shutdown(ctx context.Context) error {
 	return c.shutdown.err()
 }
 
-// DefaultOwner returns an owner id that identifies this process:
-// "host:pid:random", unique even when a pid is reused.
+// DefaultOwner returns an owner id that identifies this process. On Linux
+// it is a domain.ProcessOwner, "host:pid:random/proc1:boot-id:pid-ns:start",
+// precise enough for another process of this machine to prove it gone (and
+// take its locks over at once; see Config.DisableDeadHolderTakeover).
+// Elsewhere it is "host:pid:random". Both are unique even when a pid is
+// reused.
 func DefaultOwner() string {
+	if m, err := proc.ThisMachine(); err == nil {
+		if p, err := m.Owner(os.Getpid()); err == nil {
+			return p.String()
+		}
+	}
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown-host"

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/adapters/proc"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/adapters/telemetry"
 	"github.com/cleveragents/locks/application"
@@ -47,6 +48,11 @@ func provideService(repo application.LockRepository, clk application.Clock, cfg 
 	svc, err := application.NewLockService(repo, clk, cfg.DefaultTTL)
 	if err != nil {
 		return nil, nil, err
+	}
+	if !cfg.DisableDeadHolderTakeover {
+		if m, err := proc.ThisMachine(); err == nil { // no /proc: no process is proven gone
+			svc.SetProcesses(m)
+		}
 	}
 	var observers telemetry.Observers
 	if cfg.Logger != nil {

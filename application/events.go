@@ -66,6 +66,9 @@ type Event struct {
 	HeldFor time.Duration
 	// Err is why a renewal failed.
 	Err error
+	// DeadHolder marks a takeover of an active lock whose holder, a
+	// process of this machine, was gone.
+	DeadHolder bool
 }
 
 // Observer is told of every lock event: the port through which logs and

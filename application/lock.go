@@ -58,6 +58,7 @@ type LockService struct {
 	gate       gate
 	waiters    *waitQueues
 	observer   Observer
+	processes  Processes
 }
 
 // NewLockService returns a service storing locks in repo and reading time
@@ -122,6 +123,21 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 			return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
 		}
 	})
+	var conflict *domain.LockConflictError
+	if errors.As(err, &conflict) && s.processes != nil {
+		dl, tookOver, derr := s.takeOverDead(ctx, owner, ref, ttl, conflict.Holder)
+		if tookOver {
+			// The holder's process is gone: the lock changed hands before
+			// its expiry, and says so through the observer.
+			s.observe(ctx, Event{Kind: EventTakenOver, Owner: owner, Resource: ref, Lock: dl,
+				Previous: &conflict.Holder, DeadHolder: true})
+			return dl, derr
+		}
+		if derr != nil || dl.Token != 0 {
+			// The row changed since the probe and was decided afresh.
+			l, err, kind, previous = dl, derr, EventAcquired, nil
+		}
+	}
 	if s.observer != nil {
 		e := Event{Kind: kind, Owner: owner, Resource: ref, Lock: l, Previous: previous, Took: s.clock.Now().Sub(start)}
 		var conflict *domain.LockConflictError

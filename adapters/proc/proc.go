@@ -1,0 +1,126 @@
+// Package proc identifies the processes of this machine and tells whether
+// one is gone, from Linux's /proc: the adapter of application.Processes.
+// On other systems no process is ever proven gone.
+package proc
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// Root is where the proc file system is mounted.
+const Root = "/proc"
+
+// Machine is this machine as /proc shows it.
+type Machine struct {
+	Host         string
+	BootID       string
+	PIDNamespace uint64
+}
+
+var _ application.Processes = (*Machine)(nil)
+
+// ThisMachine reads the boot id and this process's pid namespace.
+//
+// Errors: when /proc cannot be read (another system, a sandbox).
+func ThisMachine() (*Machine, error) {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	boot, err := os.ReadFile(Root + "/sys/kernel/random/boot_id")
+	if err != nil {
+		return nil, err
+	}
+	ns, err := pidNamespace("self")
+	if err != nil {
+		return nil, err
+	}
+	return &Machine{Host: hostPart(host), BootID: strings.TrimSpace(string(boot)), PIDNamespace: ns}, nil
+}
+
+// hostPart keeps a host name well within an owner id's 255 bytes and free
+// of the separators of domain.ProcessOwner.
+func hostPart(host string) string {
+	host = strings.ToValidUTF8(host, "?")
+	host = strings.NewReplacer("/", "_", ":", "_").Replace(host)
+	if len(host) > 150 {
+		host = host[:150]
+	}
+	return host
+}
+
+// Owner returns the owner id of process pid of this machine.
+//
+// Errors: when its start time cannot be read.
+func (m *Machine) Owner(pid int) (domain.ProcessOwner, error) {
+	start, _, err := stat(pid)
+	if err != nil {
+		return domain.ProcessOwner{}, err
+	}
+	var nonce [4]byte
+	_, _ = rand.Read(nonce[:])
+	return domain.ProcessOwner{Host: m.Host, PID: pid, Nonce: hex.EncodeToString(nonce[:]),
+		BootID: m.BootID, PIDNamespace: m.PIDNamespace, StartTime: start}, nil
+}
+
+// Gone implements application.Processes.
+func (m *Machine) Gone(p domain.ProcessOwner) bool {
+	if p.Host != m.Host || p.BootID != m.BootID || p.PIDNamespace != m.PIDNamespace {
+		return false // another machine, another boot, or another container
+	}
+	start, state, err := stat(p.PID)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return true // no such pid
+	case err != nil:
+		return false // cannot tell
+	case start != p.StartTime:
+		return true // the pid belongs to a later process now
+	}
+	// A zombie has exited and only waits for its parent; a stopped process
+	// (T, t) is alive and may be continued.
+	return state == 'Z' || state == 'X'
+}
+
+// stat returns the start time and the state of process pid.
+func stat(pid int) (start uint64, state byte, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("%s/%d/stat", Root, pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	// The command name, field 2, is in parentheses and may contain
+	// anything: the fields after it start after the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("unexpected %s/%d/stat", Root, pid)
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 20 || len(fields[0]) != 1 {
+		return 0, 0, fmt.Errorf("unexpected %s/%d/stat", Root, pid)
+	}
+	// fields[0] is field 3 (state); field 22 (starttime) is fields[19].
+	start, err = strconv.ParseUint(fields[19], 10, 64)
+	return start, fields[0][0], err
+}
+
+// pidNamespace returns the inode of the pid namespace of process pid
+// ("self" for this one).
+func pidNamespace(pid string) (uint64, error) {
+	link, err := os.Readlink(Root + "/" + pid + "/ns/pid")
+	if err != nil {
+		return 0, err
+	}
+	// "pid:[4026531836]"
+	inode := strings.TrimSuffix(strings.TrimPrefix(link, "pid:["), "]")
+	return strconv.ParseUint(inode, 10, 64)
+}

@@ -1,0 +1,55 @@
+package application
+
+import (
+	"context"
+	"time"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+// Processes tells whether a process of this machine is gone. It is asked
+// only about owners that name a process (domain.ProcessOwner).
+type Processes interface {
+	// Gone reports whether the process p names is provably gone: it was a
+	// process of this machine (same host, boot and pid namespace) and no
+	// process with its pid and start time runs now. It reports false
+	// whenever it cannot be sure: another machine, another container, a
+	// stopped process (it may be continued), an error reading its state.
+	Gone(p domain.ProcessOwner) bool
+}
+
+// SetProcesses lets Acquire take over, at once, an active lock whose holder
+// is a process of this machine that is gone, instead of refusing until the
+// lock expires (nil: never). Call it before the service is used.
+func (s *LockService) SetProcesses(p Processes) { s.processes = p }
+
+// takeOverDead takes the lock on ref for owner if holder, whose active lock
+// refused it, is a process that is gone. The liveness probe runs outside
+// the write; the write then takes over only if the row is still the one
+// probed (the same token), and otherwise decides as Acquire does.
+func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
+	holder domain.Lock) (domain.Lock, bool, error) {
+	if s.processes == nil {
+		return domain.Lock{}, false, nil
+	}
+	p, ok := domain.ParseProcessOwner(holder.Owner)
+	if !ok || holder.Owner == owner || !s.processes.Gone(p) {
+		return domain.Lock{}, false, nil
+	}
+	tookOver := false
+	l, err := s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
+		tookOver = false
+		switch {
+		case cur == nil || cur.ExpiredAt(now) || cur.Token == holder.Token:
+			tookOver = cur != nil && cur.Token == holder.Token && !cur.ExpiredAt(now)
+			return Change{Kind: ChangeInsert, Lock: domain.Lock{
+				Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
+			}}, nil
+		case cur.Owner == owner:
+			return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
+		default:
+			return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
+		}
+	})
+	return l, tookOver, err
+}

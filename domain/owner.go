@@ -1,0 +1,51 @@
+package domain
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+)
+
+// ProcessOwner is an owner id that names one process of one machine well
+// enough to prove it gone: the host, the kernel's boot id (a reboot starts
+// a new one), the pid namespace (another container has its own), the pid
+// and the process's start time (a reused pid starts later). Containers
+// use it as their default owner; an explicit owner id ("alice",
+// "session-42") never parses as one, so it is never taken over early.
+//
+// Its text form keeps "host:pid:nonce" first, for people, and adds the
+// proof after a versioned marker:
+//
+//	host:pid:nonce/proc1:boot-id:pid-namespace:start-time
+type ProcessOwner struct {
+	Host         string
+	PID          int
+	Nonce        string // 8 hex digits, so that two owners never collide
+	BootID       string // /proc/sys/kernel/random/boot_id
+	PIDNamespace uint64 // the inode of /proc/self/ns/pid
+	StartTime    uint64 // clock ticks after boot, /proc/PID/stat field 22
+}
+
+var processOwnerPattern = regexp.MustCompile(
+	`^([^/]+):([0-9]+):([0-9a-f]{8})/proc1:([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}):([0-9]+):([0-9]+)$`)
+
+// String returns the owner id.
+func (p ProcessOwner) String() string {
+	return fmt.Sprintf("%s:%d:%s/proc1:%s:%d:%d", p.Host, p.PID, p.Nonce, p.BootID, p.PIDNamespace, p.StartTime)
+}
+
+// ParseProcessOwner parses an owner id written by ProcessOwner.String. It
+// accepts nothing else: any other id is an owner that carries no process.
+func ParseProcessOwner(owner string) (ProcessOwner, bool) {
+	m := processOwnerPattern.FindStringSubmatch(owner)
+	if m == nil {
+		return ProcessOwner{}, false
+	}
+	pid, err1 := strconv.Atoi(m[2])
+	ns, err2 := strconv.ParseUint(m[5], 10, 64)
+	start, err3 := strconv.ParseUint(m[6], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || pid <= 0 {
+		return ProcessOwner{}, false
+	}
+	return ProcessOwner{Host: m[1], PID: pid, Nonce: m[3], BootID: m[4], PIDNamespace: ns, StartTime: start}, true
+}
