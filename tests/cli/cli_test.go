@@ -155,7 +155,7 @@ func openPast(t *testing.T, db string, ids ...string) *locks.Container {
 	clk := clock.NewMock()
 	clk.Set(time.Now().Add(-2 * time.Hour))
 	ctx := context.Background()
-	c, err := locks.Open(ctx, locks.Config{Database: db, Owner: "ghost", Clock: clk, KeepLocksOnClose: true})
+	c, err := locks.Open(ctx, locks.Config{Database: db, Owner: "ghost", Clock: clk, LocalTime: true, KeepLocksOnClose: true})
 	require.NoError(t, err)
 	for _, id := range ids {
 		_, err := c.Locks.Acquire(ctx, "ghost", domain.ResourceRef{Type: domain.ResourcePlan, ID: id}, 5*time.Minute)
