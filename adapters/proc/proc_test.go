@@ -65,7 +65,12 @@ func TestMachine_Gone(t *testing.T) {
 	t.Run("NotThisMachine", func(t *testing.T) {
 		for _, other := range []domain.ProcessOwner{
 			func() domain.ProcessOwner { o := self; o.Host = "elsewhere"; o.PID = 1 << 30; return o }(),
-			func() domain.ProcessOwner { o := self; o.BootID = "00000000-0000-0000-0000-000000000000"; o.PID = 1 << 30; return o }(),
+			func() domain.ProcessOwner {
+				o := self
+				o.BootID = "00000000-0000-0000-0000-000000000000"
+				o.PID = 1 << 30
+				return o
+			}(),
 			func() domain.ProcessOwner { o := self; o.PIDNamespace++; o.PID = 1 << 30; return o }(),
 		} {
 			assert.False(t, m.Gone(other), "%s is not provably gone", other)

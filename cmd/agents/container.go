@@ -36,6 +36,7 @@ func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool) (
 		Database:           db,
 		Owner:              owner,
 		Clock:              c.clock,
+		LocalTime:          c.localTime,
 		SkipStartupCleanup: skipCleanup,
 		KeepLocksOnClose:   true,
 	})

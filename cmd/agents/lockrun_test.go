@@ -144,7 +144,7 @@ func (h *stepHarness) start(args ...string) *running {
 	r := &running{done: make(chan int, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	m := &Main{Stdout: &r.stdout, Stderr: &r.stderr, Env: func(k string) string { return h.env[k] }, Clock: h.clk, Location: zone,
+	m := &Main{Stdout: &r.stdout, Stderr: &r.stderr, Env: func(k string) string { return h.env[k] }, Clock: h.clk, LocalTime: true, Location: zone,
 		Signals: func(c chan<- os.Signal) func() { h.sigs <- c; return func() {} }}
 	go func() { r.done <- m.Run(ctx, args) }()
 	return r
@@ -262,8 +262,10 @@ func TestMain_LockRun(t *testing.T) {
 		awaitFile(t, ready)
 		h.clk.Add(5 * time.Second)
 		renew.fire()
-		h.clk.await(t, 5*time.Second) // the next one: the renewal is done
-		assert.Equal(t, start.Add(15*time.Second).Format(jsonTime), h.lock("p1").ExpiresAt)
+		// The renewal also sets a 5 s timer (its deadline at the expiry), so
+		// wait for its effect rather than for the next timer.
+		require.Eventually(t, func() bool { return h.lock("p1").ExpiresAt == start.Add(15*time.Second).Format(jsonTime) },
+			10*time.Second, time.Millisecond, "renewed to now+ttl at ttl/2")
 		require.NoError(t, os.WriteFile(goFile, nil, 0o600))
 		r := run.wait(t)
 		assert.Equal(t, exitOK, r.code, "stderr: %s", r.stderr)

@@ -48,7 +48,7 @@ type result struct {
 func (h *harness) run(args ...string) result {
 	h.t.Helper()
 	var stdout, stderr bytes.Buffer
-	m := &Main{Stdout: &stdout, Stderr: &stderr, Env: func(k string) string { return h.env[k] }, Clock: h.clk, Location: zone}
+	m := &Main{Stdout: &stdout, Stderr: &stderr, Env: func(k string) string { return h.env[k] }, Clock: h.clk, LocalTime: true, Location: zone}
 	code := m.Run(context.Background(), args)
 	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
 }

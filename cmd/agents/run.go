@@ -28,6 +28,9 @@ type Main struct {
 	Env func(string) string
 	// Clock is where every instant comes from; nil means the real clock.
 	Clock application.Clock
+	// LocalTime decides expiry on Clock even on PostgreSQL, instead of
+	// the server's time: for tests that drive a mock clock.
+	LocalTime bool
 	// Location is the time zone of human output; nil means time.Local.
 	Location *time.Location
 	// Signals delivers to c the signals that "locks run" forwards to its
@@ -39,7 +42,7 @@ type Main struct {
 // Run runs one command line (args without the program name) and returns
 // the process's exit code.
 func (m *Main) Run(ctx context.Context, args []string) (code int) {
-	c := &invocation{stdout: &outputWriter{w: m.Stdout}, stderr: m.Stderr, env: m.Env, clock: m.Clock, loc: m.Location, args: args,
+	c := &invocation{stdout: &outputWriter{w: m.Stdout}, stderr: m.Stderr, env: m.Env, clock: m.Clock, localTime: m.LocalTime, loc: m.Location, args: args,
 		stdin: m.Stdin, rawStdout: m.Stdout, signals: m.Signals}
 	if c.env == nil {
 		c.env = os.Getenv
@@ -69,8 +72,10 @@ type invocation struct {
 	stderr io.Writer
 	env    func(string) string
 	clock  application.Clock
-	loc    *time.Location
-	args   []string
+	// localTime decides expiry on clock even on PostgreSQL (Main.LocalTime).
+	localTime bool
+	loc       *time.Location
+	args      []string
 	// What "locks run" gives its command: the input, the output as Main
 	// has it (an *os.File passes to the command as it is), and the
 	// signals to forward.

@@ -32,7 +32,7 @@ func (w *failingWriter) Write(p []byte) (int, error) {
 // runTo runs a command with stdout going to w and stderr to a buffer.
 func (h *harness) runTo(stdout, stderr io.Writer, args ...string) int {
 	h.t.Helper()
-	m := &Main{Stdout: stdout, Stderr: stderr, Env: func(k string) string { return h.env[k] }, Clock: h.clk, Location: zone}
+	m := &Main{Stdout: stdout, Stderr: stderr, Env: func(k string) string { return h.env[k] }, Clock: h.clk, LocalTime: true, Location: zone}
 	return m.Run(context.Background(), args)
 }
 

@@ -218,7 +218,9 @@ func TestCLIRun_DefaultOwner(t *testing.T) {
 	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
 	host, err := os.Hostname()
 	require.NoError(t, err)
-	assert.Regexp(t, fmt.Sprintf(`^%s:%d:[0-9a-f]{8}\n$`, regexp.QuoteMeta(host), p.cmd.Process.Pid), r.stdout)
+	// host:pid:nonce, then (on Linux) the proof of the process: boot id,
+	// pid namespace and start time.
+	assert.Regexp(t, fmt.Sprintf(`^%s:%d:[0-9a-f]{8}(/proc1:[0-9a-f-]{36}:[0-9]+:[0-9]+)?\n$`, regexp.QuoteMeta(host), p.cmd.Process.Pid), r.stdout)
 }
 
 // TestCLIRun_ForwardsSignals: SIGINT and SIGTERM sent to agents reach CMD;
