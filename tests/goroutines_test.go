@@ -39,6 +39,7 @@ func TestGoroutines_MutualExclusion(t *testing.T) {
 				logs    [3][]entry
 				errs    atomic.Int64
 				overlap atomic.Int64
+				entered atomic.Int64
 				stop    = make(chan struct{})
 			)
 			for w := range workers {
@@ -78,6 +79,7 @@ func TestGoroutines_MutualExclusion(t *testing.T) {
 						mu[r].Lock()
 						logs[r] = append(logs[r], entry{l.Token, owner})
 						mu[r].Unlock()
+						entered.Add(1)
 						time.Sleep(50 * time.Microsecond) // the work done under the lock
 						if inside[r].Add(-1) != 0 {
 							overlap.Add(1)
@@ -90,8 +92,18 @@ func TestGoroutines_MutualExclusion(t *testing.T) {
 					}
 				}()
 			}
-			time.Sleep(dur) // the run's length, not a wait for an expiry
+			// The run's length (not a wait for an expiry): at least dur, and
+			// longer, up to ten times, on a machine so loaded that the
+			// locks have hardly changed hands yet.
+			start := time.Now()
+			for {
+				time.Sleep(dur / 10)
+				if took := time.Since(start); took >= 10*dur || (took >= dur && entered.Load() > 50) {
+					break
+				}
+			}
 			close(stop)
+			ran := time.Since(start).Round(time.Millisecond)
 			wg.Wait()
 
 			entries, handoffs, disorder := 0, 0, 0
@@ -109,7 +121,7 @@ func TestGoroutines_MutualExclusion(t *testing.T) {
 				entries += len(logs[r])
 			}
 			t.Logf("%d goroutines, %v: %d entries, %d handoffs, %d overlaps, %d tokens out of order, %d errors",
-				workers, dur, entries, handoffs, overlap.Load(), disorder, errs.Load())
+				workers, ran, entries, handoffs, overlap.Load(), disorder, errs.Load())
 			assert.Zero(t, overlap.Load(), "two goroutines were inside the critical section of one resource at once")
 			assert.Zero(t, disorder, "tokens increase in the order of entry")
 			assert.Zero(t, errs.Load())
