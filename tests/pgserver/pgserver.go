@@ -111,8 +111,11 @@ func Start(tb testing.TB, extra ...string) *Server {
 }
 
 // DSN returns the URL of database name on the server, as user postgres.
-func (s *Server) DSN(name string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, name)
+func (s *Server) DSN(name string) string { return s.UserDSN("postgres", name) }
+
+// UserDSN returns the URL of database name on the server, as role user.
+func (s *Server) UserDSN(user, name string) string {
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", user, s.port, name)
 }
 
 // CreateDatabase creates an empty database and returns its URL.
