@@ -5,6 +5,7 @@ package pgfault
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 	"time"
 
@@ -77,6 +78,7 @@ func TestFault_Timeout(t *testing.T) {
 				_, err := c.Locks.Acquire(cctx, owner, plan("stalled"), time.Minute)
 				tc.check(t, err)
 				require.Less(t, time.Since(start), 10*time.Second, "the wait is bounded by the timeout")
+				requireNothingWaiting(t, admin, tc.role)
 				require.Empty(t, rowsOf(t, admin, owner), "the refused acquisition wrote nothing")
 			})
 
@@ -93,6 +95,10 @@ func TestFault_Timeout(t *testing.T) {
 				defer cancel()
 				_, err = c.Locks.Release(cctx, owner, plan("mine"))
 				tc.check(t, err)
+				// Were the DELETE still queued on the server, it would
+				// release the lock once the row is free, after its caller
+				// was told that it failed.
+				requireNothingWaiting(t, admin, tc.role)
 				require.NoError(t, tx.Rollback())
 				require.Len(t, rowsOf(t, admin, owner), 1, "the lock the failed release left is whole")
 
@@ -121,6 +127,29 @@ func TestFault_Timeout(t *testing.T) {
 		require.Empty(t, lockRows(t, admin))
 		require.Equal(t, migrations(t), versions(t, admin))
 	})
+}
+
+// requireNothingWaiting asserts that no statement of role is still
+// waiting on a lock on the server, a moment after its call returned: a
+// call that gave up must not leave its statement behind, holding a
+// connection slot and applying its write whenever the lock comes free.
+func requireNothingWaiting(t *testing.T, admin *sql.DB, role string) {
+	t.Helper()
+	const grace = 3 * time.Second // the server acts on a cancel request in milliseconds
+	deadline := time.Now().Add(grace)
+	for {
+		var query string
+		err := admin.QueryRow("SELECT query FROM pg_stat_activity WHERE usename = $1 AND wait_event_type = 'Lock'",
+			role).Scan(&query)
+		if errors.Is(err, sql.ErrNoRows) {
+			return
+		}
+		require.NoError(t, err)
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after its call returned, a statement of %s still waits on the server: %s", grace, role, query)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // rowsOf returns the rows of the locks table that owner holds.
