@@ -2,7 +2,9 @@ package postgres
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
+	"io"
 	"net"
 	"regexp"
 	"strings"
@@ -81,10 +83,21 @@ func kindOf(err error) domain.StoreErrorKind {
 	}
 	var netErr net.Error
 	var connErr *pgconn.ConnectError
-	if errors.As(err, &netErr) || errors.As(err, &connErr) {
+	if errors.As(err, &netErr) || errors.As(err, &connErr) || connectionLost(err) {
 		return domain.StoreUnreachable
 	}
 	return domain.StoreInternal
+}
+
+// connectionLost reports an error of a connection that went away without
+// a word from the server: a server stopped in immediate mode or killed, a
+// backend that crashed, a peer that closed the socket. The driver then
+// reports an end of file, or that the connection is closed (to the
+// statements that follow on it in the same call), rather than a network
+// error or a SQLSTATE.
+func connectionLost(err error) bool {
+	return errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, driver.ErrBadConn)
 }
 
 // retryable reports whether PostgreSQL aborted the transaction to resolve
