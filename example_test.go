@@ -2,14 +2,18 @@ package locks_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/benbjohnson/clock"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
@@ -130,4 +134,81 @@ func Example_do() {
 	// executing under token 1
 	// done: <nil>
 	// released: true
+}
+
+// A write that must only land while its lock is held checks the lock's
+// fence inside the writer's own transaction, on the database that holds
+// the locks: a holder that stalled past its expiry while another owner
+// took the lock over is refused, and rolls back. A mock clock makes the
+// stall.
+func ExampleContainer_CheckFence() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "fence")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	database := filepath.Join(dir, "agents.db")
+	mc := clock.NewMock()
+	c, err := locks.Open(ctx, locks.Config{Database: database, Clock: mc})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	// The application's own table, in the same SQLite file as the locks,
+	// written through a connection of its own (sqlite.DSN: WAL, a busy
+	// timeout, immediate transactions).
+	dsn, err := sqlite.DSN(database, 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE plans (id TEXT PRIMARY KEY, phase TEXT)`); err != nil {
+		log.Fatal(err)
+	}
+	write := func(lock domain.Lock, phase string) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if err := c.CheckFence(ctx, tx, application.FenceOf(lock)); err != nil {
+			return err // nothing written: roll back
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO plans VALUES ('plan-42', ?)`, phase); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+
+	ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "plan-42"}
+	held, err := c.Locks.Acquire(ctx, "worker-1", ref, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("worker-1 writes:", write(held, "execute"))
+
+	mc.Add(2 * time.Minute) // worker-1 stalls; its lock expires
+	if _, err := c.Locks.Acquire(ctx, "worker-2", ref, time.Minute); err != nil {
+		log.Fatal(err)
+	}
+	err = write(held, "stale")
+	var lost *domain.LockLostError
+	if errors.As(err, &lost) {
+		fmt.Println("worker-1 refused:", lost.Reason, "by", lost.NewHolder.Owner)
+	}
+	var phase string
+	if err := db.QueryRowContext(ctx, `SELECT phase FROM plans`).Scan(&phase); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("the plan is", phase)
+	// Output:
+	// worker-1 writes: <nil>
+	// worker-1 refused: taken over by worker-2
+	// the plan is execute
 }

@@ -60,7 +60,10 @@ type Event struct {
 	Previous *domain.Lock
 	// Count is how many locks a release-all or a cleanup removed.
 	Count int
-	// Took is how long the call took, waiting included.
+	// Took is how long the Acquire call took, waiting for the store
+	// included, for the acquire events. A Take or Do that waits for the
+	// holder reports each of its tries as an event of its own, so no
+	// event's Took spans the whole wait.
 	Took time.Duration
 	// HeldFor is how long a lock released through a Handle was held.
 	HeldFor time.Duration

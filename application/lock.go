@@ -196,7 +196,8 @@ func (s *LockService) renew(ctx context.Context, owner string, ref domain.Resour
 // lock held by another owner is never touched; releasing a lock that is not
 // held is not an error, so Release is safe to call on every exit path.
 //
-// Errors: *domain.ValidationError for bad input; *domain.StoreError.
+// Errors: *domain.ValidationError for bad input; *domain.StoreError;
+// domain.ErrClosed after Close.
 func (s *LockService) Release(ctx context.Context, owner string, ref domain.ResourceRef) (bool, error) {
 	return s.release(ctx, owner, ref, time.Time{})
 }
@@ -230,7 +231,8 @@ func (s *LockService) release(ctx context.Context, owner string, ref domain.Reso
 // returns how many. The container calls it on shutdown so that the
 // resources become available to other processes at once.
 //
-// Errors: *domain.ValidationError for a bad owner; *domain.StoreError.
+// Errors: *domain.ValidationError for a bad owner; *domain.StoreError;
+// domain.ErrClosed after Close.
 func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int, error) {
 	if err := s.gate.enter(); err != nil {
 		return 0, err
@@ -254,7 +256,8 @@ func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int
 // writer queued behind a batch waits about that long, not for the whole
 // backlog. It stops early, with the count so far, if ctx is cancelled.
 //
-// Errors: *domain.StoreError; ctx.Err() when cancelled between batches.
+// Errors: *domain.StoreError; ctx.Err() when cancelled between batches;
+// domain.ErrClosed after Close.
 func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
 	if err := s.gate.enter(); err != nil {
 		return 0, err
@@ -304,7 +307,7 @@ func nextCleanupBatch(limit int, took time.Duration) int {
 // StaleCount returns how many locks have expired but are still stored: a
 // non-zero count means cleanup has not run since they expired.
 //
-// Errors: *domain.StoreError.
+// Errors: *domain.StoreError; domain.ErrClosed after Close.
 func (s *LockService) StaleCount(ctx context.Context) (int, error) {
 	if err := s.gate.enter(); err != nil {
 		return 0, err
@@ -316,7 +319,8 @@ func (s *LockService) StaleCount(ctx context.Context) (int, error) {
 // Get returns the stored lock on ref, which may have expired (check
 // Lock.ExpiredAt against Now), or domain.ErrNotFound.
 //
-// Errors: *domain.ValidationError; domain.ErrNotFound; *domain.StoreError.
+// Errors: *domain.ValidationError; domain.ErrNotFound; *domain.StoreError;
+// domain.ErrClosed after Close.
 func (s *LockService) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
 	if err := s.gate.enter(); err != nil {
 		return domain.Lock{}, err
@@ -339,7 +343,8 @@ type ListOptions struct {
 
 // List returns the locks matching opts, ordered by resource type and id.
 //
-// Errors: *domain.ValidationError for a bad filter; *domain.StoreError.
+// Errors: *domain.ValidationError for a bad filter; *domain.StoreError;
+// domain.ErrClosed after Close.
 func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock, error) {
 	if err := s.gate.enter(); err != nil {
 		return nil, err

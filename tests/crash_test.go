@@ -84,7 +84,8 @@ func workerHoldLocks() int {
 		held = append(held, l)
 	}
 	reportJSON(held)
-	select {} // wait to be killed
+	waitToBeKilled()
+	return 0
 }
 
 // The marks a churning worker writes on stdout, one byte each, unbuffered:
@@ -133,7 +134,20 @@ func workerHold() int {
 		return 1
 	}
 	fmt.Println("holding")
-	select {}
+	waitToBeKilled()
+	return 0
+}
+
+// waitToBeKilled blocks until the process is killed. Not with select {}:
+// in a binary built without cgo (CGO_ENABLED=0, the default where no C
+// compiler is installed), the runtime then finds every goroutine asleep
+// and exits with "all goroutines are asleep - deadlock!", which ends the
+// worker, and its transaction, at once. A pending timer keeps the
+// runtime from calling that a deadlock.
+func waitToBeKilled() {
+	for {
+		time.Sleep(time.Hour)
+	}
 }
 
 // waitLine waits for the worker to print its first line.

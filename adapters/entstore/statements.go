@@ -14,9 +14,10 @@ import (
 // The hot path (acquire, renew, release) runs these statements, prepared
 // once per connection. Ent writes their text from the generated schema, so
 // a renamed column breaks the build rather than a query; Ent's query layer
-// is not used for them because it cost 40-45% on top of SQLite for each
-// acquire+release cycle (docs/performance.md), where the service is meant
-// to cost at most 25% more than hand-written database/sql.
+// is not used for them because it cost 45-90% more than hand-written
+// database/sql for each acquire+release cycle on SQLite, in wall and CPU
+// time (docs/performance.md), where the service is meant to cost at most
+// 25% more.
 
 // statementText is the SQL of the hot path in one dialect.
 type statementText struct {

@@ -18,8 +18,9 @@ const ScopeName = "github.com/cleveragents/locks"
 //
 //   - locks.events (counter): every event, by event and resource_type;
 //   - locks.takeovers (counter): expired locks taken over;
-//   - locks.acquire.duration (histogram, s): acquire calls, waiting
-//     included, by outcome;
+//   - locks.acquire.duration (histogram, s): acquire calls by outcome,
+//     waiting for the store included; a wait for the holder (Take or Do
+//     with Wait) records each try on its own;
 //   - locks.hold.duration (histogram, s): how long locks released through
 //     a handle were held;
 //   - locks.cleanup.removed (counter): expired locks purged;
