@@ -21,7 +21,7 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctr, err := c.open(ctx, owner, false)
+	ctr, err := c.open(ctx, owner, false, mayCreate)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,7 @@ func (c *invocation) cleanup(ctx context.Context, args []string) error {
 	if _, err := c.parse(fs, args); err != nil {
 		return err
 	}
-	ctr, err := c.open(ctx, "", true)
+	ctr, err := c.open(ctx, "", true, existingOnly)
 	if err != nil {
 		return err
 	}

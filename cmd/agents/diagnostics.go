@@ -94,6 +94,9 @@ type schemaState struct {
 	// search_path names none).
 	server bool
 	schema string
+	// otherTables are the tables of a SQLite file that belong to neither
+	// the lock store nor SQLite.
+	otherTables []string
 }
 
 func (c *invocation) runChecks(ctx context.Context, path string, isDefault bool) []check {

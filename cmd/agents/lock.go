@@ -87,7 +87,7 @@ func (c *invocation) openTarget(ctx context.Context, fs *flag.FlagSet, args []st
 	if err != nil {
 		return nil, ref, "", err
 	}
-	ctr, err := c.open(ctx, owner, false)
+	ctr, err := c.open(ctx, owner, false, existingOnly)
 	return ctr, ref, owner, err
 }
 

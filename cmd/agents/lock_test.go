@@ -84,7 +84,9 @@ func TestMain_Renew(t *testing.T) {
 		assert.Contains(t, r.stderr, "acquire it again")
 	})
 	t.Run("NotHeldIsExit4", func(t *testing.T) {
-		r := newHarness(t).run("locks", "renew", "plan", "p1", "--owner", "alice")
+		h := newHarness(t)
+		h.createStore()
+		r := h.run("locks", "renew", "plan", "p1", "--owner", "alice")
 		assert.Equal(t, exitExpired, r.code)
 		assert.Contains(t, r.stderr, `owner "alice" holds no lock on plan/p1`)
 	})
@@ -128,6 +130,7 @@ func TestMain_ReleaseAll(t *testing.T) {
 
 func TestMain_List(t *testing.T) {
 	h := newHarness(t)
+	h.createStore()
 	assert.Equal(t, "No active locks.\n", h.mustRun("locks", "list").stdout)
 	h.mustRun("locks", "acquire", "plan", "p1", "--owner", "alice", "--ttl", "5s")
 	h.mustRun("locks", "acquire", "project", "x", "--owner", "bob")
@@ -142,7 +145,7 @@ func TestMain_List(t *testing.T) {
 		assert.False(t, ls[1].Expired)
 
 		r := h.mustRun("locks", "list", "--all")
-		assert.Regexp(t, `plan +p1 +alice +1 +2026-11-29 21:00:00 TST \(10s ago\) +2026-11-29 21:00:05 TST \(5s ago\) +EXPIRED`, r.stdout)
+		assert.Regexp(t, `plan +p1 +alice +2 +2026-11-29 21:00:00 TST \(10s ago\) +2026-11-29 21:00:05 TST \(5s ago\) +EXPIRED`, r.stdout)
 	})
 	t.Run("FiltersByType", func(t *testing.T) {
 		var ls []listedLock

@@ -106,7 +106,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		return commandError(argv[0], err)
 	}
 
-	ctr, err := c.open(ctx, owner, false)
+	ctr, err := c.open(ctx, owner, false, mayCreate)
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ func (c *invocation) releaseAll(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctr, err := c.open(ctx, owner, false)
+	ctr, err := c.open(ctx, owner, false, existingOnly)
 	if err != nil {
 		return err
 	}

@@ -344,3 +344,32 @@ func TestCLI_Postgres_PasswordNeverShown(t *testing.T) {
 		}
 	})
 }
+
+// TestCLI_Postgres_EmptySchemaRefused: in a schema that the migrations
+// have not set up, only the commands that take a lock create the locks
+// table; every other command refuses and creates nothing, not even
+// goose's version table.
+func TestCLI_Postgres_EmptySchemaRefused(t *testing.T) {
+	t.Parallel()
+	a := newPGAgents(t)
+	before := pgState(t, a.db)
+	for _, args := range [][]string{
+		{"locks", "list"},
+		{"locks", "list", "--all"},
+		{"locks", "cleanup"},
+		{"--owner", "A", "locks", "renew", "plan", "p1"},
+		{"--owner", "A", "locks", "release", "plan", "p1"},
+		{"--owner", "A", "locks", "release-all"},
+	} {
+		r := a.run(args...)
+		assert.Equal(t, 1, r.code, "%v: %s", args, r.stderr)
+		assert.Contains(t, r.stderr, "is not a lock database: it has no locks table", "%v", args)
+		r = a.run(append([]string{"--json"}, args...)...)
+		assertError(t, r, "no_database")
+	}
+	assert.Equal(t, before, pgState(t, a.db))
+	assertNothingCreated(t, a)
+
+	a.mustRun("--owner", "A", "locks", "acquire", "plan", "p1")
+	assert.Contains(t, a.mustRun("locks", "list").stdout, "p1")
+}
