@@ -1,6 +1,9 @@
 package main
 
-import "context"
+import (
+	"context"
+	"io"
+)
 
 // acquire runs "locks acquire TYPE ID [--ttl D] [--wait [--timeout D]]":
 // take the lock for the owner, or re-enter it (a new expiry, the same
@@ -32,9 +35,21 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 		return err
 	}
 	l := h.Lock()
+	// Re-entry keeps the first acquisition time, and the token.
+	reentered := l.AcquiredAt.Before(before)
 	verb := "Acquired"
-	if l.AcquiredAt.Before(before) { // re-entry keeps the first acquisition time
+	if reentered {
 		verb = "Re-entered"
 	}
-	return c.emitLock(verb, l, ctr.Locks.Now())
+	now := ctr.Locks.Now()
+	return c.emit(acquireDoc{lockDoc: newLockDoc(l), Reentered: reentered}, func(w io.Writer) {
+		c.printLock(w, verb, l, now)
+	})
+}
+
+// acquireDoc is the JSON output of acquire: the lock, and whether the
+// owner held it already (a re-entry: the same token, a new expiry).
+type acquireDoc struct {
+	lockDoc
+	Reentered bool `json:"reentered"`
 }

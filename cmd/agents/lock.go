@@ -42,10 +42,12 @@ func newLockDoc(l domain.Lock) lockDoc {
 // emitLock writes the lock that a command has just taken or extended:
 // "Acquired plan/p1 for owner "alice" (token 7).", then its times.
 func (c *invocation) emitLock(verb string, l domain.Lock, now time.Time) error {
-	return c.emit(newLockDoc(l), func(w io.Writer) {
-		fmt.Fprintf(w, "%s %s for owner %q (token %d).\n", verb, printable(l.Resource.String()), l.Owner, l.Token)
-		c.printTimes(w, l, now)
-	})
+	return c.emit(newLockDoc(l), func(w io.Writer) { c.printLock(w, verb, l, now) })
+}
+
+func (c *invocation) printLock(w io.Writer, verb string, l domain.Lock, now time.Time) {
+	fmt.Fprintf(w, "%s %s for owner %q (token %d).\n", verb, printable(l.Resource.String()), l.Owner, l.Token)
+	c.printTimes(w, l, now)
 }
 
 func (c *invocation) printTimes(w io.Writer, l domain.Lock, now time.Time) {
@@ -80,14 +82,14 @@ func (c *invocation) printConflict(e *domain.LockConflictError) {
 
 // openTarget starts every command that acts for the owner on one resource:
 // it parses TYPE and ID with the flags in fs, validates them and the owner
-// before anything touches the database, and opens the container. The
-// caller closes it.
-func (c *invocation) openTarget(ctx context.Context, fs *flag.FlagSet, args []string) (*locks.Container, domain.ResourceRef, string, error) {
+// before anything touches the database, and opens the container (with
+// skipCleanup, without the startup cleanup). The caller closes it.
+func (c *invocation) openTarget(ctx context.Context, fs *flag.FlagSet, args []string, skipCleanup bool) (*locks.Container, domain.ResourceRef, string, error) {
 	ref, owner, err := c.target(fs, args)
 	if err != nil {
 		return nil, ref, "", err
 	}
-	ctr, err := c.open(ctx, owner, false, existingOnly)
+	ctr, err := c.open(ctx, owner, skipCleanup, existingOnly)
 	return ctr, ref, owner, err
 }
 

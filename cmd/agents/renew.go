@@ -12,7 +12,9 @@ func (c *invocation) renew(ctx context.Context, args []string) error {
 	fs := c.flagSet()
 	var ttl ttlFlag
 	fs.Var(&ttl, "ttl", ttlUsage)
-	ctr, ref, owner, err := c.openTarget(ctx, fs, args)
+	// Without the startup cleanup, which would purge the owner's expired
+	// lock first and make "it expired at T" look like "never held".
+	ctr, ref, owner, err := c.openTarget(ctx, fs, args, true)
 	if err != nil {
 		return err
 	}

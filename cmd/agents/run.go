@@ -199,6 +199,10 @@ func (c *invocation) finish(err error) int {
 				doc.WaitedSeconds = &waited
 			}
 		}
+		var expired *domain.LockExpiredError
+		if errors.As(err, &expired) {
+			doc.Reason, doc.ExpiredAt = expiredReason(expired)
+		}
 		_ = c.writeJSON(map[string]errorDoc{"error": doc})
 	}
 	return exit
@@ -237,9 +241,11 @@ Global flags (before or after the command):
 TYPE is plan or project. D is a duration (90s, 5m) or whole seconds (300),
 from 5s to 1h; the default is 5m.
 
-Exit codes: 0 success, 1 failure (diagnostics: a check failed), 2 usage or
-validation error, 3 held by another owner, 4 expired or not held (locks run:
-the lock was lost while CMD ran). locks run otherwise exits with CMD's
+Exit codes: 0 success, 1 failure (diagnostics: a check failed; any command
+but acquire and run: --db names no lock database), 2 usage or validation
+error, 3 held by another owner, 4 renew: the lock expired or is not held
+(locks run: the lock was lost while CMD ran; release of a lock not held
+exits 0). locks run otherwise exits with CMD's
 status (128+N when signal N killed it), 126 when CMD could not be started
 and 127 when it was not found.
 Run 'agents COMMAND -h' for the flags of a command.
