@@ -82,7 +82,7 @@ func TestCLI_Postgres_Commands(t *testing.T) {
 	r := a.mustRun("--json", "--owner", "A", "locks", "acquire", "plan", "p1")
 	var obj map[string]any
 	r.decode(t, &obj)
-	assertKeys(t, obj, lockKeys...)
+	assertKeys(t, obj, append(lockKeys, "reentered")...)
 	r.decode(t, &held)
 	assert.Equal(t, "A", held.OwnerID)
 
@@ -112,7 +112,11 @@ func TestCLI_Postgres_Commands(t *testing.T) {
 	assert.Regexp(t, `(?m)^plan +p1 +A +\d+ +.* +active$`, a.mustRun("locks", "list").stdout)
 
 	r = a.mustRun("--json", "--owner", "B", "locks", "release", "plan", "p1")
-	assert.JSONEq(t, `{"released": false, "owner_id": "B", "resource_type": "plan", "resource_id": "p1"}`, r.stdout)
+	var refused map[string]any
+	r.decode(t, &refused)
+	assert.Equal(t, false, refused["released"])
+	require.IsType(t, map[string]any{}, refused["holder"], "another owner's lock is named: %s", r.stdout)
+	assert.Equal(t, "A", refused["holder"].(map[string]any)["owner_id"])
 	r = a.mustRun("--json", "--owner", "A", "locks", "release", "plan", "p1")
 	assert.JSONEq(t, `{"released": true, "owner_id": "A", "resource_type": "plan", "resource_id": "p1"}`, r.stdout)
 
