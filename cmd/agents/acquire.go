@@ -11,16 +11,11 @@ import (
 // conflict, exit 3: at once, or with --wait once the wait ends without the
 // lock (--timeout, or an interrupt).
 func (c *invocation) acquire(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	var ttl ttlFlag
-	fs.Var(&ttl, "ttl", ttlUsage)
-	var wait waitFlags
-	wait.register(fs)
-	ref, owner, err := c.target(fs, args)
+	ref, owner, err := c.target(args)
 	if err != nil {
 		return err
 	}
-	opts, err := wait.options(ttl)
+	opts, err := c.wait.options(c.ttl)
 	if err != nil {
 		return err
 	}

@@ -52,8 +52,7 @@ type report struct {
 // server through postgres.OpenReadOnly, whose connections cannot write.
 // Exit 1 when a check fails; warnings leave it 0.
 func (c *invocation) diagnostics(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	if _, err := c.parse(fs, args); err != nil {
+	if _, err := positional(args); err != nil {
 		return err
 	}
 	path, isDefault, err := c.database()

@@ -22,12 +22,10 @@ type listedLock struct {
 // Only the --owner flag filters: AGENTS_OWNER says who acts, and an
 // operator with it set still wants to see who holds what.
 func (c *invocation) list(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	typ := fs.String("type", "", "show only the locks on resources of this `type` (plan or project)")
-	all := fs.Bool("all", false, "show the expired locks that are not purged yet too")
-	if _, err := c.parse(fs, args); err != nil {
+	if _, err := positional(args); err != nil {
 		return err
 	}
+	typ, all := &c.listType, &c.listAll
 	opts := application.ListOptions{Type: domain.ResourceType(*typ), IncludeExpired: *all}
 	if opts.Type != "" && !opts.Type.Valid() {
 		return usagef("--type %q is not a resource type; use %q or %q", *typ, domain.ResourcePlan, domain.ResourceProject)

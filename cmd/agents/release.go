@@ -24,8 +24,7 @@ type releaseDoc struct {
 // expired, and say whether there was one. Another owner's lock is never
 // touched, and releasing nothing is not an error (exit 0).
 func (c *invocation) release(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	ctr, ref, owner, err := c.openTarget(ctx, fs, args, false)
+	ctr, ref, owner, err := c.openTarget(ctx, args, false)
 	if err != nil {
 		return err
 	}
