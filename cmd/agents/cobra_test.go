@@ -66,6 +66,8 @@ func TestMain_Completion(t *testing.T) {
 			r := newHarness(t).mustRun("completion", shell)
 			assert.Contains(t, r.stdout, "agents")
 			assert.Contains(t, r.stdout, shell)
+			help := newHarness(t).mustRun("completion", shell, "-h")
+			assert.Contains(t, help.stdout, "autocompletion script for the "+shell+" shell", "cobra's own help for its command")
 		})
 	}
 }

@@ -74,12 +74,11 @@ const locksSubcommands = "acquire, run, renew, release, release-all, list or cle
 // back from Execute to finish, and the help is usage's.
 func (c *invocation) rootCommand() *cobra.Command {
 	root := &cobra.Command{
-		Use:               "agents",
-		Version:           version(),
-		SilenceErrors:     true,
-		SilenceUsage:      true,
-		Args:              cobra.ArbitraryArgs,
-		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
+		Use:           "agents",
+		Version:       version(),
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args:          cobra.ArbitraryArgs,
 		RunE: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usagef("no command given")
@@ -96,8 +95,13 @@ func (c *invocation) rootCommand() *cobra.Command {
 		c.cmd = c.lookup(cmd)
 		return flagError(err)
 	})
-	root.SetHelpFunc(func(cmd *cobra.Command, _ []string) {
+	cobraHelp := root.HelpFunc()
+	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
 		c.cmd = c.lookup(cmd)
+		if c.cmd == nil && cmd != root && cmd.Name() != "locks" {
+			cobraHelp(cmd, args) // cobra's own commands: completion
+			return
+		}
 		c.usage(c.stdout, cmd)
 	})
 	locksCmd := &cobra.Command{

@@ -189,10 +189,9 @@ Inspect and operate the advisory locks of CleverAgents.
 Commands:
 `)
 	for _, cmd := range commands {
-		fmt.Fprintf(&b, "  %s %s\n      %s\n", cmd.name, cmd.args, cmd.summary)
+		fmt.Fprintf(&b, "  %s\n      %s\n", strings.TrimSpace(cmd.name+" "+cmd.args), cmd.summary)
 	}
-	b.WriteString(`
-  completion bash|zsh|fish
+	b.WriteString(`  completion bash|zsh|fish
       Print the shell completion script for agents.
 
 Global flags (before or after the command):
@@ -212,9 +211,9 @@ Exit codes: 0 success, 1 failure (diagnostics: a check failed; any command
 but acquire and run: --db names no lock database), 2 usage or validation
 error, 3 held by another owner, 4 renew: the lock expired or is not held
 (locks run: the lock was lost while CMD ran; release of a lock not held
-exits 0). locks run otherwise exits with CMD's
-status (128+N when signal N killed it), 126 when CMD could not be started
-and 127 when it was not found.
+exits 0). locks run otherwise exits with CMD's status (128+N when signal
+N killed it), 126 when CMD could not be started and 127 when it was not
+found.
 Run 'agents COMMAND -h' for the flags of a command.
 `)
 	return b.String()
