@@ -213,7 +213,7 @@ func TestCLI_Postgres_Diagnostics(t *testing.T) {
 		assert.Equal(t, "fail", schema.Status)
 		assert.Contains(t, schema.Detail, "m4_001_concurrency_locks is not applied in schema")
 		assert.Contains(t, schema.Detail, "there is no locks table there")
-		assert.Contains(t, schema.Detail, "run any 'agents locks' command with the same --db")
+		assert.Contains(t, schema.Detail, "run 'agents locks acquire' (or 'agents locks run') with the same --db")
 		for _, name := range []string{"stale_locks", "active_locks"} {
 			assert.Equal(t, "not checked: no locks table to read (see the schema check)", rep.check(name).Detail)
 		}
