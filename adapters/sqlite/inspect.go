@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cleveragents/locks/adapters/entstore"
@@ -233,6 +234,10 @@ type SchemaState struct {
 	MigrationApplied bool
 	// LocksTable: a table named locks exists, whoever created it.
 	LocksTable bool
+	// OtherTables are the tables that belong to neither the lock store
+	// nor SQLite, sorted: those of another application, whose file a
+	// command line may name by mistake.
+	OtherTables []string
 }
 
 // Schema reports whether MigrationName has been applied and whether the
@@ -258,6 +263,15 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 		return st, FormatError(op, err)
 	}
 	st.LocksTable = tables[entlock.Table]
+	for name := range tables {
+		switch {
+		case name == entlock.Table, name == entstore.VersionTable, name == entstore.LegacyVersionTable,
+			strings.HasPrefix(name, "sqlite_"):
+		default:
+			st.OtherTables = append(st.OtherTables, name)
+		}
+	}
+	slices.Sort(st.OtherTables)
 	// The module's own version table or, in a database that only versions
 	// of the module older than that table have opened, goose's default one.
 	table := entstore.VersionTable

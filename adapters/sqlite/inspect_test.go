@@ -195,6 +195,17 @@ func TestDB_Schema(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, sqlite.SchemaState{LocksTable: true}, st)
 	})
+	t.Run("AnotherApplicationsTables", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "app.db")
+		_, err := rawDB(t, path).Exec("CREATE TABLE notes (id INTEGER PRIMARY KEY AUTOINCREMENT); CREATE TABLE accounts (id INTEGER)")
+		require.NoError(t, err)
+		db, err := sqlite.OpenReadOnly(ctx, path, sqlite.Options{})
+		require.NoError(t, err)
+		defer db.Close()
+		st, err := db.Schema(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, sqlite.SchemaState{OtherTables: []string{"accounts", "notes"}}, st, "SQLite's own sqlite_sequence is not another application's")
+	})
 }
 
 // TestOpenReadOnly_Permissions inspects databases that this user may not

@@ -1,6 +1,9 @@
 package main
 
-import "context"
+import (
+	"context"
+	"io"
+)
 
 // acquire runs "locks acquire TYPE ID [--ttl D] [--wait [--timeout D]]":
 // take the lock for the owner, or re-enter it (a new expiry, the same
@@ -8,20 +11,15 @@ import "context"
 // conflict, exit 3: at once, or with --wait once the wait ends without the
 // lock (--timeout, or an interrupt).
 func (c *invocation) acquire(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	var ttl ttlFlag
-	fs.Var(&ttl, "ttl", ttlUsage)
-	var wait waitFlags
-	wait.register(fs)
-	ref, owner, err := c.target(fs, args)
+	ref, owner, err := c.target(args)
 	if err != nil {
 		return err
 	}
-	opts, err := wait.options(ttl)
+	opts, err := c.wait.options(c.ttl)
 	if err != nil {
 		return err
 	}
-	ctr, err := c.open(ctx, owner, false)
+	ctr, err := c.open(ctx, owner, false, mayCreate)
 	if err != nil {
 		return err
 	}
@@ -32,9 +30,21 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 		return err
 	}
 	l := h.Lock()
+	// Re-entry keeps the first acquisition time, and the token.
+	reentered := l.AcquiredAt.Before(before)
 	verb := "Acquired"
-	if l.AcquiredAt.Before(before) { // re-entry keeps the first acquisition time
+	if reentered {
 		verb = "Re-entered"
 	}
-	return c.emitLock(verb, l, ctr.Locks.Now())
+	now := ctr.Locks.Now()
+	return c.emit(acquireDoc{lockDoc: newLockDoc(l), Reentered: reentered}, func(w io.Writer) {
+		c.printLock(w, verb, l, now)
+	})
+}
+
+// acquireDoc is the JSON output of acquire: the lock, and whether the
+// owner held it already (a re-entry: the same token, a new expiry).
+type acquireDoc struct {
+	lockDoc
+	Reentered bool `json:"reentered"`
 }

@@ -11,11 +11,10 @@ import (
 // first: an operator who saw "2 stale locks" in diagnostics must see
 // cleanup report 2.
 func (c *invocation) cleanup(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	if _, err := c.parse(fs, args); err != nil {
+	if _, err := positional(args); err != nil {
 		return err
 	}
-	ctr, err := c.open(ctx, "", true)
+	ctr, err := c.open(ctx, "", true, existingOnly)
 	if err != nil {
 		return err
 	}

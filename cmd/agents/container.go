@@ -20,14 +20,19 @@ import (
 //   - SkipStartupCleanup, when asked: for the commands that must see the
 //     expired locks (list --all, and cleanup, which counts what it purges).
 //
-// The default database gets its directory, private to the user, on first
-// use; any other must be in a directory that exists.
-func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool) (*locks.Container, error) {
+// access says whether the command may create the database (see
+// checkStore). The default database gets its directory, private to the
+// user, when a command that may create it runs first; any other must be in
+// a directory that exists.
+func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool, access storeAccess) (*locks.Container, error) {
 	db, isDefault, err := c.database()
 	if err != nil {
 		return nil, err
 	}
-	if isDefault {
+	if err := c.checkStore(ctx, db, access); err != nil {
+		return nil, err
+	}
+	if isDefault && access == mayCreate {
 		if err := os.MkdirAll(filepath.Dir(db), 0o700); err != nil {
 			return nil, fmt.Errorf("creating the data directory: %w", err)
 		}

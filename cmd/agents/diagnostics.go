@@ -52,8 +52,7 @@ type report struct {
 // server through postgres.OpenReadOnly, whose connections cannot write.
 // Exit 1 when a check fails; warnings leave it 0.
 func (c *invocation) diagnostics(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	if _, err := c.parse(fs, args); err != nil {
+	if _, err := positional(args); err != nil {
 		return err
 	}
 	path, isDefault, err := c.database()
@@ -94,6 +93,9 @@ type schemaState struct {
 	// search_path names none).
 	server bool
 	schema string
+	// otherTables are the tables of a SQLite file that belong to neither
+	// the lock store nor SQLite.
+	otherTables []string
 }
 
 func (c *invocation) runChecks(ctx context.Context, path string, isDefault bool) []check {
@@ -160,7 +162,7 @@ func notChecked(database check) []check {
 func openAdvice(path string, err error) string {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Sprintf("there is no database at %s: run any 'agents locks' command with the same --db, "+
+		return fmt.Sprintf("there is no database at %s: run 'agents locks acquire' (or 'agents locks run') with the same --db, "+
 			"or start the application, to create it (diagnostics never creates one)", path)
 	case domain.IsStoreKind(err, domain.StoreCorrupt):
 		return fmt.Sprintf("%s is not a SQLite database, or is damaged (%v): point --db (or AGENTS_DB) at the lock database, "+
@@ -184,7 +186,7 @@ func (c *invocation) checkSchema(ctx context.Context, db *inspection) (check, sc
 	case st.server && st.schema == "":
 		return check{Name: "schema", Status: statusFail, Detail: migration + " is not applied: the search_path of the URL " +
 			"names no schema that exists and that this user may use; create the schema or fix search_path, " +
-			"then run any 'agents locks' command with the same --db, or start the application, so that the migrations run"}, st
+			"then run 'agents locks acquire' (or 'agents locks run') with the same --db, or start the application, so that the migrations run"}, st
 	case st.server && st.migrationApplied:
 		return check{Name: "schema", Status: statusOK, Detail: fmt.Sprintf("%s is applied in schema %q", migration, st.schema)}, st
 	case st.server && st.locksTable:
@@ -193,7 +195,7 @@ func (c *invocation) checkSchema(ctx context.Context, db *inspection) (check, sc
 			"and let the service create it", migration, st.schema)}, st
 	case st.server:
 		return check{Name: "schema", Status: statusFail, Detail: fmt.Sprintf("%s is not applied in schema %q and there is no locks table there: "+
-			"if this is the lock database, run any 'agents locks' command with the same --db, or start the application, "+
+			"if this is the lock database, run 'agents locks acquire' (or 'agents locks run') with the same --db, or start the application, "+
 			"so that the migrations run", migration, st.schema)}, st
 	case st.migrationApplied:
 		return check{Name: "schema", Status: statusOK, Detail: migration + " is applied"}, st
@@ -203,7 +205,7 @@ func (c *invocation) checkSchema(ctx context.Context, db *inspection) (check, sc
 			"move the file away and let the service create a new database"}, st
 	}
 	return check{Name: "schema", Status: statusFail, Detail: migration +
-		" is not applied and there is no locks table: if this is the lock database, run any 'agents locks' command " +
+		" is not applied and there is no locks table: if this is the lock database, run 'agents locks acquire' (or 'agents locks run') " +
 		"with the same --db, or start the application, so that the migrations run"}, st
 }
 
@@ -224,7 +226,7 @@ func (c *invocation) checkStale(ctx context.Context, svc *application.LockServic
 		have = "has expired but is"
 	}
 	return check{Name: "stale_locks", Status: statusWarn, Count: &n, Detail: fmt.Sprintf(
-		"%s %s still stored: cleanup has not run since (the application and the 'agents locks' commands run it when they open the database); run '%s' to purge them",
+		"%s %s still stored: cleanup has not run since (the application, and 'agents locks' acquire, run, release and release-all, run it when they open the database); run '%s' to purge them",
 		plural(n, "lock"), have, cmd)}
 }
 

@@ -53,7 +53,7 @@ func TestMain_Diagnostics(t *testing.T) {
 	})
 	t.Run("HumanReport", func(t *testing.T) {
 		h := newHarness(t)
-		h.mustRun("locks", "list")
+		h.createStore()
 		r := h.mustRun("diagnostics")
 		assert.Regexp(t, `(?m)^  ok +database +`, r.stdout)
 		assert.Regexp(t, `(?m)^  ok +schema +migration m4_001_concurrency_locks is applied$`, r.stdout)
@@ -80,7 +80,7 @@ func TestMain_Diagnostics(t *testing.T) {
 			return
 		}
 		h := newHarness(t)
-		h.mustRun("locks", "list")
+		h.createStore()
 		require.NoError(t, os.Chmod(h.db, 0o400))
 		r := h.run("--json", "diagnostics")
 		assert.Equal(t, exitFailure, r.code)
@@ -97,7 +97,7 @@ func TestMain_Diagnostics(t *testing.T) {
 			return
 		}
 		h := newHarness(t)
-		h.mustRun("locks", "list")
+		h.createStore()
 		dir := filepath.Dir(h.db)
 		require.NoError(t, os.Chmod(dir, 0o500))
 		t.Cleanup(func() { os.Chmod(dir, 0o700) })

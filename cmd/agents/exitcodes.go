@@ -34,6 +34,7 @@ var exitCodes = []struct {
 	{domain.ErrValidation, exitUsage, "validation"},
 	{errUsage, exitUsage, "validation"},
 	{errChecksFailed, exitFailure, "internal"},
+	{errNoStore, exitFailure, "no_database"},
 	{domain.ErrUnavailable, exitFailure, "internal"},
 	{errNotFound, exitNotFound, "not_found"},
 	{errCannotRun, exitCannotRun, "cannot_run"},

@@ -1,20 +1,19 @@
 package main
 
 import (
-	"errors"
-	"flag"
-	"io"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/domain"
 )
 
-// globals are the flags that every command accepts, before or after its
-// name. They are registered on every flag set with setter functions, so
-// that registering them again never resets a value already parsed.
+// globals are the flags of agents itself, --db and --json, which act on
+// every command, before or after its name, and --owner, which only the
+// commands that act for an owner (or filter by one) take.
 type globals struct {
 	db       string
 	dbSet    bool
@@ -23,61 +22,28 @@ type globals struct {
 	json     bool
 }
 
-func (g *globals) register(fs *flag.FlagSet) {
+func (g *globals) register(fs *pflag.FlagSet) {
 	fs.Func("db", "the lock database: a file `PATH`, a file: URI or a postgres:// URL (env AGENTS_DB; default $XDG_DATA_HOME/cleveragents/agents.db)",
 		func(s string) error { g.db, g.dbSet = s, true; return nil })
 	fs.BoolFunc("json", "print exactly one JSON document on stdout",
 		func(s string) (err error) { g.json, err = strconv.ParseBool(s); return err })
-	fs.Func("owner", "the owner `ID` to act for (env AGENTS_OWNER)",
-		func(s string) error { g.owner, g.ownerSet = s, true; return nil })
 }
 
-// flagSet returns a flag set for the current command, with the globals.
-// It prints nothing: errors and help are reported by finish.
-func (c *invocation) flagSet() *flag.FlagSet {
-	fs := flag.NewFlagSet(c.prog(), flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	c.g.register(fs)
-	c.fs = fs
-	return fs
+func (g *globals) registerOwner(fs *pflag.FlagSet, usage string) {
+	fs.Func("owner", usage, func(s string) error { g.owner, g.ownerSet = s, true; return nil })
 }
 
-// parse parses a command's arguments, in which flags may come before,
-// between or after the positional ones ("locks acquire plan p1 --ttl 90s");
-// "--" ends the flags. It returns the positional arguments, which must be
-// exactly those that names lists.
-func (c *invocation) parse(fs *flag.FlagSet, args []string, names ...string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, flagError(err)
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			break
-		}
-		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
-			pos = append(pos, rest...)
-			break
-		}
-		pos, args = append(pos, rest[0]), rest[1:]
-	}
+// positional checks that args, the arguments left once the flags are
+// parsed, are exactly those that names lists.
+func positional(args []string, names ...string) ([]string, error) {
 	switch {
-	case len(pos) == len(names):
-		return pos, nil
+	case len(args) == len(names):
+		return args, nil
 	case len(names) == 0:
-		return nil, usagef("expected no arguments, got %q", strings.Join(pos, " "))
+		return nil, usagef("expected no arguments, got %q", strings.Join(args, " "))
 	default:
-		return nil, usagef("expected %s, got %s", strings.Join(names, " and "), plural(len(pos), "argument"))
+		return nil, usagef("expected %s, got %s", strings.Join(names, " and "), plural(len(args), "argument"))
 	}
-}
-
-// flagError turns an error of the flag package into a usage error.
-func flagError(err error) error {
-	if errors.Is(err, flag.ErrHelp) {
-		return err
-	}
-	return &usageError{msg: err.Error()}
 }
 
 // wantsJSON reports whether args ask for JSON output, for the one case in

@@ -22,12 +22,10 @@ type listedLock struct {
 // Only the --owner flag filters: AGENTS_OWNER says who acts, and an
 // operator with it set still wants to see who holds what.
 func (c *invocation) list(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	typ := fs.String("type", "", "show only the locks on resources of this `type` (plan or project)")
-	all := fs.Bool("all", false, "show the expired locks that are not purged yet too")
-	if _, err := c.parse(fs, args); err != nil {
+	if _, err := positional(args); err != nil {
 		return err
 	}
+	typ, all := &c.listType, &c.listAll
 	opts := application.ListOptions{Type: domain.ResourceType(*typ), IncludeExpired: *all}
 	if opts.Type != "" && !opts.Type.Valid() {
 		return usagef("--type %q is not a resource type; use %q or %q", *typ, domain.ResourcePlan, domain.ResourceProject)
@@ -38,18 +36,30 @@ func (c *invocation) list(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	// With --all, the startup cleanup would purge what the listing is
-	// asked to show.
-	ctr, err := c.open(ctx, "", *all)
+	// Read-only, like diagnostics: listing creates, migrates and purges
+	// nothing, works on a file this user cannot write, and never waits for
+	// a writer. Without --all the service leaves the expired locks out.
+	db, _, err := c.database()
 	if err != nil {
 		return err
 	}
-	defer c.close(ctr)
-	ls, err := ctr.Locks.List(ctx, opts)
+	ro, err := c.openReadOnly(ctx, db)
 	if err != nil {
 		return err
 	}
-	now := ctr.Locks.Now()
+	defer ro.close()
+	if err := c.requireSchema(ctx, ro, db); err != nil {
+		return err
+	}
+	svc, err := application.NewLockService(ro.repo, c.clock, 0)
+	if err != nil {
+		return err
+	}
+	ls, err := svc.List(ctx, opts)
+	if err != nil {
+		return err
+	}
+	now := svc.Now()
 	docs := make([]listedLock, 0, len(ls))
 	for _, l := range ls {
 		docs = append(docs, listedLock{lockDoc: newLockDoc(l), Expired: l.ExpiredAt(now)})

@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/application"
@@ -42,10 +43,12 @@ func newLockDoc(l domain.Lock) lockDoc {
 // emitLock writes the lock that a command has just taken or extended:
 // "Acquired plan/p1 for owner "alice" (token 7).", then its times.
 func (c *invocation) emitLock(verb string, l domain.Lock, now time.Time) error {
-	return c.emit(newLockDoc(l), func(w io.Writer) {
-		fmt.Fprintf(w, "%s %s for owner %q (token %d).\n", verb, printable(l.Resource.String()), l.Owner, l.Token)
-		c.printTimes(w, l, now)
-	})
+	return c.emit(newLockDoc(l), func(w io.Writer) { c.printLock(w, verb, l, now) })
+}
+
+func (c *invocation) printLock(w io.Writer, verb string, l domain.Lock, now time.Time) {
+	fmt.Fprintf(w, "%s %s for owner %q (token %d).\n", verb, printable(l.Resource.String()), l.Owner, l.Token)
+	c.printTimes(w, l, now)
 }
 
 func (c *invocation) printTimes(w io.Writer, l domain.Lock, now time.Time) {
@@ -80,21 +83,21 @@ func (c *invocation) printConflict(e *domain.LockConflictError) {
 
 // openTarget starts every command that acts for the owner on one resource:
 // it parses TYPE and ID with the flags in fs, validates them and the owner
-// before anything touches the database, and opens the container. The
-// caller closes it.
-func (c *invocation) openTarget(ctx context.Context, fs *flag.FlagSet, args []string) (*locks.Container, domain.ResourceRef, string, error) {
-	ref, owner, err := c.target(fs, args)
+// before anything touches the database, and opens the container (with
+// skipCleanup, without the startup cleanup). The caller closes it.
+func (c *invocation) openTarget(ctx context.Context, args []string, skipCleanup bool) (*locks.Container, domain.ResourceRef, string, error) {
+	ref, owner, err := c.target(args)
 	if err != nil {
 		return nil, ref, "", err
 	}
-	ctr, err := c.open(ctx, owner, false)
+	ctr, err := c.open(ctx, owner, skipCleanup, existingOnly)
 	return ctr, ref, owner, err
 }
 
 // target parses TYPE and ID with the flags in fs, and validates them and
 // the owner, without touching the database.
-func (c *invocation) target(fs *flag.FlagSet, args []string) (domain.ResourceRef, string, error) {
-	pos, err := c.parse(fs, args, "TYPE", "ID")
+func (c *invocation) target(args []string) (domain.ResourceRef, string, error) {
+	pos, err := positional(args, "TYPE", "ID")
 	if err != nil {
 		return domain.ResourceRef{}, "", err
 	}
@@ -159,7 +162,7 @@ type waitFlags struct {
 	timeoutSet bool
 }
 
-func (w *waitFlags) register(fs *flag.FlagSet) {
+func (w *waitFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&w.wait, "wait", false, "wait until the lock is free, instead of exiting 3 while another owner holds it")
 	fs.Func("timeout", "with --wait: give up after `D` (a duration or whole seconds), exit 3; default: wait as long as it takes",
 		func(s string) error {
@@ -182,3 +185,6 @@ func (w *waitFlags) options(ttl ttlFlag) (application.AcquireOptions, error) {
 	}
 	return application.AcquireOptions{TTL: time.Duration(ttl), Wait: w.wait, Timeout: w.timeout}, nil
 }
+
+// Type names the value of --ttl in help.
+func (f *ttlFlag) Type() string { return "D" }

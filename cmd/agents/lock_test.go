@@ -21,7 +21,11 @@ func TestMain_Acquire(t *testing.T) {
 		h := newHarness(t)
 		r := h.mustRun("--json", "locks", "acquire", "project", "x", "--owner", "alice", "--ttl", "90")
 		assert.JSONEq(t, `{"token": 1, "owner_id": "alice", "resource_type": "project", "resource_id": "x",
-			"acquired_at": "2026-11-29T19:00:00.000000Z", "expires_at": "2026-11-29T19:01:30.000000Z"}`, r.stdout)
+			"acquired_at": "2026-11-29T19:00:00.000000Z", "expires_at": "2026-11-29T19:01:30.000000Z", "reentered": false}`, r.stdout)
+		h.clk.Add(time.Minute)
+		r = h.mustRun("--json", "locks", "acquire", "project", "x", "--owner", "alice", "--ttl", "90")
+		assert.JSONEq(t, `{"token": 1, "owner_id": "alice", "resource_type": "project", "resource_id": "x",
+			"acquired_at": "2026-11-29T19:00:00.000000Z", "expires_at": "2026-11-29T19:02:30.000000Z", "reentered": true}`, r.stdout)
 	})
 	t.Run("ReentryKeepsTokenAndExtends", func(t *testing.T) {
 		h := newHarness(t)
@@ -81,12 +85,20 @@ func TestMain_Renew(t *testing.T) {
 		var doc struct{ Error errorDoc }
 		r.decode(t, &doc)
 		assert.Equal(t, "expired", doc.Error.Code)
+		assert.Equal(t, reasonExpired, doc.Error.Reason)
+		assert.Equal(t, "2026-11-29T19:00:05.000000Z", doc.Error.ExpiredAt)
 		assert.Contains(t, r.stderr, "acquire it again")
 	})
 	t.Run("NotHeldIsExit4", func(t *testing.T) {
-		r := newHarness(t).run("locks", "renew", "plan", "p1", "--owner", "alice")
+		h := newHarness(t)
+		h.createStore()
+		r := h.run("locks", "renew", "plan", "p1", "--owner", "alice")
 		assert.Equal(t, exitExpired, r.code)
 		assert.Contains(t, r.stderr, `owner "alice" holds no lock on plan/p1`)
+		r = h.run("--json", "locks", "renew", "plan", "p1", "--owner", "alice")
+		var doc struct{ Error errorDoc }
+		r.decode(t, &doc)
+		assert.Equal(t, errorDoc{Code: "expired", Message: doc.Error.Message, Reason: reasonNotHeld}, doc.Error)
 	})
 	t.Run("OtherOwnerIsExit3", func(t *testing.T) {
 		h := newHarness(t)
@@ -105,6 +117,13 @@ func TestMain_Release(t *testing.T) {
 	assert.Equal(t, "Nothing released: plan/p1 is held by owner \"alice\", not by \"bob\"; only its holder can release it.\n", r.stdout)
 
 	var doc releaseDoc
+	h.mustRun("--json", "locks", "release", "plan", "p1", "--owner", "bob").decode(t, &doc)
+	require.NotNil(t, doc.Holder)
+	assert.Equal(t, releaseDoc{Released: false, OwnerID: "bob", ResourceType: "plan", ResourceID: "p1",
+		Holder: &lockDoc{Token: 1, OwnerID: "alice", ResourceType: "plan", ResourceID: "p1",
+			AcquiredAt: "2026-11-29T19:00:00.000000Z", ExpiresAt: "2026-11-29T19:05:00.000000Z"}}, doc)
+
+	doc = releaseDoc{}
 	h.mustRun("--json", "locks", "release", "plan", "p1", "--owner", "alice").decode(t, &doc)
 	assert.Equal(t, releaseDoc{Released: true, OwnerID: "alice", ResourceType: "plan", ResourceID: "p1"}, doc)
 
@@ -128,6 +147,7 @@ func TestMain_ReleaseAll(t *testing.T) {
 
 func TestMain_List(t *testing.T) {
 	h := newHarness(t)
+	h.createStore()
 	assert.Equal(t, "No active locks.\n", h.mustRun("locks", "list").stdout)
 	h.mustRun("locks", "acquire", "plan", "p1", "--owner", "alice", "--ttl", "5s")
 	h.mustRun("locks", "acquire", "project", "x", "--owner", "bob")
@@ -142,7 +162,7 @@ func TestMain_List(t *testing.T) {
 		assert.False(t, ls[1].Expired)
 
 		r := h.mustRun("locks", "list", "--all")
-		assert.Regexp(t, `plan +p1 +alice +1 +2026-11-29 21:00:00 TST \(10s ago\) +2026-11-29 21:00:05 TST \(5s ago\) +EXPIRED`, r.stdout)
+		assert.Regexp(t, `plan +p1 +alice +2 +2026-11-29 21:00:00 TST \(10s ago\) +2026-11-29 21:00:05 TST \(5s ago\) +EXPIRED`, r.stdout)
 	})
 	t.Run("FiltersByType", func(t *testing.T) {
 		var ls []listedLock

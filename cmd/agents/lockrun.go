@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -78,24 +77,12 @@ func newLostDoc(e *domain.LockLostError) *lostDoc {
 // SIGKILL after --grace, and agents exits 4 without releasing anything:
 // the resource may be another owner's by then.
 func (c *invocation) lockRun(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	var ttl ttlFlag
-	fs.Var(&ttl, "ttl", ttlUsage+"; renewed every half of it while CMD runs")
-	var wait waitFlags
-	wait.register(fs)
-	grace := defaultGrace
-	fs.Func("grace", "how long CMD has to exit after SIGTERM, once the lock is lost, before SIGKILL: a duration `D` or whole seconds; default 10s",
-		func(s string) (err error) {
-			if grace, err = parseDuration(s); err == nil && grace < 0 {
-				err = errors.New("the grace period must not be negative")
-			}
-			return err
-		})
-	ref, owner, argv, err := c.runTarget(fs, args)
+	ttl, grace := c.ttl, c.grace
+	ref, owner, argv, err := c.runTarget(args)
 	if err != nil {
 		return err
 	}
-	opts, err := wait.options(ttl)
+	opts, err := c.wait.options(ttl)
 	if err != nil {
 		return err
 	}
@@ -106,7 +93,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		return commandError(argv[0], err)
 	}
 
-	ctr, err := c.open(ctx, owner, false)
+	ctr, err := c.open(ctx, owner, false, mayCreate)
 	if err != nil {
 		return err
 	}
@@ -180,28 +167,20 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 // the first "--" after them starts CMD, whose arguments are never read as
 // flags. An ID that begins with a dash follows a "--" of its own:
 // "locks run plan -- -p1 -- CMD".
-func (c *invocation) runTarget(fs *flag.FlagSet, args []string) (domain.ResourceRef, string, []string, error) {
+//
+// args are the arguments that the flags left, in order; c.dash is how many
+// of them came before the first "--" (-1 when there was none).
+func (c *invocation) runTarget(args []string) (domain.ResourceRef, string, []string, error) {
 	const synopsis = "expected TYPE and ID, then -- and the command to run: agents locks run plan p1 -- make deploy"
-	var pos, argv []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return domain.ResourceRef{}, "", nil, flagError(err)
+	if c.dash < 0 {
+		return domain.ResourceRef{}, "", nil, usagef("%s", synopsis)
+	}
+	pos, argv := args[:c.dash], args[c.dash:]
+	if need := 2 - len(pos); need > 0 {
+		if len(argv) < need+1 || argv[need] != "--" {
+			return domain.ResourceRef{}, "", nil, usagef("%s", synopsis)
 		}
-		rest := fs.Args()
-		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
-			if need := 2 - len(pos); need > 0 {
-				if len(rest) < need+1 || rest[need] != "--" {
-					return domain.ResourceRef{}, "", nil, usagef("%s", synopsis)
-				}
-				pos, rest = append(pos, rest[:need]...), rest[need+1:]
-			}
-			argv = rest
-			break
-		}
-		if len(rest) == 0 {
-			break
-		}
-		pos, args = append(pos, rest[0]), rest[1:]
+		pos, argv = append(pos, argv[:need]...), argv[need+1:]
 	}
 	if len(pos) != 2 || len(argv) == 0 {
 		return domain.ResourceRef{}, "", nil, usagef("%s", synopsis)

@@ -7,10 +7,12 @@
 //
 // Usage:
 //
-//	agents [--db PATH] [--json] [--owner ID] COMMAND [ARGS]
+//	agents [--db PATH] [--json] COMMAND [ARGS] [FLAGS]
 //
-// Run "agents -h" for the commands, and see docs/cli.md for the exit codes
-// and the JSON shapes, which scripts may depend on.
+// Run "agents -h" for the commands, "agents COMMAND -h" for the flags of
+// one (--owner, --ttl, ...), and see docs/cli.md for the exit codes and
+// the JSON shapes, which scripts may depend on. "agents --version" and
+// "agents completion bash|zsh|fish" come with the cobra command tree.
 package main
 
 import (

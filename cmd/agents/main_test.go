@@ -62,6 +62,14 @@ func (h *harness) mustRun(args ...string) result {
 }
 
 // decode parses stdout, which must hold exactly one JSON document.
+// createStore creates the harness's database, with no lock in it, the way
+// an operator does: only the commands that take a lock create one.
+func (h *harness) createStore() {
+	h.t.Helper()
+	h.mustRun("locks", "acquire", "plan", "seed", "--owner", "seed")
+	h.mustRun("locks", "release", "plan", "seed", "--owner", "seed")
+}
+
 func (r result) decode(t *testing.T, v any) {
 	t.Helper()
 	dec := json.NewDecoder(bytes.NewReader([]byte(r.stdout)))
@@ -187,7 +195,7 @@ func TestMain_DefaultDatabase(t *testing.T) {
 		h := newHarness(t)
 		home := t.TempDir()
 		h.env = map[string]string{"XDG_DATA_HOME": "relative/dir", "HOME": home}
-		h.mustRun("locks", "list")
+		h.mustRun("locks", "acquire", "plan", "p1", "--owner", "a")
 		assertMode(t, filepath.Join(home, ".local", "share", "cleveragents", "agents.db"), 0o600)
 	})
 	t.Run("DiagnosticsCreatesNothing", func(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/cleveragents/locks/domain"
 )
 
 // jsonTime writes instants in JSON output: ISO-8601 in UTC, at the
@@ -30,6 +32,31 @@ type errorDoc struct {
 	// WaitedSeconds is how long a --wait waited before it gave up, to the
 	// millisecond; absent when the command did not wait.
 	WaitedSeconds *float64 `json:"waited_seconds,omitempty"`
+	// Reason tells the failures of code "expired" apart (renew): see
+	// expiredReason.
+	Reason string `json:"reason,omitempty"`
+	// ExpiredAt is when the owner's lock expired, for reason "expired".
+	ExpiredAt string `json:"expired_at,omitempty"`
+}
+
+// The reasons of an "expired" failure of renew. Scripts tell "my lock ran
+// out" from "I never held it" (a wrong owner or resource) by them.
+const (
+	reasonExpired = "expired"  // the owner's lock expired; expired_at says when
+	reasonNotHeld = "not_held" // the owner holds no lock on the resource, expired or not
+	reasonTooSlow = "too_slow" // the store wrote the lock only after its TTL had passed
+)
+
+// expiredReason describes a *domain.LockExpiredError for the JSON error
+// document.
+func expiredReason(e *domain.LockExpiredError) (reason, expiredAt string) {
+	switch {
+	case !e.WrittenAt.IsZero():
+		return reasonTooSlow, e.ExpiredAt.UTC().Format(jsonTime)
+	case e.ExpiredAt.IsZero():
+		return reasonNotHeld, ""
+	}
+	return reasonExpired, e.ExpiredAt.UTC().Format(jsonTime)
 }
 
 // emit writes a command's result: v as the one JSON document with --json,

@@ -14,14 +14,17 @@ type releaseDoc struct {
 	OwnerID      string `json:"owner_id"`
 	ResourceType string `json:"resource_type"`
 	ResourceID   string `json:"resource_id"`
+	// Holder is the active lock of another owner on the resource, when
+	// nothing was released because of it: releasing under the wrong owner
+	// is the usual slip.
+	Holder *lockDoc `json:"holder,omitempty"`
 }
 
 // release runs "locks release TYPE ID": remove the owner's lock, active or
 // expired, and say whether there was one. Another owner's lock is never
 // touched, and releasing nothing is not an error (exit 0).
 func (c *invocation) release(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	ctr, ref, owner, err := c.openTarget(ctx, fs, args)
+	ctr, ref, owner, err := c.openTarget(ctx, args, false)
 	if err != nil {
 		return err
 	}
@@ -31,7 +34,8 @@ func (c *invocation) release(ctx context.Context, args []string) error {
 		return err
 	}
 	// Releasing under the wrong owner is the usual slip: name the holder.
-	// This is only a hint, so a failure to read it is not reported.
+	// This is only a hint, so a failure to read it is not reported. A lock
+	// of the same owner cannot be found here: it would have been released.
 	var holder *domain.Lock
 	if !released {
 		if l, err := ctr.Locks.Get(ctx, ref); err == nil && !l.ExpiredAt(ctr.Locks.Now()) {
@@ -39,6 +43,10 @@ func (c *invocation) release(ctx context.Context, args []string) error {
 		}
 	}
 	doc := releaseDoc{Released: released, OwnerID: owner, ResourceType: string(ref.Type), ResourceID: ref.ID}
+	if holder != nil {
+		h := newLockDoc(*holder)
+		doc.Holder = &h
+	}
 	return c.emit(doc, func(w io.Writer) {
 		res := printable(ref.String())
 		switch {

@@ -9,15 +9,14 @@ import (
 // releaseAll runs "locks release-all": remove every lock of the owner,
 // active or expired, and print how many.
 func (c *invocation) releaseAll(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	if _, err := c.parse(fs, args); err != nil {
+	if _, err := positional(args); err != nil {
 		return err
 	}
 	owner, err := c.owner()
 	if err != nil {
 		return err
 	}
-	ctr, err := c.open(ctx, owner, false)
+	ctr, err := c.open(ctx, owner, false, existingOnly)
 	if err != nil {
 		return err
 	}

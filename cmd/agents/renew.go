@@ -9,15 +9,14 @@ import (
 // lock to now+TTL. A lock that has expired or that the owner does not hold
 // is exit 4 (acquire it again); another owner's active lock is exit 3.
 func (c *invocation) renew(ctx context.Context, args []string) error {
-	fs := c.flagSet()
-	var ttl ttlFlag
-	fs.Var(&ttl, "ttl", ttlUsage)
-	ctr, ref, owner, err := c.openTarget(ctx, fs, args)
+	// Without the startup cleanup, which would purge the owner's expired
+	// lock first and make "it expired at T" look like "never held".
+	ctr, ref, owner, err := c.openTarget(ctx, args, true)
 	if err != nil {
 		return err
 	}
 	defer c.close(ctr)
-	l, err := ctr.Locks.Renew(ctx, owner, ref, time.Duration(ttl))
+	l, err := ctr.Locks.Renew(ctx, owner, ref, time.Duration(c.ttl))
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -84,65 +85,23 @@ type invocation struct {
 	signals   func(c chan<- os.Signal) (stop func())
 
 	g   globals
-	cmd *command      // nil until the command is known
-	fs  *flag.FlagSet // the flags being parsed, for -h
+	cmd *command // nil until the command is known
+	// dash is how many arguments came before the first "--" ("locks run").
+	dash int
+	// The flags of the commands that take them.
+	ttl      ttlFlag
+	wait     waitFlags
+	grace    time.Duration
+	listType string
+	listAll  bool
 	// emitted is set once the command's JSON document is out, so that no
 	// second one follows it.
 	emitted bool
 }
 
-// command is one subcommand of agents.
-type command struct {
-	name    string // as typed: "locks acquire"
-	args    string // synopsis of its arguments
-	summary string
-	run     func(c *invocation, ctx context.Context, args []string) error
-}
-
-// commands are the subcommands of agents, in the order of the help text.
-var commands = []command{
-	{"locks acquire", "TYPE ID [--ttl D] [--wait [--timeout D]]", "Take the lock on a resource for --owner, or re-enter it if --owner holds it already; with --wait, wait until it is free.", (*invocation).acquire},
-	{"locks run", "TYPE ID [--ttl D] [--wait [--timeout D]] [--grace D] -- CMD [ARGS...]", "Take the lock, run CMD while keeping it alive, and release it when CMD ends; exit with CMD's status.", (*invocation).lockRun},
-	{"locks renew", "TYPE ID [--ttl D]", "Extend the lock that --owner holds on a resource.", (*invocation).renew},
-	{"locks release", "TYPE ID", "Release the lock that --owner holds on a resource.", (*invocation).release},
-	{"locks release-all", "", "Release every lock of --owner.", (*invocation).releaseAll},
-	{"locks list", "[--type T] [--owner O] [--all]", "List the active locks (with --all, expired ones too).", (*invocation).list},
-	{"locks cleanup", "", "Purge the expired locks.", (*invocation).cleanup},
-	{"diagnostics", "", "Check the database, its schema and its locks, without changing anything.", (*invocation).diagnostics},
-}
-
 func (c *invocation) run(ctx context.Context) error {
-	fs := c.flagSet()
-	if err := fs.Parse(c.args); err != nil {
-		return flagError(err)
-	}
-	args := fs.Args()
-	if len(args) == 0 {
-		return usagef("no command given")
-	}
-	name, n := args[0], 1
-	switch name {
-	case "help":
-		return flag.ErrHelp
-	case "locks":
-		if len(args) < 2 {
-			return usagef("locks needs a subcommand: acquire, run, renew, release, release-all, list or cleanup")
-		}
-		if isHelp(args[1]) {
-			return flag.ErrHelp
-		}
-		name, n = name+" "+args[1], 2
-	}
-	for _, cmd := range commands {
-		if cmd.name == name {
-			c.cmd = &cmd
-			return cmd.run(c, ctx, args[n:])
-		}
-	}
-	return usagef("unknown command %q", name)
+	return c.rootCommand().ExecuteContext(ctx)
 }
-
-func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
 
 // prog names the running command in messages: "agents locks acquire".
 func (c *invocation) prog() string {
@@ -157,8 +116,8 @@ func (c *invocation) prog() string {
 // could not be written is a failure like any other (exit 1): a script
 // that reads the result must not take a lost one for success.
 func (c *invocation) finish(err error) int {
-	if errors.Is(err, flag.ErrHelp) {
-		c.usage(c.stdout)
+	if errors.Is(err, pflag.ErrHelp) {
+		c.usage(c.stdout, nil)
 		err = nil
 	}
 	var status exitStatus
@@ -204,49 +163,62 @@ func (c *invocation) finish(err error) int {
 				doc.WaitedSeconds = &waited
 			}
 		}
+		var expired *domain.LockExpiredError
+		if errors.As(err, &expired) {
+			doc.Reason, doc.ExpiredAt = expiredReason(expired)
+		}
 		_ = c.writeJSON(map[string]errorDoc{"error": doc})
 	}
 	return exit
 }
 
 // usage writes the help of the command, or of agents.
-func (c *invocation) usage(w io.Writer) {
-	if c.cmd == nil {
+func (c *invocation) usage(w io.Writer, cc *cobra.Command) {
+	if c.cmd == nil || cc == nil {
 		fmt.Fprint(w, usageText())
 		return
 	}
-	fmt.Fprintf(w, "Usage: %s %s\n\n%s\n\nFlags (global ones may also come before the command):\n", c.prog(), c.cmd.args, c.cmd.summary)
-	c.fs.SetOutput(w)
-	c.fs.PrintDefaults()
+	fs := pflag.NewFlagSet(c.prog(), pflag.ContinueOnError)
+	fs.AddFlagSet(cc.LocalFlags())
+	fs.AddFlagSet(cc.InheritedFlags())
+	fmt.Fprintf(w, "Usage: %s %s\n\n%s\n\nFlags (--db and --json may also come before the command):\n%s", c.prog(), c.cmd.args, c.cmd.summary,
+		fs.FlagUsages())
 }
 
 func usageText() string {
 	var b strings.Builder
-	b.WriteString(`Usage: agents [--db PATH] [--json] [--owner ID] COMMAND [ARGS]
+	b.WriteString(`Usage: agents [--db PATH] [--json] COMMAND [ARGS] [FLAGS]
 
 Inspect and operate the advisory locks of CleverAgents.
 
 Commands:
 `)
 	for _, cmd := range commands {
-		fmt.Fprintf(&b, "  %s %s\n      %s\n", cmd.name, cmd.args, cmd.summary)
+		fmt.Fprintf(&b, "  %s\n      %s\n", strings.TrimSpace(cmd.name+" "+cmd.args), cmd.summary)
 	}
-	b.WriteString(`
+	b.WriteString(`  completion bash|zsh|fish
+      Print the shell completion script for agents.
+
 Global flags (before or after the command):
   --db PATH    the lock database: a file, a file: URI or a postgres:// URL (env
                AGENTS_DB; default $XDG_DATA_HOME/cleveragents/agents.db, or
                ~/.local/share/...)
   --json       print exactly one JSON document on stdout
-  --owner ID   the owner to act for (env AGENTS_OWNER)
+  --version    print the version of agents and the revision it was built from
+
+The commands that act for an owner take --owner ID (env AGENTS_OWNER);
+locks list takes it to show only that owner's locks.
 
 TYPE is plan or project. D is a duration (90s, 5m) or whole seconds (300),
 from 5s to 1h; the default is 5m.
 
-Exit codes: 0 success, 1 failure (diagnostics: a check failed), 2 usage or
-validation error, 3 held by another owner, 4 expired or not held (locks run:
-the lock was lost while CMD ran). locks run otherwise exits with CMD's
-status (128+N when signal N killed it), 126 when CMD could not be started
-and 127 when it was not found.
+Exit codes: 0 success, 1 failure (diagnostics: a check failed; any command
+but acquire and run: --db names no lock database), 2 usage or validation
+error, 3 held by another owner, 4 renew: the lock expired or is not held
+(locks run: the lock was lost while CMD ran; release of a lock not held
+exits 0). locks run otherwise exits with CMD's status (128+N when signal
+N killed it), 126 when CMD could not be started and 127 when it was not
+found.
 Run 'agents COMMAND -h' for the flags of a command.
 `)
 	return b.String()

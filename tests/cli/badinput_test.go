@@ -59,17 +59,18 @@ func TestCLI_BadInput(t *testing.T) {
 
 	t.Run("DatabaseInMissingDirectory", func(t *testing.T) {
 		missing := filepath.Join(a.dir, "no", "such", "dir", "agents.db")
-		for _, args := range [][]string{
-			{"--owner", "A", "locks", "acquire", "plan", "p1"},
-			{"locks", "list"},
-			{"locks", "cleanup"},
-		} {
+		r := a.runEnv(nil, "--db", missing, "--owner", "A", "locks", "acquire", "plan", "p1")
+		assert.Equal(t, 1, r.code)
+		assert.Contains(t, r.stderr, "cannot be reached; check the path or DSN and that the directory exists")
+		assert.Contains(t, r.stderr, missing)
+		// The commands that do not create a database refuse it before any
+		// directory matters.
+		for _, args := range [][]string{{"locks", "list"}, {"locks", "cleanup"}} {
 			r := a.runEnv(nil, append([]string{"--db", missing}, args...)...)
 			assert.Equal(t, 1, r.code, "%v", args)
-			assert.Contains(t, r.stderr, "cannot be reached; check the path or DSN and that the directory exists")
-			assert.Contains(t, r.stderr, missing)
+			assert.Contains(t, r.stderr, "there is no lock database at "+missing)
 		}
-		r := a.runEnv([]string{"AGENTS_DB=" + missing}, "--json", "diagnostics")
+		r = a.runEnv([]string{"AGENTS_DB=" + missing}, "--json", "diagnostics")
 		assert.Equal(t, 1, r.code)
 		var rep report
 		r.decode(t, &rep)
@@ -115,8 +116,12 @@ func TestCLI_DefaultDatabase(t *testing.T) {
 	assert.NoDirExists(t, data, "diagnostics creates nothing")
 
 	r = a.runEnv(nil, "locks", "list")
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stderr, "there is no lock database at "+filepath.Join(data, "cleveragents", "agents.db"))
+	assert.NoDirExists(t, data, "only the commands that take a lock create the database")
+
+	r = a.runEnv(nil, "--owner", "A", "locks", "acquire", "plan", "p1")
 	require.Equal(t, 0, r.code, r.stderr)
-	assert.Equal(t, "No active locks.\n", r.stdout)
 	for path, mode := range map[string]os.FileMode{
 		filepath.Join(data, "cleveragents"):              0o700,
 		filepath.Join(data, "cleveragents", "agents.db"): 0o600,

@@ -29,6 +29,9 @@ import (
 var agentsBin string
 
 func TestMain(m *testing.M) {
+	if db := os.Getenv(envHoldWriteLock); db != "" {
+		os.Exit(holdWriteLock(db))
+	}
 	os.Exit(buildAndRun(m))
 }
 

@@ -23,7 +23,8 @@ func TestCLI_Commands(t *testing.T) {
 		r := a.mustRun("--json", "--owner", "A", "locks", "acquire", "plan", "p1")
 		var obj map[string]any
 		r.decode(t, &obj)
-		assertKeys(t, obj, lockKeys...)
+		assertKeys(t, obj, append(lockKeys, "reentered")...)
+		assert.Equal(t, false, obj["reentered"])
 		r.decode(t, &first)
 		assert.Equal(t, "A", first.OwnerID)
 		assert.Equal(t, "plan", first.ResourceType)
@@ -37,9 +38,13 @@ func TestCLI_Commands(t *testing.T) {
 		assert.Regexp(t, `expires   `+date+` UTC \((?:in 4m59s|in 5m)\)\n`, r.stdout)
 	})
 	t.Run("AcquireReentered", func(t *testing.T) {
-		var l lock
+		var l struct {
+			lock
+			Reentered bool `json:"reentered"`
+		}
 		a.mustRun("--json", "--owner", "A", "locks", "acquire", "plan", "p1").decode(t, &l)
 		assert.Equal(t, first.Token, l.Token)
+		assert.True(t, l.Reentered)
 		r := a.mustRun("--owner", "A", "locks", "acquire", "plan", "p1")
 		assert.Contains(t, r.stdout, `Re-entered plan/p1 for owner "A"`)
 	})
@@ -66,6 +71,10 @@ func TestCLI_Commands(t *testing.T) {
 		assert.Equal(t, 4, r.code)
 		assertError(t, r, "expired")
 		assert.Contains(t, r.stderr, `owner "A" holds no lock on plan/p9; acquire it again`)
+		var doc struct{ Error map[string]any }
+		r.decode(t, &doc)
+		assert.Equal(t, "not_held", doc.Error["reason"], "never held is told from expired")
+		assert.NotContains(t, doc.Error, "expired_at")
 	})
 	t.Run("RenewHeldByAnotherOwner", func(t *testing.T) {
 		r := a.run("--json", "--owner", "B", "locks", "renew", "plan", "p1")
@@ -74,7 +83,22 @@ func TestCLI_Commands(t *testing.T) {
 	})
 	t.Run("ReleaseNothing", func(t *testing.T) {
 		r := a.mustRun("--json", "--owner", "B", "locks", "release", "plan", "p1")
-		assert.JSONEq(t, `{"released": false, "owner_id": "B", "resource_type": "plan", "resource_id": "p1"}`, r.stdout)
+		var doc struct {
+			Released bool           `json:"released"`
+			OwnerID  string         `json:"owner_id"`
+			Holder   map[string]any `json:"holder"`
+		}
+		r.decode(t, &doc)
+		assert.False(t, doc.Released)
+		assert.Equal(t, "B", doc.OwnerID)
+		require.NotNil(t, doc.Holder, "another owner's lock is named: %s", r.stdout)
+		assertKeys(t, doc.Holder, lockKeys...)
+		assert.Equal(t, "A", doc.Holder["owner_id"])
+		assert.Equal(t, float64(first.Token), doc.Holder["token"])
+
+		r = a.mustRun("--json", "--owner", "B", "locks", "release", "plan", "free")
+		assert.JSONEq(t, `{"released": false, "owner_id": "B", "resource_type": "plan", "resource_id": "free"}`, r.stdout,
+			"a free resource has no holder")
 		r = a.mustRun("--owner", "B", "locks", "release", "plan", "p1")
 		assert.Contains(t, r.stdout, `Nothing released: plan/p1 is held by owner "A", not by "B"`)
 	})
@@ -198,6 +222,13 @@ func assertError(t *testing.T, r result, code string) {
 	t.Helper()
 	var doc map[string]map[string]any
 	r.decode(t, &doc)
+	if code == "expired" {
+		// An expired failure says why: the lock expired (and when), or was
+		// never held.
+		assert.Contains(t, []any{"expired", "not_held", "too_slow"}, doc["error"]["reason"])
+		delete(doc["error"], "reason")
+		delete(doc["error"], "expired_at")
+	}
 	assertKeys(t, doc["error"], "code", "message")
 	assert.Equal(t, code, doc["error"]["code"])
 	assert.NotEmpty(t, doc["error"]["message"])

@@ -82,7 +82,7 @@ func TestCLI_Postgres_Commands(t *testing.T) {
 	r := a.mustRun("--json", "--owner", "A", "locks", "acquire", "plan", "p1")
 	var obj map[string]any
 	r.decode(t, &obj)
-	assertKeys(t, obj, lockKeys...)
+	assertKeys(t, obj, append(lockKeys, "reentered")...)
 	r.decode(t, &held)
 	assert.Equal(t, "A", held.OwnerID)
 
@@ -112,7 +112,11 @@ func TestCLI_Postgres_Commands(t *testing.T) {
 	assert.Regexp(t, `(?m)^plan +p1 +A +\d+ +.* +active$`, a.mustRun("locks", "list").stdout)
 
 	r = a.mustRun("--json", "--owner", "B", "locks", "release", "plan", "p1")
-	assert.JSONEq(t, `{"released": false, "owner_id": "B", "resource_type": "plan", "resource_id": "p1"}`, r.stdout)
+	var refused map[string]any
+	r.decode(t, &refused)
+	assert.Equal(t, false, refused["released"])
+	require.IsType(t, map[string]any{}, refused["holder"], "another owner's lock is named: %s", r.stdout)
+	assert.Equal(t, "A", refused["holder"].(map[string]any)["owner_id"])
 	r = a.mustRun("--json", "--owner", "A", "locks", "release", "plan", "p1")
 	assert.JSONEq(t, `{"released": true, "owner_id": "A", "resource_type": "plan", "resource_id": "p1"}`, r.stdout)
 
@@ -209,7 +213,7 @@ func TestCLI_Postgres_Diagnostics(t *testing.T) {
 		assert.Equal(t, "fail", schema.Status)
 		assert.Contains(t, schema.Detail, "m4_001_concurrency_locks is not applied in schema")
 		assert.Contains(t, schema.Detail, "there is no locks table there")
-		assert.Contains(t, schema.Detail, "run any 'agents locks' command with the same --db")
+		assert.Contains(t, schema.Detail, "run 'agents locks acquire' (or 'agents locks run') with the same --db")
 		for _, name := range []string{"stale_locks", "active_locks"} {
 			assert.Equal(t, "not checked: no locks table to read (see the schema check)", rep.check(name).Detail)
 		}
@@ -343,4 +347,33 @@ func TestCLI_Postgres_PasswordNeverShown(t *testing.T) {
 			assert.Contains(t, r.stderr, "write an '@' of the user name or password as %40")
 		}
 	})
+}
+
+// TestCLI_Postgres_EmptySchemaRefused: in a schema that the migrations
+// have not set up, only the commands that take a lock create the locks
+// table; every other command refuses and creates nothing, not even
+// goose's version table.
+func TestCLI_Postgres_EmptySchemaRefused(t *testing.T) {
+	t.Parallel()
+	a := newPGAgents(t)
+	before := pgState(t, a.db)
+	for _, args := range [][]string{
+		{"locks", "list"},
+		{"locks", "list", "--all"},
+		{"locks", "cleanup"},
+		{"--owner", "A", "locks", "renew", "plan", "p1"},
+		{"--owner", "A", "locks", "release", "plan", "p1"},
+		{"--owner", "A", "locks", "release-all"},
+	} {
+		r := a.run(args...)
+		assert.Equal(t, 1, r.code, "%v: %s", args, r.stderr)
+		assert.Contains(t, r.stderr, "is not a lock database: it has no locks table", "%v", args)
+		r = a.run(append([]string{"--json"}, args...)...)
+		assertError(t, r, "no_database")
+	}
+	assert.Equal(t, before, pgState(t, a.db))
+	assertNothingCreated(t, a)
+
+	a.mustRun("--owner", "A", "locks", "acquire", "plan", "p1")
+	assert.Contains(t, a.mustRun("locks", "list").stdout, "p1")
 }

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/adapters/sqlite"
+)
+
+// What a command may do to the lock database. Only the commands that take
+// a lock create a database or apply migrations: a mistyped --db on any
+// other command must not leave an empty database behind that reports "no
+// locks" while the real one still holds them, nor add tables to some
+// other application's file.
+
+// storeAccess is what a command that builds the container may do.
+type storeAccess int
+
+const (
+	// mayCreate: acquire and run create the database, or migrate an empty
+	// one, but leave another application's SQLite file alone.
+	mayCreate storeAccess = iota
+	// existingOnly: release, renew, release-all and cleanup write to a
+	// lock database that exists already, and to nothing else.
+	existingOnly
+)
+
+// errNoStore matches a refusal to act on a database that is not a lock
+// database: a missing file, a file of another application, a schema
+// without the locks table.
+var errNoStore = errors.New("not a lock database")
+
+type noStoreError struct{ msg string }
+
+func (e *noStoreError) Error() string { return e.msg }
+
+// Is makes errors.Is(err, errNoStore) true.
+func (e *noStoreError) Is(target error) bool { return target == errNoStore }
+
+// onlyCreators ends the advice of a refusal.
+const onlyCreators = "only 'agents locks acquire' and 'agents locks run' create a lock database"
+
+// checkStore refuses, before the container is built, a database that the
+// command must not create or migrate. It opens the database read-only, as
+// diagnostics does, so the check itself changes nothing.
+func (c *invocation) checkStore(ctx context.Context, db string, access storeAccess) error {
+	if access == mayCreate {
+		if locks.IsPostgres(db) {
+			return nil // a schema is shared by design: the migrations add the locks table beside the others
+		}
+		ro, err := c.openReadOnly(ctx, db)
+		if err != nil {
+			// No file yet, or one that locks.Open reports with the advice
+			// it gives applications: nothing to protect here.
+			return nil
+		}
+		defer ro.close()
+		st, err := ro.schema(ctx)
+		if err != nil {
+			return err
+		}
+		if !st.locksTable && !st.migrationApplied && len(st.otherTables) > 0 {
+			return &noStoreError{msg: fmt.Sprintf("%s is a database of another application (tables %s) with no locks table: "+
+				"check --db (or AGENTS_DB); the lock commands add no tables to a database that the application embedding the lock module has not set up",
+				db, strings.Join(st.otherTables, ", "))}
+		}
+		return nil
+	}
+	ro, err := c.openReadOnly(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer ro.close()
+	return c.requireSchema(ctx, ro, db)
+}
+
+// openReadOnly opens the lock database for reading only, creating
+// nothing and never waiting for a writer: sqlite.OpenReadOnly, or
+// postgres.OpenReadOnly, whose connections cannot write.
+func (c *invocation) openReadOnly(ctx context.Context, db string) (*inspection, error) {
+	if locks.IsPostgres(db) {
+		pg, err := postgres.OpenReadOnly(ctx, db, postgres.Options{})
+		if err != nil {
+			return nil, err
+		}
+		return &inspection{repo: postgres.NewLockRepository(pg), close: pg.Close,
+			schema: func(ctx context.Context) (schemaState, error) {
+				st, err := pg.Schema(ctx)
+				return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable, schema: st.Schema, server: true}, err
+			}}, nil
+	}
+	sq, err := sqlite.OpenReadOnly(ctx, db, sqlite.Options{})
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, &noStoreError{msg: fmt.Sprintf("there is no lock database at %s: check --db (or AGENTS_DB); %s", db, onlyCreators)}
+	case err != nil:
+		return nil, err
+	}
+	return &inspection{repo: sqlite.NewLockRepository(sq), close: sq.Close,
+		schema: func(ctx context.Context) (schemaState, error) {
+			st, err := sq.Schema(ctx)
+			return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable, otherTables: st.OtherTables}, err
+		}}, nil
+}
+
+// requireSchema refuses a database in which the lock store's migration has
+// not created the locks table: nothing of the lock store is there to read
+// or change.
+func (c *invocation) requireSchema(ctx context.Context, ro *inspection, db string) error {
+	st, err := ro.schema(ctx)
+	if err != nil {
+		return err
+	}
+	if st.locksTable && st.migrationApplied {
+		return nil
+	}
+	where := db
+	if st.server {
+		where = fmt.Sprintf("%s (schema %q)", db, st.schema)
+	}
+	what := "no locks table"
+	if st.locksTable {
+		what = "a locks table that the lock store's migration did not create"
+	}
+	return &noStoreError{msg: fmt.Sprintf("%s is not a lock database: it has %s; check --db (or AGENTS_DB, or the search_path of a URL) "+
+		"names the lock database, and run 'agents diagnostics' with the same --db to see what it holds; %s", where, what, onlyCreators)}
+}
