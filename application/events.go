@@ -32,12 +32,17 @@ const (
 	EventReleasedAll
 	// EventCleanedUp: expired locks were purged (Count of them).
 	EventCleanedUp
+	// EventWaited: a Take or Do that waited for the holder ended, with the
+	// lock (Lock) or without it (Err, the conflict that ended the wait);
+	// Took is the whole wait.
+	EventWaited
 )
 
 var eventNames = map[EventKind]string{
 	EventAcquired: "acquired", EventReentered: "reentered", EventTakenOver: "taken_over",
 	EventRefused: "refused", EventRenewed: "renewed", EventRenewFailed: "renew_failed",
 	EventReleased: "released", EventReleasedAll: "released_all", EventCleanedUp: "cleaned_up",
+	EventWaited: "waited",
 }
 
 // String returns the event's name in logs and metrics ("taken_over").
@@ -61,13 +66,12 @@ type Event struct {
 	// Count is how many locks a release-all or a cleanup removed.
 	Count int
 	// Took is how long the Acquire call took, waiting for the store
-	// included, for the acquire events. A Take or Do that waits for the
-	// holder reports each of its tries as an event of its own, so no
-	// event's Took spans the whole wait.
+	// included, for the acquire events; a Take or Do that waits for the
+	// holder reports each try so, and then the whole wait as EventWaited.
 	Took time.Duration
 	// HeldFor is how long a lock released through a Handle was held.
 	HeldFor time.Duration
-	// Err is why a renewal failed.
+	// Err is why a renewal failed, or why a wait ended without the lock.
 	Err error
 	// DeadHolder marks a takeover of an active lock whose holder, a
 	// process of this machine, was gone.

@@ -59,7 +59,15 @@ func (s *LockService) Take(ctx context.Context, owner string, ref domain.Resourc
 	}
 	var l domain.Lock
 	if opts.Wait {
+		var start time.Time
+		if s.observer != nil {
+			start = s.clock.Now()
+		}
 		l, err = s.acquireWaiting(ctx, owner, ref, ttl, opts.Timeout)
+		if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
+			s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: l,
+				Took: s.clock.Now().Sub(start), Err: err})
+		}
 	} else {
 		l, err = s.Acquire(ctx, owner, ref, ttl)
 	}

@@ -33,11 +33,15 @@ var levels = map[application.EventKind]slog.Level{
 	application.EventReentered:   slog.LevelDebug,
 	application.EventRenewed:     slog.LevelDebug,
 	application.EventRefused:     slog.LevelDebug,
+	application.EventWaited:      slog.LevelInfo,
 }
 
 // Observe implements application.Observer.
 func (l *Logger) Observe(ctx context.Context, e application.Event) {
 	level := levels[e.Kind]
+	if e.Kind == application.EventWaited && e.Took == 0 {
+		level = slog.LevelDebug // it did not have to wait
+	}
 	if !l.log.Enabled(ctx, level) {
 		return
 	}

@@ -21,6 +21,8 @@ const ScopeName = "github.com/cleveragents/locks"
 //   - locks.acquire.duration (histogram, s): acquire calls by outcome,
 //     waiting for the store included; a wait for the holder (Take or Do
 //     with Wait) records each try on its own;
+//   - locks.wait.duration (histogram, s): whole waits for a holder, by
+//     outcome (acquired, gave_up);
 //   - locks.hold.duration (histogram, s): how long locks released through
 //     a handle were held;
 //   - locks.cleanup.removed (counter): expired locks purged;
@@ -28,7 +30,7 @@ const ScopeName = "github.com/cleveragents/locks"
 //     metrics are collected.
 type Metrics struct {
 	events, takeovers, cleaned metric.Int64Counter
-	acquire, hold              metric.Float64Histogram
+	acquire, hold, wait        metric.Float64Histogram
 	active                     metric.Registration
 }
 
@@ -47,7 +49,10 @@ func NewMetrics(mp metric.MeterProvider, active func(context.Context) (int, erro
 	m.cleaned, e = meter.Int64Counter("locks.cleanup.removed", metric.WithDescription("Expired locks purged by cleanup."))
 	err = errors.Join(err, e)
 	m.acquire, e = meter.Float64Histogram("locks.acquire.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of acquire calls, waiting included, by outcome."))
+		metric.WithDescription("Duration of acquire calls (one try each), by outcome."))
+	err = errors.Join(err, e)
+	m.wait, e = meter.Float64Histogram("locks.wait.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of whole waits for a lock held by another owner, by outcome."))
 	err = errors.Join(err, e)
 	m.hold, e = meter.Float64Histogram("locks.hold.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long locks released through a handle were held."))
@@ -101,5 +106,11 @@ func (m *Metrics) Observe(ctx context.Context, e application.Event) {
 		}
 	case application.EventCleanedUp:
 		m.cleaned.Add(ctx, int64(e.Count))
+	case application.EventWaited:
+		outcome := "acquired"
+		if e.Err != nil {
+			outcome = "gave_up"
+		}
+		m.wait.Record(ctx, e.Took.Seconds(), metric.WithAttributes(attribute.String("outcome", outcome)))
 	}
 }
