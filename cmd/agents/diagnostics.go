@@ -11,6 +11,7 @@ import (
 
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/adapters/proc"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -44,8 +45,8 @@ type report struct {
 	Checks []check `json:"checks"`
 }
 
-// diagnostics runs "diagnostics": the checks database, schema, stale_locks
-// and active_locks. It never changes the database, not even by opening it:
+// diagnostics runs "diagnostics": the checks database, schema, stale_locks,
+// active_locks and orphaned_locks. It never changes the database, not even by opening it:
 // it does not build the container (which would create the file, migrate it
 // and run the startup cleanup, hiding the stale locks it exists to show),
 // and opens the file read-only through sqlite.OpenReadOnly, or a PostgreSQL
@@ -117,9 +118,38 @@ func (c *invocation) runChecks(ctx context.Context, path string, isDefault bool)
 		const skipped = "not checked: no locks table to read (see the schema check)"
 		return []check{database, schema,
 			{Name: "stale_locks", Status: statusFail, Detail: skipped},
-			{Name: "active_locks", Status: statusFail, Detail: skipped}}
+			{Name: "active_locks", Status: statusFail, Detail: skipped},
+			{Name: "orphaned_locks", Status: statusFail, Detail: skipped}}
 	}
-	return []check{database, schema, c.checkStale(ctx, svc, path, isDefault), c.checkActive(ctx, svc)}
+	return []check{database, schema, c.checkStale(ctx, svc, path, isDefault), c.checkActive(ctx, svc), c.checkOrphaned(ctx, svc)}
+}
+
+// checkOrphaned counts the active locks whose holder is a process of this
+// machine that is gone: the next acquire of each takes it over at once.
+// It only reads.
+func (c *invocation) checkOrphaned(ctx context.Context, svc *application.LockService) check {
+	m, err := proc.ThisMachine()
+	if err != nil {
+		return check{Name: "orphaned_locks", Status: statusOK, Detail: "not checked: this system shows no processes to check (" + err.Error() + ")"}
+	}
+	ls, err := svc.List(ctx, application.ListOptions{})
+	if err != nil {
+		return check{Name: "orphaned_locks", Status: statusFail, Detail: "not counted: " + err.Error()}
+	}
+	var orphaned []domain.Lock
+	for _, l := range ls {
+		if p, ok := domain.ParseProcessOwner(l.Owner); ok && m.Gone(p) {
+			orphaned = append(orphaned, l)
+		}
+	}
+	n := len(orphaned)
+	if n == 0 {
+		return check{Name: "orphaned_locks", Status: statusOK, Detail: "no lock is held by a process of this machine that is gone", Count: &n}
+	}
+	first := newLockDoc(orphaned[0])
+	return check{Name: "orphaned_locks", Status: statusWarn, Count: &n, Oldest: &first, Detail: fmt.Sprintf(
+		"%s held by processes of this machine that are gone, such as %s held by %q; the next acquire of each takes it over at once",
+		plural(n, "lock"), printable(orphaned[0].Resource.String()), orphaned[0].Owner)}
 }
 
 // inspectSQLite opens the SQLite file for diagnostics, read-only, and
@@ -155,6 +185,7 @@ func notChecked(database check) []check {
 		{Name: "schema", Status: statusFail, Detail: skipped},
 		{Name: "stale_locks", Status: statusFail, Detail: skipped},
 		{Name: "active_locks", Status: statusFail, Detail: skipped},
+		{Name: "orphaned_locks", Status: statusFail, Detail: skipped},
 	}
 }
 

@@ -68,7 +68,7 @@ func TestMain_Diagnostics(t *testing.T) {
 		var rep report
 		r.decode(t, &rep)
 		assert.False(t, rep.OK)
-		require.Len(t, rep.Checks, 4)
+		require.Len(t, rep.Checks, 5)
 		assert.Equal(t, statusFail, checkNamed(t, rep, "database").Status)
 		assert.Contains(t, checkNamed(t, rep, "database").Detail, "diagnostics never creates one")
 		assert.NoFileExists(t, h.db)

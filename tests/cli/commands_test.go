@@ -170,7 +170,7 @@ func TestCLI_Commands(t *testing.T) {
 		assert.Equal(t, true, obj["ok"])
 		var rep report
 		r.decode(t, &rep)
-		assert.Equal(t, []string{"database", "schema", "stale_locks", "active_locks"}, rep.names())
+		assert.Equal(t, []string{"database", "schema", "stale_locks", "active_locks", "orphaned_locks"}, rep.names())
 		for _, c := range rep.Checks {
 			assert.Equal(t, "ok", c.Status, c.Name)
 			assert.NotEmpty(t, c.Detail, c.Name)

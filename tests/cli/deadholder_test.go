@@ -43,7 +43,23 @@ func TestCLI_DeadHolderIsTakenOver(t *testing.T) {
 
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
 	<-p.done
-	r := a.run("--json", "--owner", "next", "locks", "acquire", "plan", "p1")
+
+	// Diagnostics shows the orphan first, and only reads: the database
+	// and its WAL keep their digests (WAL readers do mark the -shm).
+	before := snapshot(t, a.dir)
+	var rep report
+	r := a.run("--json", "diagnostics")
+	r.decode(t, &rep)
+	orphaned := rep.check("orphaned_locks")
+	assert.Equal(t, "warn", orphaned.Status, orphaned.Detail)
+	require.NotNil(t, orphaned.Count)
+	assert.Equal(t, 1, *orphaned.Count)
+	after := snapshot(t, a.dir)
+	for _, f := range []string{"agents.db", "agents.db-wal"} {
+		assert.Equal(t, before[f], after[f], "diagnostics changed %s", f)
+	}
+
+	r = a.run("--json", "--owner", "next", "locks", "acquire", "plan", "p1")
 	require.Equal(t, 0, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
 	var got map[string]any
 	r.decode(t, &got)

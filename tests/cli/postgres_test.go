@@ -173,7 +173,7 @@ func TestCLI_Postgres_Diagnostics(t *testing.T) {
 		var rep report
 		r.decode(t, &rep)
 		assert.True(t, rep.OK, "a warning alone exits 0")
-		assert.Equal(t, []string{"database", "schema", "stale_locks", "active_locks"}, rep.names())
+		assert.Equal(t, []string{"database", "schema", "stale_locks", "active_locks", "orphaned_locks"}, rep.names())
 		assert.Equal(t, "ok", rep.check("database").Status, rep.check("database").Detail)
 		assert.Contains(t, rep.check("database").Detail, "accepts connections, and this user can write there")
 		assert.Equal(t, "ok", rep.check("schema").Status, rep.check("schema").Detail)
@@ -219,7 +219,7 @@ func TestCLI_Postgres_Diagnostics(t *testing.T) {
 		}
 		r = a.run("diagnostics")
 		assert.Equal(t, 1, r.code)
-		assert.Contains(t, r.stdout, "3 checks failed.")
+		assert.Contains(t, r.stdout, "4 checks failed.")
 
 		assert.Empty(t, pgState(t, a.db), "diagnostics created nothing: no version table, no locks table")
 		assertNothingCreated(t, a)
