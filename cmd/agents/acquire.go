@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
 )
 
 // acquire runs "locks acquire TYPE ID [--ttl D] [--wait [--timeout D]]":
@@ -24,6 +28,8 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.close(ctr)
+	var seen takeovers
+	ctr.Locks.SetObserver(&seen)
 	before := ctr.Locks.Now()
 	h, err := ctr.Locks.Take(ctx, owner, ref, opts)
 	if err != nil {
@@ -37,9 +43,28 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 		verb = "Re-entered"
 	}
 	now := ctr.Locks.Now()
-	return c.emit(acquireDoc{lockDoc: newLockDoc(l), Reentered: reentered}, func(w io.Writer) {
+	doc := acquireDoc{lockDoc: newLockDoc(l), Reentered: reentered}
+	if seen.dead != nil {
+		prev := newLockDoc(*seen.dead)
+		doc.TookOverFrom = &prev
+	}
+	return c.emit(doc, func(w io.Writer) {
 		c.printLock(w, verb, l, now)
+		if d := seen.dead; d != nil {
+			fmt.Fprintf(w, "  took it over from owner %q (token %d), a process of this machine that is gone, before its expiry %s\n",
+				d.Owner, d.Token, c.when(d.ExpiresAt, now))
+		}
 	})
+}
+
+// takeovers remembers the holder of a lock taken over because its process
+// was gone, for the output of acquire.
+type takeovers struct{ dead *domain.Lock }
+
+func (t *takeovers) Observe(_ context.Context, e application.Event) {
+	if e.Kind == application.EventTakenOver && e.DeadHolder && e.Previous != nil {
+		t.dead = e.Previous
+	}
 }
 
 // acquireDoc is the JSON output of acquire: the lock, and whether the
@@ -47,4 +72,7 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 type acquireDoc struct {
 	lockDoc
 	Reentered bool `json:"reentered"`
+	// TookOverFrom is the active lock taken over because its holder, a
+	// process of this machine, was gone; absent otherwise.
+	TookOverFrom *lockDoc `json:"took_over_from,omitempty"`
 }

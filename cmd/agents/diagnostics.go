@@ -83,6 +83,10 @@ type inspection struct {
 	repo   application.LockRepository
 	schema func(context.Context) (schemaState, error)
 	close  func() error
+	// clock, when set, is the clock the checks decide on (the server's
+	// time on PostgreSQL); clockCheck reports it.
+	clock      application.Clock
+	clockCheck *check
 }
 
 // schemaState is what the schema check found.
@@ -99,7 +103,7 @@ type schemaState struct {
 	otherTables []string
 }
 
-func (c *invocation) runChecks(ctx context.Context, path string, isDefault bool) []check {
+func (c *invocation) runChecks(ctx context.Context, path string, isDefault bool) (checks []check) {
 	inspect := c.inspectSQLite
 	if locks.IsPostgres(path) {
 		inspect = c.inspectPostgres
@@ -109,9 +113,16 @@ func (c *invocation) runChecks(ctx context.Context, path string, isDefault bool)
 		return notChecked(database)
 	}
 	defer db.close()
-	svc, err := application.NewLockService(db.repo, c.clock, 0)
+	clk := c.clock
+	if db.clock != nil {
+		clk = db.clock
+	}
+	svc, err := application.NewLockService(db.repo, clk, 0)
 	if err != nil {
 		return notChecked(check{Name: "database", Status: statusFail, Detail: err.Error()})
+	}
+	if db.clockCheck != nil {
+		defer func() { checks = append(checks, *db.clockCheck) }()
 	}
 	schema, st := c.checkSchema(ctx, db)
 	if !st.locksTable {

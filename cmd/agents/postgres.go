@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/domain"
@@ -57,7 +58,7 @@ func (c *invocation) inspectPostgres(ctx context.Context, dsn string) (check, *i
 		}
 		database = check{Name: "database", Status: statusFail, Detail: detail}
 	}
-	return database, &inspection{
+	in := &inspection{
 		repo:  postgres.NewLockRepository(db),
 		close: db.Close,
 		schema: func(ctx context.Context) (schemaState, error) {
@@ -65,6 +66,44 @@ func (c *invocation) inspectPostgres(ctx context.Context, dsn string) (check, *i
 			return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable, schema: st.Schema, server: true}, err
 		},
 	}
+	c.checkServerClock(ctx, db, in)
+	return database, in
+}
+
+// maxClockOffset is how far this host's clock may be from the server's
+// before the clock check warns. Decisions use the server's time anyway;
+// a larger offset says the host's time service is broken.
+const maxClockOffset = time.Second
+
+// checkServerClock measures this host's clock against the server's, makes
+// the other checks decide on the server's time, as the service does, and
+// adds the clock check to in.
+func (c *invocation) checkServerClock(ctx context.Context, db *postgres.DB, in *inspection) {
+	if c.localTime {
+		in.clockCheck = &check{Name: "clock", Status: statusOK, Detail: "not measured: the checks use this host's clock, as asked"}
+		return
+	}
+	sc, err := postgres.NewServerClock(ctx, db, c.clock)
+	if err != nil {
+		in.clockCheck = &check{Name: "clock", Status: statusFail, Detail: "the server's clock could not be read: " + err.Error()}
+		return
+	}
+	closeDB := in.close
+	in.close = func() error { sc.Close(); return closeDB() }
+	in.clock = sc
+	offset, uncertainty, _ := sc.Offset()
+	way := "ahead of"
+	if offset > 0 {
+		way = "behind" // the server is ahead: this host is behind it
+	}
+	detail := fmt.Sprintf("this host's clock is %s %s the server's (±%s); locks expire on the server's time",
+		offset.Abs().Round(time.Microsecond), way, uncertainty.Round(time.Microsecond))
+	if offset.Abs() > maxClockOffset {
+		in.clockCheck = &check{Name: "clock", Status: statusWarn, Detail: detail + fmt.Sprintf(
+			"; more than %s: check this host's time service (NTP)", maxClockOffset)}
+		return
+	}
+	in.clockCheck = &check{Name: "clock", Status: statusOK, Detail: detail}
 }
 
 // postgresOpenAdvice says why the server did not let diagnostics in, and

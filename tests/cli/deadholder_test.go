@@ -64,6 +64,10 @@ func TestCLI_DeadHolderIsTakenOver(t *testing.T) {
 	var got map[string]any
 	r.decode(t, &got)
 	assert.Greater(t, got["token"].(float64), lock["token"].(float64), "a new, larger token")
+	prev, ok := got["took_over_from"].(map[string]any)
+	require.True(t, ok, "the JSON names the lock taken over: %s", r.stdout)
+	assert.Equal(t, lock["owner_id"], prev["owner_id"])
+	assert.Equal(t, lock["token"], prev["token"])
 }
 
 // A stopped holder is alive (it may be continued), and an explicit owner

@@ -173,7 +173,8 @@ func TestCLI_Postgres_Diagnostics(t *testing.T) {
 		var rep report
 		r.decode(t, &rep)
 		assert.True(t, rep.OK, "a warning alone exits 0")
-		assert.Equal(t, []string{"database", "schema", "stale_locks", "active_locks", "orphaned_locks"}, rep.names())
+		assert.Equal(t, []string{"database", "schema", "stale_locks", "active_locks", "orphaned_locks", "clock"}, rep.names())
+		assert.Equal(t, "ok", rep.check("clock").Status, rep.check("clock").Detail)
 		assert.Equal(t, "ok", rep.check("database").Status, rep.check("database").Detail)
 		assert.Contains(t, rep.check("database").Detail, "accepts connections, and this user can write there")
 		assert.Equal(t, "ok", rep.check("schema").Status, rep.check("schema").Detail)
