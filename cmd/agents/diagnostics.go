@@ -177,14 +177,7 @@ func (c *invocation) inspectSQLite(ctx context.Context, path string) (check, *in
 	if writable != nil {
 		database = check{Name: "database", Status: statusFail, Detail: writable.Error()}
 	}
-	return database, &inspection{
-		repo:  sqlite.NewLockRepository(db),
-		close: db.Close,
-		schema: func(ctx context.Context) (schemaState, error) {
-			st, err := db.Schema(ctx)
-			return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable}, err
-		},
-	}
+	return database, sqliteInspection(db)
 }
 
 // notChecked completes a failed database check with the checks that

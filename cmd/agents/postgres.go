@@ -58,14 +58,7 @@ func (c *invocation) inspectPostgres(ctx context.Context, dsn string) (check, *i
 		}
 		database = check{Name: "database", Status: statusFail, Detail: detail}
 	}
-	in := &inspection{
-		repo:  postgres.NewLockRepository(db),
-		close: db.Close,
-		schema: func(ctx context.Context) (schemaState, error) {
-			st, err := db.Schema(ctx)
-			return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable, schema: st.Schema, server: true}, err
-		},
-	}
+	in := postgresInspection(db)
 	c.checkServerClock(ctx, db, in)
 	return database, in
 }

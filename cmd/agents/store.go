@@ -88,11 +88,7 @@ func (c *invocation) openReadOnly(ctx context.Context, db string) (*inspection, 
 		if err != nil {
 			return nil, err
 		}
-		return &inspection{repo: postgres.NewLockRepository(pg), close: pg.Close,
-			schema: func(ctx context.Context) (schemaState, error) {
-				st, err := pg.Schema(ctx)
-				return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable, schema: st.Schema, server: true}, err
-			}}, nil
+		return postgresInspection(pg), nil
 	}
 	sq, err := sqlite.OpenReadOnly(ctx, db, sqlite.Options{})
 	switch {
@@ -101,11 +97,26 @@ func (c *invocation) openReadOnly(ctx context.Context, db string) (*inspection, 
 	case err != nil:
 		return nil, err
 	}
-	return &inspection{repo: sqlite.NewLockRepository(sq), close: sq.Close,
+	return sqliteInspection(sq), nil
+}
+
+// sqliteInspection is a read-only SQLite database, as the checks read it.
+func sqliteInspection(db *sqlite.DB) *inspection {
+	return &inspection{repo: sqlite.NewLockRepository(db), close: db.Close,
 		schema: func(ctx context.Context) (schemaState, error) {
-			st, err := sq.Schema(ctx)
+			st, err := db.Schema(ctx)
 			return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable, otherTables: st.OtherTables}, err
-		}}, nil
+		}}
+}
+
+// postgresInspection is a read-only PostgreSQL database, as the checks
+// read it.
+func postgresInspection(db *postgres.DB) *inspection {
+	return &inspection{repo: postgres.NewLockRepository(db), close: db.Close,
+		schema: func(ctx context.Context) (schemaState, error) {
+			st, err := db.Schema(ctx)
+			return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable, schema: st.Schema, server: true}, err
+		}}
 }
 
 // requireSchema refuses a database in which the lock store's migration has
