@@ -28,16 +28,16 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.close(ctr)
-	var seen takeovers
+	var seen acquireEvents
 	ctr.Locks.SetObserver(&seen)
-	before := ctr.Locks.Now()
 	h, err := ctr.Locks.Take(ctx, owner, ref, opts)
 	if err != nil {
 		return err
 	}
 	l := h.Lock()
-	// Re-entry keeps the first acquisition time, and the token.
-	reentered := l.AcquiredAt.Before(before)
+	// Re-entry keeps the first acquisition time, and the token: the
+	// service says which it was, whatever the clock showed.
+	reentered := seen.last == application.EventReentered
 	verb := "Acquired"
 	if reentered {
 		verb = "Re-entered"
@@ -57,11 +57,19 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 	})
 }
 
-// takeovers remembers the holder of a lock taken over because its process
-// was gone, for the output of acquire.
-type takeovers struct{ dead *domain.Lock }
+// acquireEvents remembers what the service reported of acquire's tries:
+// the last one's kind (a re-entry or not) and the holder of a lock taken
+// over because its process was gone.
+type acquireEvents struct {
+	last application.EventKind
+	dead *domain.Lock
+}
 
-func (t *takeovers) Observe(_ context.Context, e application.Event) {
+func (t *acquireEvents) Observe(_ context.Context, e application.Event) {
+	switch e.Kind {
+	case application.EventAcquired, application.EventReentered, application.EventTakenOver, application.EventRefused:
+		t.last = e.Kind
+	}
 	if e.Kind == application.EventTakenOver && e.DeadHolder && e.Previous != nil {
 		t.dead = e.Previous
 	}

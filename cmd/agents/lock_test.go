@@ -27,6 +27,14 @@ func TestMain_Acquire(t *testing.T) {
 		assert.JSONEq(t, `{"token": 1, "owner_id": "alice", "resource_type": "project", "resource_id": "x",
 			"acquired_at": "2026-11-29T19:00:00.000000Z", "expires_at": "2026-11-29T19:02:30.000000Z", "reentered": true}`, r.stdout)
 	})
+	t.Run("ReentryInTheSameMicrosecondIsAReentry", func(t *testing.T) {
+		// The clock need not move between the two: re-entry is what the
+		// service decided, not a comparison of times.
+		h := newHarness(t)
+		h.mustRun("locks", "acquire", "plan", "p1", "--owner", "alice")
+		r := h.mustRun("--json", "locks", "acquire", "plan", "p1", "--owner", "alice")
+		assert.Contains(t, r.stdout, `"reentered": true`)
+	})
 	t.Run("ReentryKeepsTokenAndExtends", func(t *testing.T) {
 		h := newHarness(t)
 		h.mustRun("locks", "acquire", "plan", "p1", "--owner", "alice")
