@@ -3,7 +3,6 @@ package locks
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
@@ -48,13 +47,8 @@ func (c *Container) CheckFence(ctx context.Context, tx Querier, f application.Fe
 	if c.fence.dialect == "" {
 		return &domain.StoreError{Op: op, Kind: domain.StoreInternal, Err: errNoSQL}
 	}
-	err := entstore.CheckFence(ctx, tx, c.fence.dialect, f, c.Locks.Now())
-	if err == nil {
-		return nil
+	if err := entstore.CheckFence(ctx, tx, c.fence.dialect, f, c.Locks.Now()); err != nil {
+		return entstore.Explain(ctx, err, op, c.fence.formatError)
 	}
-	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
-		// The driver reports an interruption in its own words.
-		return fmt.Errorf("%s: %w (the database reported: %v)", op, cerr, err)
-	}
-	return c.fence.formatError(op, err)
+	return nil
 }

@@ -232,18 +232,9 @@ func DefaultOwner() string {
 			return p.String()
 		}
 	}
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "unknown-host"
-	}
-	// Keep the id well within the 255 bytes an owner id may have.
-	if len(host) > 200 {
-		host = host[:200]
-	}
-	host = strings.ToValidUTF8(host, "?")
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	return fmt.Sprintf("%s:%d:%s", proc.Hostname(), os.Getpid(), hex.EncodeToString(b[:]))
 }
 
 // shutdown collects the errors of the cleanups that Wire runs on Close.

@@ -3,7 +3,6 @@ package application
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -155,7 +154,7 @@ func (k *keeper) renew() bool {
 			return false
 		}
 		last = err
-		pause := backoff/2 + rand.N(backoff/2+1)
+		pause := jittered(backoff)
 		if left := l.ExpiresAt.Sub(svc.Now()); left < pause {
 			pause = left
 		}

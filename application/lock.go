@@ -138,14 +138,10 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 			l, err, kind, previous = dl, derr, EventAcquired, nil
 		}
 	}
-	if s.observer != nil {
+	if s.observer != nil && (err == nil || errors.As(err, &conflict)) {
 		e := Event{Kind: kind, Owner: owner, Resource: ref, Lock: l, Previous: previous, Took: s.clock.Now().Sub(start)}
-		var conflict *domain.LockConflictError
-		switch {
-		case errors.As(err, &conflict):
+		if err != nil {
 			e.Kind, e.Previous = EventRefused, &conflict.Holder
-		case err != nil:
-			return l, err
 		}
 		s.observer.Observe(ctx, e)
 	}

@@ -158,7 +158,7 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 			}
 			return l, err
 		}
-		pause := backoff/2 + rand.N(backoff/2+1)
+		pause := jittered(backoff)
 		if left := last.Holder.ExpiresAt.Sub(last.Now); left < pause {
 			pause = left
 		}
@@ -176,3 +176,7 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 		}
 	}
 }
+
+// jittered returns a pause between d/2 and d, at random, so that waiters
+// and renewals of several processes do not retry in step.
+func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 )
 
 // ProcessOwner is an owner id that names one process of one machine well
@@ -37,6 +38,9 @@ func (p ProcessOwner) String() string {
 // ParseProcessOwner parses an owner id written by ProcessOwner.String. It
 // accepts nothing else: any other id is an owner that carries no process.
 func ParseProcessOwner(owner string) (ProcessOwner, bool) {
+	if !strings.Contains(owner, "/proc1:") {
+		return ProcessOwner{}, false // most owners: no need for the pattern
+	}
 	m := processOwnerPattern.FindStringSubmatch(owner)
 	if m == nil {
 		return ProcessOwner{}, false

@@ -136,19 +136,25 @@ func (s *Store) failed(ctx context.Context, err error, what string, ref domain.R
 }
 
 // explain translates a failure of operation op with the backend's
-// FormatError, except when ctx ended meanwhile: the driver then reports
-// the interruption in its own words (SQLite's "interrupted", or
-// sql.ErrTxDone from a commit whose transaction database/sql already
-// rolled back), which would read as a store failure. The caller learns
-// that its context ended, as it does when ctx ends before the call.
+// FormatError; see Explain.
 func (s *Store) explain(ctx context.Context, err error, op string) error {
+	return Explain(ctx, err, op, s.b.FormatError)
+}
+
+// Explain translates err, a failure of operation op, with format, except
+// when ctx ended meanwhile: the driver then reports the interruption in
+// its own words (SQLite's "interrupted", or sql.ErrTxDone from a commit
+// whose transaction database/sql already rolled back), which would read
+// as a store failure. The caller learns that its context ended, as it
+// does when ctx ends before the call.
+func Explain(ctx context.Context, err error, op string, format func(op string, err error) error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		if errors.Is(err, cerr) {
 			return err
 		}
 		return fmt.Errorf("%s: %w (the store reported: %v)", op, cerr, err)
 	}
-	return s.b.FormatError(op, err)
+	return format(op, err)
 }
 
 // ignoreDone drops the error of rolling back a transaction that the

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -28,14 +29,12 @@ type Machine struct {
 
 var _ application.Processes = (*Machine)(nil)
 
-// ThisMachine reads the boot id and this process's pid namespace.
+// ThisMachine returns this machine: its boot id and this process's pid
+// namespace, read from /proc once per process (neither changes while it
+// runs).
 //
 // Errors: when /proc cannot be read (another system, a sandbox).
-func ThisMachine() (*Machine, error) {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "unknown-host"
-	}
+var ThisMachine = sync.OnceValues(func() (*Machine, error) {
 	boot, err := os.ReadFile(Root + "/sys/kernel/random/boot_id")
 	if err != nil {
 		return nil, err
@@ -44,18 +43,23 @@ func ThisMachine() (*Machine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Machine{Host: hostPart(host), BootID: strings.TrimSpace(string(boot)), PIDNamespace: ns}, nil
-}
+	return &Machine{Host: Hostname(), BootID: strings.TrimSpace(string(boot)), PIDNamespace: ns}, nil
+})
 
-// hostPart keeps a host name well within an owner id's 255 bytes and free
-// of the separators of domain.ProcessOwner.
-func hostPart(host string) string {
-	host = strings.ToValidUTF8(host, "?")
-	host = strings.NewReplacer("/", "_", ":", "_").Replace(host)
+// Hostname returns this host's name as owner ids carry it: valid UTF-8,
+// well within an owner id's 255 bytes, and free of the separators of
+// domain.ProcessOwner.
+func Hostname() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
 	if len(host) > 150 {
 		host = host[:150]
 	}
-	return host
+	// After the cut, which may split a character.
+	host = strings.ToValidUTF8(host, "?")
+	return strings.NewReplacer("/", "_", ":", "_").Replace(host)
 }
 
 // Owner returns the owner id of process pid of this machine.
