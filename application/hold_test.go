@@ -510,3 +510,24 @@ func TestHandle_KeepAlive_PausedPastItsExpiry(t *testing.T) {
 	assert.Equal(t, holdStart.Add(12*time.Second), lost.At)
 	assert.Contains(t, lost.Error(), "expired at 2026-11-30T10:00:10Z without being renewed")
 }
+
+func TestHandle_Lost(t *testing.T) {
+	ctx := context.Background()
+	clk := newTimerClock(holdStart)
+	svc := newHoldService(t, memory.NewLockRepository(), clk)
+	h, err := svc.Take(ctx, "A", plan, application.AcquireOptions{TTL: 10 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, h.Lost(ctx), "held")
+
+	// No keep-alive ran: the loss is found in the store.
+	clk.Mock.Set(holdStart.Add(10 * time.Second))
+	var lost *domain.LockLostError
+	require.ErrorAs(t, h.Lost(ctx), &lost)
+	assert.Equal(t, domain.LostExpired, lost.Reason)
+
+	b, err := svc.Acquire(ctx, "B", plan, time.Minute)
+	require.NoError(t, err)
+	require.ErrorAs(t, h.Lost(ctx), &lost)
+	assert.Equal(t, domain.LostTakenOver, lost.Reason)
+	assert.Equal(t, b, *lost.NewHolder)
+}

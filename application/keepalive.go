@@ -193,20 +193,53 @@ func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 }
 
 // lostAt explains the loss of l: the store kept failing until the expiry
-// (last), another owner holds the resource now, the lock was removed
-// before its expiry, or it expired and nobody took it yet.
+// (last), or see explainLoss.
 func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 	if last != nil {
 		return domain.LockLostError{Lock: l, Reason: domain.LostStoreFailing, Err: last}
 	}
-	cur, err := k.h.svc.Get(k.run, l.Resource)
-	switch {
-	case err == nil && cur.Token != l.Token:
-		return domain.LockLostError{Lock: l, Reason: domain.LostTakenOver, NewHolder: &cur}
-	case errors.Is(err, domain.ErrNotFound) && !l.ExpiredAt(k.h.svc.Now()):
-		return domain.LockLostError{Lock: l, Reason: domain.LostRemoved}
+	lost, _ := k.h.svc.explainLoss(k.run, l)
+	if lost == nil { // the store still shows it: it has expired all the same
+		lost = &domain.LockLostError{Lock: l, Reason: domain.LostExpired}
 	}
-	return domain.LockLostError{Lock: l, Reason: domain.LostExpired}
+	return *lost
+}
+
+// Lost returns the *domain.LockLostError of the handle's lock, or nil while
+// it is held: the loss the keep-alive reported, or one it has not noticed
+// yet (it was stopped, or the process was paused), found by reading the
+// store now. A store that cannot be read is no proof of loss before the
+// lock's expiry.
+func (h *Handle) Lost(ctx context.Context) error {
+	if err := h.Err(); err != nil {
+		return err
+	}
+	lost, _ := h.svc.explainLoss(ctx, h.Lock())
+	if lost == nil {
+		return nil
+	}
+	lost.At = h.svc.Now()
+	return lost
+}
+
+// explainLoss says whether, and why, l is lost now: another owner holds
+// the resource (taken over), the lock was removed before its expiry, or it
+// has expired. Nil while the store still shows l active, or when the
+// store cannot be read and l has not expired.
+func (s *LockService) explainLoss(ctx context.Context, l domain.Lock) (*domain.LockLostError, error) {
+	now := s.Now()
+	cur, err := s.Get(ctx, l.Resource)
+	switch {
+	case err == nil && cur.Token != l.Token && !cur.ExpiredAt(now):
+		return &domain.LockLostError{Lock: l, Reason: domain.LostTakenOver, NewHolder: &cur}, nil
+	case err == nil && cur.Token == l.Token && !cur.ExpiredAt(now):
+		return nil, nil
+	case errors.Is(err, domain.ErrNotFound) && !l.ExpiredAt(now):
+		return &domain.LockLostError{Lock: l, Reason: domain.LostRemoved}, nil
+	case err != nil && !errors.Is(err, domain.ErrNotFound) && !l.ExpiredAt(now):
+		return nil, err
+	}
+	return &domain.LockLostError{Lock: l, Reason: domain.LostExpired}, nil
 }
 
 // lose records the loss and ends the caller's context with it.

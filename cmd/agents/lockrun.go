@@ -132,7 +132,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	// the owner's.
 	stopKeep()
 	<-h.Done()
-	lost := c.lossAtEnd(bg, h, ctr.Locks)
+	lost := c.lossAtEnd(bg, h)
 	if lost != nil && !p.reported {
 		fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(lost.Error()))
 	}
@@ -140,10 +140,9 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	if lost == nil {
 		var err error
 		if doc.Released, err = c.releaseHandle(bg, h); err == nil && !doc.Released {
-			// Gone before its expiry: released by hand, as the same owner.
-			// The keep-alive would have reported it as expired at its next
-			// renewal; so does agents.
-			lost = &domain.LockLostError{Lock: h.Lock(), Reason: domain.LostExpired, At: ctr.Locks.Now()}
+			// Gone between the check and the release: released by hand,
+			// as the same owner.
+			lost = &domain.LockLostError{Lock: h.Lock(), Reason: domain.LostRemoved, At: ctr.Locks.Now()}
 			fmt.Fprintf(c.stderr, "%s: the lock of owner %q on %s (token %d) was gone when the command ended: someone released it as that owner\n",
 				c.prog(), h.Lock().Owner, printable(ref.String()), h.Lock().Token)
 		}
@@ -260,22 +259,15 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 }
 
 // lossAtEnd returns the loss of h's lock, noticed while CMD ran or found
-// now that it has ended: a lock that expired meanwhile, whose renewal the
-// keep-alive had not yet attempted (agents was stopped, say), is lost too.
-func (c *invocation) lossAtEnd(ctx context.Context, h *application.Handle, svc *application.LockService) *domain.LockLostError {
+// now that it has ended (application.Handle.Lost): a lock that expired
+// meanwhile, whose renewal the keep-alive had not yet attempted (agents was
+// stopped, say), is lost too.
+func (c *invocation) lossAtEnd(ctx context.Context, h *application.Handle) *domain.LockLostError {
 	var lost *domain.LockLostError
-	if errors.As(h.Err(), &lost) {
+	if errors.As(h.Lost(ctx), &lost) {
 		return lost
 	}
-	l, now := h.Lock(), svc.Now()
-	if !l.ExpiredAt(now) {
-		return nil
-	}
-	lost = &domain.LockLostError{Lock: l, Reason: domain.LostExpired, At: now}
-	if cur, err := svc.Get(ctx, l.Resource); err == nil && cur.Token != l.Token && !cur.ExpiredAt(now) {
-		lost.Reason, lost.NewHolder = domain.LostTakenOver, &cur
-	}
-	return lost
+	return nil
 }
 
 // releaseHandle releases h's lock and reports whether it did. A failure leaves
