@@ -200,8 +200,8 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 // DeleteOwned implements application.LockRepository with one statement.
 func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
 	var n int64
-	err := s.b.Write(ctx, func(ctx context.Context) error {
-		res, err := s.stmts.delOwned.ExecContext(ctx, string(ref.Type), ref.ID, owner)
+	err := s.writeOne(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		res, err := on(ctx, tx, s.stmts.delOwned).ExecContext(ctx, string(ref.Type), ref.ID, owner)
 		if err == nil {
 			n, err = res.RowsAffected()
 		}
@@ -212,11 +212,9 @@ func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner s
 
 // DeleteAllOwned implements application.LockRepository.
 func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
-	var n int
-	err := s.b.Write(ctx, func(ctx context.Context) (err error) {
-		n, err = s.writeEnt.Lock.Delete().Where(entlock.OwnerID(owner)).Exec(ctx)
-		return err
-	})
+	b := entsql.Dialect(s.b.Dialect)
+	query, args := b.Delete(entlock.Table).Where(entsql.EQ(entlock.FieldOwnerID, owner)).Query()
+	n, err := s.deleteRows(ctx, query, args)
 	if err != nil {
 		return n, s.explain(ctx, err, "release locks of "+owner)
 	}
@@ -227,17 +225,32 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 // that removes at most limit expired rows, found through the expires_at
 // index.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
-	var n int
-	err := s.b.Write(ctx, func(ctx context.Context) (err error) {
-		n, err = s.writeEnt.Lock.Delete().
-			Where(oldestExpired(now, limit)).
-			Exec(ctx)
-		return err
-	})
+	query, args := deleteExpired(s.b.Dialect, now, limit)
+	n, err := s.deleteRows(ctx, query, args)
 	if err != nil {
 		return n, s.explain(ctx, err, "clean up expired locks")
 	}
 	return n, nil
+}
+
+// deleteRows runs one DELETE as a write and returns how many rows it
+// removed.
+func (s *Store) deleteRows(ctx context.Context, query string, args []any) (int, error) {
+	var n int64
+	err := s.writeOne(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		var x interface {
+			ExecContext(context.Context, string, ...any) (sql.Result, error)
+		} = s.write
+		if tx != nil {
+			x = tx
+		}
+		res, err := x.ExecContext(ctx, query, args...)
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		return err
+	})
+	return int(n), err
 }
 
 // CountExpired implements application.LockRepository.
@@ -259,28 +272,26 @@ func expiredAt(now time.Time) predicate.Lock {
 	return entlock.ExpiresAtLTE(formatTime(now))
 }
 
-// oldestExpired matches at most limit expired rows, oldest first, as a
-// subquery on the expires_at index: SQLite has no DELETE ... LIMIT by
-// default.
+// deleteExpired is the statement that removes at most limit expired rows,
+// oldest first, chosen by a subquery on the expires_at index: SQLite has
+// no DELETE ... LIMIT by default.
 //
 // The expiry is tested on the deleted row itself as well, not only in the
 // subquery. On PostgreSQL, a DELETE that waited for a concurrent renew to
 // commit re-checks its own WHERE against the renewed row, but not the
 // subquery that chose it: with "id IN (...)" alone, a lock renewed a moment
 // before its expiry was deleted after its holder had been told it held it.
-func oldestExpired(now time.Time, limit int) predicate.Lock {
-	return func(s *entsql.Selector) {
-		b := entsql.Dialect(s.Dialect())
-		batch := b.Select(entlock.FieldID).
-			From(b.Table(entlock.Table)).
-			Where(entsql.LTE(entlock.FieldExpiresAt, formatTime(now))).
-			OrderBy(entlock.FieldExpiresAt).
-			Limit(limit)
-		s.Where(entsql.And(
-			entsql.LTE(s.C(entlock.FieldExpiresAt), formatTime(now)),
-			entsql.In(s.C(entlock.FieldID), batch),
-		))
-	}
+func deleteExpired(dialectName string, now time.Time, limit int) (string, []any) {
+	b := entsql.Dialect(dialectName)
+	batch := b.Select(entlock.FieldID).
+		From(b.Table(entlock.Table)).
+		Where(entsql.LTE(entlock.FieldExpiresAt, formatTime(now))).
+		OrderBy(entlock.FieldExpiresAt).
+		Limit(limit)
+	return b.Delete(entlock.Table).Where(entsql.And(
+		entsql.LTE(entlock.FieldExpiresAt, formatTime(now)),
+		entsql.In(entlock.FieldID, batch),
+	)).Query()
 }
 
 // byBytes orders by column in byte order on every database, as the port

@@ -27,7 +27,25 @@ type Backend struct {
 	// safe to run again. It applies the database's queueing and retry
 	// policy and returns fn's last error as it is: the store explains it
 	// with FormatError, and builds that message only when there is one.
+	// Unused when WriteTx is set.
 	Write func(ctx context.Context, fn func(context.Context) error) error
+	// WriteTx, when set, runs every write of the store: it begins a write
+	// transaction, runs body in it and commits. It may run the bodies of
+	// concurrent calls in one transaction and one commit (group commit);
+	// each body must then be atomic on its own (a savepoint), one body's
+	// failure must roll back nothing but its own changes, and no call may
+	// return before the commit that made its changes durable. body runs
+	// with a context that carries ctx's values but not its cancellation
+	// (so that one caller giving up cannot interrupt a transaction that
+	// others share); WriteTx itself answers with ctx's error when ctx
+	// ends before body's changes are committed, and undoes them. body
+	// must be safe to run again. WriteTx returns body's error as it is,
+	// or the transaction's.
+	//
+	// A body of one statement (oneStatement) may be run alone outside any
+	// transaction, with tx nil, where the statement is atomic by itself
+	// and BEGIN and COMMIT would only add to its cost.
+	WriteTx func(ctx context.Context, oneStatement bool, body func(ctx context.Context, tx *sql.Tx) error) error
 	// LockResource, when set, runs first in every Update transaction and
 	// must keep any other Update of ref out until the transaction ends.
 	// Nil when beginning the transaction already excludes every other
@@ -44,12 +62,12 @@ type Backend struct {
 // Store implements application.LockRepository. It is safe for concurrent
 // use.
 type Store struct {
-	read, write       *sql.DB
-	readEnt, writeEnt *ent.Client
-	b                 Backend
-	text              statementText // the hot path's SQL in b.Dialect
-	stmts             stmts
-	contended         contention
+	read, write *sql.DB
+	readEnt     *ent.Client
+	b           Backend
+	text        statementText // the hot path's SQL in b.Dialect
+	stmts       stmts
+	contended   contention
 }
 
 var _ application.LockRepository = (*Store)(nil)
@@ -59,8 +77,7 @@ var _ application.LockRepository = (*Store)(nil)
 func New(ctx context.Context, read, write *sql.DB, b Backend) (*Store, error) {
 	s := &Store{
 		read: read, write: write, b: b, text: buildStatements(b.Dialect),
-		readEnt:  ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read))),
-		writeEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, write))),
+		readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read))),
 	}
 	if err := s.prepare(ctx); err != nil {
 		s.Close()
@@ -76,6 +93,7 @@ func NewReadOnly(read *sql.DB, b Backend) *Store {
 	b.Write = func(context.Context, func(context.Context) error) error {
 		return &domain.StoreError{Op: "write", Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
 	}
+	b.WriteTx = nil
 	return &Store{read: read, b: b, text: buildStatements(b.Dialect),
 		readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read)))}
 }
@@ -93,37 +111,67 @@ func (s *Store) Close() error {
 }
 
 // inTx runs fn in one write transaction, after Backend.LockResource, with
-// the backend's write policy. The transaction always ends: it is rolled
-// back when fn fails and also when fn panics (a Decide function that
-// panics inside a recovering server), before the panic goes on; a
-// transaction left open would hold SQLite's only writer connection, or
-// PostgreSQL's lock on the resource, for good.
+// the backend's write policy: through WriteTx when the backend has it,
+// otherwise in a transaction of its own through Write.
 func (s *Store) inTx(ctx context.Context, ref domain.ResourceRef, fn func(context.Context, *sql.Tx) error) error {
-	return s.b.Write(ctx, func(ctx context.Context) (err error) {
-		tx, err := s.write.BeginTx(ctx, s.b.TxOptions)
-		if err != nil {
-			return err
-		}
-		committed := false
-		defer func() {
-			if committed {
-				return
-			}
-			if rerr := ignoreDone(tx.Rollback()); rerr != nil && err != nil {
-				err = errors.Join(err, rerr)
-			}
-		}()
-		if s.b.LockResource != nil {
+	body := fn
+	if s.b.LockResource != nil {
+		body = func(ctx context.Context, tx *sql.Tx) error {
 			if err := s.b.LockResource(ctx, tx, ref); err != nil {
 				return err
 			}
+			return fn(ctx, tx)
 		}
-		if err := fn(ctx, tx); err != nil {
-			return err
+	}
+	if s.b.WriteTx != nil {
+		return s.b.WriteTx(ctx, false, body)
+	}
+	return s.b.Write(ctx, func(ctx context.Context) error { return RunTx(ctx, s.write, s.b.TxOptions, body) })
+}
+
+// writeOne runs body, a write of one statement: inside the backend's
+// (possibly shared) transaction when it has WriteTx, otherwise on its own
+// through Write, with tx nil, where a single statement needs no
+// transaction around it.
+func (s *Store) writeOne(ctx context.Context, body func(ctx context.Context, tx *sql.Tx) error) error {
+	if s.b.WriteTx != nil {
+		return s.b.WriteTx(ctx, true, body)
+	}
+	return s.b.Write(ctx, func(ctx context.Context) error { return body(ctx, nil) })
+}
+
+// on returns st to run in tx, or st itself outside a transaction.
+func on(ctx context.Context, tx *sql.Tx, st *sql.Stmt) *sql.Stmt {
+	if tx == nil {
+		return st
+	}
+	return tx.StmtContext(ctx, st)
+}
+
+// RunTx runs fn in a transaction of its own on db and commits it. The
+// transaction always ends: it is rolled back when fn fails and also when
+// fn panics (a Decide function that panics inside a recovering server),
+// before the panic goes on; a transaction left open would hold SQLite's
+// only writer connection, or PostgreSQL's lock on the resource, for good.
+func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(context.Context, *sql.Tx) error) (err error) {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	committed := false
+	defer func() {
+		if committed {
+			return
 		}
-		committed = true
-		return tx.Commit()
-	})
+		if rerr := ignoreDone(tx.Rollback()); rerr != nil && err != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	committed = true
+	return tx.Commit()
 }
 
 // failed explains err, when there is one, naming the operation on ref;

@@ -41,11 +41,15 @@ type DB struct {
 	// queue for it in order, and never wait behind readers for a
 	// connection. Nil for a read-only handle.
 	wsql *sql.DB
-	// writer admits one write at a time from this process: queueing here
-	// is fair and cheap, while SQLite's busy waiting is neither.
+	// writer admits one writer at a time from this process while the
+	// schema is migrated; afterwards every write goes through commits.
 	writer chan struct{}
-	path   string
-	store  *entstore.Store
+	// commits runs the store's writes, with group commit.
+	commits committer
+	// writers queues the writes of every process on the file.
+	writers *writerQueue
+	path    string
+	store   *entstore.Store
 }
 
 // Options tune Open. The zero value is the recommended setting.
@@ -94,9 +98,18 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	wdb.SetMaxOpenConns(1)
 	wdb.SetMaxIdleConns(1)
 	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path}
+	db.commits.db = db
+	if db.writers, err = openWriterQueue(path, busyTimeout(dsn)); err != nil {
+		db.Close()
+		return nil, FormatError("open lock store "+path, err)
+	}
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {
 		db.Close()
 		return nil, err
+	}
+	if db.commits.savepoints, err = prepareSavepoints(ctx, wdb); err != nil {
+		db.Close()
+		return nil, FormatError("open lock store "+path, err)
 	}
 	if db.store, err = entstore.New(ctx, rdb, wdb, db.backend()); err != nil {
 		db.Close()
@@ -108,11 +121,11 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 // NewLockRepository returns the lock repository of db.
 func NewLockRepository(db *DB) *entstore.Store { return db.store }
 
-// backend is what SQLite brings to the shared store: its writer queue and
-// retry, and its errors. No per-resource lock is needed: BEGIN IMMEDIATE
-// already keeps every other writer out.
+// backend is what SQLite brings to the shared store: group commit behind
+// a queue of the processes' writers, and its errors. No per-resource lock
+// is needed: BEGIN IMMEDIATE already keeps every other writer out.
 func (db *DB) backend() entstore.Backend {
-	return entstore.Backend{Dialect: dialect.SQLite, Write: db.write, FormatError: FormatError}
+	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, FormatError: FormatError}
 }
 
 // Path returns the database file, or "" for an in-memory database.
@@ -127,6 +140,12 @@ func (db *DB) Close() error {
 	err = errors.Join(err, db.sql.Close())
 	if db.wsql != nil {
 		err = errors.Join(err, db.wsql.Close())
+	}
+	if db.commits.savepoints != nil {
+		db.commits.savepoints.close()
+	}
+	if db.writers != nil {
+		err = errors.Join(err, db.writers.close())
 	}
 	return FormatError("close lock store", err)
 }
@@ -171,14 +190,4 @@ func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 	}
 	defer func() { <-db.writer }()
 	return fn()
-}
-
-// write runs fn as the only writer of this process and retries it, a
-// bounded number of times with jittered backoff, while the database is busy
-// with another process's write. fn must be safe to run again: it is either
-// one statement or a whole transaction.
-func (db *DB) write(ctx context.Context, fn func(context.Context) error) error {
-	return entstore.Retry(ctx, writeAttempts, isBusy, func(ctx context.Context) error {
-		return db.withWriter(ctx, func() error { return fn(ctx) })
-	})
 }

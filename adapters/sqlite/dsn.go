@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -145,4 +146,18 @@ func redact(s string) string {
 		}
 	}
 	return s
+}
+
+// busyTimeout returns how long the connections of a DSN made by DSN wait
+// for another process's write lock: the file lock that queues the
+// processes' writers waits as long.
+func busyTimeout(dsn string) time.Duration {
+	_, query, _ := strings.Cut(dsn, "?")
+	q, _ := url.ParseQuery(query)
+	for _, key := range []string{"_busy_timeout", "_timeout"} {
+		if ms, err := strconv.Atoi(q.Get(key)); err == nil && ms > 0 {
+			return time.Duration(ms) * time.Millisecond
+		}
+	}
+	return DefaultBusyTimeout
 }

@@ -1,0 +1,320 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+
+	"github.com/cleveragents/locks/adapters/entstore"
+)
+
+// maxBatch bounds the writes that share one transaction. A batch holds the
+// write lock for all its bodies, a few microseconds each; the bound keeps
+// the wait of the callers queued behind it short.
+const maxBatch = 64
+
+// committer runs the writes of one DB with group commit: the write calls
+// that arrive while a transaction is under way wait, and then share the
+// next transaction, and its commit, which is most of a write's cost (the
+// BEGIN IMMEDIATE, the WAL frames and the commit record). A lone call
+// runs at once in a transaction of its own, with nothing added.
+//
+// There is no writer goroutine: the caller at the head of the queue leads,
+// runs batches until its own call is done, then hands the lead to the next
+// caller queued. Each body runs in a savepoint, so that a refusal, a
+// failure or a panic undoes only that body's changes; every call of a
+// batch returns after its COMMIT, so that no caller is told of a token
+// that is not committed.
+type committer struct {
+	db         *DB
+	savepoints *savepoints
+
+	mu      sync.Mutex
+	queue   []*txCall // calls not yet taken into a batch, in arrival order
+	leading bool      // a caller is running batches
+}
+
+// txCall is one write waiting for, or taken into, a batch.
+type txCall struct {
+	ctx          context.Context
+	body         func(context.Context, *sql.Tx) error
+	oneStatement bool // body may run alone outside a transaction
+
+	// Set by the leader, read by the caller once done is closed.
+	err      error
+	panicked bool
+	panicVal any
+
+	done chan struct{} // closed when the outcome is final
+	lead chan struct{} // closed when the caller is to lead
+
+	claimed bool // taken into a batch (under committer.mu)
+	leads   bool // lead was closed (under committer.mu)
+}
+
+// errBodyPanicked marks a body that panicked; its caller panics again.
+var errBodyPanicked = errors.New("write panicked")
+
+// run implements entstore.Backend.WriteTx.
+func (c *committer) run(ctx context.Context, oneStatement bool, body func(context.Context, *sql.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	call := &txCall{ctx: ctx, body: body, oneStatement: oneStatement, done: make(chan struct{}), lead: make(chan struct{})}
+	c.mu.Lock()
+	c.queue = append(c.queue, call)
+	first := !c.leading
+	c.leading = true
+	c.mu.Unlock()
+	if first || c.await(call) {
+		c.leadUntilDone(call)
+	}
+	if call.panicked {
+		panic(call.panicVal)
+	}
+	return call.err
+}
+
+// await waits until call is done, or its caller is to lead (true). A
+// caller whose context ends while its call is still queued withdraws it;
+// once the call is in a batch, it waits for the batch's outcome, since
+// its change may already be part of the transaction.
+func (c *committer) await(call *txCall) bool {
+	select {
+	case <-call.done:
+		return false
+	case <-call.lead:
+		return true
+	case <-call.ctx.Done():
+	}
+	c.mu.Lock()
+	if call.claimed {
+		c.mu.Unlock()
+		<-call.done
+		return false
+	}
+	for i, q := range c.queue {
+		if q == call {
+			c.queue = append(c.queue[:i], c.queue[i+1:]...)
+			break
+		}
+	}
+	call.err = call.ctx.Err()
+	if call.leads {
+		c.passLead()
+	}
+	c.mu.Unlock()
+	return false
+}
+
+// leadUntilDone runs batches until call's own is done, then hands the lead
+// on. call is queued, so one of the batches takes it.
+func (c *committer) leadUntilDone(call *txCall) {
+	for {
+		c.runBatch()
+		c.mu.Lock()
+		if call.claimed {
+			c.passLead()
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+	}
+}
+
+// passLead makes the caller at the head of the queue the leader, or
+// records that nobody leads. c.mu must be held.
+func (c *committer) passLead() {
+	if len(c.queue) == 0 {
+		c.leading = false
+		return
+	}
+	head := c.queue[0]
+	head.leads = true
+	close(head.lead)
+}
+
+// aloneWithOneStatement reports whether the queue holds a single call of
+// one statement.
+func (c *committer) aloneWithOneStatement() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue) == 1 && c.queue[0].oneStatement
+}
+
+// claim takes the next batch off the queue.
+func (c *committer) claim() []*txCall {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := min(len(c.queue), maxBatch)
+	batch := make([]*txCall, n)
+	copy(batch, c.queue)
+	c.queue = append(c.queue[:0], c.queue[n:]...)
+	for _, call := range batch {
+		call.claimed = true
+	}
+	return batch
+}
+
+// runBatch runs one batch in one transaction and publishes the outcomes.
+// The batch is claimed only once the transaction has begun (and so holds
+// the write lock), so that callers can withdraw while it waits for
+// another process. A busy database is retried as a whole batch, like a
+// single write; the bodies are decided again each time.
+func (c *committer) runBatch() {
+	var batch []*txCall
+	err := entstore.Retry(context.Background(), writeAttempts, isBusy, func(ctx context.Context) error {
+		unlock, err := c.db.writers.lock()
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		if batch == nil && c.aloneWithOneStatement() {
+			batch = c.claim()
+		}
+		if len(batch) == 1 && batch[0].oneStatement {
+			// A statement is a transaction by itself.
+			call := batch[0]
+			if call.err = call.ctx.Err(); call.err == nil {
+				call.err = runBody(ctx, nil, call)
+			}
+			return nil
+		}
+		tx, err := c.db.wsql.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if batch == nil {
+			batch = c.claim()
+		}
+		return c.savepoints.apply(ctx, tx, batch)
+	})
+	if batch == nil {
+		batch = c.claim() // nothing began: each call learns why
+	}
+	for _, call := range batch {
+		if err != nil && call.err == nil {
+			call.err = err
+		}
+		close(call.done)
+	}
+}
+
+// savepoints are the statements that make each body of a shared
+// transaction atomic on its own, prepared once on the writing connection.
+type savepoints struct {
+	begin, release, rollback *sql.Stmt
+}
+
+func prepareSavepoints(ctx context.Context, db *sql.DB) (*savepoints, error) {
+	var sp savepoints
+	var err error
+	for _, p := range []struct {
+		st    **sql.Stmt
+		query string
+	}{{&sp.begin, "SAVEPOINT write"}, {&sp.release, "RELEASE write"}, {&sp.rollback, "ROLLBACK TO write"}} {
+		if *p.st, err = db.PrepareContext(ctx, p.query); err != nil {
+			sp.close()
+			return nil, err
+		}
+	}
+	return &sp, nil
+}
+
+func (sp *savepoints) close() {
+	for _, st := range []*sql.Stmt{sp.begin, sp.release, sp.rollback} {
+		if st != nil {
+			st.Close()
+		}
+	}
+}
+
+// exec runs one of the savepoint statements in tx.
+func (sp *savepoints) exec(ctx context.Context, tx *sql.Tx, st *sql.Stmt) error {
+	_, err := tx.StmtContext(ctx, st).ExecContext(ctx)
+	return err
+}
+
+// apply runs the batch's bodies in tx and commits what succeeded. It
+// returns an error only when the transaction as a whole failed; each
+// call's own outcome is in call.err.
+//
+// When the batch has several bodies, each body of several statements runs
+// in a savepoint, so that a refusal or a failure undoes only its own
+// changes. A body of one statement needs none: a statement that fails
+// changes nothing. But a failing statement can also mean that SQLite
+// ended the transaction (a full disk, an I/O error), after which nothing
+// of the batch stands, so it fails the whole batch, like a failed COMMIT.
+func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (err error) {
+	committed := false
+	defer func() {
+		if !committed {
+			if rerr := tx.Rollback(); rerr != nil && err != nil && !errors.Is(rerr, sql.ErrTxDone) {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+	shared := len(batch) > 1
+	wrote := false
+	for _, call := range batch {
+		call.err, call.panicked, call.panicVal = nil, false, nil // of an earlier try
+	}
+	for _, call := range batch {
+		if err := call.ctx.Err(); err != nil {
+			call.err = err
+			continue
+		}
+		savepoint := shared && !call.oneStatement
+		if savepoint {
+			if err := sp.exec(ctx, tx, sp.begin); err != nil {
+				return err
+			}
+		}
+		call.err = runBody(ctx, tx, call)
+		if call.err == nil && call.ctx.Err() != nil && (savepoint || !shared) {
+			// The caller gave up while its body ran: it will be told so,
+			// so its change must not stay. (A statement run without a
+			// savepoint cannot be undone alone; it stands, and its caller
+			// learns that it succeeded.)
+			call.err = call.ctx.Err()
+		}
+		switch {
+		case !shared && call.err != nil:
+			return nil // rolled back by the deferred call
+		case call.err != nil && !savepoint:
+			return call.err
+		case call.err != nil:
+			if err := sp.exec(ctx, tx, sp.rollback); err != nil {
+				// SQLite ended the transaction itself: nothing of the
+				// batch stands.
+				return errors.Join(call.err, err)
+			}
+			fallthrough
+		case savepoint:
+			if err := sp.exec(ctx, tx, sp.release); err != nil {
+				return err
+			}
+		}
+		wrote = wrote || call.err == nil
+	}
+	if !wrote {
+		return nil
+	}
+	committed = true
+	return tx.Commit()
+}
+
+// runBody runs call's body with its context's values but not its
+// cancellation: the driver answers a cancelled context by interrupting the
+// connection, which would roll back the whole shared transaction. A panic
+// is kept for the caller, whose goroutine panics again.
+func runBody(ctx context.Context, tx *sql.Tx, call *txCall) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			call.panicked, call.panicVal = true, p
+			err = errBodyPanicked
+		}
+	}()
+	return call.body(context.WithoutCancel(call.ctx), tx)
+}
