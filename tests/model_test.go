@@ -266,24 +266,34 @@ func (s *machine) AdvanceToExpiry(t *rapid.T) {
 // Check compares the whole stored state after every step.
 func (s *machine) Check(t *rapid.T) {
 	*s.steps++
-	all, err := s.svc.List(s.ctx, application.ListOptions{IncludeExpired: true})
-	if err != nil {
-		t.Fatalf("list: %v", err)
-	}
-	var want []domain.Lock
-	for ref, l := range s.model.locks {
-		want = append(want, domain.Lock{Token: l.token, Owner: l.owner, Resource: ref, AcquiredAt: l.acquired, ExpiresAt: l.expires})
-	}
-	slices.SortFunc(want, func(a, b domain.Lock) int {
-		return cmp.Or(cmp.Compare(a.Resource.Type, b.Resource.Type), cmp.Compare(a.Resource.ID, b.Resource.ID))
-	})
-	if fmt.Sprint(all) != fmt.Sprint(want) {
-		t.Fatalf("stored state differs from the model:\n got  %v\n want %v", all, want)
+	if got, want := s.stored(t), s.model.state(); got != want {
+		t.Fatalf("stored state differs from the model:\n got  %v\n want %v", got, want)
 	}
 	stale, err := s.svc.StaleCount(s.ctx)
 	if err != nil || stale != s.model.stale() {
 		t.Fatalf("stale count: got (%d, %v), model says %d", stale, err, s.model.stale())
 	}
+}
+
+// stored returns every stored lock, printed.
+func (s *machine) stored(t *rapid.T) string {
+	all, err := s.svc.List(s.ctx, application.ListOptions{IncludeExpired: true})
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	return fmt.Sprint(all)
+}
+
+// state returns the locks of the model, printed as stored returns them.
+func (m *model) state() string {
+	var want []domain.Lock
+	for ref, l := range m.locks {
+		want = append(want, domain.Lock{Token: l.token, Owner: l.owner, Resource: ref, AcquiredAt: l.acquired, ExpiresAt: l.expires})
+	}
+	slices.SortFunc(want, func(a, b domain.Lock) int {
+		return cmp.Or(cmp.Compare(a.Resource.Type, b.Resource.Type), cmp.Compare(a.Resource.ID, b.Resource.ID))
+	})
+	return fmt.Sprint(want)
 }
 
 // runModel runs the model against the stores that newRepo opens, one per
@@ -308,13 +318,23 @@ func runModel(t *testing.T, newRepo func(t *testing.T) (application.LockReposito
 }
 
 func TestModel_SQLite(t *testing.T) {
+	var shared int64
 	runModel(t, func(t *testing.T) (application.LockRepository, func()) {
 		db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "locks.db"), sqlite.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return sqlite.NewLockRepository(db), func() { db.Close() }
+		return sqlite.NewLockRepository(db), func() {
+			shared += db.WriteStats().Shared
+			db.Close()
+		}
 	})
+	// Concurrently must have put writes into shared transactions, or the
+	// model never checked group commit.
+	t.Logf("%d writes shared a transaction", shared)
+	if shared == 0 && !t.Failed() {
+		t.Fatal("no write shared a transaction with another: group commit was not exercised")
+	}
 }
 
 func TestModel_PostgreSQL(t *testing.T) {

@@ -33,6 +33,26 @@ type committer struct {
 	mu      sync.Mutex
 	queue   []*txCall // calls not yet taken into a batch, in arrival order
 	leading bool      // a caller is running batches
+	stats   WriteStats
+}
+
+// WriteStats counts the writes of a DB since it opened.
+type WriteStats struct {
+	// Transactions is how many transactions the writes ran in (a write
+	// of one statement that ran alone counts as one).
+	Transactions int64
+	// Writes is how many writes ran: Writes/Transactions is the average
+	// batch.
+	Writes int64
+	// Shared is how many writes shared their transaction with others.
+	Shared int64
+}
+
+// WriteStats returns the counts of db's writes so far.
+func (db *DB) WriteStats() WriteStats {
+	db.commits.mu.Lock()
+	defer db.commits.mu.Unlock()
+	return db.commits.stats
 }
 
 // txCall is one write waiting for, or taken into, a batch.
@@ -153,6 +173,13 @@ func (c *committer) claim() []*txCall {
 	c.queue = append(c.queue[:0], c.queue[n:]...)
 	for _, call := range batch {
 		call.claimed = true
+	}
+	if n > 0 {
+		c.stats.Transactions++
+		c.stats.Writes += int64(n)
+		if n > 1 {
+			c.stats.Shared += int64(n)
+		}
 	}
 	return batch
 }

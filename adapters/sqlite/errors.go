@@ -36,6 +36,9 @@ func isDomainError(err error) bool {
 }
 
 func kindOf(err error) domain.StoreErrorKind {
+	if errors.Is(err, errWritersBusy) {
+		return domain.StoreBusy
+	}
 	var serr *sqlite.Error
 	if errors.As(err, &serr) {
 		switch serr.Code() & 0xff {
@@ -67,6 +70,9 @@ func kindOf(err error) domain.StoreErrorKind {
 // isBusy reports whether err means another connection held the write lock
 // for longer than the busy timeout.
 func isBusy(err error) bool {
+	if errors.Is(err, errWritersBusy) {
+		return true
+	}
 	var serr *sqlite.Error
 	if errors.As(err, &serr) {
 		c := serr.Code() & 0xff

@@ -1,0 +1,19 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+)
+
+// WriteTx runs body as a write of the store, through group commit, for
+// tests that need to hold a transaction open or see who shares it.
+func (db *DB) WriteTx(ctx context.Context, oneStatement bool, body func(context.Context, *sql.Tx) error) error {
+	return db.commits.run(ctx, oneStatement, body)
+}
+
+// Queued returns how many writes wait for the next transaction.
+func Queued(db *DB) int {
+	db.commits.mu.Lock()
+	defer db.commits.mu.Unlock()
+	return len(db.commits.queue)
+}

@@ -1,0 +1,124 @@
+package tests
+
+import (
+	"errors"
+	"maps"
+	"sync"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+// Concurrently runs two or three operations at once, so that stores with
+// group commit decide them in one shared transaction; the outcome must be
+// that of the model applying them one after the other, in some order.
+
+type concurrentOp struct {
+	name  string
+	owner string
+	ref   domain.ResourceRef
+	ttl   time.Duration
+}
+
+type concurrentResult struct {
+	lock     domain.Lock
+	released bool
+	err      error
+}
+
+func (s *machine) Concurrently(t *rapid.T) {
+	ops := make([]concurrentOp, rapid.IntRange(2, 3).Draw(t, "concurrent"))
+	for i := range ops {
+		owner, ref, ttl := s.pick(t)
+		ops[i] = concurrentOp{rapid.SampledFrom([]string{"acquire", "renew", "release"}).Draw(t, "op"), owner, ref, ttl}
+	}
+	results := make([]concurrentResult, len(ops))
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, op := range ops {
+		wg.Go(func() {
+			<-start
+			r := &results[i]
+			switch op.name {
+			case "acquire":
+				r.lock, r.err = s.svc.Acquire(s.ctx, op.owner, op.ref, op.ttl)
+			case "renew":
+				r.lock, r.err = s.svc.Renew(s.ctx, op.owner, op.ref, op.ttl)
+			default:
+				r.released, r.err = s.svc.Release(s.ctx, op.owner, op.ref)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	// Orders can agree on every result and still leave different states
+	// (two re-entries with different TTLs), so the stored state decides
+	// between them.
+	stored := s.stored(t)
+	for _, order := range orders(len(ops)) {
+		m := &model{now: s.model.now, locks: maps.Clone(s.model.locks), last: s.model.last}
+		explained := true
+		for _, i := range order {
+			if !m.explains(ops[i], results[i]) {
+				explained = false
+				break
+			}
+		}
+		if explained && m.state() == stored {
+			s.model = m
+			return
+		}
+	}
+	t.Fatalf("no order of %+v explains the results %+v and the stored state %v", ops, results, stored)
+}
+
+// explains applies op to m and reports whether the result is what m says.
+func (m *model) explains(op concurrentOp, r concurrentResult) bool {
+	var (
+		want modelLock
+		kind string
+	)
+	switch op.name {
+	case "acquire":
+		want, kind = m.acquire(op.owner, op.ref, op.ttl)
+	case "renew":
+		want, kind = m.renew(op.owner, op.ref, op.ttl)
+	default:
+		released, kind := m.release(op.owner, op.ref)
+		return kindOf(r.err) == kind && r.released == released
+	}
+	if kindOf(r.err) != kind {
+		return false
+	}
+	got := r.lock
+	switch kind {
+	case "ok":
+	case "conflict":
+		var ce *domain.LockConflictError
+		if !errors.As(r.err, &ce) {
+			return false
+		}
+		got = ce.Holder
+	default:
+		return true
+	}
+	return got.Owner == want.owner && got.Token == want.token && got.Resource == op.ref &&
+		got.AcquiredAt.Equal(want.acquired) && got.ExpiresAt.Equal(want.expires)
+}
+
+// orders returns every order of n items.
+func orders(n int) [][]int {
+	if n == 1 {
+		return [][]int{{0}}
+	}
+	var out [][]int
+	for _, rest := range orders(n - 1) {
+		for at := 0; at <= len(rest); at++ {
+			o := append(append(append([]int{}, rest[:at]...), n-1), rest[at:]...)
+			out = append(out, o)
+		}
+	}
+	return out
+}
