@@ -190,6 +190,7 @@ func (c *committer) claim() []*txCall {
 // another process. A busy database is retried as a whole batch, like a
 // single write; the bodies are decided again each time.
 func (c *committer) runBatch() {
+	c.db.checkpoints.finish(c.db.wsql)
 	var batch []*txCall
 	err := entstore.Retry(context.Background(), writeAttempts, isBusy, func(ctx context.Context) error {
 		unlock, err := c.db.writers.lock()
@@ -226,6 +227,7 @@ func (c *committer) runBatch() {
 		}
 		close(call.done)
 	}
+	c.db.checkpoints.wrote(len(batch))
 }
 
 // savepoints are the statements that make each body of a shared

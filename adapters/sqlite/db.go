@@ -48,6 +48,8 @@ type DB struct {
 	commits committer
 	// writers queues the writes of every process on the file.
 	writers *writerQueue
+	// checkpoints copies the WAL back into the file, away from writes.
+	checkpoints checkpointer
 	path    string
 	store   *entstore.Store
 }
@@ -85,7 +87,8 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, FormatError("open lock store "+path, err)
 	}
-	wdb, err := sql.Open("sqlite", dsn)
+	// The writer leaves checkpoints to the checkpointer (checkpoint.go).
+	wdb, err := sql.Open("sqlite", dsn+"&_pragma=wal_autocheckpoint(0)&_pragma="+walSizePragma)
 	if err != nil {
 		rdb.Close()
 		return nil, FormatError("open lock store "+path, err)
@@ -99,6 +102,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	wdb.SetMaxIdleConns(1)
 	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path}
 	db.commits.db = db
+	db.checkpoints.db = rdb
 	if db.writers, err = openWriterQueue(path, busyTimeout(dsn)); err != nil {
 		db.Close()
 		return nil, FormatError("open lock store "+path, err)
@@ -134,6 +138,7 @@ func (db *DB) Path() string { return db.path }
 // Close closes the database. Call it after the last use of the store.
 func (db *DB) Close() error {
 	var err error
+	db.checkpoints.close()
 	if db.store != nil {
 		err = db.store.Close()
 	}
