@@ -50,8 +50,8 @@ type DB struct {
 	writers *writerQueue
 	// checkpoints copies the WAL back into the file, away from writes.
 	checkpoints checkpointer
-	path    string
-	store   *entstore.Store
+	path        string
+	store       *entstore.Store
 }
 
 // Options tune Open. The zero value is the recommended setting.
