@@ -33,7 +33,7 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 		providePostgresClock,
 		providePostgres,
 		postgres.NewLockRepository,
-		wire.Bind(new(application.LockRepository), new(*entstore.Store)),
+		wire.Bind(new(application.LockRepository), new(*entstore.PostgresStore)),
 	)
 	return nil, nil, nil
 }

@@ -47,19 +47,19 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	store := postgres.NewLockRepository(db)
+	postgresStore := postgres.NewLockRepository(db)
 	clock, cleanup2, err := providePostgresClock(ctx, cfg, db)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
-	lockService, cleanup3, err := provideService(store, clock, cfg)
+	lockService, cleanup3, err := provideService(postgresStore, clock, cfg)
 	if err != nil {
 		cleanup2()
 		cleanup()
 		return nil, nil, err
 	}
-	container, cleanup4, err := newContainer(ctx, lockService, store, clock, cfg, locksShutdown)
+	container, cleanup4, err := newContainer(ctx, lockService, postgresStore, clock, cfg, locksShutdown)
 	if err != nil {
 		cleanup3()
 		cleanup2()

@@ -38,18 +38,13 @@ func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain
 	}
 	tookOver := false
 	l, err := s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
-		tookOver = false
-		switch {
-		case cur == nil || cur.ExpiredAt(now) || cur.Token == holder.Token:
-			tookOver = cur != nil && cur.Token == holder.Token && !cur.ExpiredAt(now)
-			return Change{Kind: ChangeInsert, Lock: domain.Lock{
-				Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
-			}}, nil
-		case cur.Owner == owner:
-			return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
-		default:
-			return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
+		tookOver = cur != nil && cur.Token == holder.Token && !cur.ExpiredAt(now)
+		if tookOver {
+			// The probed holder's lock counts as gone: the store still
+			// replaces its row, which it read itself.
+			cur = nil
 		}
+		return DecideAcquire(cur, owner, ref, now, expires)
 	})
 	return l, tookOver, err
 }

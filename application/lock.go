@@ -48,10 +48,13 @@ const (
 //     read or written.
 //   - Every decision reads the clock when the store has the resource's
 //     current row in hand, inside the write that applies it: never before
-//     a wait for the store, which would date the lock in the past.
+//     a wait for the store, which would date the lock in the past. The
+//     one exception is a store that acquires in one statement (Acquirer),
+//     whose decisions at an earlier now are never less safe (see there).
 //   - After Close, every call fails with domain.ErrClosed.
 type LockService struct {
 	repo       LockRepository
+	acquirer   Acquirer // repo, when it can acquire in one write
 	clock      Clock
 	timers     Timers
 	defaultTTL time.Duration
@@ -70,8 +73,10 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) 
 	if err != nil {
 		return nil, err
 	}
-	return &LockService{repo: repo, clock: clock, timers: timersOf(clock), defaultTTL: ttl,
-		gate: newGate(), waiters: newWaitQueues()}, nil
+	s := &LockService{repo: repo, clock: clock, timers: timersOf(clock), defaultTTL: ttl,
+		gate: newGate(), waiters: newWaitQueues()}
+	s.acquirer, _ = repo.(Acquirer)
+	return s, nil
 }
 
 // DefaultTTL returns the TTL used when a caller passes zero.
@@ -103,26 +108,40 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 	if s.observer != nil {
 		start = s.clock.Now()
 	}
-	l, err := s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
-		switch {
-		case cur == nil || cur.ExpiredAt(now):
-			// Free, or the previous lock has lapsed: the resource changes
-			// hands (even back to the same owner, who held nothing between
-			// the expiry and now), so it gets a new token.
+	rule := func(cur *domain.Lock, now, expires time.Time) (Change, error) {
+		change, err := DecideAcquire(cur, owner, ref, now, expires)
+		kind, previous = EventReentered, nil
+		if change.Kind == ChangeInsert {
 			kind, previous = EventAcquired, cur
 			if cur != nil {
 				kind = EventTakenOver
 			}
-			return Change{Kind: ChangeInsert, Lock: domain.Lock{
-				Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
-			}}, nil
-		case cur.Owner == owner:
-			kind, previous = EventReentered, nil
-			return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
-		default:
-			return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
 		}
-	})
+		return change, err
+	}
+	var (
+		l   domain.Lock
+		err error
+	)
+	if s.acquirer != nil {
+		l, err = s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
+			now := s.Now()
+			a, err := s.acquirer.AcquireAt(ctx, ref, owner, now, now.Add(ttl).Truncate(Precision))
+			if errors.Is(err, ErrUndecided) {
+				return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
+			}
+			kind, previous = EventAcquired, a.Previous
+			switch {
+			case a.Reentered:
+				kind = EventReentered
+			case a.Previous != nil:
+				kind = EventTakenOver
+			}
+			return a.Lock, err
+		})
+	} else {
+		l, err = s.update(ctx, owner, ref, ttl, rule)
+	}
 	var conflict *domain.LockConflictError
 	if errors.As(err, &conflict) && s.processes != nil {
 		dl, tookOver, derr := s.takeOverDead(ctx, owner, ref, ttl, conflict.Holder)
@@ -374,6 +393,24 @@ func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock
 // whose WrittenAt says when the write finished.
 func (s *LockService) update(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	rule func(cur *domain.Lock, now, expires time.Time) (Change, error)) (domain.Lock, error) {
+	return s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
+		return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
+	})
+}
+
+// decideNow is rule as a Decide function, which reads now when the store
+// calls it.
+func (s *LockService) decideNow(ttl time.Duration, rule func(cur *domain.Lock, now, expires time.Time) (Change, error)) Decide {
+	return func(cur *domain.Lock) (Change, error) {
+		now := s.Now()
+		return rule(cur, now, now.Add(ttl).Truncate(Precision))
+	}
+}
+
+// write validates the input, runs do with the TTL to use, inside the gate,
+// and refuses a lock that do returns already expired (see update).
+func (s *LockService) write(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
+	do func(ttl time.Duration) (domain.Lock, error)) (domain.Lock, error) {
 	ttl, err := s.checkInput(owner, ref, ttl)
 	if err != nil {
 		return domain.Lock{}, err
@@ -382,10 +419,7 @@ func (s *LockService) update(ctx context.Context, owner string, ref domain.Resou
 		return domain.Lock{}, err
 	}
 	defer s.gate.leave()
-	l, err := s.repo.Update(ctx, ref, func(cur *domain.Lock) (Change, error) {
-		now := s.Now()
-		return rule(cur, now, now.Add(ttl).Truncate(Precision))
-	})
+	l, err := do(ttl)
 	if err != nil {
 		return domain.Lock{}, err
 	}

@@ -2,6 +2,7 @@ package application
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/cleveragents/locks/domain"
@@ -106,4 +107,67 @@ type LockRepository interface {
 
 	// CountExpired returns how many stored locks have expired at now.
 	CountExpired(ctx context.Context, now time.Time) (int, error)
+}
+
+// ErrUndecided is what an Acquirer returns when it leaves a call to
+// Update: the service then takes the decision there, with the Go rule. It
+// never reaches the service's callers.
+var ErrUndecided = errors.New("the store left this decision to Update")
+
+// Acquirer is an optional capability of a LockRepository: carrying out
+// Acquire's rule (DecideAcquire) itself, in one write, instead of a
+// transaction that reads the row and then writes it. The service uses it
+// when its repository has it (a type assertion), for Acquire only.
+//
+// Unlike Update, it is given now before it reaches the store: the service
+// cannot read the clock in the middle of one statement. A store that waits
+// (for another writer of the resource) decides at that earlier now, so it
+// must only ever err on the side that a later now would not contradict:
+// an expired lock stays expired later, so a takeover or an acquisition of
+// a free resource at the earlier now is also right at the write; a lock
+// active at the earlier now may have expired meanwhile, so a refusal is
+// at worst early, and a re-entry must be checked against the time of the
+// write, or left to Update (ErrUndecided).
+type Acquirer interface {
+	// AcquireAt applies Acquire's rule for owner on ref at now, with the
+	// new expiry expires (now+TTL), atomically, and reports what it did.
+	// Its decisions must be DecideAcquire's on the row it changed.
+	//
+	// Errors: a *domain.LockConflictError naming the holder when another
+	// owner's lock, stored and active at now, refuses the caller (nothing
+	// written); ErrUndecided when the store did not decide (nothing
+	// written): the caller decides through Update; a *domain.StoreError
+	// when the store fails.
+	AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time) (Acquisition, error)
+}
+
+// Acquisition is what an Acquirer did.
+type Acquisition struct {
+	// Lock is the lock as stored afterwards.
+	Lock domain.Lock
+	// Reentered says that Lock was owner's active lock, extended.
+	Reentered bool
+	// Previous is the expired lock that was replaced, on a takeover.
+	Previous *domain.Lock
+}
+
+// DecideAcquire is Acquire's rule: the change that owner's Acquire of ref
+// at now makes to cur, the lock stored on ref (nil when there is none),
+// with expires = now+TTL; or a *domain.LockConflictError naming cur when
+// another owner holds it at now. An Acquirer repeats it in its own terms,
+// and the contract suite checks the two against each other.
+func DecideAcquire(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
+	switch {
+	case cur == nil || cur.ExpiredAt(now):
+		// Free, or the previous lock has lapsed: the resource changes
+		// hands (even back to the same owner, who held nothing between
+		// the expiry and now), so it gets a new token.
+		return Change{Kind: ChangeInsert, Lock: domain.Lock{
+			Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
+		}}, nil
+	case cur.Owner == owner:
+		return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
+	default:
+		return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
+	}
 }

@@ -2,11 +2,16 @@ package postgres_test
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/benbjohnson/clock"
 
+	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -36,5 +41,126 @@ func BenchmarkAcquireRelease_Service(b *testing.B) {
 		if ok, err := svc.Release(ctx, "bench", ref); err != nil || !ok {
 			b.Fatalf("release: %v, %v", ok, err)
 		}
+	}
+}
+
+// BenchmarkCycle compares an Acquire+Release cycle through the service
+// (a container from locks.Open, as an embedder gets it: the server's
+// clock, the one-statement acquire) with the lease floor: a hand-written
+// lock on its own pool whose acquire is one prepared statement,
+// INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING id, and
+// whose release is one prepared DELETE. Each of callers goroutines cycles
+// its own resource; ns/op is the wall time per cycle of them all, and
+// cycles/s its inverse. See docs/performance.md for how it is run.
+func BenchmarkCycle(b *testing.B) {
+	for _, callers := range []int{1, 8} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			b.Run("impl=Floor", func(b *testing.B) { benchFloor(b, callers) })
+			b.Run("impl=Service", func(b *testing.B) { benchService(b, callers) })
+		})
+	}
+}
+
+func benchService(b *testing.B, callers int) {
+	ctx := context.Background()
+	c, err := locks.Open(ctx, locks.Config{Database: testdb.Postgres(b), Owner: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	runCycles(b, callers, func(ref domain.ResourceRef) error {
+		if _, err := c.Locks.Acquire(ctx, c.Owner(), ref, 5*time.Minute); err != nil {
+			return err
+		}
+		if ok, err := c.Locks.Release(ctx, c.Owner(), ref); err != nil || !ok {
+			return fmt.Errorf("release: %v, %v", ok, err)
+		}
+		return nil
+	})
+}
+
+// The lease floor's statements. Its acquire keeps the row's id on a
+// takeover, which the service must not; every acquire here finds the
+// resource free.
+const (
+	floorAcquire = `INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (resource_type, resource_id) DO UPDATE
+SET owner_id = EXCLUDED.owner_id, acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+WHERE locks.expires_at <= EXCLUDED.acquired_at
+RETURNING id`
+	floorRelease = `DELETE FROM locks WHERE resource_type = $1 AND resource_id = $2 AND owner_id = $3`
+)
+
+func benchFloor(b *testing.B, callers int) {
+	ctx := context.Background()
+	dsn := testdb.Postgres(b)
+	db, err := postgres.Open(ctx, dsn, postgres.Options{}) // the same table
+	if err != nil {
+		b.Fatal(err)
+	}
+	db.Close()
+	pool, err := sql.Open("pgx", dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { pool.Close() })
+	pool.SetMaxOpenConns(10) // as the store's pool
+	pool.SetMaxIdleConns(10)
+	acquire, err := pool.PrepareContext(ctx, floorAcquire)
+	if err != nil {
+		b.Fatal(err)
+	}
+	release, err := pool.PrepareContext(ctx, floorRelease)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const layout = "2006-01-02T15:04:05.000000Z"
+	runCycles(b, callers, func(ref domain.ResourceRef) error {
+		now := time.Now().UTC().Truncate(time.Microsecond)
+		var id int64
+		err := acquire.QueryRowContext(ctx, "bench", string(ref.Type), ref.ID,
+			now.Format(layout), now.Add(5*time.Minute).Format(layout)).Scan(&id)
+		if err != nil {
+			return err
+		}
+		res, err := release.ExecContext(ctx, string(ref.Type), ref.ID, "bench")
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("release removed %d rows", n)
+		}
+		return nil
+	})
+}
+
+// runCycles runs b.N cycles, shared among callers goroutines, each on a
+// resource of its own.
+func runCycles(b *testing.B, callers int, cycle func(domain.ResourceRef) error) {
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+		errs = make(chan error, callers)
+	)
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range callers {
+		ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: fmt.Sprint("bench-", i)}
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) {
+				if err := cycle(ref); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "cycles/s")
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
 	}
 }

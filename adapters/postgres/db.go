@@ -23,7 +23,7 @@ const writeAttempts = 4
 // DB is an open lock store on PostgreSQL. It is safe for concurrent use.
 type DB struct {
 	sql   *sql.DB
-	store *entstore.Store
+	store *entstore.PostgresStore
 }
 
 // Options tune Open. The zero value is the recommended setting.
@@ -77,10 +77,12 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 		FormatError:  FormatError,
 	}
-	if db.store, err = entstore.New(ctx, sdb, sdb, backend); err != nil {
+	store, err := entstore.New(ctx, sdb, sdb, backend)
+	if err != nil {
 		sdb.Close()
 		return nil, err
 	}
+	db.store = entstore.NewPostgres(store, resourceKey)
 	return db, nil
 }
 
@@ -106,7 +108,8 @@ func WithConnectTimeout(dsn string) string {
 }
 
 // NewLockRepository returns the lock repository of db.
-func NewLockRepository(db *DB) *entstore.Store { return db.store }
+// Its Acquire is one statement (application.Acquirer).
+func NewLockRepository(db *DB) *entstore.PostgresStore { return db.store }
 
 // Close closes the pool. Call it after the last use of the store.
 func (db *DB) Close() error {
@@ -114,16 +117,22 @@ func (db *DB) Close() error {
 	return FormatError("close lock store", err)
 }
 
-// lockResource takes the advisory lock of ref for the rest of tx. Its key
-// is a 64-bit hash of the resource: two resources that collide only share
-// a queue, never a lock row.
+// lockResource takes the advisory lock of ref for the rest of tx.
 func lockResource(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error {
+	_, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", resourceKey(ref))
+	return err
+}
+
+// resourceKey is the key of ref's advisory lock, which every write of ref
+// that decides on a read takes: Update's transactions, and the one-statement
+// acquire. It is a 64-bit hash of the resource: two resources that collide
+// only share a queue, never a lock row.
+func resourceKey(ref domain.ResourceRef) int64 {
 	h := fnv.New64a()
 	h.Write([]byte(ref.Type))
 	h.Write([]byte{0})
 	h.Write([]byte(ref.ID))
-	_, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(h.Sum64()))
-	return err
+	return int64(h.Sum64())
 }
 
 // write runs fn, retrying it a bounded number of times with jittered

@@ -31,3 +31,7 @@ func SessionIsolation(t *testing.T, db *DB) string {
 	}
 	return level
 }
+
+// ResourceKey is the key of a resource's advisory lock, for tests that hold
+// it to make a write wait.
+var ResourceKey = resourceKey

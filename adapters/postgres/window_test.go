@@ -40,13 +40,7 @@ func TestDeleteExpired_SparesALockRenewedMeanwhile(t *testing.T) {
 	admin, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
 	defer admin.Close()
-	for _, q := range []string{
-		`CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$`,
-		`CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON locks DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()`,
-	} {
-		_, err := admin.Exec(q)
-		require.NoError(t, err, q)
-	}
+	slowCommits(t, admin, 2)
 
 	mc.Set(start.Add(4 * time.Second)) // one second before the expiry
 	renewed := make(chan error, 1)
@@ -67,6 +61,20 @@ func TestDeleteExpired_SparesALockRenewedMeanwhile(t *testing.T) {
 	l, err := repo.Get(ctx, plan1)
 	require.NoError(t, err, "the renewed lock is still stored")
 	assert.Equal(t, start.Add(9*time.Second), l.ExpiresAt)
+}
+
+// slowCommits makes every transaction that updates a lock sleep for
+// seconds in its commit (a deferred trigger), so that another statement
+// surely queues behind it.
+func slowCommits(t *testing.T, admin *sql.DB, seconds int) {
+	t.Helper()
+	for _, q := range []string{
+		fmt.Sprintf(`CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(%d); RETURN NULL; END $$`, seconds),
+		`CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON locks DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()`,
+	} {
+		_, err := admin.Exec(q)
+		require.NoError(t, err, q)
+	}
 }
 
 // List orders ids by their bytes whatever the database's collation; an

@@ -88,6 +88,7 @@ func Run(t *testing.T, newRepo NewRepository) {
 	t.Run("Validation", func(t *testing.T) { testValidation(t, newRepo) })
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newRepo) })
 	t.Run("Repository", func(t *testing.T) { testRepository(t, newRepo) })
+	t.Run("Acquirer", func(t *testing.T) { testAcquirer(t, newRepo) })
 }
 
 func testAcquire(t *testing.T, newRepo NewRepository) {

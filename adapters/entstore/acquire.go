@@ -1,0 +1,208 @@
+package entstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+	entlock "github.com/cleveragents/locks/ent/lock"
+)
+
+// PostgresStore is the Store on PostgreSQL, which also acquires in one
+// statement (application.Acquirer): one round trip, where the Store's
+// Update takes a transaction of several (BEGIN, the advisory lock, the
+// read, the write, COMMIT). Everything else is the Store's.
+type PostgresStore struct {
+	*Store
+	// key is the resource's advisory lock key: the one the backend's
+	// LockResource takes, so that the statement and every Update of one
+	// resource still exclude each other.
+	key func(domain.ResourceRef) int64
+}
+
+var _ application.Acquirer = (*PostgresStore)(nil)
+
+// NewPostgres returns s, a store on PostgreSQL whose Backend.LockResource
+// takes pg_advisory_xact_lock(key(ref)), with Acquire in one statement.
+func NewPostgres(s *Store, key func(domain.ResourceRef) int64) *PostgresStore {
+	return &PostgresStore{Store: s, key: key}
+}
+
+// acquireSQL is Acquire's rule (application.DecideAcquire) as one
+// statement. Parameters: $1 the advisory lock key, $2 and $3 the resource,
+// $4 the owner, $5 now and $6 the new expiry, both as stored.
+//
+//   - held takes the resource's transaction advisory lock first (each
+//     change below waits for it in a one-time filter), so that the
+//     statement and the Update transactions of the resource, this
+//     version's and older ones', never interleave: an Update that read the
+//     row and then inserts can never meet a row this statement inserted
+//     meanwhile (a unique violation).
+//   - old deletes a lock that has expired at now, whoever held it: a
+//     change of hands.
+//   - re extends the caller's own lock if it is still active: a re-entry
+//     keeps the token and the acquisition time. Active is checked at the
+//     time of the check, not at now: now plus how long the statement has
+//     been on the server (mostly waiting for the advisory lock or a row).
+//     A lock that was active at now but has expired by the write is left
+//     alone: no row comes back and Update decides (a re-entry after an
+//     expiry is a change of hands, with a new token).
+//   - ins inserts the new lock, with a new id from the identity sequence,
+//     when nothing was extended and no row is left in the resource's
+//     place (the row read by the statement's snapshot, unless old deleted
+//     it): a refused attempt does not even draw from the sequence. A row
+//     committed after the snapshot makes the insert do nothing
+//     (ON CONFLICT DO NOTHING, which, unlike DO UPDATE ... WHERE, neither
+//     locks nor writes the row it met).
+//
+// A refusal therefore changes nothing, takes no row lock and no
+// transaction id, and its commit writes and flushes no WAL; its result is
+// no row, and so is every case the statement leaves to Update.
+//
+// In READ COMMITTED, old and re find the row in the statement's snapshot
+// and, if a concurrent transaction changed it, wait for that one and test
+// their WHERE again on the row's latest version (a renewed lock is then
+// no longer expired, and is spared); ins's conflict check sees committed
+// rows whatever the snapshot. The first row says what happened: re-entered,
+// or inserted with the lock it replaced, if any.
+var acquireSQL = strings.NewReplacer(
+	"{locks}", entlock.Table, "{id}", entlock.FieldID, "{owner}", entlock.FieldOwnerID,
+	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
+	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
+	"{layout}", `'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'`,
+).Replace(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
+old AS (
+  DELETE FROM {locks}
+  WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {expires} <= $5::varchar
+    AND EXISTS (SELECT FROM held)
+  RETURNING {id}, {owner}, {acquired}, {expires}),
+re AS (
+  UPDATE {locks} SET {expires} = $6::varchar
+  WHERE {type} = $2 AND {rid} = $3 AND {owner} = $4::varchar
+    AND {expires} > to_char(($5::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
+    AND EXISTS (SELECT FROM held)
+  RETURNING {id}, {acquired}, {expires}),
+ins AS (
+  INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
+  SELECT $4, $2, $3, $5, $6
+  WHERE EXISTS (SELECT FROM held) AND NOT EXISTS (SELECT FROM re)
+    AND NOT EXISTS (SELECT FROM {locks} WHERE {type} = $2 AND {rid} = $3 AND {id} NOT IN (SELECT {id} FROM old))
+  ON CONFLICT ({type}, {rid}) DO NOTHING
+  RETURNING {id}, {acquired}, {expires})
+SELECT true, {id}, {acquired}, {expires}, NULL::bigint, NULL::varchar, NULL::varchar, NULL::varchar FROM re
+UNION ALL
+SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}
+FROM ins LEFT JOIN old ON true`)
+
+// AcquireAt implements application.Acquirer with acquireSQL.
+//
+// now was read before the statement, which may wait (for the resource's
+// advisory lock, held by an Update, or for a row a release or a cleanup is
+// deleting): every decision is then taken at an earlier now than the
+// write's, and is never less safe for it. A takeover needs the old lock
+// expired at now, so it is expired at the write too; a lock renewed while
+// the statement waited is tested again on its new expiry and spared. A
+// refusal at an earlier now is at worst early. A re-entry is checked
+// against the time of the write (see acquireSQL). The lock written is dated
+// now, so it may have less than its TTL left when the statement returns;
+// the service refuses one that has expired by then (a LockExpiredError
+// with WrittenAt), as it does after a slow commit.
+//
+// A refusal is first decided on a plain read when this process was just
+// refused on ref (the Store's contention hint): one read instead of a
+// statement and a read. When the statement changes nothing, the read that
+// follows names the holder; if it shows no active lock of another owner
+// (the holder released meanwhile, the caller's own lock expired during
+// the wait), the decision goes to Update.
+func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time) (application.Acquisition, error) {
+	if s.contended.has(ref) {
+		if err := s.refusal(ctx, ref, owner, now, expires); err != nil {
+			return application.Acquisition{}, err
+		}
+	}
+	var (
+		a       application.Acquisition
+		decided bool
+	)
+	err := s.b.Write(ctx, func(ctx context.Context) error {
+		rows, err := s.write.QueryContext(ctx, acquireSQL,
+			s.key(ref), string(ref.Type), ref.ID, owner, formatTime(now), formatTime(expires))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		decided = rows.Next()
+		if decided {
+			if a, err = scanAcquisition(rows, ref, owner); err != nil {
+				return err
+			}
+		}
+		return rows.Close()
+	})
+	if err != nil {
+		return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
+	}
+	if decided {
+		s.contended.note(ref, false)
+		return a, nil
+	}
+	if err := s.refusal(ctx, ref, owner, now, expires); err != nil {
+		return application.Acquisition{}, err
+	}
+	return application.Acquisition{}, application.ErrUndecided
+}
+
+// refusal reads the lock on ref and returns Acquire's conflict if another
+// owner's lock, stored and active at now, refuses owner; nil otherwise.
+func (s *PostgresStore) refusal(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time) error {
+	cur, err := s.readLock(ctx, ref)
+	if err != nil {
+		return s.explain(ctx, err, "read lock on "+ref.String())
+	}
+	_, err = application.DecideAcquire(cur, owner, ref, now, expires)
+	if errors.Is(err, domain.ErrConflict) {
+		s.contended.note(ref, true)
+		return err
+	}
+	return nil
+}
+
+// scanAcquisition reads acquireSQL's row.
+func scanAcquisition(rows *sql.Rows, ref domain.ResourceRef, owner string) (application.Acquisition, error) {
+	var (
+		a      application.Acquisition
+		times  [2]string         // acquired, expires
+		prevID sql.NullInt64     // the lock replaced, if any:
+		prev   [3]sql.NullString // its owner, acquired, expires
+	)
+	if err := rows.Scan(&a.Reentered, &a.Lock.Token, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2]); err != nil {
+		return a, err
+	}
+	a.Lock.Owner, a.Lock.Resource = owner, ref
+	if err := parseTimes(&a.Lock, times[0], times[1]); err != nil {
+		return a, err
+	}
+	if prevID.Valid {
+		p := domain.Lock{Token: prevID.Int64, Owner: prev[0].String, Resource: ref}
+		if err := parseTimes(&p, prev[1].String, prev[2].String); err != nil {
+			return a, err
+		}
+		a.Previous = &p
+	}
+	return a, nil
+}
+
+// parseTimes sets l's times from their stored form.
+func parseTimes(l *domain.Lock, acquired, expires string) (err error) {
+	if l.AcquiredAt, err = parseTime(entlock.FieldAcquiredAt, acquired); err == nil {
+		l.ExpiresAt, err = parseTime(entlock.FieldExpiresAt, expires)
+	}
+	if err != nil {
+		return &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
+	}
+	return nil
+}

@@ -1,0 +1,113 @@
+package contract
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// undecidedMargin is how close to its expiry an owner's own lock may be
+// for a store to leave its re-entry to Update (application.ErrUndecided):
+// a store that checks activity at the time of its write, later than now,
+// may find it expired by then. Every other case must be decided.
+const undecidedMargin = time.Second
+
+// testAcquirer holds a store that acquires by itself (application.Acquirer)
+// to the Go rule, application.DecideAcquire: every state a resource can be
+// in, around each expiry boundary, goes through AcquireAt, and the outcome,
+// the lock returned and the store afterwards must be what the rule says.
+func testAcquirer(t *testing.T, newRepo NewRepository) {
+	if _, ok := newRepo(t).(application.Acquirer); !ok {
+		t.Skip("the store does not acquire by itself")
+	}
+	const ttl = 30 * time.Second
+	stored := func(owner string, expiresIn time.Duration) *domain.Lock {
+		return &domain.Lock{Owner: owner, Resource: plan1, AcquiredAt: Start.Add(expiresIn - time.Minute), ExpiresAt: Start.Add(expiresIn)}
+	}
+	for _, tc := range []struct {
+		name string
+		cur  *domain.Lock // stored before, expiring relative to Start (the now of the call)
+	}{
+		{"Free", nil},
+		{"OwnActive", stored("A", 10*time.Second)},
+		{"OwnActiveLastMicrosecond", stored("A", time.Microsecond)},
+		{"OwnExpiresNow", stored("A", 0)},
+		{"OwnExpired", stored("A", -time.Hour)},
+		{"OtherActive", stored("B", 10*time.Second)},
+		{"OtherActiveLastMicrosecond", stored("B", time.Microsecond)},
+		{"OtherExpiresNow", stored("B", 0)},
+		{"OtherExpired", stored("B", -time.Hour)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			repo := newRepo(t)
+			var cur *domain.Lock
+			if tc.cur != nil {
+				l, err := repo.Update(t.Context(), plan1, func(*domain.Lock) (application.Change, error) {
+					return application.Change{Kind: application.ChangeInsert, Lock: *tc.cur}, nil
+				})
+				require.NoError(t, err)
+				cur = &l
+			}
+			now, expires := Start, Start.Add(ttl)
+			want, wantErr := application.DecideAcquire(cur, "A", plan1, now, expires)
+			got, err := repo.(application.Acquirer).AcquireAt(t.Context(), plan1, "A", now, expires)
+			checkAcquisition(t, repo, cur, want, wantErr, got, err, now)
+		})
+	}
+}
+
+// checkAcquisition compares what AcquireAt did (got, err) with what the
+// rule says (want, wantErr) on cur, and the store afterwards.
+func checkAcquisition(t *testing.T, repo application.LockRepository, cur *domain.Lock, want application.Change, wantErr error,
+	got application.Acquisition, err error, now time.Time) {
+	t.Helper()
+	after, gerr := repo.Get(t.Context(), plan1)
+	if errors.Is(gerr, domain.ErrNotFound) {
+		gerr = nil
+	}
+	require.NoError(t, gerr)
+	unchanged := func() {
+		t.Helper()
+		if cur == nil {
+			assert.Zero(t, after, "nothing was written")
+		} else {
+			assert.Equal(t, *cur, after, "nothing was written")
+		}
+	}
+	switch {
+	case errors.Is(err, application.ErrUndecided):
+		require.Equal(t, application.ChangeExtend, want.Kind, "only a re-entry may be left to Update, the rule says %v, %v", want, wantErr)
+		assert.Less(t, cur.ExpiresAt.Sub(now), undecidedMargin, "a re-entry well before the expiry is decided")
+		unchanged()
+	case wantErr != nil:
+		var ce *domain.LockConflictError
+		require.ErrorAs(t, err, &ce, "the rule refuses: %v", wantErr)
+		assert.Equal(t, wantErr, err, "the refusal names the holder as stored, at now")
+		unchanged()
+	case want.Kind == application.ChangeExtend:
+		require.NoError(t, err)
+		assert.True(t, got.Reentered, "a re-entry")
+		assert.Nil(t, got.Previous)
+		l := *cur
+		l.ExpiresAt = want.Lock.ExpiresAt
+		assert.Equal(t, l, got.Lock, "the token and the acquisition time stay, the expiry moves")
+		assert.Equal(t, l, after)
+	default: // ChangeInsert
+		require.NoError(t, err)
+		assert.False(t, got.Reentered)
+		assert.Equal(t, cur, got.Previous, "a takeover names the lock it replaced")
+		l := want.Lock
+		l.Token = got.Lock.Token
+		assert.Equal(t, l, got.Lock)
+		if cur != nil {
+			assert.Greater(t, got.Lock.Token, cur.Token, "a change of hands gets a new, larger token")
+		}
+		assert.Equal(t, got.Lock, after)
+	}
+}
