@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// The document's generated section lies between these markers; the rest
+// of the document is left as it is.
+const (
+	beginMarker = "<!-- bench:begin -->"
+	endMarker   = "<!-- bench:end -->"
+)
+
+// write draws the chart at svg (empty: performance-concurrency.svg beside
+// doc) and replaces the marked section of doc with the report.
+func (r *report) write(doc, svg string) error {
+	old, err := os.ReadFile(doc)
+	if err != nil {
+		return err
+	}
+	before, rest, ok := strings.Cut(string(old), beginMarker)
+	_, after, ok2 := strings.Cut(rest, endMarker)
+	if !ok || !ok2 {
+		return fmt.Errorf("%s has no section between %q and %q to rewrite; add the markers where the figures belong", doc, beginMarker, endMarker)
+	}
+	if svg == "" {
+		svg = filepath.Join(filepath.Dir(doc), "performance-concurrency.svg")
+	}
+	if err := r.drawChart(svg); err != nil {
+		return fmt.Errorf("drawing %s: %w", svg, err)
+	}
+	if r.chart, err = filepath.Rel(filepath.Dir(doc), svg); err != nil {
+		return err
+	}
+	r.chart = filepath.ToSlash(r.chart)
+	text := before + beginMarker + "\n" + r.text() + endMarker + after
+	return os.WriteFile(doc, []byte(text), 0o644)
+}
+
+// drawChart writes grouped bars of the median cycles per second: one group
+// per scenario, one bar per contender.
+func (r *report) drawChart(path string) error {
+	p := plot.New()
+	p.Title.Text = "Acquire+release cycles per second (median of the rounds)"
+	p.Y.Label.Text = "cycles/s"
+	p.Y.Min = 0
+	var names []string
+	for _, s := range r.scenarios {
+		names = append(names, s.scenario.name)
+	}
+	p.NominalX(names...)
+	p.Legend.Top = true
+	p.Legend.Left = true
+
+	order := contenderNames()
+	width := vg.Points(12)
+	var drawn int
+	for i, name := range order {
+		values := make(plotter.Values, len(r.scenarios))
+		any := false
+		for j, s := range r.scenarios {
+			if res := s.find(name); res != nil {
+				values[j] = median(res.rates)
+				any = true
+			}
+		}
+		if !any {
+			continue
+		}
+		bars, err := plotter.NewBarChart(values, width)
+		if err != nil {
+			return err
+		}
+		bars.LineStyle.Width = 0
+		bars.Color = plotutil.Color(i)
+		bars.Offset = vg.Length(i-len(order)/2) * width
+		p.Add(bars)
+		p.Legend.Add(name, bars)
+		drawn++
+	}
+	if drawn == 0 {
+		return fmt.Errorf("no contender has figures to draw")
+	}
+	w, err := p.WriterTo(9*vg.Inch, 4.5*vg.Inch, "svg")
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	if _, err := w.WriteTo(&buf); err != nil {
+		return err
+	}
+	return os.WriteFile(path, buf.Bytes(), 0o644)
+}
