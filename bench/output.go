@@ -62,14 +62,16 @@ func (r *report) drawChart(path string) error {
 	p.Legend.Left = true
 
 	order := contenderNames()
-	width := vg.Points(12)
+	width := vg.Points(14)
 	var drawn int
+	var top float64
 	for i, name := range order {
 		values := make(plotter.Values, len(r.scenarios))
 		any := false
 		for j, s := range r.scenarios {
 			if res := s.find(name); res != nil {
 				values[j] = median(res.rates)
+				top = max(top, values[j])
 				any = true
 			}
 		}
@@ -82,7 +84,7 @@ func (r *report) drawChart(path string) error {
 		}
 		bars.LineStyle.Width = 0
 		bars.Color = plotutil.Color(i)
-		bars.Offset = vg.Length(i-len(order)/2) * width
+		bars.Offset = vg.Length(float64(i)-float64(len(order)-1)/2) * width // centred on the tick
 		p.Add(bars)
 		p.Legend.Add(name, bars)
 		drawn++
@@ -90,7 +92,12 @@ func (r *report) drawChart(path string) error {
 	if drawn == 0 {
 		return fmt.Errorf("no contender has figures to draw")
 	}
-	w, err := p.WriterTo(9*vg.Inch, 4.5*vg.Inch, "svg")
+	// Room above the bars for the legend, and beside the outer groups.
+	p.Y.Max = top * 1.5
+	p.Y.Tick.Marker = thousands{}
+	p.X.Min, p.X.Max = -0.6, float64(len(names))-0.4
+	format := strings.TrimPrefix(filepath.Ext(path), ".") // svg, or png to look at it
+	w, err := p.WriterTo(9*vg.Inch, 4.5*vg.Inch, format)
 	if err != nil {
 		return err
 	}
@@ -99,4 +106,17 @@ func (r *report) drawChart(path string) error {
 		return err
 	}
 	return os.WriteFile(path, buf.Bytes(), 0o644)
+}
+
+// thousands marks the axis as the tables write numbers: 12,500.
+type thousands struct{}
+
+func (thousands) Ticks(lo, hi float64) []plot.Tick {
+	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i, t := range ticks {
+		if t.Label != "" {
+			ticks[i].Label = count(int(t.Value))
+		}
+	}
+	return ticks
 }
