@@ -39,7 +39,7 @@ func (r *report) text() string {
 		fmt.Fprintf(&b, "![cycles per second by contender and scenario](%s)\n\n", r.chart)
 	}
 	r.writeGoals(&b)
-	fmt.Fprintf(&b, "#### Callers in one process\n\n%s of %v per contender and scenario, interleaved, after a warm-up; "+
+	fmt.Fprintf(&b, "### Callers in one process\n\n%s of %v per contender and scenario, interleaved, after a warm-up; "+
 		"cycles/s is the median of the rounds (their range in brackets), the latencies are over every cycle of every round.\n\n",
 		plural(o.rounds, "round"), o.roundFor)
 	b.WriteString("| scenario | contender | cycles/s | p50 | p99 | worst |\n|---|---|---:|---:|---:|---:|\n")
@@ -49,7 +49,7 @@ func (r *report) text() string {
 		}
 	}
 	if len(r.processes) > 0 {
-		fmt.Fprintf(&b, "\n#### %d processes on one SQLite file\n\n%s of %v each, alternating; one caller per process, "+
+		fmt.Fprintf(&b, "\n### %d processes on one SQLite file\n\n%s of %v each, alternating; one caller per process, "+
 			"cycling resources of its own. Fairness is the slowest process's cycles ÷ the fastest's (median of the rounds; worst round in brackets).\n\n",
 			o.processes, plural(o.procRounds, "round"), o.procFor)
 		b.WriteString("| contender | cycles/s, all processes | fairness | p99 | worst | failed operations (retried) |\n|---|---:|---:|---:|---:|---:|\n")
@@ -59,7 +59,7 @@ func (r *report) text() string {
 		}
 	}
 	if len(r.sizes.results) > 0 {
-		fmt.Fprintf(&b, "\n#### Table size\n\nThe module's cycle, one caller, on a file pre-filled with unexpired locks of other resources; "+
+		fmt.Fprintf(&b, "\n### Table size\n\nThe module's cycle, one caller, on a file pre-filled with unexpired locks of other resources; "+
 			"%s of %v, interleaved.\n\n", plural(o.rounds, "round"), o.roundFor)
 		b.WriteString("| scenario | contender | cycles/s | p50 | p99 | worst |\n|---|---|---:|---:|---:|---:|\n")
 		for _, res := range r.sizes.results {
@@ -67,7 +67,7 @@ func (r *report) text() string {
 		}
 	}
 	if c := r.cleanup; c != nil {
-		fmt.Fprintf(&b, "\n#### Cleanup of %s expired locks\n\n`Locks.CleanupExpired` purges them (%s, a fresh file each) while one caller "+
+		fmt.Fprintf(&b, "\n### Cleanup of %s expired locks\n\n`Locks.CleanupExpired` purges them (%s, a fresh file each) while one caller "+
 			"cycles a resource of its own; then the caller cycles alone on the same file for as long again.\n\n", count(c.rows), plural(len(c.purges), "round"))
 		b.WriteString("| the caller's cycles | cycles | p50 | p99 | worst |\n|---|---:|---:|---:|---:|\n")
 		fmt.Fprintf(&b, "| during the purge | %d | %s | %s | %s |\n", len(c.during), ms(quantile(c.during, 0.5)), ms(quantile(c.during, 0.99)), ms(worst(c.during)))
@@ -115,7 +115,7 @@ func (r *report) scenario(name string) scenarioResult {
 
 // writeGoals lists the ratios the issue asks for, each against its goal.
 func (r *report) writeGoals(b *strings.Builder) {
-	b.WriteString("#### Against the goals\n\nRatios of cycles per second are the median over rounds of the ratio within a round.\n\n")
+	b.WriteString("### Against the goals\n\nRatios of cycles per second are the median over rounds of the ratio within a round.\n\n")
 	b.WriteString("| measure | measured | goal | |\n|---|---:|---:|---|\n")
 	row := func(what, measured string, ok bool, goal string, met bool) {
 		switch {
