@@ -1,0 +1,223 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// report is everything one run measured, and renders it as Markdown.
+type report struct {
+	opts       options
+	machine    machine
+	started    time.Time
+	took       time.Duration
+	loadBefore string
+	loadAfter  string
+	scenarios  []scenarioResult
+	processes  []*procResult
+	sizes      scenarioResult
+	cleanup    *cleanupResult
+	skipped    []string
+	chart      string // relative link to the chart, if one was drawn
+}
+
+// text renders the run: how it was made, the tables and the ratios.
+func (r *report) text() string {
+	var b strings.Builder
+	o := r.opts
+	fmt.Fprintf(&b, "Command: `%s`, started %s, took %v.\n\n", strings.TrimSpace(o.command), r.started.UTC().Format("2006-01-02 15:04 MST"), r.took.Round(time.Second))
+	fmt.Fprintf(&b, "Machine: %s. Load average (1, 5, 15 min): %s before the run, %s after.\n\n", r.machine, r.loadBefore, r.loadAfter)
+	for _, s := range r.skipped {
+		fmt.Fprintf(&b, "- %s\n", s)
+	}
+	if len(r.skipped) > 0 {
+		b.WriteString("\n")
+	}
+	if r.chart != "" {
+		fmt.Fprintf(&b, "![cycles per second by contender and scenario](%s)\n\n", r.chart)
+	}
+	r.writeGoals(&b)
+	fmt.Fprintf(&b, "### Callers in one process\n\n%s of %v per contender and scenario, interleaved, after a warm-up; "+
+		"cycles/s is the median of the rounds (their range in brackets), the latencies are over every cycle of every round.\n\n",
+		plural(o.rounds, "round"), o.roundFor)
+	b.WriteString("| scenario | contender | cycles/s | p50 | p99 | worst |\n|---|---|---:|---:|---:|---:|\n")
+	for _, s := range r.scenarios {
+		for _, res := range s.results {
+			writeResultRow(&b, s.scenario.name, res)
+		}
+	}
+	if len(r.processes) > 0 {
+		fmt.Fprintf(&b, "\n### %d processes on one SQLite file\n\n%s of %v each, alternating; one caller per process, "+
+			"cycling resources of its own. Fairness is the slowest process's cycles ÷ the fastest's (median of the rounds; worst round in brackets).\n\n",
+			o.processes, plural(o.procRounds, "round"), o.procFor)
+		b.WriteString("| contender | cycles/s, all processes | fairness | p99 | worst | failed operations (retried) |\n|---|---:|---:|---:|---:|---:|\n")
+		for _, p := range r.processes {
+			fmt.Fprintf(&b, "| %s | %s | %.2f [%.2f] | %s | %s | %d |\n", p.contender, rate(median(p.rates)),
+				median(p.fairness), minOf(p.fairness), ms(quantile(p.latencies, 0.99)), ms(worst(p.latencies)), p.errors)
+		}
+	}
+	if len(r.sizes.results) > 0 {
+		fmt.Fprintf(&b, "\n### Table size\n\nThe module's cycle, one caller, on a file pre-filled with unexpired locks of other resources; "+
+			"%s of %v, interleaved.\n\n", plural(o.rounds, "round"), o.roundFor)
+		b.WriteString("| scenario | contender | cycles/s | p50 | p99 | worst |\n|---|---|---:|---:|---:|---:|\n")
+		for _, res := range r.sizes.results {
+			writeResultRow(&b, r.sizes.scenario.name, res)
+		}
+	}
+	if c := r.cleanup; c != nil {
+		fmt.Fprintf(&b, "\n### Cleanup of %s expired locks\n\n`Locks.CleanupExpired` purges them (%s, a fresh file each) while one caller "+
+			"cycles a resource of its own; then the caller cycles alone on the same file for as long again.\n\n", count(c.rows), plural(len(c.purges), "round"))
+		b.WriteString("| the caller's cycles | cycles | p50 | p99 | worst |\n|---|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| during the purge | %d | %s | %s | %s |\n", len(c.during), ms(quantile(c.during, 0.5)), ms(quantile(c.during, 0.99)), ms(worst(c.during)))
+		fmt.Fprintf(&b, "| alone, afterwards | %d | %s | %s | %s |\n", len(c.idle), ms(quantile(c.idle, 0.5)), ms(quantile(c.idle, 0.99)), ms(worst(c.idle)))
+		var purges []string
+		for _, p := range c.purges {
+			purges = append(purges, p.Round(10*time.Millisecond).String())
+		}
+		fmt.Fprintf(&b, "\nThe purge took %s.\n", strings.Join(purges, ", "))
+	}
+	return b.String()
+}
+
+func writeResultRow(b *strings.Builder, scenario string, res *result) {
+	if res.err != nil {
+		fmt.Fprintf(b, "| %s | %s | failed: %s | | | |\n", scenario, res.contender, oneLine(res.err.Error()))
+		return
+	}
+	fmt.Fprintf(b, "| %s | %s | %s [%s–%s] | %s | %s | %s |\n", scenario, res.contender,
+		rate(median(res.rates)), rate(minOf(res.rates)), rate(slices.Max(res.rates)),
+		ms(quantile(res.latencies, 0.5)), ms(quantile(res.latencies, 0.99)), ms(worst(res.latencies)))
+}
+
+// ratio is the median over rounds of a's cycles/s ÷ b's in the same
+// round: contenders that ran in the same round saw the same machine.
+func ratio(a, b *result) (float64, bool) {
+	if a == nil || b == nil || len(a.rates) == 0 || len(a.rates) != len(b.rates) {
+		return 0, false
+	}
+	rs := make([]float64, len(a.rates))
+	for i := range rs {
+		rs[i] = a.rates[i] / b.rates[i]
+	}
+	return median(rs), true
+}
+
+func (r *report) scenario(name string) scenarioResult {
+	for _, s := range r.scenarios {
+		if s.scenario.name == name {
+			return s
+		}
+	}
+	return scenarioResult{}
+}
+
+// writeGoals lists the ratios the issue asks for, each against its goal.
+func (r *report) writeGoals(b *strings.Builder) {
+	b.WriteString("### Against the goals\n\nRatios of cycles per second are the median over rounds of the ratio within a round.\n\n")
+	b.WriteString("| measure | measured | goal | |\n|---|---:|---:|---|\n")
+	row := func(what, measured string, ok bool, goal string, met bool) {
+		switch {
+		case !ok:
+			fmt.Fprintf(b, "| %s | not measured | %s | |\n", what, goal)
+		case met:
+			fmt.Fprintf(b, "| %s | %s | %s | met |\n", what, measured, goal)
+		default:
+			fmt.Fprintf(b, "| %s | %s | %s | **not met** |\n", what, measured, goal)
+		}
+	}
+	for _, g := range []struct {
+		scenario string
+		goal     float64
+	}{{"1 caller", 0.9}, {"8 callers", 2.0}, {"32 callers", 4.0}, {"8 on one resource", 1.0}} {
+		s := r.scenario(g.scenario)
+		v, ok := ratio(s.find("module-sqlite"), s.find("floor-sqlite"))
+		row("module-sqlite ÷ floor-sqlite, "+g.scenario, times(v), ok, fmt.Sprintf("≥ %.1f", g.goal), v >= g.goal)
+	}
+	s := r.scenario("32 callers")
+	v, ok := ratio(s.find("module-sqlite"), s.find("redislock"))
+	row("module-sqlite ÷ redislock, 32 callers", times(v), ok, "≥ 1.0", v >= 1)
+	for _, name := range []string{"1 caller", "8 callers"} {
+		s := r.scenario(name)
+		v, ok := ratio(s.find("module-postgres"), s.find("floor-postgres"))
+		row("module-postgres ÷ floor-postgres, "+name, times(v), ok, "≥ 0.9", v >= 0.9)
+	}
+	var mod *procResult
+	for _, p := range r.processes {
+		if p.contender == "module-sqlite" {
+			mod = p
+		}
+	}
+	n := r.opts.processes
+	if mod != nil && len(mod.fairness) > 0 {
+		f := minOf(mod.fairness)
+		row(fmt.Sprintf("%d processes, module: fairness (worst round)", n), fmt.Sprintf("%.2f", f), true, "≥ 0.80", f >= 0.8)
+		w := worst(mod.latencies)
+		row(fmt.Sprintf("%d processes, module: worst cycle", n), ms(w), true, "≤ 50 ms", w <= 50*time.Millisecond)
+	} else {
+		row(fmt.Sprintf("%d processes, module", n), "", false, "fairness ≥ 0.80, worst ≤ 50 ms", false)
+	}
+	if c := r.cleanup; c != nil {
+		w := worst(c.during)
+		row(fmt.Sprintf("cleanup of %s rows: the acquirer's worst cycle", count(c.rows)), ms(w), true, "≤ 25 ms", w <= 25*time.Millisecond)
+	} else {
+		row("cleanup: the acquirer's worst cycle", "", false, "≤ 25 ms", false)
+	}
+	b.WriteString("\n")
+}
+
+func minOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	return slices.Min(xs)
+}
+
+// times renders a ratio.
+func times(v float64) string { return fmt.Sprintf("%.2f×", v) }
+
+func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// ms renders a latency in milliseconds, with precision where it is short.
+func ms(d time.Duration) string {
+	switch v := msf(d); {
+	case v < 1:
+		return fmt.Sprintf("%.2f ms", v)
+	case v < 10:
+		return fmt.Sprintf("%.1f ms", v)
+	default:
+		return fmt.Sprintf("%.0f ms", v)
+	}
+}
+
+// rate renders cycles per second with thousands separators.
+func rate(v float64) string { return count(int(v + 0.5)) }
+
+// count renders n with thousands separators: 1,000,000.
+func count(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// plural says "1 round", "3 rounds".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	return strings.ReplaceAll(s, "|", "/")
+}
+
+func sortDurations(ds ...[]time.Duration) {
+	for _, d := range ds {
+		slices.Sort(d)
+	}
+}
