@@ -58,7 +58,7 @@ func (s *machine) Concurrently(t *rapid.T) {
 	// between them.
 	stored := s.stored(t)
 	for _, order := range orders(len(ops)) {
-		m := &model{now: s.model.now, locks: maps.Clone(s.model.locks), last: s.model.last}
+		m := &model{now: s.model.now, locks: maps.Clone(s.model.locks), last: s.model.last, gaps: s.model.gaps}
 		explained := true
 		for _, i := range order {
 			if !m.explains(ops[i], results[i]) {
@@ -71,7 +71,7 @@ func (s *machine) Concurrently(t *rapid.T) {
 			return
 		}
 	}
-	t.Fatalf("no order of %+v explains the results %+v and the stored state %v", ops, results, stored)
+	t.Fatalf("no order of %+v explains the results %+v and the stored state %v (the model, before: %v at %v, last token %d)", ops, results, stored, s.model.state(), s.model.now, s.model.last)
 }
 
 // explains applies op to m and reports whether the result is what m says.
@@ -80,6 +80,7 @@ func (m *model) explains(op concurrentOp, r concurrentResult) bool {
 		want modelLock
 		kind string
 	)
+	last := m.last
 	switch op.name {
 	case "acquire":
 		want, kind = m.acquire(op.owner, op.ref, op.ttl)
@@ -95,6 +96,9 @@ func (m *model) explains(op concurrentOp, r concurrentResult) bool {
 	got := r.lock
 	switch kind {
 	case "ok":
+		if m.gaps && m.last > last && got.Token > want.token {
+			want = m.adopt(op.ref, got.Token)
+		}
 	case "conflict":
 		var ce *domain.LockConflictError
 		if !errors.As(r.err, &ce) {
