@@ -22,7 +22,7 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 		provideClock,
 		provideSQLite,
 		sqlite.NewLockRepository,
-		wire.Bind(new(application.LockRepository), new(*entstore.Store)),
+		wire.Bind(new(application.LockRepository), new(*entstore.FreeFirstStore)),
 	)
 	return nil, nil, nil
 }

@@ -21,14 +21,14 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	store := sqlite.NewLockRepository(db)
+	freeFirstStore := sqlite.NewLockRepository(db)
 	clock := provideClock(cfg)
-	lockService, cleanup2, err := provideService(store, clock, cfg)
+	lockService, cleanup2, err := provideService(freeFirstStore, clock, cfg)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
-	container, cleanup3, err := newContainer(ctx, lockService, store, clock, cfg, locksShutdown)
+	container, cleanup3, err := newContainer(ctx, lockService, freeFirstStore, clock, cfg, locksShutdown)
 	if err != nil {
 		cleanup2()
 		cleanup()

@@ -125,8 +125,10 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 	)
 	if s.acquirer != nil {
 		l, err = s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
-			now := s.Now()
-			a, err := s.acquirer.AcquireAt(ctx, ref, owner, now, now.Add(ttl).Truncate(Precision))
+			a, err := s.acquirer.AcquireAt(ctx, ref, owner, func() (time.Time, time.Time) {
+				now := s.Now()
+				return now, now.Add(ttl).Truncate(Precision)
+			})
 			if errors.Is(err, ErrUndecided) {
 				return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
 			}

@@ -129,8 +129,9 @@ var ErrUndecided = errors.New("the store left this decision to Update")
 // at worst early, and a re-entry must be checked against the time of the
 // write, or left to Update (ErrUndecided).
 type Acquirer interface {
-	// AcquireAt applies Acquire's rule for owner on ref at now, with the
-	// new expiry expires (now+TTL), atomically, and reports what it did.
+	// AcquireAt applies Acquire's rule for owner on ref at the now that at
+	// gives, with the new expiry it gives (now+TTL), atomically, and
+	// reports what it did.
 	// Its decisions must be DecideAcquire's on the row it changed.
 	//
 	// Errors: a *domain.LockConflictError naming the holder when another
@@ -138,8 +139,14 @@ type Acquirer interface {
 	// written); ErrUndecided when the store did not decide (nothing
 	// written): the caller decides through Update; a *domain.StoreError
 	// when the store fails.
-	AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time) (Acquisition, error)
+	AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at Timing) (Acquisition, error)
 }
+
+// Timing gives an Acquirer the time of its decision, now, and the new
+// expiry, now+TTL. The store calls it once, as close to its write as it
+// can: inside the transaction that writes, or just before a statement
+// that decides by itself.
+type Timing func() (now, expires time.Time)
 
 // Acquisition is what an Acquirer did.
 type Acquisition struct {

@@ -200,7 +200,7 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 // DeleteOwned implements application.LockRepository with one statement.
 func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
 	var n int64
-	err := s.writeOne(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.writeOne(ctx, OneStatement, func(ctx context.Context, tx *sql.Tx) error {
 		res, err := on(ctx, tx, s.stmts.delOwned).ExecContext(ctx, string(ref.Type), ref.ID, owner)
 		if err == nil {
 			n, err = res.RowsAffected()
@@ -237,7 +237,7 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 // removed.
 func (s *Store) deleteRows(ctx context.Context, query string, args []any) (int, error) {
 	var n int64
-	err := s.writeOne(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.writeOne(ctx, OneStatement, func(ctx context.Context, tx *sql.Tx) error {
 		var x interface {
 			ExecContext(context.Context, string, ...any) (sql.Result, error)
 		} = s.write

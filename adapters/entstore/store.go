@@ -42,10 +42,8 @@ type Backend struct {
 	// must be safe to run again. WriteTx returns body's error as it is,
 	// or the transaction's.
 	//
-	// A body of one statement (oneStatement) may be run alone outside any
-	// transaction, with tx nil, where the statement is atomic by itself
-	// and BEGIN and COMMIT would only add to its cost.
-	WriteTx func(ctx context.Context, oneStatement bool, body func(ctx context.Context, tx *sql.Tx) error) error
+	// kind says what the body runs, and so what it needs (see WriteKind).
+	WriteTx func(ctx context.Context, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) error) error
 	// LockResource, when set, runs first in every Update transaction and
 	// must keep any other Update of ref out until the transaction ends.
 	// Nil when beginning the transaction already excludes every other
@@ -58,6 +56,24 @@ type Backend struct {
 	// FormatError translates the database's errors into domain errors.
 	FormatError func(op string, err error) error
 }
+
+// WriteKind says what a write body runs, for Backend.WriteTx.
+type WriteKind int
+
+const (
+	// Statements: several statements, which a shared transaction must
+	// make atomic on their own (a savepoint).
+	Statements WriteKind = iota
+	// OneStatement: a single statement, atomic by itself, that may run
+	// alone outside any transaction (tx nil), where BEGIN and COMMIT
+	// would only add to its cost.
+	OneStatement
+	// OneDatedStatement: a single statement that reads the clock before
+	// it runs. It needs no savepoint, but alone it still runs in a
+	// transaction, whose BEGIN waits for the database's write lock: the
+	// clock is then read after the wait, not before it.
+	OneDatedStatement
+)
 
 // Store implements application.LockRepository. It is safe for concurrent
 // use.
@@ -124,18 +140,18 @@ func (s *Store) inTx(ctx context.Context, ref domain.ResourceRef, fn func(contex
 		}
 	}
 	if s.b.WriteTx != nil {
-		return s.b.WriteTx(ctx, false, body)
+		return s.b.WriteTx(ctx, Statements, body)
 	}
 	return s.b.Write(ctx, func(ctx context.Context) error { return RunTx(ctx, s.write, s.b.TxOptions, body) })
 }
 
-// writeOne runs body, a write of one statement: inside the backend's
-// (possibly shared) transaction when it has WriteTx, otherwise on its own
-// through Write, with tx nil, where a single statement needs no
-// transaction around it.
-func (s *Store) writeOne(ctx context.Context, body func(ctx context.Context, tx *sql.Tx) error) error {
+// writeOne runs body, a write of one statement of the given kind
+// (OneStatement or OneDatedStatement): through the backend's WriteTx when
+// it has one, otherwise on its own, through Write, with tx nil, where a
+// single statement needs no transaction around it.
+func (s *Store) writeOne(ctx context.Context, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) error) error {
 	if s.b.WriteTx != nil {
-		return s.b.WriteTx(ctx, true, body)
+		return s.b.WriteTx(ctx, kind, body)
 	}
 	return s.b.Write(ctx, func(ctx context.Context) error { return body(ctx, nil) })
 }

@@ -59,7 +59,7 @@ func (db *DB) WriteStats() WriteStats {
 type txCall struct {
 	ctx          context.Context
 	body         func(context.Context, *sql.Tx) error
-	oneStatement bool // body may run alone outside a transaction
+	kind entstore.WriteKind
 
 	// Set by the leader, read by the caller once done is closed.
 	err      error
@@ -77,11 +77,11 @@ type txCall struct {
 var errBodyPanicked = errors.New("write panicked")
 
 // run implements entstore.Backend.WriteTx.
-func (c *committer) run(ctx context.Context, oneStatement bool, body func(context.Context, *sql.Tx) error) error {
+func (c *committer) run(ctx context.Context, kind entstore.WriteKind, body func(context.Context, *sql.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	call := &txCall{ctx: ctx, body: body, oneStatement: oneStatement, done: make(chan struct{}), lead: make(chan struct{})}
+	call := &txCall{ctx: ctx, body: body, kind: kind, done: make(chan struct{}), lead: make(chan struct{})}
 	c.mu.Lock()
 	c.queue = append(c.queue, call)
 	first := !c.leading
@@ -160,7 +160,7 @@ func (c *committer) passLead() {
 func (c *committer) aloneWithOneStatement() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.queue) == 1 && c.queue[0].oneStatement
+	return len(c.queue) == 1 && c.queue[0].kind == entstore.OneStatement
 }
 
 // claim takes the next batch off the queue.
@@ -201,7 +201,7 @@ func (c *committer) runBatch() {
 		if batch == nil && c.aloneWithOneStatement() {
 			batch = c.claim()
 		}
-		if len(batch) == 1 && batch[0].oneStatement {
+		if len(batch) == 1 && batch[0].kind == entstore.OneStatement {
 			// A statement is a transaction by itself.
 			call := batch[0]
 			if call.err = call.ctx.Err(); call.err == nil {
@@ -294,7 +294,7 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (e
 			call.err = err
 			continue
 		}
-		savepoint := shared && !call.oneStatement
+		savepoint := shared && call.kind == entstore.Statements
 		if savepoint {
 			if err := sp.exec(ctx, tx, sp.begin); err != nil {
 				return err

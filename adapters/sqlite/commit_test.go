@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -35,7 +36,7 @@ func blockedLeader(t *testing.T, db *sqlite.DB) (release func() error) {
 	inside, proceed := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- db.WriteTx(context.Background(), false, func(context.Context, *sql.Tx) error {
+		done <- db.WriteTx(context.Background(), entstore.Statements, func(context.Context, *sql.Tx) error {
 			close(inside)
 			<-proceed
 			return nil
@@ -88,20 +89,20 @@ func TestGroupCommit(t *testing.T) {
 		errOwn := errors.New("the body's own reason")
 		finish := blockedLeader(t, db)
 		res := queued(t, db,
-			func() error { return db.WriteTx(ctx, false, insertBody("ok-1", &txs)) },
+			func() error { return db.WriteTx(ctx, entstore.Statements, insertBody("ok-1", &txs)) },
 			func() error {
-				return db.WriteTx(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
+				return db.WriteTx(ctx, entstore.Statements, func(ctx context.Context, tx *sql.Tx) error {
 					require.NoError(t, insertBody("failed", &txs)(ctx, tx))
 					return errOwn
 				})
 			},
 			func() error {
-				return db.WriteTx(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
+				return db.WriteTx(ctx, entstore.Statements, func(ctx context.Context, tx *sql.Tx) error {
 					require.NoError(t, insertBody("panicked", &txs)(ctx, tx))
 					panic("in the body")
 				})
 			},
-			func() error { return db.WriteTx(ctx, false, insertBody("ok-2", &txs)) },
+			func() error { return db.WriteTx(ctx, entstore.Statements, insertBody("ok-2", &txs)) },
 		)
 		require.NoError(t, finish())
 		assert.NoError(t, <-res[0])
@@ -125,10 +126,10 @@ func TestGroupCommit(t *testing.T) {
 		inLast, proceed := make(chan struct{}), make(chan struct{})
 		finish := blockedLeader(t, db)
 		res := queued(t, db,
-			func() error { return db.WriteTx(ctx, false, insertBody("head", &txs)) },
-			func() error { return db.WriteTx(ctx, false, insertBody("early", &txs)) },
+			func() error { return db.WriteTx(ctx, entstore.Statements, insertBody("head", &txs)) },
+			func() error { return db.WriteTx(ctx, entstore.Statements, insertBody("early", &txs)) },
 			func() error {
-				return db.WriteTx(ctx, false, func(context.Context, *sql.Tx) error {
+				return db.WriteTx(ctx, entstore.Statements, func(context.Context, *sql.Tx) error {
 					close(inLast)
 					<-proceed
 					return nil
@@ -155,7 +156,7 @@ func TestGroupCommit(t *testing.T) {
 		var txs sync.Map
 		cctx, cancel := context.WithCancel(ctx)
 		finish := blockedLeader(t, db)
-		res := queued(t, db, func() error { return db.WriteTx(cctx, false, insertBody("withdrawn", &txs)) })
+		res := queued(t, db, func() error { return db.WriteTx(cctx, entstore.Statements, insertBody("withdrawn", &txs)) })
 		cancel()
 		require.ErrorIs(t, <-res[0], context.Canceled) // while the leader still holds the transaction
 		require.NoError(t, finish())
@@ -173,12 +174,12 @@ func TestGroupCommit(t *testing.T) {
 		finish := blockedLeader(t, db)
 		res := queued(t, db,
 			func() error {
-				return db.WriteTx(cctx, false, func(ctx context.Context, tx *sql.Tx) error {
+				return db.WriteTx(cctx, entstore.Statements, func(ctx context.Context, tx *sql.Tx) error {
 					cancel()
 					return insertBody("given-up", &txs)(ctx, tx)
 				})
 			},
-			func() error { return db.WriteTx(ctx, false, insertBody("kept", &txs)) },
+			func() error { return db.WriteTx(ctx, entstore.Statements, insertBody("kept", &txs)) },
 		)
 		require.NoError(t, finish())
 		require.ErrorIs(t, <-res[0], context.Canceled)
@@ -196,7 +197,7 @@ func TestGroupCommit(t *testing.T) {
 		for w := range 8 {
 			wg.Go(func() {
 				for i := range 40 {
-					assert.NoError(t, db.WriteTx(ctx, false, insertBody(fmt.Sprintf("w%d-%d", w, i), &txs)))
+					assert.NoError(t, db.WriteTx(ctx, entstore.Statements, insertBody(fmt.Sprintf("w%d-%d", w, i), &txs)))
 				}
 			})
 		}

@@ -51,7 +51,7 @@ type DB struct {
 	// checkpoints copies the WAL back into the file, away from writes.
 	checkpoints checkpointer
 	path        string
-	store       *entstore.Store
+	store       *entstore.FreeFirstStore
 }
 
 // Options tune Open. The zero value is the recommended setting.
@@ -115,7 +115,13 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		db.Close()
 		return nil, FormatError("open lock store "+path, err)
 	}
-	if db.store, err = entstore.New(ctx, rdb, wdb, db.backend()); err != nil {
+	store, err := entstore.New(ctx, rdb, wdb, db.backend())
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	if db.store, err = entstore.NewFreeFirst(ctx, store); err != nil {
+		store.Close()
 		db.Close()
 		return nil, err
 	}
@@ -123,7 +129,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 }
 
 // NewLockRepository returns the lock repository of db.
-func NewLockRepository(db *DB) *entstore.Store { return db.store }
+func NewLockRepository(db *DB) *entstore.FreeFirstStore { return db.store }
 
 // backend is what SQLite brings to the shared store: group commit behind
 // a queue of the processes' writers, and its errors. No per-resource lock

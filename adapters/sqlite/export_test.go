@@ -3,12 +3,13 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"github.com/cleveragents/locks/adapters/entstore"
 )
 
 // WriteTx runs body as a write of the store, through group commit, for
 // tests that need to hold a transaction open or see who shares it.
-func (db *DB) WriteTx(ctx context.Context, oneStatement bool, body func(context.Context, *sql.Tx) error) error {
-	return db.commits.run(ctx, oneStatement, body)
+func (db *DB) WriteTx(ctx context.Context, kind entstore.WriteKind, body func(context.Context, *sql.Tx) error) error {
+	return db.commits.run(ctx, kind, body)
 }
 
 // Queued returns how many writes wait for the next transaction.
