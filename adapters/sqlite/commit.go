@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"runtime"
 	"sync"
 
 	"github.com/cleveragents/locks/adapters/entstore"
@@ -13,6 +14,13 @@ import (
 // write lock for all its bodies, a few microseconds each; the bound keeps
 // the wait of the callers queued behind it short.
 const maxBatch = 64
+
+// gatherRounds bounds how often a leader yields to let callers that are
+// ready to run queue their writes before it claims a batch. On two cores
+// the callers woken by the last commit need the processor the leader is
+// on; without yielding, batches of 32 callers held about 6 writes, with
+// it about 12, at a cost of one yield to a lone caller.
+const gatherRounds = 8
 
 // committer runs the writes of one DB with group commit: the write calls
 // that arrive while a transaction is under way wait, and then share the
@@ -163,6 +171,26 @@ func (c *committer) aloneWithOneStatement() bool {
 	return len(c.queue) == 1 && c.queue[0].kind == entstore.OneStatement
 }
 
+// gather lets the callers that are ready to run queue their writes before
+// the batch is claimed, for as long as more keep coming.
+func (c *committer) gather() {
+	last := c.queued()
+	for range gatherRounds {
+		runtime.Gosched()
+		n := c.queued()
+		if n == last || n >= maxBatch {
+			return
+		}
+		last = n
+	}
+}
+
+func (c *committer) queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue)
+}
+
 // claim takes the next batch off the queue.
 func (c *committer) claim() []*txCall {
 	c.mu.Lock()
@@ -214,6 +242,7 @@ func (c *committer) runBatch() {
 			return err
 		}
 		if batch == nil {
+			c.gather()
 			batch = c.claim()
 		}
 		return c.savepoints.apply(ctx, tx, batch)
