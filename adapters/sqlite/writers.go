@@ -35,7 +35,21 @@ type writerQueue struct {
 	granted   chan error // outcome of the flock call in flight, or nil
 	abandoned bool       // whoever waited for that call gave up
 	closed    bool       // the file is closed: its descriptor may be reused
+
+	// Only the leader of a batch uses these, one at a time.
+	waited   bool      // the last turn had to wait for another process
+	released time.Time // when the last turn ended
 }
+
+// politeDelay is how long a process that has just ended its turn, and
+// had to wait for that turn, holds back before asking again. The kernel
+// wakes the next process when the lock is let go, but that process still
+// has to be scheduled, while this one asks again within microseconds and
+// would win the lock over and over: 4 processes on one file got between
+// 0.42 and 0.76 of each other's cycles. Holding back while others are
+// known to be waiting hands the turn over instead; without contention it
+// costs nothing, since the last turn did not wait.
+const politeDelay = 50 * time.Microsecond
 
 // openWriterQueue opens (creating it, private like the database) the side
 // file of the database at path.
@@ -58,13 +72,18 @@ func (q *writerQueue) lock() (unlock func(), err error) {
 	if q.f == nil {
 		return func() {}, nil
 	}
+	if q.waited && time.Since(q.released) < politeDelay {
+		time.Sleep(politeDelay)
+	}
 	q.mu.Lock()
 	granted := q.granted
 	if granted == nil && tryLockFile(q.f) {
 		// Nobody holds it: the usual case, with no goroutine to wake.
 		q.mu.Unlock()
+		q.waited = false
 		return q.unlock, nil
 	}
+	q.waited = true
 	if granted == nil {
 		granted = make(chan error, 1)
 		q.granted = granted
@@ -110,7 +129,10 @@ func (q *writerQueue) wait(granted chan error) {
 	granted <- err
 }
 
-func (q *writerQueue) unlock() { unlockFile(q.f) }
+func (q *writerQueue) unlock() {
+	unlockFile(q.f)
+	q.released = time.Now()
+}
 
 // close closes the side file, which lets go of the lock if held.
 func (q *writerQueue) close() error {
