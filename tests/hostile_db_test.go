@@ -164,7 +164,7 @@ func TestHostileDB_LockedByAnotherProcess(t *testing.T) {
 	_, err = c.Locks.Acquire(ctx, "A", stressResources[0], 0)
 	require.ErrorIs(t, err, domain.ErrUnavailable)
 	assert.True(t, domain.IsStoreKind(err, domain.StoreBusy), "%v", err)
-	assert.True(t, strings.HasPrefix(err.Error(), "update lock on plan/alpha: lock store is busy"),
+	assert.True(t, strings.HasPrefix(err.Error(), "acquire lock on plan/alpha: lock store is busy"),
 		"the explanation comes first, the driver's text only as the cause: %v", err)
 	assert.Contains(t, err.Error(), "retry later")
 

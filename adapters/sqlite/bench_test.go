@@ -219,8 +219,13 @@ func reportCPU(b *testing.B) func() {
 
 func mustOpenContainer(tb testing.TB) *locks.Container {
 	tb.Helper()
+	return mustOpenContainerAt(tb, filepath.Join(tb.TempDir(), "locks.db"))
+}
+
+func mustOpenContainerAt(tb testing.TB, database string) *locks.Container {
+	tb.Helper()
 	c, err := locks.Open(context.Background(), locks.Config{
-		Database: filepath.Join(tb.TempDir(), "locks.db"),
+		Database: database,
 		Owner:    benchOwner,
 	})
 	if err != nil {

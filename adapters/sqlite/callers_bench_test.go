@@ -3,10 +3,12 @@ package sqlite_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -30,21 +32,31 @@ func BenchmarkCallers(b *testing.B) {
 			})
 		})
 		b.Run(fmt.Sprintf("impl=Service/callers=%d", callers), func(b *testing.B) {
-			ctx := context.Background()
-			c := mustOpenContainer(b)
-			runCallers(b, callers, func(owner, id string) error {
-				ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: id}
-				if _, err := c.Locks.Acquire(ctx, owner, ref, benchTTL); err != nil {
-					return err
-				}
-				ok, err := c.Locks.Release(ctx, owner, ref)
-				if err == nil && !ok {
-					err = fmt.Errorf("release of %s found no lock", id)
-				}
-				return err
-			})
+			benchService(b, mustOpenContainer(b), callers)
+		})
+		b.Run(fmt.Sprintf("impl=ServiceFull/callers=%d", callers), func(b *testing.B) {
+			// synchronous=FULL: one fsync per commit, which group commit
+			// shares among the writes of a batch.
+			path := filepath.Join(b.TempDir(), "locks.db")
+			benchService(b, mustOpenContainerAt(b, "file:"+path+"?_synchronous=FULL"), callers)
 		})
 	}
+}
+
+// benchService runs the service's cycle on c from callers goroutines.
+func benchService(b *testing.B, c *locks.Container, callers int) {
+	ctx := context.Background()
+	runCallers(b, callers, func(owner, id string) error {
+		ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: id}
+		if _, err := c.Locks.Acquire(ctx, owner, ref, benchTTL); err != nil {
+			return err
+		}
+		ok, err := c.Locks.Release(ctx, owner, ref)
+		if err == nil && !ok {
+			err = fmt.Errorf("release of %s found no lock", id)
+		}
+		return err
+	})
 }
 
 // runCallers runs cycle from exactly callers goroutines until b.N cycles

@@ -65,8 +65,8 @@ func (db *DB) WriteStats() WriteStats {
 
 // txCall is one write waiting for, or taken into, a batch.
 type txCall struct {
-	ctx          context.Context
-	body         func(context.Context, *sql.Tx) error
+	ctx  context.Context
+	body func(context.Context, *sql.Tx) error
 	kind entstore.WriteKind
 
 	// Set by the leader, read by the caller once done is closed.

@@ -103,13 +103,15 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path}
 	db.commits.db = db
 	db.checkpoints.db = rdb
-	if db.writers, err = openWriterQueue(path, busyTimeout(dsn)); err != nil {
-		db.Close()
-		return nil, FormatError("open lock store "+path, err)
-	}
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {
 		db.Close()
 		return nil, err
+	}
+	// The side file comes only once the file has proved to be a lock
+	// store: opening anything else leaves nothing beside it.
+	if db.writers, err = openWriterQueue(path, busyTimeout(dsn)); err != nil {
+		db.Close()
+		return nil, FormatError("open lock store "+path, err)
 	}
 	if db.commits.savepoints, err = prepareSavepoints(ctx, wdb); err != nil {
 		db.Close()
