@@ -40,11 +40,6 @@ const fixedBatch = 1000
 //     1000-row batches, as cleanup used to run: the baseline.
 //   - Idle: no purge; the acquirer cycles for idleFor on the same file:
 //     what the acquirer's cycles look like without any cleanup.
-//   - ServiceCheckpointAside, for information: Service on a file whose
-//     writers never checkpoint the WAL (wal_autocheckpoint=0) while a
-//     connection of its own checkpoints it, passively, every 20 ms. The
-//     adapter does not do this; it shows what the commits that
-//     checkpoint cost the acquirer.
 //
 // One iteration fills a file and purges it, which takes seconds: run it
 // with -test.benchtime 1x.
@@ -52,9 +47,9 @@ func BenchmarkCleanupExpired(b *testing.B) {
 	service := func(ctx context.Context, svc *application.LockService, _ application.LockRepository) (int, error) {
 		return svc.CleanupExpired(ctx)
 	}
-	b.Run("Service", func(b *testing.B) { benchCleanup(b, "", false, service) })
+	b.Run("Service", func(b *testing.B) { benchCleanup(b, service) })
 	b.Run("Fixed1000", func(b *testing.B) {
-		benchCleanup(b, "", false, func(ctx context.Context, _ *application.LockService, repo application.LockRepository) (int, error) {
+		benchCleanup(b, func(ctx context.Context, _ *application.LockService, repo application.LockRepository) (int, error) {
 			now := time.Now().UTC().Truncate(application.Precision)
 			total := 0
 			for {
@@ -66,10 +61,7 @@ func BenchmarkCleanupExpired(b *testing.B) {
 			}
 		})
 	})
-	b.Run("Idle", func(b *testing.B) { benchCleanup(b, "", false, nil) })
-	b.Run("ServiceCheckpointAside", func(b *testing.B) {
-		benchCleanup(b, "_pragma=wal_autocheckpoint(0)", true, service)
-	})
+	b.Run("Idle", func(b *testing.B) { benchCleanup(b, nil) })
 }
 
 // idleFor is how long the Idle case lets the acquirer cycle.
@@ -77,19 +69,15 @@ const idleFor = 5 * time.Second
 
 type cleanupFunc func(context.Context, *application.LockService, application.LockRepository) (int, error)
 
-// benchCleanup measures purge (nil: none, for idleFor) on a file opened
-// with query added to its DSN, with a checkpointing connection when aside.
-func benchCleanup(b *testing.B, query string, aside bool, purge cleanupFunc) {
+// benchCleanup measures purge (nil: none, for idleFor) on a new file.
+func benchCleanup(b *testing.B, purge cleanupFunc) {
 	ctx := context.Background()
 	path := filepath.Join(b.TempDir(), "locks.db")
-	db, err := sqlite.Open(ctx, "file:"+path+"?"+query, sqlite.Options{})
+	db, err := sqlite.Open(ctx, path, sqlite.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer db.Close()
-	if aside {
-		defer checkpointEvery(b, path, 20*time.Millisecond)()
-	}
 	repo := sqlite.NewLockRepository(db)
 	svc, err := application.NewLockService(repo, clock.New(), 0)
 	if err != nil {
@@ -140,43 +128,6 @@ func benchCleanup(b *testing.B, query string, aside bool, purge cleanupFunc) {
 	b.ReportMetric(float64(len(cycles))/float64(b.N), "cycles/op")
 	if purge != nil {
 		b.ReportMetric(ms(elapsed)/float64(b.N), "cleanup-ms/op")
-	}
-}
-
-// checkpointEvery checkpoints the WAL of the file at path every interval,
-// passively (never waiting for a writer), on a connection of its own, and
-// returns the function that stops it.
-func checkpointEvery(b *testing.B, path string, interval time.Duration) (stop func()) {
-	dsn, err := sqlite.DSN(path, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cdb, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cdb.SetMaxOpenConns(1)
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-				if _, err := cdb.Exec("PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		}
-	}()
-	return func() {
-		close(quit)
-		<-done
-		cdb.Close()
 	}
 }
 
