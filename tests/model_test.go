@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -219,13 +220,17 @@ func (s *machine) Acquire(t *rapid.T) {
 // left the decision to Update.
 type acquireSpy struct {
 	application.LockRepository
-	acquirer           application.Acquirer
+	acquirer application.Acquirer
+
+	mu                 sync.Mutex // Concurrently acquires from several goroutines
 	undecided, decided int
 	last               bool // the last call was left undecided
 }
 
 func (a *acquireSpy) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
 	got, err := a.acquirer.AcquireAt(ctx, ref, owner, at)
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.last = errors.Is(err, application.ErrUndecided)
 	if a.last {
 		a.undecided++
@@ -237,11 +242,20 @@ func (a *acquireSpy) AcquireAt(ctx context.Context, ref domain.ResourceRef, owne
 
 func (a *acquireSpy) reset() {
 	if a != nil {
+		a.mu.Lock()
 		a.last = false
+		a.mu.Unlock()
 	}
 }
 
-func (a *acquireSpy) wasUndecided() bool { return a != nil && a.last }
+func (a *acquireSpy) wasUndecided() bool {
+	if a == nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.last
+}
 
 func (s *machine) Renew(t *rapid.T) {
 	owner, ref, ttl := s.pick(t)
