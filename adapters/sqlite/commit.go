@@ -235,6 +235,9 @@ func (c *committer) runBatch() {
 			if call.err = call.ctx.Err(); call.err == nil {
 				call.err = runBody(ctx, nil, call)
 			}
+			if isBusy(call.err) {
+				return call.err // another process kept SQLite's lock: retried like a batch
+			}
 			return nil
 		}
 		tx, err := c.db.wsql.BeginTx(ctx, nil)

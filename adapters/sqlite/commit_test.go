@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -206,4 +207,29 @@ func TestGroupCommit(t *testing.T) {
 		require.NoError(t, err)
 		assert.Len(t, n, 320)
 	})
+}
+
+// TestGroupCommit_LoneStatementRetriedWhenBusy: a release that runs alone,
+// as one statement outside any transaction, and finds SQLite's write lock
+// held by a process that does not queue with the others (an older
+// version, the sqlite3 shell) past the busy timeout, is retried like any
+// write, not failed at once.
+func TestGroupCommit_LoneStatementRetriedWhenBusy(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "locks.db")
+	db, err := sqlite.Open(ctx, path, sqlite.Options{BusyTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+
+	other, err := sql.Open("sqlite", "file:"+path+"?_txlock=immediate")
+	require.NoError(t, err)
+	defer other.Close()
+	tx, err := other.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec("UPDATE locks SET owner_id = owner_id")
+	require.NoError(t, err)
+	time.AfterFunc(80*time.Millisecond, func() { tx.Commit() }) // longer than one busy timeout
+
+	_, err = sqlite.NewLockRepository(db).DeleteOwned(ctx, domain.ResourceRef{Type: domain.ResourcePlan, ID: "p1"}, "alice")
+	require.NoError(t, err)
 }
