@@ -30,10 +30,10 @@ const gatherRounds = 8
 //
 // There is no writer goroutine: the caller at the head of the queue leads,
 // runs batches until its own call is done, then hands the lead to the next
-// caller queued. Each body runs in a savepoint, so that a refusal, a
-// failure or a panic undoes only that body's changes; every call of a
-// batch returns after its COMMIT, so that no caller is told of a token
-// that is not committed.
+// caller queued. In a shared transaction each body of several statements
+// runs in a savepoint, so that a refusal, a failure or a panic undoes only
+// that body's changes; every call of a batch returns after its COMMIT, so
+// that no caller is told of a token that is not committed.
 type committer struct {
 	db         *DB
 	savepoints *savepoints
