@@ -41,6 +41,16 @@ func NewPostgres(s *Store, key func(domain.ResourceRef) int64) *PostgresStore {
 	return &PostgresStore{Store: s, key: key}
 }
 
+// pgStatement writes the schema's names into a statement of this file or
+// renew.go ({locks}, {id}, ...), and {layout}, the stored time format
+// (timeLayout) in to_char's terms.
+var pgStatement = strings.NewReplacer(
+	"{locks}", entlock.Table, "{id}", entlock.FieldID, "{owner}", entlock.FieldOwnerID,
+	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
+	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
+	"{layout}", `'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'`,
+).Replace
+
 // acquireFreeSQL acquires a free resource, the common case, in one
 // statement that costs the server about what a plain insert does, and
 // does nothing on a resource that has a row: acquireSQL then decides.
@@ -62,11 +72,7 @@ func NewPostgres(s *Store, key func(domain.ResourceRef) int64) *PostgresStore {
 // has anything to do: about 50 µs of its CPU per call on the 2-vCPU
 // machine of docs/performance.md, against about 10 µs for this one's
 // test of the row.
-var acquireFreeSQL = strings.NewReplacer(
-	"{locks}", entlock.Table, "{id}", entlock.FieldID, "{owner}", entlock.FieldOwnerID,
-	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
-	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
-).Replace(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint))
+var acquireFreeSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint))
 INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
 SELECT $4::varchar, $2::varchar, $3::varchar, $5::varchar, $6::varchar
 WHERE EXISTS (SELECT FROM held)
@@ -111,12 +117,7 @@ RETURNING {id}`)
 // no longer expired, and is spared); ins's conflict check sees committed
 // rows whatever the snapshot. The first row says what happened: re-entered,
 // or inserted with the lock it replaced, if any.
-var acquireSQL = strings.NewReplacer(
-	"{locks}", entlock.Table, "{id}", entlock.FieldID, "{owner}", entlock.FieldOwnerID,
-	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
-	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
-	"{layout}", `'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'`,
-).Replace(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
+var acquireSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
 old AS (
   DELETE FROM {locks}
   WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {expires} <= $5::varchar
