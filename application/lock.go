@@ -49,12 +49,14 @@ const (
 //   - Every decision reads the clock when the store has the resource's
 //     current row in hand, inside the write that applies it: never before
 //     a wait for the store, which would date the lock in the past. The
-//     one exception is a store that acquires in one statement (Acquirer),
-//     whose decisions at an earlier now are never less safe (see there).
+//     one exception is a store that acquires (Acquirer) or renews
+//     (Renewer) in one statement, whose decisions at an earlier now are
+//     never less safe (see there).
 //   - After Close, every call fails with domain.ErrClosed.
 type LockService struct {
 	repo       LockRepository
 	acquirer   Acquirer // repo, when it can acquire in one write
+	renewer    Renewer  // repo, when it can renew in one write
 	clock      Clock
 	timers     Timers
 	defaultTTL time.Duration
@@ -76,6 +78,7 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) 
 	s := &LockService{repo: repo, clock: clock, timers: timersOf(clock), defaultTTL: ttl,
 		gate: newGate(), waiters: newWaitQueues()}
 	s.acquirer, _ = repo.(Acquirer)
+	s.renewer, _ = repo.(Renewer)
 	return s, nil
 }
 
@@ -125,10 +128,7 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 	)
 	if s.acquirer != nil {
 		l, err = s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
-			a, err := s.acquirer.AcquireAt(ctx, ref, owner, func() (time.Time, time.Time) {
-				now := s.Now()
-				return now, now.Add(ttl).Truncate(Precision)
-			})
+			a, err := s.acquirer.AcquireAt(ctx, ref, owner, s.timing(ttl))
 			if errors.Is(err, ErrUndecided) {
 				return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
 			}
@@ -191,21 +191,21 @@ func (s *LockService) Renew(ctx context.Context, owner string, ref domain.Resour
 	return l, err
 }
 
+// renew extends in one write when the store can (Renewer), and otherwise,
+// or when that write extended nothing, decides through Update.
 func (s *LockService) renew(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
-	return s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
-		switch {
-		case cur == nil:
-			return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref}
-		case cur.Owner == owner && cur.ExpiredAt(now):
-			return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref, ExpiredAt: cur.ExpiresAt}
-		case cur.Owner == owner:
-			return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
-		case cur.ExpiredAt(now):
-			// Someone else's lapsed lock: the caller holds nothing here.
-			return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref}
-		default:
-			return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
+	rule := func(cur *domain.Lock, now, expires time.Time) (Change, error) {
+		return DecideRenew(cur, owner, ref, now, expires)
+	}
+	if s.renewer == nil {
+		return s.update(ctx, owner, ref, ttl, rule)
+	}
+	return s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
+		l, err := s.renewer.RenewAt(ctx, ref, owner, s.timing(ttl))
+		if errors.Is(err, ErrUndecided) {
+			return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
 		}
+		return l, err
 	})
 }
 
@@ -398,6 +398,14 @@ func (s *LockService) update(ctx context.Context, owner string, ref domain.Resou
 	return s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
 		return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
 	})
+}
+
+// timing is the Timing of a one-write Acquire or Renew with ttl.
+func (s *LockService) timing(ttl time.Duration) Timing {
+	return func() (time.Time, time.Time) {
+		now := s.Now()
+		return now, now.Add(ttl).Truncate(Precision)
+	}
 }
 
 // decideNow is rule as a Decide function, which reads now when the store

@@ -142,7 +142,28 @@ type Acquirer interface {
 	AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at Timing) (Acquisition, error)
 }
 
-// Timing gives an Acquirer the time of its decision, now, and the new
+// Renewer is an optional capability of a LockRepository: carrying out
+// Renew's extension in one write, instead of a transaction that reads the
+// row and then writes it. The service uses it when its repository has it,
+// for Renew only, and leaves every other outcome to Update.
+//
+// As for an Acquirer, now is read before the write, which may wait: the
+// lock must be owner's and active at the time of the write, not only at
+// now, or extending it would keep its token across a moment when it had
+// lapsed (Renew of an expired lock must fail).
+type Renewer interface {
+	// RenewAt sets the expiry of owner's lock on ref to the expiry that at
+	// gives (now+TTL), if that lock is active at the time of the write, and
+	// returns the lock as stored afterwards. Its decision must be
+	// DecideRenew's extension on the row it changed.
+	//
+	// Errors: ErrUndecided when it extended nothing (nothing written): the
+	// caller decides through Update, which also names the error; a
+	// *domain.StoreError when the store fails.
+	RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at Timing) (domain.Lock, error)
+}
+
+// Timing gives an Acquirer or a Renewer the time of its decision, now, and the new
 // expiry, now+TTL. The store calls it once, as close to its write as it
 // can: inside the transaction that writes, or just before a statement
 // that decides by itself.
@@ -156,6 +177,27 @@ type Acquisition struct {
 	Reentered bool
 	// Previous is the expired lock that was replaced, on a takeover.
 	Previous *domain.Lock
+}
+
+// DecideRenew is Renew's rule: the extension of owner's lock cur on ref to
+// expires (now+TTL) if it is active at now; a *domain.LockExpiredError when
+// owner holds nothing there at now (no lock, its own lock has expired, or
+// another owner's has); a *domain.LockConflictError naming cur when
+// another owner holds it at now.
+func DecideRenew(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
+	switch {
+	case cur == nil:
+		return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref}
+	case cur.Owner == owner && cur.ExpiredAt(now):
+		return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref, ExpiredAt: cur.ExpiresAt}
+	case cur.Owner == owner:
+		return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
+	case cur.ExpiredAt(now):
+		// Someone else's lapsed lock: the caller holds nothing here.
+		return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref}
+	default:
+		return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
+	}
 }
 
 // DecideAcquire is Acquire's rule: the change that owner's Acquire of ref

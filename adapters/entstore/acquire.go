@@ -22,6 +22,11 @@ type PostgresStore struct {
 	// LockResource takes, so that the statement and every Update of one
 	// resource still exclude each other.
 	key func(domain.ResourceRef) int64
+	// occupied remembers the resources this process acquired and has not
+	// released since: the same bounded hint as contended, here of where a
+	// row is likely, so that a re-entry goes straight to acquireSQL rather
+	// than through acquireFreeSQL first. It never decides anything.
+	occupied contention
 }
 
 var _ application.Acquirer = (*PostgresStore)(nil)
@@ -35,6 +40,45 @@ func (s *PostgresStore) DecidesAll() {}
 func NewPostgres(s *Store, key func(domain.ResourceRef) int64) *PostgresStore {
 	return &PostgresStore{Store: s, key: key}
 }
+
+// pgStatement writes the schema's names into a statement of this file or
+// renew.go ({locks}, {id}, ...), and {layout}, the stored time format
+// (timeLayout) in to_char's terms.
+var pgStatement = strings.NewReplacer(
+	"{locks}", entlock.Table, "{id}", entlock.FieldID, "{owner}", entlock.FieldOwnerID,
+	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
+	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
+	"{layout}", `'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'`,
+).Replace
+
+// acquireFreeSQL acquires a free resource, the common case, in one
+// statement that costs the server about what a plain insert does, and
+// does nothing on a resource that has a row: acquireSQL then decides.
+// Parameters as acquireSQL's; it returns the new lock's id, or no row.
+//
+// It takes the resource's advisory lock first, for the reason acquireSQL
+// does. Its WHERE is the whole rule for this case: a resource with no row
+// is free, whoever asks, and gets a new lock with a new id. The row is
+// tested in the statement's snapshot, so that a resource that has one is
+// left alone without drawing an id from the identity sequence (an insert
+// that meets the unique index has already drawn one, and every 32nd draw
+// is logged, which gives the statement a transaction id and its commit a
+// WAL flush); a row committed after the snapshot (while the statement
+// waited for the advisory lock) still meets the unique index, and ON
+// CONFLICT DO NOTHING leaves it as it is, neither locked nor written.
+//
+// acquireSQL alone would do, but its three changes (delete, update,
+// insert) cost the server their executor nodes even when only the insert
+// has anything to do: about 50 µs of its CPU per call on the 2-vCPU
+// machine of docs/performance.md, against about 10 µs for this one's
+// test of the row.
+var acquireFreeSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint))
+INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
+SELECT $4::varchar, $2::varchar, $3::varchar, $5::varchar, $6::varchar
+WHERE EXISTS (SELECT FROM held)
+  AND NOT EXISTS (SELECT FROM {locks} WHERE {type} = $2 AND {rid} = $3)
+ON CONFLICT ({type}, {rid}) DO NOTHING
+RETURNING {id}`)
 
 // acquireSQL is Acquire's rule (application.DecideAcquire) as one
 // statement. Parameters: $1 the advisory lock key, $2 and $3 the resource,
@@ -73,12 +117,7 @@ func NewPostgres(s *Store, key func(domain.ResourceRef) int64) *PostgresStore {
 // no longer expired, and is spared); ins's conflict check sees committed
 // rows whatever the snapshot. The first row says what happened: re-entered,
 // or inserted with the lock it replaced, if any.
-var acquireSQL = strings.NewReplacer(
-	"{locks}", entlock.Table, "{id}", entlock.FieldID, "{owner}", entlock.FieldOwnerID,
-	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
-	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
-	"{layout}", `'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'`,
-).Replace(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
+var acquireSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
 old AS (
   DELETE FROM {locks}
   WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {expires} <= $5::varchar
@@ -102,7 +141,8 @@ UNION ALL
 SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}
 FROM ins LEFT JOIN old ON true`)
 
-// AcquireAt implements application.Acquirer with acquireSQL.
+// AcquireAt implements application.Acquirer with acquireFreeSQL, then, if
+// the resource has a row, acquireSQL.
 //
 // now was read before the statement, which may wait (for the resource's
 // advisory lock, held by an Update, or for a row a release or a cleanup is
@@ -122,11 +162,25 @@ FROM ins LEFT JOIN old ON true`)
 // follows names the holder; if it shows no active lock of another owner
 // (the holder released meanwhile, the caller's own lock expired during
 // the wait), the decision goes to Update.
+//
+// acquireFreeSQL is skipped when a row is likely (the read just saw one,
+// or this process holds the lock: occupied), where it would only cost a
+// round trip; when it finds a row anyway, acquireSQL follows. Either way
+// one statement decides, on the row as it is when that statement runs.
 func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
 	now, expires := at()
+	seen := false // a row was read just now
 	if s.contended.has(ref) {
-		if err := s.refusal(ctx, ref, owner, now, expires); err != nil {
+		var err error
+		if seen, err = s.refusal(ctx, ref, owner, now, expires); err != nil {
 			return application.Acquisition{}, err
+		}
+	}
+	acquired, until := formatTime(now), formatTime(expires)
+	if !seen && !s.occupied.has(ref) {
+		a, ok, err := s.acquireFree(ctx, ref, owner, acquired, until)
+		if err != nil || ok {
+			return a, err
 		}
 	}
 	var (
@@ -134,8 +188,7 @@ func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, o
 		decided bool
 	)
 	err := s.b.Write(ctx, func(ctx context.Context) error {
-		rows, err := s.write.QueryContext(ctx, acquireSQL,
-			s.key(ref), string(ref.Type), ref.ID, owner, formatTime(now), formatTime(expires))
+		rows, err := s.write.QueryContext(ctx, acquireSQL, s.key(ref), string(ref.Type), ref.ID, owner, acquired, until)
 		if err != nil {
 			return err
 		}
@@ -153,27 +206,64 @@ func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, o
 	}
 	if decided {
 		s.contended.note(ref, false)
+		s.occupied.note(ref, true)
 		return a, nil
 	}
-	if err := s.refusal(ctx, ref, owner, now, expires); err != nil {
+	if _, err := s.refusal(ctx, ref, owner, now, expires); err != nil {
 		return application.Acquisition{}, err
 	}
 	return application.Acquisition{}, application.ErrUndecided
 }
 
+// acquireFree runs acquireFreeSQL; ok says whether it inserted the lock.
+func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef, owner, acquired, expires string) (a application.Acquisition, ok bool, err error) {
+	err = s.b.Write(ctx, func(ctx context.Context) error {
+		err := s.write.QueryRowContext(ctx, acquireFreeSQL,
+			s.key(ref), string(ref.Type), ref.ID, owner, acquired, expires).Scan(&a.Lock.Token)
+		ok = err == nil
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err == nil && ok {
+		a.Lock.Owner, a.Lock.Resource = owner, ref
+		err = parseTimes(&a.Lock, acquired, expires)
+	}
+	if err != nil {
+		return application.Acquisition{}, false, s.failed(ctx, err, "acquire lock on", ref)
+	}
+	if ok {
+		s.contended.note(ref, false)
+		s.occupied.note(ref, true)
+	}
+	return a, ok, nil
+}
+
+// DeleteOwned implements application.LockRepository: the Store's, and a
+// lock it removed no longer makes the resource occupied.
+func (s *PostgresStore) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
+	ok, err := s.Store.DeleteOwned(ctx, ref, owner)
+	if ok {
+		s.occupied.note(ref, false)
+	}
+	return ok, err
+}
+
 // refusal reads the lock on ref and returns Acquire's conflict if another
 // owner's lock, stored and active at now, refuses owner; nil otherwise.
-func (s *PostgresStore) refusal(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time) error {
+// found says whether the read saw a row.
+func (s *PostgresStore) refusal(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time) (found bool, err error) {
 	cur, err := s.readLock(ctx, ref)
 	if err != nil {
-		return s.explain(ctx, err, "read lock on "+ref.String())
+		return false, s.explain(ctx, err, "read lock on "+ref.String())
 	}
 	_, err = application.DecideAcquire(cur, owner, ref, now, expires)
 	if errors.Is(err, domain.ErrConflict) {
 		s.contended.note(ref, true)
-		return err
+		return true, err
 	}
-	return nil
+	return cur != nil, nil
 }
 
 // scanAcquisition reads acquireSQL's row.

@@ -63,12 +63,13 @@ func BenchmarkCycle(b *testing.B) {
 
 func benchService(b *testing.B, callers int) {
 	ctx := context.Background()
-	c, err := locks.Open(ctx, locks.Config{Database: testdb.Postgres(b), Owner: "bench"})
+	dsn, server := serverCPU(b, testdb.Postgres(b), "locks-bench-service")
+	c, err := locks.Open(ctx, locks.Config{Database: dsn, Owner: "bench"})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { c.Close() })
-	runCycles(b, callers, func(ref domain.ResourceRef) error {
+	runCycles(b, callers, server, func(ref domain.ResourceRef) error {
 		if _, err := c.Locks.Acquire(ctx, c.Owner(), ref, 5*time.Minute); err != nil {
 			return err
 		}
@@ -94,7 +95,7 @@ RETURNING id`
 
 func benchFloor(b *testing.B, callers int) {
 	ctx := context.Background()
-	dsn := testdb.Postgres(b)
+	dsn, server := serverCPU(b, testdb.Postgres(b), "locks-bench-floor")
 	db, err := postgres.Open(ctx, dsn, postgres.Options{}) // the same table
 	if err != nil {
 		b.Fatal(err)
@@ -116,7 +117,7 @@ func benchFloor(b *testing.B, callers int) {
 		b.Fatal(err)
 	}
 	const layout = "2006-01-02T15:04:05.000000Z"
-	runCycles(b, callers, func(ref domain.ResourceRef) error {
+	runCycles(b, callers, server, func(ref domain.ResourceRef) error {
 		now := time.Now().UTC().Truncate(time.Microsecond)
 		var id int64
 		err := acquire.QueryRowContext(ctx, "bench", string(ref.Type), ref.ID,
@@ -136,14 +137,19 @@ func benchFloor(b *testing.B, callers int) {
 }
 
 // runCycles runs b.N cycles, shared among callers goroutines, each on a
-// resource of its own.
-func runCycles(b *testing.B, callers int, cycle func(domain.ResourceRef) error) {
+// resource of its own. It reports cycles/s and, when server is not nil,
+// the server's CPU time per cycle (server-µs/cycle; see serverCPU).
+func runCycles(b *testing.B, callers int, server func() time.Duration, cycle func(domain.ResourceRef) error) {
 	var (
 		next atomic.Int64
 		wg   sync.WaitGroup
 		errs = make(chan error, callers)
 	)
 	b.ReportAllocs()
+	var cpu0 time.Duration
+	if server != nil {
+		cpu0 = server()
+	}
 	b.ResetTimer()
 	start := time.Now()
 	for i := range callers {
@@ -159,6 +165,9 @@ func runCycles(b *testing.B, callers int, cycle func(domain.ResourceRef) error) 
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "cycles/s")
+	if server != nil {
+		b.ReportMetric(float64((server()-cpu0).Microseconds())/float64(b.N), "server-µs/cycle")
+	}
 	close(errs)
 	for err := range errs {
 		b.Fatal(err)

@@ -29,14 +29,35 @@ func testAcquirer(t *testing.T, newRepo NewRepository) {
 	if _, ok := newRepo(t).(application.Acquirer); !ok {
 		t.Skip("the store does not acquire by itself")
 	}
-	const ttl = 30 * time.Second
+	for _, tc := range resourceStates() {
+		t.Run(tc.name, func(t *testing.T) {
+			repo := newRepo(t)
+			cur := mustStore(t, repo, tc.cur)
+			now, expires := Start, Start.Add(stateTTL)
+			want, wantErr := application.DecideAcquire(cur, "A", plan1, now, expires)
+			got, err := repo.(application.Acquirer).AcquireAt(t.Context(), plan1, "A", func() (time.Time, time.Time) { return now, expires })
+			checkAcquisition(t, repo, cur, want, wantErr, got, err, now)
+		})
+	}
+}
+
+// stateTTL is the TTL of the calls that resourceStates are put through.
+const stateTTL = 30 * time.Second
+
+// resourceState is a state a resource can be in before a call at Start by
+// owner "A": cur is the lock stored on plan1, nil when there is none.
+type resourceState struct {
+	name string
+	cur  *domain.Lock
+}
+
+// resourceStates are the states around each expiry boundary, of the
+// caller's own lock and of another owner's.
+func resourceStates() []resourceState {
 	stored := func(owner string, expiresIn time.Duration) *domain.Lock {
 		return &domain.Lock{Owner: owner, Resource: plan1, AcquiredAt: Start.Add(expiresIn - time.Minute), ExpiresAt: Start.Add(expiresIn)}
 	}
-	for _, tc := range []struct {
-		name string
-		cur  *domain.Lock // stored before, expiring relative to Start (the now of the call)
-	}{
+	return []resourceState{
 		{"Free", nil},
 		{"OwnActive", stored("A", 10*time.Second)},
 		{"OwnActiveLastMicrosecond", stored("A", time.Microsecond)},
@@ -46,23 +67,21 @@ func testAcquirer(t *testing.T, newRepo NewRepository) {
 		{"OtherActiveLastMicrosecond", stored("B", time.Microsecond)},
 		{"OtherExpiresNow", stored("B", 0)},
 		{"OtherExpired", stored("B", -time.Hour)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			repo := newRepo(t)
-			var cur *domain.Lock
-			if tc.cur != nil {
-				l, err := repo.Update(t.Context(), plan1, func(*domain.Lock) (application.Change, error) {
-					return application.Change{Kind: application.ChangeInsert, Lock: *tc.cur}, nil
-				})
-				require.NoError(t, err)
-				cur = &l
-			}
-			now, expires := Start, Start.Add(ttl)
-			want, wantErr := application.DecideAcquire(cur, "A", plan1, now, expires)
-			got, err := repo.(application.Acquirer).AcquireAt(t.Context(), plan1, "A", func() (time.Time, time.Time) { return now, expires })
-			checkAcquisition(t, repo, cur, want, wantErr, got, err, now)
-		})
 	}
+}
+
+// mustStore stores cur on plan1 through Update and returns it as stored
+// (with its token), or returns nil for no lock.
+func mustStore(t *testing.T, repo application.LockRepository, cur *domain.Lock) *domain.Lock {
+	t.Helper()
+	if cur == nil {
+		return nil
+	}
+	l, err := repo.Update(t.Context(), plan1, func(*domain.Lock) (application.Change, error) {
+		return application.Change{Kind: application.ChangeInsert, Lock: *cur}, nil
+	})
+	require.NoError(t, err)
+	return &l
 }
 
 // checkAcquisition compares what AcquireAt did (got, err) with what the

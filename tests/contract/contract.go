@@ -89,6 +89,7 @@ func Run(t *testing.T, newRepo NewRepository) {
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newRepo) })
 	t.Run("Repository", func(t *testing.T) { testRepository(t, newRepo) })
 	t.Run("Acquirer", func(t *testing.T) { testAcquirer(t, newRepo) })
+	t.Run("Renewer", func(t *testing.T) { testRenewer(t, newRepo) })
 }
 
 func testAcquire(t *testing.T, newRepo NewRepository) {

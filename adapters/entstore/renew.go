@@ -1,0 +1,78 @@
+package entstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+var _ application.Renewer = (*PostgresStore)(nil)
+
+// renewSQL is Renew's extension (application.DecideRenew) as one
+// statement: a keep-alive renews every RenewInterval, and Update's
+// transaction takes five round trips (BEGIN, the advisory lock, the read,
+// the write, COMMIT) where this takes one. Parameters as acquireSQL's: $1
+// the advisory lock key, $2 and $3 the resource, $4 the owner, $5 now and
+// $6 the new expiry, both as stored. It returns the lock as extended, or
+// no row when it extended nothing.
+//
+//   - held takes the resource's advisory lock first, as acquireSQL does:
+//     an Update that took over the lock it found expired deletes the row
+//     it read and inserts a new one, and must never meet this statement's
+//     change in between (the delete would miss the renewed row, and the
+//     insert would meet it as a unique violation).
+//   - The WHERE is the whole rule for an extension: the row is owner's and
+//     active at the time of the check, that is at now plus how long the
+//     statement has been on the server (mostly waiting for the advisory
+//     lock or for a row), as for acquireSQL's re-entry. A lock that was
+//     active at now but has expired by the write is left alone: renewing
+//     it would keep its token across a moment when it had lapsed.
+//
+// In READ COMMITTED the update finds the row in the statement's snapshot
+// and, if a concurrent transaction changed it, waits for that one and tests
+// its WHERE again on the row's latest version; a row deleted meanwhile (a
+// release, a cleanup, a takeover) is not extended, and a row inserted after
+// the snapshot is not seen. Both end in no row, and Update decides on the
+// row as it is then. Every outcome but an extension (no lock, an expired
+// one, another owner's) also ends in no row and writes nothing.
+var renewSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint))
+UPDATE {locks} SET {expires} = $6::varchar
+WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {owner} = $4::varchar
+  AND {expires} > to_char(($5::varchar::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
+  AND EXISTS (SELECT FROM held)
+RETURNING {id}, {acquired}, {expires}`)
+
+// RenewAt implements application.Renewer with renewSQL. The lock written
+// is dated now, read before the statement, so after a wait it has less
+// than its TTL left; the service refuses one that has expired by the time
+// the statement returns, as it does after every write.
+func (s *PostgresStore) RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (domain.Lock, error) {
+	now, expires := at()
+	var (
+		l        = domain.Lock{Owner: owner, Resource: ref}
+		times    [2]string // acquired, expires
+		extended bool
+	)
+	err := s.b.Write(ctx, func(ctx context.Context) error {
+		err := s.write.QueryRowContext(ctx, renewSQL,
+			s.key(ref), string(ref.Type), ref.ID, owner, formatTime(now), formatTime(expires)).Scan(&l.Token, &times[0], &times[1])
+		extended = err == nil
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err == nil && extended {
+		err = parseTimes(&l, times[0], times[1])
+	}
+	if err != nil {
+		return domain.Lock{}, s.failed(ctx, err, "renew lock on", ref)
+	}
+	if !extended {
+		return domain.Lock{}, application.ErrUndecided
+	}
+	return l, nil
+}
