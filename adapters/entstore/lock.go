@@ -221,7 +221,7 @@ func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner s
 func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	b := entsql.Dialect(s.b.Dialect)
 	query, args := b.Delete(entlock.Table).Where(entsql.EQ(entlock.FieldOwnerID, owner)).Query()
-	n, err := s.deleteRows(ctx, query, args)
+	n, err := s.deleteRows(ctx, OneStatement, query, args)
 	if err != nil {
 		return n, s.explain(ctx, err, "release locks of "+owner)
 	}
@@ -233,7 +233,7 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 // index.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	query, args := deleteExpired(s.b.Dialect, now, limit)
-	n, err := s.deleteRows(ctx, query, args)
+	n, err := s.deleteRows(ctx, Cleanup, query, args)
 	if err != nil {
 		return n, s.explain(ctx, err, "clean up expired locks")
 	}
@@ -242,9 +242,9 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 
 // deleteRows runs one DELETE as a write and returns how many rows it
 // removed.
-func (s *Store) deleteRows(ctx context.Context, query string, args []any) (int, error) {
+func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, args []any) (int, error) {
 	var n int64
-	err := s.writeOne(ctx, OneStatement, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.writeOne(ctx, kind, func(ctx context.Context, tx *sql.Tx) error {
 		var x interface {
 			ExecContext(context.Context, string, ...any) (sql.Result, error)
 		} = s.write

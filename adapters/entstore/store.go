@@ -73,6 +73,11 @@ const (
 	// transaction, whose BEGIN waits for the database's write lock: the
 	// clock is then read after the wait, not before it.
 	OneDatedStatement
+	// Cleanup: a single statement of a purge of expired locks, which
+	// changes many pages; otherwise like OneStatement. A backend may keep
+	// costly upkeep (SQLite's end of a checkpoint) out of the way while
+	// purges run.
+	Cleanup
 )
 
 // Store implements application.LockRepository. It is safe for concurrent

@@ -2,6 +2,8 @@ package sqlite_test
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/benbjohnson/clock"
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -39,4 +42,43 @@ func TestCheckpoints(t *testing.T) {
 	fi, err := os.Stat(path + "-wal")
 	require.NoError(t, err)
 	assert.Less(t, fi.Size(), int64(32<<20), "the WAL grew to %d bytes", fi.Size())
+}
+
+// TestCheckpoints_PurgeGrowsTheWALOnce: while purge writes run, the WAL is
+// not started over (which would cut a large file back inside a write),
+// so it grows; once they stop, the next writes start it over and cut it
+// back.
+func TestCheckpoints_PurgeGrowsTheWALOnce(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "locks.db")
+	db, err := sqlite.Open(ctx, path, sqlite.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	walSize := func() int64 {
+		fi, err := os.Stat(path + "-wal")
+		require.NoError(t, err)
+		return fi.Size()
+	}
+	write := func(kind entstore.WriteKind, i int) {
+		require.NoError(t, db.WriteTx(ctx, kind, func(ctx context.Context, tx *sql.Tx) error {
+			var x interface {
+				ExecContext(context.Context, string, ...any) (sql.Result, error)
+			} = db.Writer()
+			if tx != nil {
+				x = tx
+			}
+			_, err := x.ExecContext(ctx, "INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at) VALUES ('A', 'plan', ?, '2026-11-30T00:00:00.000000Z', '2099-01-01T00:00:00.000000Z')", fmt.Sprint(kind, "-", i))
+			return err
+		}))
+	}
+	for i := range 6000 {
+		write(entstore.Cleanup, i)
+	}
+	grown := walSize()
+	assert.Greater(t, grown, int64(32<<20), "the WAL was started over during the purge")
+	time.Sleep(150 * time.Millisecond) // the purge is over (real time: upkeep, not lock expiry)
+	for i := range 6000 {
+		write(entstore.Statements, i)
+	}
+	assert.LessOrEqual(t, walSize(), int64(32<<20), "the WAL, %d bytes after the purge, was not cut back", grown)
 }

@@ -168,7 +168,7 @@ func (c *committer) passLead() {
 func (c *committer) aloneWithOneStatement() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.queue) == 1 && c.queue[0].kind == entstore.OneStatement
+	return len(c.queue) == 1 && (c.queue[0].kind == entstore.OneStatement || c.queue[0].kind == entstore.Cleanup)
 }
 
 // gather lets the callers that are ready to run queue their writes before
@@ -229,7 +229,7 @@ func (c *committer) runBatch() {
 		if batch == nil && c.aloneWithOneStatement() {
 			batch = c.claim()
 		}
-		if len(batch) == 1 && batch[0].kind == entstore.OneStatement {
+		if len(batch) == 1 && (batch[0].kind == entstore.OneStatement || batch[0].kind == entstore.Cleanup) {
 			// A statement is a transaction by itself.
 			call := batch[0]
 			if call.err = call.ctx.Err(); call.err == nil {
@@ -259,7 +259,7 @@ func (c *committer) runBatch() {
 		}
 		close(call.done)
 	}
-	c.db.checkpoints.wrote(len(batch))
+	c.db.checkpoints.wrote(batch)
 }
 
 // savepoints are the statements that make each body of a shared

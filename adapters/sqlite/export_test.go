@@ -18,3 +18,7 @@ func Queued(db *DB) int {
 	defer db.commits.mu.Unlock()
 	return len(db.commits.queue)
 }
+
+// Writer returns the writing connection, on which a write that runs alone
+// outside a transaction (its tx is nil) runs its statement.
+func (db *DB) Writer() *sql.DB { return db.wsql }
