@@ -68,7 +68,15 @@ type checkpointer struct {
 	closed  bool
 	due     atomic.Bool // finish has frames to copy
 	purged  time.Time   // when the last purge write ran
+	// slowRounds counts the catch-ups that left the last step for later
+	// because syncing was slow.
+	slowRounds int
 }
+
+// maxSlowRounds bounds how many catch-ups in a row may leave the last step
+// for later because syncing was slow: on a disk whose syncs always take
+// longer than finishBudget, the WAL would otherwise never start over.
+const maxSlowRounds = 4
 
 // purgeQuiet is how long after a purge's last write the last step of a
 // checkpoint waits. Once that step has run, the next write starts the WAL
@@ -133,9 +141,16 @@ func (c *checkpointer) catchUp() {
 			// The last step syncs the files on the writer's path: leave
 			// it for a later catch-up while syncing is slow (a purge
 			// keeps the disk busy), as this round's syncs just were.
-			if time.Since(start) <= finishBudget {
+			// A disk that is always slow to sync still gets its WAL
+			// started over, every few catch-ups.
+			c.mu.Lock()
+			if time.Since(start) <= finishBudget || c.slowRounds >= maxSlowRounds {
+				c.slowRounds = 0
 				c.due.Store(true)
+			} else {
+				c.slowRounds++
 			}
+			c.mu.Unlock()
 			return
 		}
 		last = frames
