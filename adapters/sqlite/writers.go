@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"sync"
 	"time"
@@ -51,14 +52,26 @@ type writerQueue struct {
 // costs nothing, since the last turn did not wait.
 const politeDelay = 50 * time.Microsecond
 
-// openWriterQueue opens (creating it, private like the database) the side
-// file of the database at path.
+// openWriterQueue opens the side file of the database at path, creating
+// it with the database's own permissions, as SQLite does for its -wal and
+// -shm files, so that every user who may write the database may queue.
+// It opens it read-only, which is all flock needs. A side file that this
+// process cannot open (another user's, more private than the database)
+// only costs the queue: the writes go through SQLite's busy handler, as
+// they did before the queue existed.
 func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
 	q := &writerQueue{timeout: timeout}
 	if !haveFileLocks || path == "" {
 		return q, nil
 	}
-	f, err := os.OpenFile(path+"-lock", os.O_RDWR|os.O_CREATE, 0o600)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path+"-lock", os.O_RDONLY|os.O_CREATE, fi.Mode().Perm())
+	if errors.Is(err, fs.ErrPermission) {
+		return q, nil
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@
 package sqlite_test
 
 import (
+	"bufio"
 	"context"
 	"os"
 	"path/filepath"
@@ -51,4 +52,35 @@ func TestWriterQueue(t *testing.T) {
 
 	_, err = repo.DeleteOwned(ctx, ref, "alice")
 	require.NoError(t, err)
+}
+
+// TestWriterQueue_SharedDatabase: a database that several users may write
+// (made so by its owner) stays writable for all of them, whoever created
+// the side file: another user who cannot open it writes without the
+// queue, through SQLite's busy handler, instead of failing to open.
+func TestWriterQueue_SharedDatabase(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to write the database as another user (nobody)")
+	}
+	ctx := context.Background()
+	path := filepath.Join(reachableDir(t, 0o777), "locks.db")
+	db, err := sqlite.Open(ctx, path, sqlite.Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	side, err := os.Stat(path + "-lock")
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), side.Mode().Perm(), "the side file has the database's mode")
+	require.NoError(t, os.Chmod(path, 0o666)) // the owner shares the database, not the side file
+
+	cmd := worker(t, "write", path, true, countEnv+"=3")
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "the writer failed: see its output above")
+	assert.Equal(t, "committed\n", line)
+	stdin.Close()
+	require.NoError(t, cmd.Wait())
 }
