@@ -7,7 +7,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 )
@@ -33,13 +32,6 @@ const (
 	catchUpRounds = 8
 	finishFrames  = 256
 )
-
-// finishBudget is how long the background round before the last step may
-// have taken for that step to run: the last step syncs the same files,
-// and a writer waits for it, so it is left for a later catch-up while
-// syncing is slow. It is real time, which paces I/O and has no bearing on
-// lock expiry.
-const finishBudget = 2 * time.Millisecond
 
 var walSizePragma = fmt.Sprintf("journal_size_limit(%d)", walSizeLimit)
 
@@ -67,26 +59,19 @@ type checkpointer struct {
 	wg      sync.WaitGroup // the checkpoint under way, for close
 	closed  bool
 	due     atomic.Bool // finish has frames to copy
-	purged  time.Time   // when the last purge write ran
-	// slowRounds counts the catch-ups that left the last step for later
-	// because syncing was slow.
-	slowRounds int
+	// sincePurge counts the other writes since the last purge write.
+	sincePurge int
 }
 
-// maxSlowRounds bounds how many catch-ups in a row may leave the last step
-// for later because syncing was slow: on a disk whose syncs always take
-// longer than finishBudget, the WAL would otherwise never start over.
-const maxSlowRounds = 4
-
-// purgeQuiet is how long after a purge's last write the last step of a
-// checkpoint waits. Once that step has run, the next write starts the WAL
-// over and cuts it back to walSizeLimit, which after the many pages of a
-// purge means freeing tens of megabytes inside that write: during a purge
-// of 500,000 rows it took a concurrent acquirer's worst cycle from about
-// 20-26 ms to 35-49 ms (BenchmarkCleanupExpired, interleaved). While a
-// purge runs, the WAL grows instead, and is cut back once, after it. It
-// is real time, which paces upkeep and has no bearing on lock expiry.
-const purgeQuiet = 100 * time.Millisecond
+// purgeQuiet is how many other writes must follow a purge's last write
+// before the last step of a checkpoint runs. Once that step has run, the
+// next write starts the WAL over and cuts it back, which after the many
+// pages of a purge means freeing megabytes inside that write: during a
+// purge of 500,000 rows it took a concurrent acquirer's worst cycle from
+// about 20-26 ms to 35-49 ms (BenchmarkCleanupExpired, interleaved).
+// While a purge runs, the WAL grows instead, and is cut back after it.
+// Counting writes rather than time keeps upkeep off the wall clock.
+const purgeQuiet = 64
 
 // wrote counts the writes of a batch, and starts a checkpoint when
 // enough have gone by and none is running.
@@ -95,7 +80,9 @@ func (c *checkpointer) wrote(batch []*txCall) {
 	defer c.mu.Unlock()
 	for _, call := range batch {
 		if call.kind == entstore.Cleanup {
-			c.purged = time.Now()
+			c.sincePurge = 0
+		} else {
+			c.sincePurge++
 		}
 	}
 	c.writes += len(batch)
@@ -122,9 +109,8 @@ func (c *checkpointer) wrote(batch []*txCall) {
 // (finish), so that the batch after it starts the WAL over. Copying a
 // frame there costs about 2.5 µs, plus about a millisecond to sync the
 // files, on this kind of machine; a writer waits that long once per
-// checkpoint. While writes come faster than that (a large purge), the WAL
-// grows instead, and is started over, and cut back to walSizeLimit, once
-// they slow down.
+// checkpoint. While writes come faster than that, or a purge runs, the
+// WAL grows instead, and is started over and cut back (cutBack) later.
 //
 // A failed checkpoint is harmless: the WAL keeps the pages, and the next
 // one copies them.
@@ -132,25 +118,12 @@ func (c *checkpointer) catchUp() {
 	last := -1
 	for range catchUpRounds {
 		var busy, frames, copied int
-		start := time.Now()
 		err := c.db.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied)
 		if err != nil || busy != 0 {
 			return
 		}
 		if last >= 0 && frames-last <= finishFrames {
-			// The last step syncs the files on the writer's path: leave
-			// it for a later catch-up while syncing is slow (a purge
-			// keeps the disk busy), as this round's syncs just were.
-			// A disk that is always slow to sync still gets its WAL
-			// started over, every few catch-ups.
-			c.mu.Lock()
-			if time.Since(start) <= finishBudget || c.slowRounds >= maxSlowRounds {
-				c.slowRounds = 0
-				c.due.Store(true)
-			} else {
-				c.slowRounds++
-			}
-			c.mu.Unlock()
+			c.due.Store(true)
 			return
 		}
 		last = frames
@@ -164,7 +137,7 @@ func (c *checkpointer) finish(writer *sql.DB) {
 		return
 	}
 	c.mu.Lock()
-	purging := time.Since(c.purged) < purgeQuiet
+	purging := c.sincePurge < purgeQuiet
 	c.mu.Unlock()
 	if !purging && c.due.CompareAndSwap(true, false) {
 		ctx := context.Background()

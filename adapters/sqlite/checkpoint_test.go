@@ -76,7 +76,6 @@ func TestCheckpoints_PurgeGrowsTheWALOnce(t *testing.T) {
 	}
 	grown := walSize()
 	assert.Greater(t, grown, int64(32<<20), "the WAL was started over during the purge")
-	time.Sleep(150 * time.Millisecond) // the purge is over (real time: upkeep, not lock expiry)
 	// It is cut back 16 MiB at a time, as the WAL starts over, every few
 	// hundred writes: two steps at least.
 	for i := 0; i < 30_000 && walSize() > grown-(32<<20); i++ {

@@ -37,13 +37,13 @@ type writerQueue struct {
 	abandoned bool       // whoever waited for that call gave up
 	closed    bool       // the file is closed: its descriptor may be reused
 
-	// Only the leader of a batch uses these, one at a time.
-	waited   bool      // the last turn had to wait for another process
-	released time.Time // when the last turn ended
+	// waited: the last turn had to wait for another process. Only the
+	// leader of a batch uses it, one at a time.
+	waited bool
 }
 
-// politeDelay is how long a process that has just ended its turn, and
-// had to wait for that turn, holds back before asking again. The kernel
+// politeDelay is how long a process whose last turn had to wait holds
+// back before asking for the next. The kernel
 // wakes the next process when the lock is let go, but that process still
 // has to be scheduled, while this one asks again within microseconds and
 // would win the lock over and over: 4 processes on one file got between
@@ -85,7 +85,7 @@ func (q *writerQueue) lock() (unlock func(), err error) {
 	if q.f == nil {
 		return func() {}, nil
 	}
-	if q.waited && time.Since(q.released) < politeDelay {
+	if q.waited {
 		time.Sleep(politeDelay)
 	}
 	q.mu.Lock()
@@ -142,10 +142,7 @@ func (q *writerQueue) wait(granted chan error) {
 	granted <- err
 }
 
-func (q *writerQueue) unlock() {
-	unlockFile(q.f)
-	q.released = time.Now()
-}
+func (q *writerQueue) unlock() { unlockFile(q.f) }
 
 // close closes the side file, which lets go of the lock if held.
 func (q *writerQueue) close() error {
