@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -280,17 +281,20 @@ func TestHandle_KeepAlive(t *testing.T) {
 
 	t.Run("TransientFailureIsRetriedNotLost", func(t *testing.T) {
 		clk, repo, _, h, held := setup(t)
-		failures := 3
+		// The keep-alive's goroutine counts the failures down while the
+		// test reads them.
+		var failures atomic.Int32
+		failures.Store(3)
 		repo.failWith(func(context.Context) error {
-			if failures == 0 {
+			if failures.Load() == 0 {
 				return nil
 			}
-			failures--
+			failures.Add(-1)
 			return busy
 		})
 		require.Equal(t, ttl/2, clk.awaitTimer(t))
 		clk.Add(ttl / 2)
-		for failures > 0 || !h.Lock().ExpiresAt.After(holdStart.Add(ttl)) {
+		for failures.Load() > 0 || !h.Lock().ExpiresAt.After(holdStart.Add(ttl)) {
 			select {
 			case d := <-clk.set:
 				if d < ttl/4 { // a retry's backoff, not the guard at the expiry
