@@ -122,7 +122,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		db.Close()
 		return nil, err
 	}
-	if db.store, err = entstore.NewFreeFirst(ctx, store); err != nil {
+	if db.store, err = entstore.NewFreeFirst(ctx, store, isDuplicate); err != nil {
 		store.Close()
 		db.Close()
 		return nil, err

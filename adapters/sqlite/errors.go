@@ -67,6 +67,13 @@ func kindOf(err error) domain.StoreErrorKind {
 	return domain.StoreInternal
 }
 
+// isDuplicate reports whether err is the refusal of a second row for a
+// resource by the locks table's unique index.
+func isDuplicate(err error) bool {
+	var serr *sqlite.Error
+	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE
+}
+
 // isBusy reports whether err means another connection held the write lock
 // for longer than the busy timeout.
 func isBusy(err error) bool {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/tests/contract"
 )
 
@@ -26,4 +28,27 @@ func TestLockRepository_Contract(t *testing.T) {
 	contract.Run(t, func(t *testing.T) application.LockRepository {
 		return sqlite.NewLockRepository(MustOpenDB(t))
 	})
+}
+
+// An acquire of a resource that has a row is refused by the unique index
+// and left to Update; the refused insert must draw no token, or the next
+// lock's token would skip one.
+func TestAcquireAt_RefusedInsertDrawsNoToken(t *testing.T) {
+	repo := sqlite.NewLockRepository(MustOpenDB(t))
+	ctx := t.Context()
+	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	at := func() (time.Time, time.Time) { return now, now.Add(time.Minute) }
+	plan := func(id string) domain.ResourceRef { return domain.ResourceRef{Type: domain.ResourcePlan, ID: id} }
+
+	first, err := repo.AcquireAt(ctx, plan("p1"), "alice", at)
+	require.NoError(t, err)
+	_, err = repo.AcquireAt(ctx, plan("p1"), "bob", at)
+	require.ErrorIs(t, err, application.ErrUndecided, "a resource with a row goes to Update")
+	held, err := repo.Get(ctx, plan("p1"))
+	require.NoError(t, err)
+	require.Equal(t, first.Lock, held, "the refused insert changed nothing")
+
+	next, err := repo.AcquireAt(ctx, plan("p2"), "bob", at)
+	require.NoError(t, err)
+	require.Equal(t, first.Lock.Token+1, next.Lock.Token, "the refused insert drew no token")
 }
