@@ -88,7 +88,7 @@ func (s *FreeFirstStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 		// that a write that waited is dated when it is made.
 		now, exp := at()
 		acquired, expires = formatTime(now), formatTime(exp)
-		res, err := on(ctx, tx, s.insertFree).ExecContext(ctx,
+		res, err := s.on(ctx, tx, s.insertFree).ExecContext(ctx,
 			owner, string(ref.Type), ref.ID, acquired, expires)
 		if err != nil {
 			if s.duplicate(err) {

@@ -70,7 +70,7 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 	for attempt := 1; attempt <= updateAttempts; attempt++ {
 		refused = nil
 		err = s.inTx(ctx, ref, func(ctx context.Context, tx *sql.Tx) error {
-			cur, err := scanLock(tx.StmtContext(ctx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
+			cur, err := scanLock(s.on(ctx, tx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
 			if err != nil {
 				return err
 			}
@@ -112,7 +112,7 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 			return domain.Lock{}, &domain.StoreError{Op: "extend lock", Err: errNoRow}
 		}
 		expires := formatTime(change.Lock.ExpiresAt)
-		res, err := tx.StmtContext(ctx, s.stmts.extend).ExecContext(ctx, expires, cur.Token, formatTime(cur.ExpiresAt))
+		res, err := s.on(ctx, tx, s.stmts.extend).ExecContext(ctx, expires, cur.Token, formatTime(cur.ExpiresAt))
 		if err := oneRow(res, err); err != nil {
 			return domain.Lock{}, err
 		}
@@ -126,14 +126,14 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 		// still the version that was decided on; if a release or a
 		// cleanup removed it meanwhile, there is nothing to remove.
 		if cur != nil {
-			if _, err := tx.StmtContext(ctx, s.stmts.delID).ExecContext(ctx, cur.Token, formatTime(cur.ExpiresAt)); err != nil {
+			if _, err := s.on(ctx, tx, s.stmts.delID).ExecContext(ctx, cur.Token, formatTime(cur.ExpiresAt)); err != nil {
 				return domain.Lock{}, err
 			}
 		}
 		l := change.Lock
 		l.Resource = ref
 		acquired, expires := formatTime(l.AcquiredAt), formatTime(l.ExpiresAt)
-		err := tx.StmtContext(ctx, s.stmts.insert).QueryRowContext(ctx,
+		err := s.on(ctx, tx, s.stmts.insert).QueryRowContext(ctx,
 			l.Owner, string(ref.Type), ref.ID, acquired, expires).Scan(&l.Token)
 		if err != nil {
 			return domain.Lock{}, err
@@ -208,7 +208,7 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
 	var n int64
 	err := s.writeOne(ctx, OneStatement, func(ctx context.Context, tx *sql.Tx) error {
-		res, err := on(ctx, tx, s.stmts.delOwned).ExecContext(ctx, string(ref.Type), ref.ID, owner)
+		res, err := s.on(ctx, tx, s.stmts.delOwned).ExecContext(ctx, string(ref.Type), ref.ID, owner)
 		if err == nil {
 			n, err = res.RowsAffected()
 		}

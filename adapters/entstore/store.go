@@ -89,6 +89,7 @@ type Store struct {
 	text        statementText // the hot path's SQL in b.Dialect
 	stmts       stmts
 	contended   contention
+	bound       boundStmts
 }
 
 var _ application.LockRepository = (*Store)(nil)
@@ -159,14 +160,6 @@ func (s *Store) writeOne(ctx context.Context, kind WriteKind, body func(ctx cont
 		return s.b.WriteTx(ctx, kind, body)
 	}
 	return s.b.Write(ctx, func(ctx context.Context) error { return body(ctx, nil) })
-}
-
-// on returns st to run in tx, or st itself outside a transaction.
-func on(ctx context.Context, tx *sql.Tx, st *sql.Stmt) *sql.Stmt {
-	if tx == nil {
-		return st
-	}
-	return tx.StmtContext(ctx, st)
 }
 
 // RunTx runs fn in a transaction of its own on db and commits it. The

@@ -11,7 +11,41 @@ import (
 // to microseconds before they get here, so nothing is lost.
 const timeLayout = "2006-01-02T15:04:05.000000Z"
 
-func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
+// formatTime writes t in timeLayout. It writes the digits itself: the
+// leader of a SQLite batch formats two instants per acquire inside the
+// transaction, where time.Format's interpretation of the layout was 5% of
+// the time an acquire held the write lock. Years outside 0-9999, which
+// the layout cannot hold in four digits, go through time.Format.
+func formatTime(t time.Time) string {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.Format(timeLayout)
+	}
+	hour, minute, sec := t.Clock()
+	var b [len(timeLayout)]byte
+	put := func(at, width, v int) {
+		for i := at + width - 1; i >= at; i-- {
+			b[i] = byte('0' + v%10)
+			v /= 10
+		}
+	}
+	put(0, 4, year)
+	b[4] = '-'
+	put(5, 2, int(month))
+	b[7] = '-'
+	put(8, 2, day)
+	b[10] = 'T'
+	put(11, 2, hour)
+	b[13] = ':'
+	put(14, 2, minute)
+	b[16] = ':'
+	put(17, 2, sec)
+	b[19] = '.'
+	put(20, 6, t.Nanosecond()/1000)
+	b[26] = 'Z'
+	return string(b[:])
+}
 
 func parseTime(column, s string) (time.Time, error) {
 	t, err := time.Parse(timeLayout, s)

@@ -1,0 +1,36 @@
+package entstore
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// formatTime must write exactly what time.Format writes with timeLayout,
+// which parseTime reads back: the stored strings are compared in SQL.
+func FuzzFormatTime(f *testing.F) {
+	for _, t := range []time.Time{
+		{},
+		time.Date(2026, 12, 1, 9, 5, 7, 123456789, time.UTC),
+		time.Date(1999, 1, 31, 23, 59, 59, 999999000, time.UTC),
+		time.Date(2026, 3, 29, 2, 30, 0, 1000, time.FixedZone("CEST", 2*3600)),
+		time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+	} {
+		f.Add(t.Unix(), int64(t.Nanosecond()), 0)
+	}
+	f.Fuzz(func(t *testing.T, sec, nsec int64, offset int) {
+		at := time.Unix(sec, nsec).In(time.FixedZone("", offset%(24*3600)))
+		want := at.UTC().Format(timeLayout)
+		got := formatTime(at)
+		require.Equal(t, want, got, "%v", at)
+		if y := at.UTC().Year(); y >= 0 && y <= 9999 {
+			back, err := parseTime("expires_at", got)
+			require.NoError(t, err)
+			assert.True(t, back.Equal(at.Truncate(time.Microsecond)), "%v read back as %v", at, back)
+		}
+	})
+}
