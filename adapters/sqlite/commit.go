@@ -163,12 +163,17 @@ func (c *committer) passLead() {
 	close(head.lead)
 }
 
-// aloneWithOneStatement reports whether the queue holds a single call of
-// one statement.
+// aloneWithOneStatement reports whether the next batch is a single call
+// of one statement: the only call queued, or a purge's write, which runs
+// alone (see claim).
 func (c *committer) aloneWithOneStatement() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.queue) == 1 && (c.queue[0].kind == entstore.OneStatement || c.queue[0].kind == entstore.Cleanup)
+	if len(c.queue) == 0 {
+		return false
+	}
+	kind := c.queue[0].kind
+	return kind == entstore.Cleanup || len(c.queue) == 1 && kind == entstore.OneStatement
 }
 
 // gather lets the callers that are ready to run queue their writes before
@@ -191,11 +196,25 @@ func (c *committer) queued() int {
 	return len(c.queue)
 }
 
-// claim takes the next batch off the queue.
+// claim takes the next batch off the queue: the calls at its head, up to
+// maxBatch, but never a purge's write (entstore.Cleanup) with others. A
+// purge's statement holds the write lock for a millisecond or more, far
+// longer than an acquire or a release, and every call of a batch waits
+// for the batch's commit: in the same batch as the writes queued ahead
+// of it, it would make them wait for a statement that came after them.
 func (c *committer) claim() []*txCall {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := min(len(c.queue), maxBatch)
+	if n > 0 && c.queue[0].kind == entstore.Cleanup {
+		n = 1
+	}
+	for i := 1; i < n; i++ {
+		if c.queue[i].kind == entstore.Cleanup {
+			n = i
+			break
+		}
+	}
 	batch := make([]*txCall, n)
 	copy(batch, c.queue)
 	c.queue = append(c.queue[:0], c.queue[n:]...)

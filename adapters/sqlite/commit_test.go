@@ -189,6 +189,37 @@ func TestGroupCommit(t *testing.T) {
 		assert.True(t, stored(t, db, "kept"))
 	})
 
+	t.Run("APurgeRunsAlone", func(t *testing.T) {
+		// A purge's write queued between others shares no transaction:
+		// the writes ahead of it do not wait for its statement, and it
+		// runs as a statement of its own.
+		db := MustOpenDB(t)
+		var txs sync.Map
+		purge := func(ctx context.Context, tx *sql.Tx) error {
+			txs.Store("purge", tx)
+			return nil
+		}
+		finish := blockedLeader(t, db)
+		res := queued(t, db,
+			func() error { return db.WriteTx(ctx, entstore.Statements, insertBody("ahead", &txs)) },
+			func() error { return db.WriteTx(ctx, entstore.Cleanup, purge) },
+			func() error { return db.WriteTx(ctx, entstore.Statements, insertBody("behind-1", &txs)) },
+			func() error { return db.WriteTx(ctx, entstore.Statements, insertBody("behind-2", &txs)) },
+		)
+		require.NoError(t, finish())
+		for _, r := range res {
+			require.NoError(t, <-r)
+		}
+		tx := func(id string) *sql.Tx {
+			v, ok := txs.Load(id)
+			require.True(t, ok, "%s did not run", id)
+			return v.(*sql.Tx)
+		}
+		assert.Nil(t, tx("purge"), "the purge ran in a transaction, not alone")
+		assert.NotSame(t, tx("ahead"), tx("behind-1"), "the writes on either side of the purge shared a transaction")
+		assert.Same(t, tx("behind-1"), tx("behind-2"), "the writes behind the purge did not share a transaction")
+	})
+
 	t.Run("LeadPassesOn", func(t *testing.T) {
 		// More writers than one batch holds: all of them finish, whichever
 		// caller leads, and every write is stored.
