@@ -22,3 +22,7 @@ func Queued(db *DB) int {
 // Writer returns the writing connection, on which a write that runs alone
 // outside a transaction (its tx is nil) runs its statement.
 func (db *DB) Writer() *sql.DB { return db.wsql }
+
+// WriterCheckpointFrames returns the most frames that the last step of a
+// checkpoint, on the writing connection, has copied so far.
+func WriterCheckpointFrames(db *DB) int64 { return db.checkpoints.writerCopied.Load() }
