@@ -26,3 +26,6 @@ func (db *DB) Writer() *sql.DB { return db.wsql }
 // WriterCheckpointFrames returns the most frames that the last step of a
 // checkpoint, on the writing connection, has copied so far.
 func WriterCheckpointFrames(db *DB) int64 { return db.checkpoints.writerCopied.Load() }
+
+// HoldBack is the pause of a process whose last turn to write had to wait.
+var HoldBack = holdBack
