@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,4 +89,74 @@ func TestCheckpoints_PurgeGrowsTheWALOnce(t *testing.T) {
 	// would have copied everything the purge added after that call: about
 	// 1,700 frames here.
 	assert.LessOrEqual(t, sqlite.WriterCheckpointFrames(db), int64(512), "the writer copied the purge's backlog")
+}
+
+// TestCheckpoints_NextAfter: a catch-up comes after as many writes as
+// add about a thousand frames, never more than under ordinary writes and
+// never fewer than a handful.
+func TestCheckpoints_NextAfter(t *testing.T) {
+	for _, tc := range []struct {
+		writes int
+		frames int64
+		want   int
+	}{
+		{512, 16_000, 32},  // a purge's writes, about 31 frames each
+		{64, 640, 102},     // 10 frames each
+		{512, 1_024, 512},  // two frames each: as many as ordinary
+		{512, 0, 512},      // nothing measured
+		{0, 100, 512},      // nothing measured
+		{10, 100_000, 16},  // huge writes: the least
+		{1, 1, 512},        // one frame a write: the most
+		{100, 102_400, 16}, // 1,024 frames each
+	} {
+		assert.Equal(t, tc.want, sqlite.NextAfter(tc.writes, tc.frames), "%d writes, %d frames", tc.writes, tc.frames)
+	}
+}
+
+// TestCheckpoints_FollowAPurge: while a purge's large writes run,
+// catch-ups come after fewer writes, so that each copies about as much as
+// under ordinary writes; once the purge is over, they are spaced as
+// before.
+func TestCheckpoints_FollowAPurge(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "locks.db")
+	db, err := sqlite.Open(ctx, path, sqlite.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	id := 0
+	write := func(kind entstore.WriteKind, rows int) {
+		args := make([]any, rows)
+		values := make([]string, rows)
+		for i := range rows {
+			id++
+			args[i] = fmt.Sprintf("%0200d", id)
+			values[i] = "('A', 'plan', ?, '2026-11-30T00:00:00.000000Z', '2099-01-01T00:00:00.000000Z')"
+		}
+		query := "INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at) VALUES " + strings.Join(values, ", ")
+		require.NoError(t, db.WriteTx(ctx, kind, func(ctx context.Context, tx *sql.Tx) error {
+			if tx != nil {
+				_, err := tx.ExecContext(ctx, query, args...)
+				return err
+			}
+			_, err := db.Writer().ExecContext(ctx, query, args...)
+			return err
+		}))
+		// One write at a time, each checkpoint done before the next
+		// write: what a checkpoint finds is what the writes added.
+		sqlite.WaitCheckpoint(db)
+	}
+	require.Equal(t, sqlite.CheckpointAfter, sqlite.CatchUpAfter(db))
+	// Each purge write adds about 25 frames: a catch-up is due every 40
+	// writes or so, once two catch-ups have measured it.
+	for range 2_000 {
+		write(entstore.Cleanup, 60)
+	}
+	during := sqlite.CatchUpAfter(db)
+	t.Logf("during the purge: a catch-up every %d writes", during)
+	assert.Greater(t, during, sqlite.MinAfter, "the frames a purge's write adds were never measured")
+	assert.Less(t, during, sqlite.CheckpointAfter/4, "catch-ups did not come sooner during the purge")
+	for i := 0; i < 20*sqlite.CheckpointAfter && sqlite.CatchUpAfter(db) != sqlite.CheckpointAfter; i++ {
+		write(entstore.Statements, 1)
+	}
+	assert.Equal(t, sqlite.CheckpointAfter, sqlite.CatchUpAfter(db), "catch-ups stayed close after the purge")
 }

@@ -276,9 +276,13 @@ func (c *committer) runBatch() {
 		if err != nil && call.err == nil {
 			call.err = err
 		}
+	}
+	// Counted before the callers learn their outcome, so that a caller
+	// that writes again finds its last write counted.
+	c.db.checkpoints.wrote(batch)
+	for _, call := range batch {
 		close(call.done)
 	}
-	c.db.checkpoints.wrote(batch)
 }
 
 // savepoints are the statements that make each body of a shared

@@ -102,7 +102,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	wdb.SetMaxIdleConns(1)
 	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path}
 	db.commits.db = db
-	db.checkpoints.db, db.checkpoints.walPath = rdb, path+"-wal"
+	db.checkpoints.init(rdb, path+"-wal")
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {
 		db.Close()
 		return nil, err

@@ -29,3 +29,23 @@ func WriterCheckpointFrames(db *DB) int64 { return db.checkpoints.writerCopied.L
 
 // HoldBack is the pause of a process whose last turn to write had to wait.
 var HoldBack = holdBack
+
+// WaitCheckpoint waits for the checkpoint under way, if any.
+func WaitCheckpoint(db *DB) { db.checkpoints.wg.Wait() }
+
+// CatchUpAfter returns how many writes the next checkpoint waits for.
+func CatchUpAfter(db *DB) int {
+	db.checkpoints.mu.Lock()
+	defer db.checkpoints.mu.Unlock()
+	return db.checkpoints.after
+}
+
+// The checkpoints' spacing: what it is under ordinary writes, and its
+// least.
+const (
+	CheckpointAfter = checkpointAfter
+	MinAfter        = minAfter
+)
+
+// NextAfter is how the spacing follows the frames a write adds.
+var NextAfter = nextAfter
