@@ -252,7 +252,10 @@ func (m walMark) added(now walMark) (int64, bool) {
 // walLife reads what tells one life of the WAL from the next: the
 // checkpoint sequence number and the two salts of the WAL file's header,
 // which SQLite changes each time it writes the WAL over from its
-// beginning.
+// beginning. Opening and closing the WAL file is safe beside SQLite's
+// connections: SQLite keeps its locks on the database and -shm files,
+// none on the WAL, and closing a descriptor releases only the POSIX
+// locks of the file it names.
 func (c *checkpointer) walLife() (life [12]byte, ok bool) {
 	f, err := os.Open(c.walPath)
 	if err != nil {
