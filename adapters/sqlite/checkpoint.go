@@ -72,6 +72,8 @@ type checkpointer struct {
 	// catch-up ended.
 	after     int
 	sinceDone int
+	// flushes counts the syncs that flush made.
+	flushes atomic.Int64
 	// last is the WAL as the last round of the last catch-up found it;
 	// only the catch-up under way uses it.
 	last walMark
@@ -224,13 +226,48 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 			}
 		}
 		if prev >= 0 && frames-prev <= finishFrames {
+			if purging {
+				c.flush()
+			}
 			c.backfilled.Store(copied)
 			c.due.Store(true)
 			return after
 		}
 		prev = frames
 	}
+	if purging {
+		c.flush()
+	}
 	return after
+}
+
+// flush writes the pages that a purge's catch-ups copied into the
+// database file out to the disk, from the background.
+//
+// SQLite syncs the database file only at the end of a checkpoint that
+// copied every frame, which a catch-up beside a purge's writes never is:
+// the pages it copies stay dirty in the page cache, hundreds of
+// megabytes after a purge of 500,000 rows, until the first checkpoint
+// that completes, the writer's last step after the purge, syncs them
+// all. That sync took 83-102 ms on the writer (seen with strace), and
+// held up the next writes as long. Flushed after each catch-up of the
+// purge instead, a few megabytes at a time: with an acquirer during and
+// after a purge of 500,000 rows, 12 interleaved runs of each build, its
+// worst cycle after the purge was 11.9-24.3 ms (14.6 ms in the median
+// run) against 25.9-142.5 ms (121.4 ms); during the purge, 5.2-23.6 ms
+// (8.3 ms) against 5.6-12.5 ms (8.6 ms). The purge took about 8 %
+// longer.
+//
+// The database file cannot be synced through a descriptor of its own:
+// closing one releases every POSIX lock the process holds on the file,
+// SQLite's included. The WAL file carries no lock, so a descriptor of it
+// serves to sync its file system (syncWALFileSystem), which holds the
+// database file too. That also writes out whatever else on that file
+// system is dirty, so flush runs only during purges, which are rare.
+func (c *checkpointer) flush() {
+	if syncWALFileSystem(c.walPath) == nil {
+		c.flushes.Add(1)
+	}
 }
 
 // added returns how many frames were written to the WAL between m and

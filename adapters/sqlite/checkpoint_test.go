@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -115,8 +116,8 @@ func TestCheckpoints_NextAfter(t *testing.T) {
 
 // TestCheckpoints_FollowAPurge: while a purge's large writes run,
 // catch-ups come after fewer writes, so that each copies about as much as
-// under ordinary writes; once the purge is over, they are spaced as
-// before.
+// under ordinary writes, and write out what they copied; once the purge
+// is over, they are spaced as before and leave syncing to SQLite.
 func TestCheckpoints_FollowAPurge(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "locks.db")
@@ -155,8 +156,21 @@ func TestCheckpoints_FollowAPurge(t *testing.T) {
 	t.Logf("during the purge: a catch-up every %d writes", during)
 	assert.Greater(t, during, sqlite.MinAfter, "the frames a purge's write adds were never measured")
 	assert.Less(t, during, sqlite.CheckpointAfter/4, "catch-ups did not come sooner during the purge")
+	flushed := sqlite.Flushes(db)
+	if runtime.GOOS == "linux" {
+		// Each catch-up of the purge wrote out what it had copied.
+		assert.Greater(t, flushed, int64(10), "the purge's catch-ups left their pages dirty")
+	} else {
+		assert.Zero(t, flushed, "syncfs is Linux's")
+	}
 	for i := 0; i < 20*sqlite.CheckpointAfter && sqlite.CatchUpAfter(db) != sqlite.CheckpointAfter; i++ {
 		write(entstore.Statements, 1)
 	}
 	assert.Equal(t, sqlite.CheckpointAfter, sqlite.CatchUpAfter(db), "catch-ups stayed close after the purge")
+	// Ordinary writes leave the syncing to SQLite.
+	flushed = sqlite.Flushes(db)
+	for range 4 * sqlite.CheckpointAfter {
+		write(entstore.Statements, 1)
+	}
+	assert.Equal(t, flushed, sqlite.Flushes(db), "ordinary writes synced the file system")
 }

@@ -33,6 +33,10 @@ var HoldBack = holdBack
 // WaitCheckpoint waits for the checkpoint under way, if any.
 func WaitCheckpoint(db *DB) { db.checkpoints.wg.Wait() }
 
+// Flushes returns how many times the checkpoints synced the file system
+// beside a purge.
+func Flushes(db *DB) int64 { return db.checkpoints.flushes.Load() }
+
 // CatchUpAfter returns how many writes the next checkpoint waits for.
 func CatchUpAfter(db *DB) int {
 	db.checkpoints.mu.Lock()
