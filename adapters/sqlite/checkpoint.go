@@ -74,8 +74,8 @@ type checkpointer struct {
 	sinceDone int
 	// flushes counts the syncs that flush made.
 	flushes atomic.Int64
-	// last is the WAL as the last round of the last catch-up found it;
-	// only the catch-up under way uses it.
+	// last is the WAL as the last round of the last catch-up found it,
+	// while a purge runs; only the catch-up under way uses it.
 	last walMark
 }
 
@@ -199,23 +199,33 @@ func nextAfter(writes int, frames int64) int {
 // counted from the WAL's frames now and when the last catch-up ended.
 func (c *checkpointer) catchUp(purging bool) (after int) {
 	after = checkpointAfter
-	if purging {
-		after = minAfter // until the frames a write are known
-	}
 	since := c.last
 	c.last = walMark{}
-	prev := int64(-1)
-	for round := range catchUpRounds {
-		var busy, frames, copied int64
-		before, ok := c.walLife()
+	var wal *os.File // read for the WAL's life while a purge runs
+	if purging {
+		after = minAfter // until the frames a write are known
+		// Opening and closing the WAL file is safe beside SQLite's
+		// connections: SQLite keeps its locks on the database and -shm
+		// files, none on the WAL, and closing a descriptor releases only
+		// the POSIX locks of the file it names.
+		if f, err := os.Open(c.walPath); err == nil {
+			defer f.Close()
+			wal = f
+		}
+	}
+	var copied int64
+	due, prev := false, int64(-1)
+	for round := 0; round < catchUpRounds && !due; round++ {
+		var busy, frames int64
+		before, known := walLife(wal)
 		err := c.db.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied)
 		if err != nil || busy != 0 {
-			return after
+			break
 		}
-		if life, ok2 := c.walLife(); ok && ok2 && life == before {
+		if life, ok := walLife(wal); known && ok && life == before {
 			c.last = walMark{life: life, frames: frames, known: true}
 		} else {
-			c.last = walMark{} // the WAL started over during the round
+			c.last = walMark{} // unread, or the WAL started over during the round
 		}
 		if round == 0 && purging {
 			if added, ok := since.added(c.last); ok {
@@ -225,18 +235,14 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 				after = nextAfter(writes, added)
 			}
 		}
-		if prev >= 0 && frames-prev <= finishFrames {
-			if purging {
-				c.flush()
-			}
-			c.backfilled.Store(copied)
-			c.due.Store(true)
-			return after
-		}
-		prev = frames
+		due, prev = prev >= 0 && frames-prev <= finishFrames, frames
 	}
 	if purging {
 		c.flush()
+	}
+	if due {
+		c.backfilled.Store(copied)
+		c.due.Store(true)
 	}
 	return after
 }
@@ -286,20 +292,15 @@ func (m walMark) added(now walMark) (int64, bool) {
 	return 0, false
 }
 
-// walLife reads what tells one life of the WAL from the next: the
-// checkpoint sequence number and the two salts of the WAL file's header,
-// which SQLite changes each time it writes the WAL over from its
-// beginning. Opening and closing the WAL file is safe beside SQLite's
-// connections: SQLite keeps its locks on the database and -shm files,
-// none on the WAL, and closing a descriptor releases only the POSIX
-// locks of the file it names.
-func (c *checkpointer) walLife() (life [12]byte, ok bool) {
-	f, err := os.Open(c.walPath)
-	if err != nil {
+// walLife reads, from wal, what tells one life of the WAL from the next:
+// the checkpoint sequence number and the two salts of the WAL file's
+// header, which SQLite changes each time it writes the WAL over from its
+// beginning. ok is false when wal is nil or cannot be read.
+func walLife(wal *os.File) (life [12]byte, ok bool) {
+	if wal == nil {
 		return life, false
 	}
-	defer f.Close()
-	_, err = f.ReadAt(life[:], 12)
+	_, err := wal.ReadAt(life[:], 12)
 	return life, err == nil
 }
 

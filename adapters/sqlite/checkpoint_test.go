@@ -26,10 +26,7 @@ import (
 // few thousand pages while writes go on.
 func TestCheckpoints(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "locks.db")
-	db, err := sqlite.Open(ctx, path, sqlite.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
+	db, path := openStore(t)
 	svc, err := application.NewLockService(sqlite.NewLockRepository(db), clock.New(), 0)
 	require.NoError(t, err)
 	// Each cycle appends about 8 pages (4 KiB each) to the WAL: 4,000
@@ -51,27 +48,14 @@ func TestCheckpoints(t *testing.T) {
 // so it grows; once they stop, the next writes start it over and cut it
 // back, in steps, and the writer never copies the purge's backlog itself.
 func TestCheckpoints_PurgeGrowsTheWALOnce(t *testing.T) {
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "locks.db")
-	db, err := sqlite.Open(ctx, path, sqlite.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
+	db, path := openStore(t)
 	walSize := func() int64 {
 		fi, err := os.Stat(path + "-wal")
 		require.NoError(t, err)
 		return fi.Size()
 	}
 	write := func(kind entstore.WriteKind, i int) {
-		require.NoError(t, db.WriteTx(ctx, kind, func(ctx context.Context, tx *sql.Tx) error {
-			var x interface {
-				ExecContext(context.Context, string, ...any) (sql.Result, error)
-			} = db.Writer()
-			if tx != nil {
-				x = tx
-			}
-			_, err := x.ExecContext(ctx, "INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at) VALUES ('A', 'plan', ?, '2026-11-30T00:00:00.000000Z', '2099-01-01T00:00:00.000000Z')", fmt.Sprint(kind, "-", i))
-			return err
-		}))
+		writeSQL(t, db, kind, "INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at) VALUES ('A', 'plan', ?, '2026-11-30T00:00:00.000000Z', '2099-01-01T00:00:00.000000Z')", fmt.Sprint(kind, "-", i))
 	}
 	for i := range 6000 {
 		write(entstore.Cleanup, i)
@@ -119,11 +103,7 @@ func TestCheckpoints_NextAfter(t *testing.T) {
 // under ordinary writes, and write out what they copied; once the purge
 // is over, they are spaced as before and leave syncing to SQLite.
 func TestCheckpoints_FollowAPurge(t *testing.T) {
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "locks.db")
-	db, err := sqlite.Open(ctx, path, sqlite.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
+	db, _ := openStore(t)
 	id := 0
 	write := func(kind entstore.WriteKind, rows int) {
 		args := make([]any, rows)
@@ -133,15 +113,7 @@ func TestCheckpoints_FollowAPurge(t *testing.T) {
 			args[i] = fmt.Sprintf("%0200d", id)
 			values[i] = "('A', 'plan', ?, '2026-11-30T00:00:00.000000Z', '2099-01-01T00:00:00.000000Z')"
 		}
-		query := "INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at) VALUES " + strings.Join(values, ", ")
-		require.NoError(t, db.WriteTx(ctx, kind, func(ctx context.Context, tx *sql.Tx) error {
-			if tx != nil {
-				_, err := tx.ExecContext(ctx, query, args...)
-				return err
-			}
-			_, err := db.Writer().ExecContext(ctx, query, args...)
-			return err
-		}))
+		writeSQL(t, db, kind, "INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at) VALUES "+strings.Join(values, ", "), args...)
 		// One write at a time, each checkpoint done before the next
 		// write: what a checkpoint finds is what the writes added.
 		sqlite.WaitCheckpoint(db)
@@ -173,4 +145,29 @@ func TestCheckpoints_FollowAPurge(t *testing.T) {
 		write(entstore.Statements, 1)
 	}
 	assert.Equal(t, flushed, sqlite.Flushes(db), "ordinary writes synced the file system")
+}
+
+// openStore opens a lock store on a new file, closed when the test ends.
+func openStore(t *testing.T) (db *sqlite.DB, path string) {
+	path = filepath.Join(t.TempDir(), "locks.db")
+	db, err := sqlite.Open(context.Background(), path, sqlite.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	return db, path
+}
+
+// writeSQL runs one statement as a write of kind: in the batch's
+// transaction, or alone on the writing connection when the write runs
+// by itself (its tx is nil).
+func writeSQL(t *testing.T, db *sqlite.DB, kind entstore.WriteKind, query string, args ...any) {
+	require.NoError(t, db.WriteTx(context.Background(), kind, func(ctx context.Context, tx *sql.Tx) error {
+		var x interface {
+			ExecContext(context.Context, string, ...any) (sql.Result, error)
+		} = db.Writer()
+		if tx != nil {
+			x = tx
+		}
+		_, err := x.ExecContext(ctx, query, args...)
+		return err
+	}))
 }
