@@ -238,7 +238,12 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 		due, prev = prev >= 0 && frames-prev <= finishFrames, frames
 	}
 	if purging {
+		// No call for the last step: it is dropped while the purge
+		// runs, and if the purge ended meanwhile, it would copy on the
+		// writer whatever came in during the flush. The next catch-up,
+		// due soon, copies that on this connection and calls for it.
 		c.flush()
+		return after
 	}
 	if due {
 		c.backfilled.Store(copied)
