@@ -183,31 +183,36 @@ func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, o
 			return a, err
 		}
 	}
-	var (
+	// made is the outcome of one run of the statement.
+	type made struct {
 		a       application.Acquisition
-		decided bool
-	)
-	err := s.b.Write(ctx, func(ctx context.Context) error {
+		decided bool // false: no row came back
+	}
+	m, err := writeStatement(ctx, s.Store, func(ctx context.Context) (made, error) {
 		rows, err := s.write.QueryContext(ctx, acquireSQL, s.key(ref), string(ref.Type), ref.ID, owner, acquired, until)
 		if err != nil {
-			return err
+			return made{}, err
 		}
 		defer rows.Close()
-		decided = rows.Next()
-		if decided {
-			if a, err = scanAcquisition(rows, ref, owner); err != nil {
-				return err
+		if !rows.Next() {
+			if err := rows.Err(); err != nil {
+				return made{}, err
 			}
+			return made{}, rows.Close()
 		}
-		return rows.Close()
+		a, err := scanAcquisition(rows, ref, owner)
+		if err != nil {
+			return made{}, err
+		}
+		return made{a: a, decided: true}, rows.Close()
 	})
 	if err != nil {
 		return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
 	}
-	if decided {
+	if m.decided {
 		s.contended.note(ref, false)
 		s.occupied.note(ref, true)
-		return a, nil
+		return m.a, nil
 	}
 	if _, err := s.refusal(ctx, ref, owner, now, expires); err != nil {
 		return application.Acquisition{}, err
@@ -216,28 +221,34 @@ func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, o
 }
 
 // acquireFree runs acquireFreeSQL; ok says whether it inserted the lock.
-func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef, owner, acquired, expires string) (a application.Acquisition, ok bool, err error) {
-	err = s.b.Write(ctx, func(ctx context.Context) error {
+func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef, owner, acquired, expires string) (application.Acquisition, bool, error) {
+	// inserted is the outcome of one run of the statement.
+	type inserted struct {
+		token int64
+		ok    bool // false: the resource has a row
+	}
+	in, err := writeStatement(ctx, s.Store, func(ctx context.Context) (inserted, error) {
+		var token int64
 		err := s.write.QueryRowContext(ctx, acquireFreeSQL,
-			s.key(ref), string(ref.Type), ref.ID, owner, acquired, expires).Scan(&a.Lock.Token)
-		ok = err == nil
+			s.key(ref), string(ref.Type), ref.ID, owner, acquired, expires).Scan(&token)
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil
+			return inserted{}, nil
 		}
-		return err
+		return inserted{token: token, ok: err == nil}, err
 	})
-	if err == nil && ok {
-		a.Lock.Owner, a.Lock.Resource = owner, ref
+	var a application.Acquisition
+	if err == nil && in.ok {
+		a.Lock = domain.Lock{Token: in.token, Owner: owner, Resource: ref}
 		err = parseTimes(&a.Lock, acquired, expires)
 	}
 	if err != nil {
 		return application.Acquisition{}, false, s.failed(ctx, err, "acquire lock on", ref)
 	}
-	if ok {
+	if in.ok {
 		s.contended.note(ref, false)
 		s.occupied.note(ref, true)
 	}
-	return a, ok, nil
+	return a, in.ok, nil
 }
 
 // DeleteOwned implements application.LockRepository: the Store's, and a

@@ -80,33 +80,37 @@ func (s *FreeFirstStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 	if s.insertFree == nil || s.contended.has(ref) {
 		return application.Acquisition{}, application.ErrUndecided
 	}
-	l := domain.Lock{Owner: owner, Resource: ref}
-	var acquired, expires string
-	inserted := false
-	err := s.writeOne(ctx, OneDatedStatement, func(ctx context.Context, tx *sql.Tx) error {
+	// inserted is the outcome of one run of the write.
+	type inserted struct {
+		ok                bool // false: the resource has a row
+		token             int64
+		acquired, expires string
+	}
+	ins, err := writeOne(ctx, s.Store, OneDatedStatement, func(ctx context.Context, tx *sql.Tx) (inserted, error) {
 		// The time is read here, inside the transaction that writes, so
 		// that a write that waited is dated when it is made.
 		now, exp := at()
-		acquired, expires = formatTime(now), formatTime(exp)
+		in := inserted{acquired: formatTime(now), expires: formatTime(exp)}
 		res, err := s.on(ctx, tx, s.insertFree).ExecContext(ctx,
-			owner, string(ref.Type), ref.ID, acquired, expires)
+			owner, string(ref.Type), ref.ID, in.acquired, in.expires)
 		if err != nil {
 			if s.duplicate(err) {
-				return nil // the resource has a row: Update decides
+				return inserted{}, nil // the resource has a row: Update decides
 			}
-			return err
+			return inserted{}, err
 		}
-		inserted = true
-		l.Token, err = res.LastInsertId()
-		return err
+		in.token, err = res.LastInsertId()
+		in.ok = err == nil
+		return in, err
 	})
 	if err != nil {
 		return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
 	}
-	if !inserted {
+	if !ins.ok {
 		return application.Acquisition{}, application.ErrUndecided
 	}
-	if err := parseTimes(&l, acquired, expires); err != nil {
+	l := domain.Lock{Token: ins.token, Owner: owner, Resource: ref}
+	if err := parseTimes(&l, ins.acquired, ins.expires); err != nil {
 		return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
 	}
 	return application.Acquisition{Lock: l}, nil

@@ -63,38 +63,41 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 	var (
 		out domain.Lock
 		err error
-		// refused is Decide's own error, which the port promises to
-		// return unchanged: not joined, wrapped or explained.
-		refused error
 	)
 	for attempt := 1; attempt <= updateAttempts; attempt++ {
-		refused = nil
-		err = s.inTx(ctx, ref, func(ctx context.Context, tx *sql.Tx) error {
+		out, err = inTx(ctx, s, ref, func(ctx context.Context, tx *sql.Tx) (domain.Lock, error) {
 			cur, err := scanLock(s.on(ctx, tx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
 			if err != nil {
-				return err
+				return domain.Lock{}, err
 			}
 			change, err := decide(cur)
 			s.contended.note(ref, errors.Is(err, domain.ErrConflict))
 			if err != nil {
-				refused = err
-				return err
+				return domain.Lock{}, decided{err}
 			}
-			out, err = s.apply(ctx, tx, ref, cur, change)
-			return err
+			return s.apply(ctx, tx, ref, cur, change)
 		})
 		if !errors.Is(err, errRowChanged) {
 			break
 		}
 	}
-	if refused != nil {
-		return domain.Lock{}, refused
+	// Decide's own error, which the port promises to return unchanged: not
+	// joined, wrapped or explained. It comes from the run that stands, as
+	// the write's error does.
+	if d, ok := errors.AsType[decided](err); ok {
+		return domain.Lock{}, d.err
 	}
 	if err != nil {
 		return domain.Lock{}, s.failed(ctx, err, "update lock on", ref)
 	}
 	return out, nil
 }
+
+// decided carries a Decide function's error out of the write that asked
+// it, apart from the store's own errors.
+type decided struct{ err error }
+
+func (d decided) Error() string { return d.err.Error() }
 
 // apply writes change inside tx and returns the lock as stored: its times
 // read back through the stored form, so that the caller compares exactly
@@ -206,15 +209,18 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 
 // DeleteOwned implements application.LockRepository with one statement.
 func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	var n int64
-	err := s.writeOne(ctx, OneStatement, func(ctx context.Context, tx *sql.Tx) error {
+	n, err := writeOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		res, err := s.on(ctx, tx, s.stmts.delOwned).ExecContext(ctx, string(ref.Type), ref.ID, owner)
-		if err == nil {
-			n, err = res.RowsAffected()
+		if err != nil {
+			return 0, err
 		}
-		return err
+		return res.RowsAffected()
 	})
-	return n > 0, s.failed(ctx, err, "release lock on", ref)
+	if err != nil {
+		// Whatever a run that was rolled back removed stands no more.
+		return false, s.failed(ctx, err, "release lock on", ref)
+	}
+	return n > 0, nil
 }
 
 // DeleteAllOwned implements application.LockRepository.
@@ -243,8 +249,7 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 // deleteRows runs one DELETE as a write and returns how many rows it
 // removed.
 func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, args []any) (int, error) {
-	var n int64
-	err := s.writeOne(ctx, kind, func(ctx context.Context, tx *sql.Tx) error {
+	n, err := writeOne(ctx, s, kind, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		var x interface {
 			ExecContext(context.Context, string, ...any) (sql.Result, error)
 		} = s.write
@@ -252,10 +257,10 @@ func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, ar
 			x = tx
 		}
 		res, err := x.ExecContext(ctx, query, args...)
-		if err == nil {
-			n, err = res.RowsAffected()
+		if err != nil {
+			return 0, err
 		}
-		return err
+		return res.RowsAffected()
 	})
 	return int(n), err
 }

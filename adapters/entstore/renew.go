@@ -51,27 +51,30 @@ RETURNING {id}, {acquired}, {expires}`)
 // the statement returns, as it does after every write.
 func (s *PostgresStore) RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (domain.Lock, error) {
 	now, expires := at()
-	var (
-		l        = domain.Lock{Owner: owner, Resource: ref}
+	// extension is the outcome of one run of the statement.
+	type extension struct {
+		token    int64
 		times    [2]string // acquired, expires
-		extended bool
-	)
-	err := s.b.Write(ctx, func(ctx context.Context) error {
+		extended bool      // false: no row came back
+	}
+	e, err := writeStatement(ctx, s.Store, func(ctx context.Context) (extension, error) {
+		var e extension
 		err := s.write.QueryRowContext(ctx, renewSQL,
-			s.key(ref), string(ref.Type), ref.ID, owner, formatTime(now), formatTime(expires)).Scan(&l.Token, &times[0], &times[1])
-		extended = err == nil
+			s.key(ref), string(ref.Type), ref.ID, owner, formatTime(now), formatTime(expires)).Scan(&e.token, &e.times[0], &e.times[1])
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil
+			return extension{}, nil
 		}
-		return err
+		e.extended = err == nil
+		return e, err
 	})
-	if err == nil && extended {
-		err = parseTimes(&l, times[0], times[1])
+	l := domain.Lock{Token: e.token, Owner: owner, Resource: ref}
+	if err == nil && e.extended {
+		err = parseTimes(&l, e.times[0], e.times[1])
 	}
 	if err != nil {
 		return domain.Lock{}, s.failed(ctx, err, "renew lock on", ref)
 	}
-	if !extended {
+	if !e.extended {
 		return domain.Lock{}, application.ErrUndecided
 	}
 	return l, nil

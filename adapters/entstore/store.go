@@ -27,7 +27,8 @@ type Backend struct {
 	// safe to run again. It applies the database's queueing and retry
 	// policy and returns fn's last error as it is: the store explains it
 	// with FormatError, and builds that message only when there is one.
-	// Unused when WriteTx is set.
+	// It returns nil only when fn's last run returned nil. Unused when
+	// WriteTx is set.
 	Write func(ctx context.Context, fn func(context.Context) error) error
 	// WriteTx, when set, runs every write of the store: it begins a write
 	// transaction, runs body in it and commits. It may run the bodies of
@@ -39,8 +40,12 @@ type Backend struct {
 	// (so that one caller giving up cannot interrupt a transaction that
 	// others share); WriteTx itself answers with ctx's error when ctx
 	// ends before body's changes are committed, and undoes them. body
-	// must be safe to run again. WriteTx returns body's error as it is,
-	// or the transaction's.
+	// must be safe to run again: WriteTx runs it again when the
+	// transaction it ran in was rolled back (a busy COMMIT; in a shared
+	// transaction, another body whose failure ended it), in a new
+	// transaction. WriteTx returns body's error as it is, or the
+	// transaction's; it returns nil only when body's last run returned nil
+	// and that run's changes committed.
 	//
 	// kind says what the body runs, and so what it needs (see WriteKind).
 	WriteTx func(ctx context.Context, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) error) error
@@ -132,34 +137,84 @@ func (s *Store) Close() error {
 	return errors.Join(errs...)
 }
 
-// inTx runs fn in one write transaction, after Backend.LockResource, with
-// the backend's write policy: through WriteTx when the backend has it,
-// otherwise in a transaction of its own through Write.
-func (s *Store) inTx(ctx context.Context, ref domain.ResourceRef, fn func(context.Context, *sql.Tx) error) error {
-	body := fn
-	if s.b.LockResource != nil {
-		body = func(ctx context.Context, tx *sql.Tx) error {
-			if err := s.b.LockResource(ctx, tx, ref); err != nil {
-				return err
-			}
-			return fn(ctx, tx)
-		}
-	}
-	if s.b.WriteTx != nil {
-		return s.b.WriteTx(ctx, Statements, body)
-	}
-	return s.b.Write(ctx, func(ctx context.Context) error { return RunTx(ctx, s.write, s.b.TxOptions, body) })
-}
+// A write's body may run more than once: the backend runs it again when
+// the database was busy, and SQLite's group commit runs every body of a
+// batch again when the batch's transaction was rolled back (a busy
+// COMMIT, a member whose failure ended the transaction). Only the last
+// run's changes are committed, so only the last run's outcome may reach
+// the caller. Each body therefore returns its outcome, and the functions
+// below keep only what the last run returned: a body never writes to a
+// variable of its caller, where a run that was rolled back would leave
+// its decision behind (an insert's token, a refusal) for the run that
+// counts.
 
 // writeOne runs body, a write of one statement of the given kind
-// (OneStatement or OneDatedStatement): through the backend's WriteTx when
-// it has one, otherwise on its own, through Write, with tx nil, where a
-// single statement needs no transaction around it.
-func (s *Store) writeOne(ctx context.Context, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) error) error {
-	if s.b.WriteTx != nil {
-		return s.b.WriteTx(ctx, kind, body)
+// (OneStatement, OneDatedStatement or Cleanup), and returns what its last
+// run returned: through the backend's WriteTx when it has one, otherwise
+// on its own, through Write, with tx nil, where a single statement needs
+// no transaction around it.
+func writeOne[T any](ctx context.Context, s *Store, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) (T, error)) (T, error) {
+	return lastRun(body, func(run func(context.Context, *sql.Tx) error) error {
+		if s.b.WriteTx != nil {
+			return s.b.WriteTx(ctx, kind, run)
+		}
+		return s.b.Write(ctx, func(ctx context.Context) error { return run(ctx, nil) })
+	})
+}
+
+// inTx runs body in one write transaction, after Backend.LockResource,
+// with the backend's write policy (through WriteTx when the backend has
+// it, otherwise in a transaction of its own through Write), and returns
+// what its last run returned.
+func inTx[T any](ctx context.Context, s *Store, ref domain.ResourceRef, body func(context.Context, *sql.Tx) (T, error)) (T, error) {
+	if s.b.LockResource != nil {
+		locked := body
+		body = func(ctx context.Context, tx *sql.Tx) (T, error) {
+			if err := s.b.LockResource(ctx, tx, ref); err != nil {
+				var zero T
+				return zero, err
+			}
+			return locked(ctx, tx)
+		}
 	}
-	return s.b.Write(ctx, func(ctx context.Context) error { return body(ctx, nil) })
+	return lastRun(body, func(run func(context.Context, *sql.Tx) error) error {
+		if s.b.WriteTx != nil {
+			return s.b.WriteTx(ctx, Statements, run)
+		}
+		return s.b.Write(ctx, func(ctx context.Context) error { return RunTx(ctx, s.write, s.b.TxOptions, run) })
+	})
+}
+
+// writeStatement runs body, one statement on the writing connection,
+// through the backend's Write, and returns what its last run returned.
+func writeStatement[T any](ctx context.Context, s *Store, body func(context.Context) (T, error)) (T, error) {
+	return lastRun(func(ctx context.Context, _ *sql.Tx) (T, error) { return body(ctx) },
+		func(run func(context.Context, *sql.Tx) error) error {
+			return s.b.Write(ctx, func(ctx context.Context) error { return run(ctx, nil) })
+		})
+}
+
+// lastRun runs body through write, which may run it several times, and
+// returns the outcome of its last run, which write reports as the one
+// that stands (see Backend.WriteTx), or write's error. Every run starts
+// from the zero outcome.
+func lastRun[T any](body func(context.Context, *sql.Tx) (T, error), write func(run func(context.Context, *sql.Tx) error) error) (T, error) {
+	var out T
+	err := write(func(ctx context.Context, tx *sql.Tx) error {
+		var zero T
+		out = zero
+		v, err := body(ctx, tx)
+		if err != nil {
+			return err
+		}
+		out = v
+		return nil
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return out, nil
 }
 
 // RunTx runs fn in a transaction of its own on db and commits it. The
