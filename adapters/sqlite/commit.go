@@ -234,48 +234,75 @@ func (c *committer) claim() []*txCall {
 // runBatch runs one batch in one transaction and publishes the outcomes.
 // The batch is claimed only once the transaction has begun (and so holds
 // the write lock), so that callers can withdraw while it waits for
-// another process. A busy database is retried as a whole batch, like a
-// single write; the bodies are decided again each time.
+// another process.
+//
+// Every run of the batch starts from nothing: each call's outcome is
+// cleared and its body decided again. A busy database is retried as a
+// whole batch, like a single write. A call whose own failure ended the
+// transaction (its statement failed, and SQLite may have rolled back
+// everything with it, as on a full disk) keeps its error, and the others
+// run again without it, in a new transaction: none of them fails for
+// another's reason, and none is told of a change that was rolled back.
 func (c *committer) runBatch() {
 	c.db.checkpoints.finish(c.db.wsql)
-	var batch []*txCall
-	err := entstore.Retry(context.Background(), writeAttempts, isBusy, func(ctx context.Context) error {
-		unlock, err := c.db.writers.lock()
-		if err != nil {
-			return err
-		}
-		defer unlock()
-		if batch == nil && c.aloneWithOneStatement() {
-			batch = c.claim()
-		}
-		if len(batch) == 1 && (batch[0].kind == entstore.OneStatement || batch[0].kind == entstore.Cleanup) {
-			// A statement is a transaction by itself.
-			call := batch[0]
-			if call.err = call.ctx.Err(); call.err == nil {
-				call.err = runBody(ctx, nil, call)
+	var (
+		batch   []*txCall // the calls taken off the queue
+		run     []*txCall // the calls of the next run
+		claimed bool
+		culprit *txCall // of the last try, if its own failure ended the transaction
+	)
+	take := func(calls []*txCall) { batch, run, claimed = calls, calls, true }
+	for {
+		err := entstore.Retry(context.Background(), writeAttempts, isBusy, func(ctx context.Context) error {
+			culprit = nil
+			for _, call := range run {
+				call.err, call.panicked, call.panicVal = nil, false, nil // of an earlier run
 			}
-			if isBusy(call.err) {
-				return call.err // another process kept SQLite's lock: retried like a batch
+			unlock, err := c.db.writers.lock()
+			if err != nil {
+				return err
 			}
-			return nil
-		}
-		tx, err := c.db.wsql.BeginTx(ctx, nil)
-		if err != nil {
+			defer unlock()
+			if !claimed && c.aloneWithOneStatement() {
+				take(c.claim())
+			}
+			if len(run) == 1 && (run[0].kind == entstore.OneStatement || run[0].kind == entstore.Cleanup) {
+				// A statement is a transaction by itself.
+				call := run[0]
+				if call.err = call.ctx.Err(); call.err == nil {
+					call.err = runBody(ctx, nil, call)
+				}
+				if isBusy(call.err) {
+					return call.err // another process kept SQLite's lock: retried like a batch
+				}
+				return nil
+			}
+			tx, err := c.db.wsql.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			if !claimed {
+				c.gather()
+				take(c.claim())
+			}
+			culprit, err = c.savepoints.apply(ctx, tx, run)
 			return err
+		})
+		if !claimed {
+			take(c.claim()) // nothing began: each call learns why
 		}
-		if batch == nil {
-			c.gather()
-			batch = c.claim()
+		if err != nil && culprit != nil && !isBusy(err) {
+			run = without(run, culprit)
+			if len(run) > 0 {
+				continue
+			}
 		}
-		return c.savepoints.apply(ctx, tx, batch)
-	})
-	if batch == nil {
-		batch = c.claim() // nothing began: each call learns why
-	}
-	for _, call := range batch {
-		if err != nil && call.err == nil {
-			call.err = err
+		for _, call := range run {
+			if err != nil && call.err == nil {
+				call.err = err
+			}
 		}
+		break
 	}
 	// Counted before the callers learn their outcome, so that a caller
 	// that writes again finds its last write counted.
@@ -283,6 +310,17 @@ func (c *committer) runBatch() {
 	for _, call := range batch {
 		close(call.done)
 	}
+}
+
+// without returns calls without call, in a new slice.
+func without(calls []*txCall, call *txCall) []*txCall {
+	out := make([]*txCall, 0, len(calls))
+	for _, c := range calls {
+		if c != call {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // savepoints are the statements that make each body of a shared
@@ -322,15 +360,17 @@ func (sp *savepoints) exec(ctx context.Context, tx *sql.Tx, st *sql.Stmt) error 
 
 // apply runs the batch's bodies in tx and commits what succeeded. It
 // returns an error only when the transaction as a whole failed; each
-// call's own outcome is in call.err.
+// call's own outcome is in call.err. When the transaction failed because
+// of one call (its body or its savepoint), apply returns that call too.
 //
 // When the batch has several bodies, each body of several statements runs
 // in a savepoint, so that a refusal or a failure undoes only its own
 // changes. A body of one statement needs none: a statement that fails
 // changes nothing. But a failing statement can also mean that SQLite
 // ended the transaction (a full disk, an I/O error), after which nothing
-// of the batch stands, so it fails the whole batch, like a failed COMMIT.
-func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (err error) {
+// of the batch stands, so it fails the transaction, and the caller runs
+// the others again without it.
+func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (culprit *txCall, err error) {
 	committed := false
 	defer func() {
 		if !committed {
@@ -342,9 +382,6 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (e
 	shared := len(batch) > 1
 	wrote := false
 	for _, call := range batch {
-		call.err, call.panicked, call.panicVal = nil, false, nil // of an earlier try
-	}
-	for _, call := range batch {
 		if err := call.ctx.Err(); err != nil {
 			call.err = err
 			continue
@@ -352,7 +389,7 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (e
 		savepoint := shared && call.kind == entstore.Statements
 		if savepoint {
 			if err := sp.exec(ctx, tx, sp.begin); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		call.err = runBody(ctx, tx, call)
@@ -365,28 +402,32 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (e
 		}
 		switch {
 		case !shared && call.err != nil:
-			return nil // rolled back by the deferred call
+			return nil, nil // rolled back by the deferred call
 		case call.err != nil && !savepoint:
-			return call.err
+			return call, call.err
 		case call.err != nil:
 			if err := sp.exec(ctx, tx, sp.rollback); err != nil {
 				// SQLite ended the transaction itself: nothing of the
 				// batch stands.
-				return errors.Join(call.err, err)
+				call.err = errors.Join(call.err, err)
+				return call, call.err
 			}
 			fallthrough
 		case savepoint:
 			if err := sp.exec(ctx, tx, sp.release); err != nil {
-				return err
+				if call.err == nil {
+					call.err = err
+				}
+				return call, err
 			}
 		}
 		wrote = wrote || call.err == nil
 	}
 	if !wrote {
-		return nil
+		return nil, nil
 	}
 	committed = true
-	return tx.Commit()
+	return nil, tx.Commit()
 }
 
 // runBody runs call's body with its context's values but not its
