@@ -63,6 +63,8 @@ type Change struct {
 
 // Decide looks at the current lock on a resource (nil when there is none)
 // and returns the change to apply, or an error to abort with nothing written.
+// A store may call it more than once for one Update (a transaction that was
+// rolled back runs again); only its last call's decision stands.
 type Decide func(current *domain.Lock) (Change, error)
 
 // ListFilter selects locks for List. Zero fields do not filter.
@@ -94,7 +96,8 @@ type LockRepository interface {
 	List(ctx context.Context, filter ListFilter) ([]domain.Lock, error)
 
 	// DeleteOwned removes the lock on ref if owner holds it, active or
-	// expired, and reports whether it removed one.
+	// expired, and reports whether it removed one (never true together
+	// with an error).
 	DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error)
 
 	// DeleteAllOwned removes every lock of owner and returns how many.
