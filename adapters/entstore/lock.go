@@ -217,7 +217,8 @@ func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner s
 		return res.RowsAffected()
 	})
 	if err != nil {
-		// Whatever a run that was rolled back removed stands no more.
+		// The release is not known to stand: what a run that was rolled
+		// back removed is there again.
 		return false, s.failed(ctx, err, "release lock on", ref)
 	}
 	return n > 0, nil
