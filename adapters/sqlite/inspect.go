@@ -206,6 +206,9 @@ func readHeader(ctx context.Context, dsn, path string) (wal bool, err error) {
 	if _, err := os.Stat(path); err != nil {
 		return false, err // a missing file is not for SQLite to create
 	}
+	if err := fileReadable(path); err != nil {
+		return false, err // SQLite would say only "unable to open"
+	}
 	db, err := sql.Open("sqlite", readOnlyDSN(dsn, access{mode: "ro", immutable: true}))
 	if err != nil {
 		return false, err
