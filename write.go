@@ -39,7 +39,9 @@ var errNoWriter = errors.New("Container.Write serves the SQLite lock store, whos
 // run again when the database was busy, and must start from nothing each
 // time. It may call CheckFence on tx, but must not take or release locks
 // with the context it is given: that call would wait for fn's own
-// transaction, and fails instead.
+// transaction, and fails instead. It runs on whichever goroutine leads
+// the queue, with ctx's values but not its cancellation; when ctx ends
+// meanwhile, the transaction is rolled back once fn returns.
 //
 // Errors: fn's own error, as it returned it; ctx's error when ctx ends
 // before the commit (the changes are undone); domain.ErrClosed once Close

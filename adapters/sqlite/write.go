@@ -50,7 +50,11 @@ func (e *fnError) Error() string { return e.err.Error() }
 // when the database was busy (another process writing without the queue)
 // and must start from nothing each time; it must not call the lock store
 // with the context it is given (that call would wait for fn's own
-// transaction: it fails instead), nor keep tx after it returns.
+// transaction: it fails instead), nor keep tx after it returns. fn runs
+// on whichever goroutine leads the queue, not necessarily the caller's,
+// and its context carries ctx's values but not its cancellation (the
+// driver would answer it by interrupting the shared connection): when ctx
+// ends while fn runs, the transaction is rolled back after fn returns.
 //
 // Errors: fn's own error, as it returned it; the context's error when
 // ctx ends before the transaction commits (its changes are then undone);
