@@ -46,7 +46,10 @@ func openApplication(t *testing.T, path string) *sql.DB {
 // process commits into an unlinked WAL. Before the fix, locks.Open
 // (sqlite.CheckWritable opened the file O_WRONLY and closed it) failed
 // here: after locks.Open, this process no longer held the application
-// connection's locks: database file held by pid 0, -shm by pid <this pid>.
+// connection's locks: database file held by pid 0, -shm by pid <this pid>;
+// and, going on past that, the shell deleted -wal and -shm, a shell with
+// locking_mode=EXCLUSIVE was let in, and the shell did not see the
+// application's next commit.
 // The CLI's read-only commands are checked in cmd/agents.
 func TestSharedFile_ModuleKeepsTheApplicationsLocks(t *testing.T) {
 	ctx := context.Background()
@@ -95,8 +98,8 @@ func TestSharedFile_ModuleKeepsTheApplicationsLocks(t *testing.T) {
 
 // requireShellLeavesTheFile runs the stock sqlite3 shell on the file, where
 // installed: a plain SELECT must leave the -wal and -shm in place (only the
-// last connection deletes them), a shell asking for the file exclusively
-// must not get it, or else its write must be seen by the application.
+// last connection deletes them), and a shell asking for the file
+// exclusively must not get it.
 func requireShellLeavesTheFile(t *testing.T, app *sql.DB, path string) {
 	t.Helper()
 	shell, err := exec.LookPath("sqlite3")
@@ -112,11 +115,13 @@ func requireShellLeavesTheFile(t *testing.T, app *sql.DB, path string) {
 	}
 	out, err = exec.Command(shell, "-cmd", ".timeout 200", path,
 		"PRAGMA locking_mode=EXCLUSIVE; INSERT INTO app (note) VALUES ('exclusive');").CombinedOutput()
-	if err == nil {
-		var n int
-		require.NoError(t, app.QueryRow("SELECT count(*) FROM app WHERE note = 'exclusive'").Scan(&n))
-		assert.Equal(t, 1, n, "the shell's exclusive insert was lost to the application: %s", out)
-	}
+	// The application's connections hold the file shared: a shell that
+	// wants it exclusively must wait, and give up.
+	assert.Error(t, err, "a shell with locking_mode=EXCLUSIVE was let in while the application has the file open: %s", out)
+	assert.Contains(t, string(out), "database is locked")
+	var n int
+	require.NoError(t, app.QueryRow("SELECT count(*) FROM app WHERE note = 'exclusive'").Scan(&n))
+	assert.Zero(t, n, "the refused shell's insert is not there")
 	_, err = app.Exec("INSERT INTO app (note) VALUES ('after')")
 	require.NoError(t, err)
 	out, err = exec.Command(shell, path, "SELECT count(*) FROM app WHERE note = 'after'").CombinedOutput()
