@@ -11,23 +11,23 @@ import (
 // create a file; the check of the database file itself has to do.
 func dirWritable(string) error { return nil }
 
-// fileWritable reads the file's permission bits (its read-only attribute,
-// on Windows) rather than opening it: a descriptor opened and closed here
-// could cost the locks of SQLite's own on some system. What the bits do
-// not show (an access list) SQLite reports at the first write.
+// fileWritable tries to open the file at path for writing, which asks
+// about access lists too. On Windows, the one such system SQLite runs on,
+// that is safe while SQLite has the file open: a lock (LockFileEx) belongs
+// to the handle that took it, and closing another handle leaves it in
+// place, unlike a POSIX lock, which closing any descriptor of the file
+// drops (access_unix.go).
 func fileWritable(path string) error {
-	fi, err := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
-	if fi.Mode().Perm()&0o200 == 0 {
-		return &fs.PathError{Op: "write", Path: path, Err: fs.ErrPermission}
-	}
-	return nil
+	return f.Close()
 }
 
 // fileReadable leaves it to SQLite, whose error says less, to find a file
-// it cannot read: the permission bits of this system have no such bit.
+// it cannot read: opening it to find out would do no harm here, but
+// OpenReadOnly reports SQLite's error just as well.
 func fileReadable(string) error { return nil }
 
 // readOnlyMount cannot tell on this system; the permission bits have to do.
