@@ -25,9 +25,8 @@ func fileWritable(path string) error {
 	return f.Close()
 }
 
-// fileReadable leaves it to SQLite, whose error says less, to find a file
-// it cannot read: opening it to find out would do no harm here, but
-// OpenReadOnly reports SQLite's error just as well.
+// fileReadable leaves a file this process cannot read to SQLite's own
+// error on this system.
 func fileReadable(string) error { return nil }
 
 // readOnlyMount cannot tell on this system; the permission bits have to do.
