@@ -117,7 +117,9 @@ func TestSoak_SharedFile(t *testing.T) {
 			case <-tick.C:
 			}
 			floor := committed.Load()
-			out, err := exec.Command(shell, path, "SELECT count(*) FROM app").CombinedOutput()
+			// A WAL reader can find the index being rebuilt, rarely, and
+			// wait: the timeout lets it, as any tool of the operator's would.
+			out, err := exec.Command(shell, "-cmd", ".timeout 5000", path, "SELECT count(*) FROM app").CombinedOutput()
 			if !assert.NoError(t, err, "the sqlite3 shell: %s", out) {
 				return
 			}
