@@ -23,6 +23,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"entgo.io/ent/dialect"
@@ -117,6 +118,8 @@ type Container struct {
 	shutdown *shutdown
 	cleanup  func()
 	once     sync.Once
+	write    appWriter   // Write's, nil but on SQLite
+	closing  atomic.Bool // Close has begun: Write refuses
 	// closeCtx is the context of the Close call in progress, read by the
 	// release-all that Wire's cleanup runs.
 	closeCtx context.Context
@@ -214,6 +217,7 @@ func (c *Container) Close() error {
 // Shutdown is Close with a caller's context for the release of the locks.
 func (c *Container) Shutdown(ctx context.Context) error {
 	c.once.Do(func() {
+		c.closing.Store(true)
 		c.closeCtx = ctx
 		c.cleanup()
 	})

@@ -108,8 +108,8 @@ func provideMemory() *memory.LockRepository { return memory.NewLockRepository() 
 // only then releases the owner's locks, through the repository itself:
 // nothing the service admitted can commit a lock after that release.
 func newContainer(ctx context.Context, svc *application.LockService, repo application.LockRepository, clk application.Clock,
-	cfg Config, sd *shutdown) (*Container, func(), error) {
-	c := &Container{Locks: svc, owner: cfg.Owner, clock: clk, keep: cfg.KeepLocksOnClose, shutdown: sd}
+	cfg Config, sd *shutdown, write appWriter) (*Container, func(), error) {
+	c := &Container{Locks: svc, owner: cfg.Owner, clock: clk, keep: cfg.KeepLocksOnClose, shutdown: sd, write: write}
 	if !cfg.SkipStartupCleanup {
 		if _, err := svc.CleanupExpired(ctx); err != nil {
 			return nil, nil, err

@@ -21,6 +21,7 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 		containerSet,
 		provideClock,
 		provideSQLite,
+		provideSQLiteWriter,
 		sqlite.NewLockRepository,
 		wire.Bind(new(application.LockRepository), new(*entstore.FreeFirstStore)),
 	)
@@ -32,6 +33,7 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 		containerSet,
 		providePostgresClock,
 		providePostgres,
+		provideNoWriter,
 		postgres.NewLockRepository,
 		wire.Bind(new(application.LockRepository), new(*entstore.PostgresStore)),
 	)
@@ -43,6 +45,7 @@ func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 		containerSet,
 		provideClock,
 		provideMemory,
+		provideNoWriter,
 		wire.Bind(new(application.LockRepository), new(*memory.LockRepository)),
 	)
 	return nil, nil, nil

@@ -28,7 +28,8 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 		cleanup()
 		return nil, nil, err
 	}
-	container, cleanup3, err := newContainer(ctx, lockService, freeFirstStore, clock, cfg, locksShutdown)
+	locksAppWriter := provideSQLiteWriter(db)
+	container, cleanup3, err := newContainer(ctx, lockService, freeFirstStore, clock, cfg, locksShutdown, locksAppWriter)
 	if err != nil {
 		cleanup2()
 		cleanup()
@@ -59,7 +60,8 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 		cleanup()
 		return nil, nil, err
 	}
-	container, cleanup4, err := newContainer(ctx, lockService, postgresStore, clock, cfg, locksShutdown)
+	locksAppWriter := provideNoWriter()
+	container, cleanup4, err := newContainer(ctx, lockService, postgresStore, clock, cfg, locksShutdown, locksAppWriter)
 	if err != nil {
 		cleanup3()
 		cleanup2()
@@ -82,7 +84,8 @@ func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 		return nil, nil, err
 	}
 	locksShutdown := newShutdown()
-	container, cleanup2, err := newContainer(ctx, lockService, lockRepository, clock, cfg, locksShutdown)
+	locksAppWriter := provideNoWriter()
+	container, cleanup2, err := newContainer(ctx, lockService, lockRepository, clock, cfg, locksShutdown, locksAppWriter)
 	if err != nil {
 		cleanup()
 		return nil, nil, err

@@ -32,6 +32,15 @@ func fileWritable(path string) error {
 	return nil
 }
 
+// fileReadable asks the operating system whether this process may read
+// the file at path, without opening it (see fileWritable).
+func fileReadable(path string) error {
+	if err := unix.Access(path, unix.R_OK); err != nil {
+		return &fs.PathError{Op: "read", Path: path, Err: err}
+	}
+	return nil
+}
+
 // readOnlyMount reports whether path is on a file system mounted
 // read-only, where not even root can write.
 func readOnlyMount(path string) bool {

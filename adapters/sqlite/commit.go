@@ -89,6 +89,9 @@ func (c *committer) run(ctx context.Context, kind entstore.WriteKind, body func(
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if ctx.Value(inWrite{}) != nil {
+		return errNestedWrite
+	}
 	call := &txCall{ctx: ctx, body: body, kind: kind, done: make(chan struct{}), lead: make(chan struct{})}
 	c.mu.Lock()
 	c.queue = append(c.queue, call)
@@ -197,7 +200,8 @@ func (c *committer) queued() int {
 }
 
 // claim takes the next batch off the queue: the calls at its head, up to
-// maxBatch, but never a purge's write (entstore.Cleanup) with others. A
+// maxBatch, but never a purge's write (entstore.Cleanup), nor an
+// application's transaction (Write), with others. A
 // purge's statement holds the write lock for a millisecond or more, far
 // longer than an acquire or a release, and every call of a batch waits
 // for the batch's commit: in the same batch as the writes queued ahead
@@ -206,11 +210,11 @@ func (c *committer) claim() []*txCall {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := min(len(c.queue), maxBatch)
-	if n > 0 && c.queue[0].kind == entstore.Cleanup {
+	if n > 0 && runsAlone(c.queue[0].kind) {
 		n = 1
 	}
 	for i := 1; i < n; i++ {
-		if c.queue[i].kind == entstore.Cleanup {
+		if runsAlone(c.queue[i].kind) {
 			n = i
 			break
 		}

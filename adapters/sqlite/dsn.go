@@ -1,9 +1,10 @@
 package sqlite
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -123,19 +124,18 @@ func filePath(dsn string) string {
 // createPrivate creates the database file with mode 0600 if it does not
 // exist yet, so that SQLite (which would use 0644) never makes a lock store
 // that other users can read. SQLite gives its -wal and -shm files the same
-// mode as the database.
+// mode as the database. It creates the file without keeping a descriptor
+// where it can (createFile): another goroutine of this process may open
+// the new file through SQLite at once, and closing a descriptor would drop
+// that connection's locks.
 func createPrivate(path string) error {
 	if path == "" {
 		return nil
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if os.IsExist(err) {
-		return nil
-	}
-	if err != nil {
+	if err := createFile(path, 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
-	return f.Close()
+	return nil
 }
 
 // redact hides a password in a DSN-like string, for messages.

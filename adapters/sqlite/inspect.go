@@ -5,13 +5,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/domain"
@@ -33,10 +35,10 @@ var errNotDatabase = errors.New("the file does not begin with the SQLite header"
 // journal mode as it is; writes through the returned DB fail with a
 // StoreReadOnly error. It reads what other processes commit meanwhile. The
 // -wal and -shm files it may need belong to the database's owner, and are
-// removed when the last connection closes (see readAccess). Call it in a
-// process that has no other connection to the database: reading the
-// header opens and closes the file, which drops the locks that SQLite
-// holds on it for this process.
+// removed when the last connection closes (see readAccess). The
+// application may have the database open in this process: OpenReadOnly
+// reads the file only through SQLite, which keeps the locks of this
+// process's other connections in place.
 //
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
 // no file, such as an in-memory database; a *domain.StoreError:
@@ -50,7 +52,7 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	}
 	path := filePath(dsn)
 	op := "inspect lock store " + path
-	wal, err := readHeader(path)
+	wal, err := readHeader(ctx, dsn, path)
 	if errors.Is(err, errNotDatabase) {
 		return nil, &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
 	}
@@ -191,23 +193,41 @@ func exists(path string) (bool, error) {
 // readHeader reports whether the file at path is a database in WAL mode.
 // An empty file is a valid, empty database to SQLite; any other file must
 // begin with SQLite's header, whose bytes 18 and 19 are 2 in WAL mode.
-func readHeader(path string) (wal bool, err error) {
-	f, err := os.Open(path)
+//
+// The header is read through SQLite (page 1, from the sqlite_dbpage
+// table), never with a descriptor of this package's: closing a descriptor
+// of the file would drop every POSIX lock this process holds on it, those
+// of the application's own connections included, after which another
+// process could delete the -wal and -shm under them. SQLite's unix VFS
+// keeps a descriptor whose inode other connections of the process hold
+// locks on until they let go. immutable=1 reads the database file alone:
+// no lock, no -wal, no -shm, nothing created.
+func readHeader(ctx context.Context, dsn, path string) (wal bool, err error) {
+	if _, err := os.Stat(path); err != nil {
+		return false, err // a missing file is not for SQLite to create
+	}
+	if err := fileReadable(path); err != nil {
+		return false, err // SQLite would say only "unable to open"
+	}
+	db, err := sql.Open("sqlite", readOnlyDSN(dsn, access{mode: "ro", immutable: true}))
 	if err != nil {
 		return false, err
 	}
-	defer f.Close()
-	var h [100]byte
-	n, err := io.ReadFull(f, h[:])
+	defer db.Close()
+	var page []byte
+	err = db.QueryRowContext(ctx, "SELECT data FROM sqlite_dbpage WHERE pgno = 1").Scan(&page)
+	var serr *sqlite.Error
 	switch {
-	case n == 0 && err == io.EOF:
-		return false, nil
-	case err != nil && err != io.ErrUnexpectedEOF:
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil // an empty file
+	case errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_NOTADB:
+		return false, errNotDatabase
+	case err != nil:
 		return false, err
-	case n < len(h) || string(h[:len(sqliteMagic)]) != sqliteMagic:
+	case len(page) < 100 || string(page[:len(sqliteMagic)]) != sqliteMagic:
 		return false, errNotDatabase
 	}
-	return h[18] == 2 && h[19] == 2, nil
+	return page[18] == 2 && page[19] == 2, nil
 }
 
 // readOnlyDSN turns a DSN made by DSN into one that opens the database as
@@ -294,10 +314,11 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 }
 
 // CheckWritable reports whether this process could write the database at
-// pathOrURI: open the file for writing, and create and remove files in its
-// directory, as SQLite does with the -wal and -shm files. It writes and
-// creates nothing. Call it before opening the database: closing another
-// descriptor of an open database file drops SQLite's locks on it.
+// pathOrURI, and create and remove files in its directory, as SQLite does
+// with the -wal and -shm files. It asks the operating system (access(2))
+// and opens nothing: closing a descriptor of the file would drop the POSIX
+// locks that SQLite connections of this process hold on it. It may be
+// called while the database is open, by this process or another.
 //
 // Errors: a *domain.ValidationError when pathOrURI names no file; a
 // *domain.StoreError of kind StoreReadOnly saying what is not writable, or
@@ -309,15 +330,11 @@ func CheckWritable(pathOrURI string) error {
 	}
 	path := filePath(dsn)
 	op := "check lock store " + path
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(path); err != nil {
 		return FormatError(op, err)
 	}
-	if err != nil {
+	if err := fileWritable(path); err != nil {
 		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: err}
-	}
-	if err := f.Close(); err != nil {
-		return FormatError(op, err)
 	}
 	if err := dirWritable(filepath.Dir(path)); err != nil {
 		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: err}

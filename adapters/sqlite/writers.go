@@ -62,7 +62,9 @@ const politeDelay = 200 * time.Microsecond
 // openWriterQueue opens the side file of the database at path, creating
 // it with the database's own permissions, as SQLite does for its -wal and
 // -shm files, so that every user who may write the database may queue.
-// It opens it read-only, which is all flock needs. A side file that this
+// It opens it read-only, which is all flock needs. It is a file of the
+// module's own, which SQLite never opens: closing it drops no lock of
+// SQLite's, and flock locks belong to the open file, not the process. A side file that this
 // process cannot open (another user's, more private than the database)
 // only costs the queue: the writes go through SQLite's busy handler, as
 // they did before the queue existed.

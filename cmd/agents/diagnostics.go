@@ -167,7 +167,6 @@ func (c *invocation) checkOrphaned(ctx context.Context, svc *application.LockSer
 // checks whether this user could write it: the database check, and the
 // open database unless it failed to open.
 func (c *invocation) inspectSQLite(ctx context.Context, path string) (check, *inspection) {
-	// Before the database is open: see sqlite.CheckWritable.
 	writable := sqlite.CheckWritable(path)
 	db, err := sqlite.OpenReadOnly(ctx, path, sqlite.Options{})
 	if err != nil {

@@ -92,6 +92,23 @@ func TestMain_Diagnostics(t *testing.T) {
 		assert.Contains(t, database.Detail, "lock store is read-only; make the database file and its directory writable")
 		assert.Equal(t, statusOK, checkNamed(t, rep, "schema").Status, "a read-only file can still be inspected")
 	})
+	t.Run("UnreadableFileFailsDatabase", func(t *testing.T) {
+		if !runsUnprivileged(t) {
+			return
+		}
+		h := newHarness(t)
+		h.createStore()
+		require.NoError(t, os.Chmod(h.db, 0o200))
+		r := h.run("--json", "diagnostics")
+		assert.Equal(t, exitFailure, r.code)
+		var rep report
+		r.decode(t, &rep)
+		database := checkNamed(t, rep, "database")
+		t.Logf("database: %s: %s", database.Status, database.Detail)
+		assert.Equal(t, statusFail, database.Status)
+		assert.Contains(t, database.Detail, "lock store is read-only")
+		assert.Contains(t, database.Detail, "permission denied", "the cause, not SQLite's \"unable to open\"")
+	})
 	t.Run("ReadOnlyDirectoryFailsDatabase", func(t *testing.T) {
 		if !runsUnprivileged(t) {
 			return

@@ -1,0 +1,83 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/domain"
+)
+
+// transaction is the kind of a write of the application's own (Write): a
+// whole transaction, of any length, that runs alone in the queue, as a
+// purge does, and in a transaction of its own.
+const transaction entstore.WriteKind = -1
+
+// runsAlone reports whether a write of kind k is never batched with others.
+func runsAlone(k entstore.WriteKind) bool { return k == entstore.Cleanup || k == transaction }
+
+// inWrite marks the context that Write passes to its function.
+type inWrite struct{}
+
+// errNestedWrite refuses a write from inside Write's function, which would
+// wait for the very transaction it runs in.
+var errNestedWrite = errors.New("a write of the lock store was called from inside DB.Write's function, " +
+	"with its context, and would wait for that function's own transaction: " +
+	"take and release locks before or after the Write, and do the transaction's writes through its tx")
+
+// fnError carries the error of Write's function through the queue, so
+// that it is returned as it is, and never read as the store's own.
+type fnError struct{ err error }
+
+func (e *fnError) Error() string { return e.err.Error() }
+
+// Write runs fn in a write transaction of its own on the lock store's
+// file, and commits it when fn returns nil (it rolls back otherwise). It
+// is how an application writes its own tables in the file that holds the
+// locks: the transaction runs on the store's writing connection, in the
+// queue of the store's own writes (in arrival order, behind the writes of
+// this process that came first, and never batched with them), and behind
+// the file lock that orders the writers of every process that opens the
+// file (see writerQueue). A write transaction of the application's own
+// *sql.DB on the file instead waits in SQLite's busy handler, which
+// sleeps and retries, and a stream of them keeps the store's writes out:
+// a kept-alive lock could expire for want of a renewal.
+//
+// The transaction holds the database's only write lock from BEGIN
+// IMMEDIATE to COMMIT, and every lock operation of every process waits
+// for it: keep fn short, and do slow work before it. fn may be run again
+// when the database was busy (another process writing without the queue)
+// and must start from nothing each time; it must not call the lock store
+// with the context it is given (that call would wait for fn's own
+// transaction: it fails instead), nor keep tx after it returns. fn runs
+// on whichever goroutine leads the queue, not necessarily the caller's,
+// and its context carries ctx's values but not its cancellation (the
+// driver would answer it by interrupting the shared connection): when ctx
+// ends while fn runs, the transaction is rolled back after fn returns.
+//
+// Errors: fn's own error, as it returned it; the context's error when
+// ctx ends before the transaction commits (its changes are then undone);
+// a *domain.StoreError when the transaction fails (StoreBusy, StoreFull,
+// StoreReadOnly for a store opened by OpenReadOnly, ...).
+func (db *DB) Write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	const op = "application write"
+	if db.wsql == nil {
+		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly,
+			Err: errors.New("the lock store was opened read-only (OpenReadOnly)")}
+	}
+	if ctx.Value(inWrite{}) != nil {
+		return &domain.StoreError{Op: op, Kind: domain.StoreInternal, Err: errNestedWrite}
+	}
+	err := db.commits.run(ctx, transaction, func(ctx context.Context, tx *sql.Tx) error {
+		if err := fn(context.WithValue(ctx, inWrite{}, true), tx); err != nil {
+			return &fnError{err: err}
+		}
+		return nil
+	})
+	var fe *fnError
+	if errors.As(err, &fe) {
+		return fe.err
+	}
+	return FormatError(op, err)
+}
