@@ -155,7 +155,7 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 		c, cleanup, err = openMemory(ctx, cfg)
 	case IsPostgres(cfg.Database):
 		c, cleanup, err = openPostgres(ctx, cfg)
-		f = fencer{dialect: dialect.Postgres, formatError: postgres.FormatError}
+		f = fencer{dialect: dialect.Postgres, formatError: postgres.FormatError, snapshotConflict: postgres.SnapshotConflict}
 	default:
 		c, cleanup, err = openSQLite(ctx, cfg)
 		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError}
