@@ -4,12 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"testing"
+	"time"
 
+	"entgo.io/ent/dialect"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/tests/planstore"
 	"github.com/cleveragents/locks/tests/testdb"
 )
 
@@ -132,4 +136,51 @@ func TestCheckFence_PostgresSnapshotIsolation(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A SQLite deferred transaction that read before the fence, on a database
+// another connection has written since (a renewal of the very lock), is
+// refused the write lock at once (SQLITE_BUSY_SNAPSHOT): no wait helps,
+// since the transaction's own snapshot is out of date, not the database
+// busy. The error says so and that the transaction should begin with
+// BEGIN IMMEDIATE (sqlite.DSN's _txlock=immediate), and is still a busy
+// store to errors.As. Begun so, the same work passes.
+func TestCheckFence_SQLiteStaleSnapshot(t *testing.T) {
+	ctx := context.Background()
+	database := t.TempDir() + "/agents.db"
+	c := mustOpen(t, database, "A", newMock())
+	mustPlans(t, database, c)
+	deferred, err := sql.Open("sqlite", deferredDSN(t, database))
+	require.NoError(t, err)
+	defer deferred.Close()
+
+	a, err := c.Locks.Acquire(ctx, "A", plan1, ttl)
+	require.NoError(t, err)
+	tx, err := deferred.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer tx.Rollback()
+	var phase string
+	require.NoError(t, tx.QueryRowContext(ctx, "SELECT phase FROM plans WHERE id = ?", plan1.ID).Scan(&phase))
+	_, err = c.Locks.Renew(ctx, "A", plan1, ttl)
+	require.NoError(t, err)
+
+	err = c.CheckFence(ctx, tx, application.FenceOf(a))
+	require.Error(t, err, "a fence checked on an outdated snapshot must never hold")
+	assert.True(t, domain.IsStoreKind(err, domain.StoreBusy), "%v", err)
+	assert.NotErrorIs(t, err, domain.ErrExpired)
+	var stale *domain.StaleSnapshotError
+	require.ErrorAs(t, err, &stale, "the error names the stale snapshot: %v", err)
+	assert.Contains(t, err.Error(), "BEGIN IMMEDIATE", "it says how to begin the transaction")
+	assert.Contains(t, err.Error(), "_txlock=immediate")
+	assert.NotContains(t, err.Error(), "long write transaction", "no other writer is to blame")
+	t.Log(err)
+	require.NoError(t, tx.Rollback())
+
+	dsn, err := sqlite.DSN(database, 5*time.Second)
+	require.NoError(t, err)
+	immediate, err := sql.Open("sqlite", dsn)
+	require.NoError(t, err)
+	defer immediate.Close()
+	plans := planstore.New(immediate, dialect.SQLite, c.CheckFence)
+	require.NoError(t, plans.Persist(ctx, plan1.ID, planstore.Plan{Phase: "immediate"}, []application.Fence{application.FenceOf(a)}))
 }
