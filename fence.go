@@ -76,14 +76,20 @@ func (c *Container) CheckFence(ctx context.Context, tx Querier, f application.Fe
 // of what happened to it. The fence failed either way: the transaction
 // must not write.
 func (c *Container) explainStale(ctx context.Context, f application.Fence, now time.Time, err error) error {
-	var cause error
-	if stale := (*domain.StaleSnapshotError)(nil); !errors.As(err, &stale) {
+	var (
+		cause     error
+		isolation string
+		stale     *domain.StaleSnapshotError
+	)
+	if errors.As(err, &stale) {
+		isolation = stale.Isolation
+	} else {
 		cause = err // the database's refusal
 	}
 	cur, gerr := c.Locks.Get(ctx, f.Resource)
 	switch {
 	case gerr == nil && cur.Token == f.Token && cur.Owner == f.Owner && now.Before(cur.ExpiresAt):
-		return entstore.StaleFence(f, "", &cur, cause)
+		return entstore.StaleFence(f, isolation, &cur, cause)
 	case gerr == nil:
 		return entstore.FenceLost(f, &cur, now)
 	case errors.Is(gerr, domain.ErrNotFound):
@@ -91,7 +97,7 @@ func (c *Container) explainStale(ctx context.Context, f application.Fence, now t
 	case ctx.Err() != nil:
 		return entstore.Explain(ctx, err, "fenced write", c.fence.formatError)
 	}
-	stale := entstore.StaleFence(f, "", nil, cause)
+	stale = entstore.StaleFence(f, isolation, nil, cause)
 	stale.Err = errors.Join(cause, fmt.Errorf("reading the lock outside the transaction: %w", gerr))
 	return stale
 }

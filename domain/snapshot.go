@@ -18,6 +18,9 @@ type StaleSnapshotError struct {
 	Op string
 	// What says what is true, in the database's terms.
 	What string
+	// Isolation is the transaction's isolation level as the database names
+	// it ("REPEATABLE READ"), where it is known.
+	Isolation string
 	// Held is true when the lock was read outside the transaction, after
 	// the check, and was held: only the transaction's snapshot is old.
 	Held bool

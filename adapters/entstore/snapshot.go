@@ -64,10 +64,11 @@ func StaleFence(f application.Fence, isolation string, held *domain.Lock, cause 
 			lock, held.ExpiresAt.UTC().Format("2006-01-02T15:04:05.999999Z07:00"), level)
 	}
 	return &domain.StaleSnapshotError{
-		Op:     "check a fence",
-		What:   what,
-		Held:   held != nil,
-		Advice: SnapshotAdvice,
-		Err:    cause,
+		Op:        "check a fence",
+		What:      what,
+		Isolation: isolation,
+		Held:      held != nil,
+		Advice:    SnapshotAdvice,
+		Err:       cause,
 	}
 }

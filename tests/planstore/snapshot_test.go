@@ -3,6 +3,8 @@ package planstore_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -44,7 +47,7 @@ func TestCheckFence_PostgresSnapshotIsolation(t *testing.T) {
 	}
 	newRef := func() domain.ResourceRef {
 		n++
-		return domain.ResourceRef{Type: domain.ResourcePlan, ID: "snapshot-" + string(rune('a'+n))}
+		return domain.ResourceRef{Type: domain.ResourcePlan, ID: fmt.Sprint("snapshot-", n)}
 	}
 	// requireHeldButStale checks the error of a fence that is held, seen
 	// from an older snapshot.
@@ -60,6 +63,7 @@ func TestCheckFence_PostgresSnapshotIsolation(t *testing.T) {
 		var stale *domain.StaleSnapshotError
 		require.ErrorAs(t, err, &stale, "the error says the snapshot is old")
 		assert.True(t, stale.Held, "the lock was read outside the transaction and is held: %v", err)
+		assert.Equal(t, strings.ToUpper(level.String()), stale.Isolation)
 		t.Log(err)
 	}
 
@@ -123,6 +127,35 @@ func TestCheckFence_PostgresSnapshotIsolation(t *testing.T) {
 				require.ErrorAs(t, err, &lost, "the lock is gone")
 				assert.Equal(t, domain.LostExpired, lost.Reason)
 				assert.Nil(t, lost.NewHolder)
+			})
+
+			t.Run("checked by entstore alone", func(t *testing.T) {
+				// Without the container, nothing reads the lock outside
+				// the transaction: the snapshot cannot tell whether a lock
+				// acquired since is held, unless it shows a newer one.
+				ref := newRef()
+				tx := begin(t, level)
+				a, err := c.Locks.Acquire(ctx, "A", ref, ttl)
+				require.NoError(t, err)
+				err = entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(a), c.Locks.Now())
+				if level == sql.LevelReadCommitted {
+					require.NoError(t, err)
+					return
+				}
+				var stale *domain.StaleSnapshotError
+				require.ErrorAs(t, err, &stale, "%v", err)
+				assert.False(t, stale.Held, "the lock may be held: %v", err)
+				assert.NotErrorIs(t, err, domain.ErrExpired)
+
+				old := newRef()
+				a, err = c.Locks.Acquire(ctx, "A", old, ttl)
+				require.NoError(t, err)
+				mc.Add(2 * ttl)
+				b, err := c.Locks.Acquire(ctx, "B", old, ttl)
+				require.NoError(t, err)
+				tx = begin(t, level)
+				err = entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(a), c.Locks.Now())
+				requireTakenOver(t, err, a, b)
 			})
 
 			t.Run("retried with the fence first", func(t *testing.T) {
