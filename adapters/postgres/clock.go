@@ -16,7 +16,7 @@ import (
 // monotonic clock, and estimates the server's time later as that time
 // plus the monotonic time elapsed since; it measures again in the
 // background. The local wall clock plays no part in the estimate: a step
-// of it (NTP, date -s, a virtual machine resumed) moves nothing, and hosts
+// of it (NTP stepping the clock, date -s) moves nothing, and hosts
 // whose clocks disagree by minutes agree on every expiry up to the
 // estimate's uncertainty: half the round trip of the best sample, plus
 // how far the local monotonic clock drifts from the server's between two
