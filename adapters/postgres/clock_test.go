@@ -48,6 +48,17 @@ func (c *hostClock) Step(d time.Duration) {
 	c.step += d
 }
 
+// mustOpenWithRaw opens a store on a new schema, and a plain connection
+// pool to the same server, to read its clock.
+func mustOpenWithRaw(t *testing.T) (*postgres.DB, *sql.DB) {
+	t.Helper()
+	dsn := testdb.Postgres(t)
+	db, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	return db, rawPG(t, dsn)
+}
+
 // serverNow reads the server's clock.
 func serverNow(t *testing.T, raw *sql.DB) time.Time {
 	t.Helper()
@@ -80,9 +91,7 @@ func requireServerTime(t *testing.T, raw *sql.DB, sc *postgres.ServerClock, msg 
 // server of the test suite runs on this machine, or on one whose clock
 // agrees with it within seconds.
 func TestServerClock_SkewedHost(t *testing.T) {
-	dsn := testdb.Postgres(t)
-	db := MustOpenDB(t)
-	raw := rawPG(t, dsn)
+	db, raw := mustOpenWithRaw(t)
 	const skew = 5 * time.Minute
 	sc, err := postgres.NewServerClock(context.Background(), db, newHostClock(skew))
 	require.NoError(t, err)
@@ -105,9 +114,7 @@ func TestServerClock_SkewedHost(t *testing.T) {
 func TestServerClock_WallClockStep(t *testing.T) {
 	for _, step := range []time.Duration{11 * time.Minute, -11 * time.Minute} {
 		t.Run(step.String(), func(t *testing.T) {
-			dsn := testdb.Postgres(t)
-			db := MustOpenDB(t)
-			raw := rawPG(t, dsn)
+			db, raw := mustOpenWithRaw(t)
 			ctx := context.Background()
 
 			steady, err := postgres.NewServerClock(ctx, db, clock.New())
@@ -157,8 +164,7 @@ func TestServerClock_WallClockStep(t *testing.T) {
 // time (no sleep happens in between, so by no more than time.Now does),
 // and a ServerClock on it estimates the server's time.
 func TestServerClock_SystemClock(t *testing.T) {
-	dsn := testdb.Postgres(t)
-	db := MustOpenDB(t)
+	db, raw := mustOpenWithRaw(t)
 	var host postgres.SystemClock
 	start, m0 := time.Now(), host.Monotonic()
 	m1, elapsed := host.Monotonic(), time.Since(start)
@@ -168,5 +174,5 @@ func TestServerClock_SystemClock(t *testing.T) {
 	sc, err := postgres.NewServerClock(context.Background(), db, host)
 	require.NoError(t, err)
 	defer sc.Close()
-	requireServerTime(t, rawPG(t, dsn), sc, "the system clock")
+	requireServerTime(t, raw, sc, "the system clock")
 }
