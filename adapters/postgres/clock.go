@@ -49,6 +49,7 @@ type MonotonicClock interface {
 // the local clock's (a duration is the same on both).
 type ServerClock struct {
 	local  application.Clock
+	mono   MonotonicClock // local, when it has a monotonic reading
 	timers application.Timers
 	db     *sql.DB
 
@@ -78,6 +79,9 @@ func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*Serv
 	if t, ok := local.(application.Timers); ok {
 		c.timers = t
 	}
+	if m, ok := local.(MonotonicClock); ok {
+		c.mono = m
+	}
 	if err := c.measure(ctx); err != nil {
 		return nil, FormatError("read the server's clock", err)
 	}
@@ -103,8 +107,8 @@ var monotonicEpoch = time.Unix(0, 0)
 // MonotonicClock's reading, or else the local clock's Now, whose own
 // monotonic component Sub uses when it has one.
 func (c *ServerClock) tick() time.Time {
-	if m, ok := c.local.(MonotonicClock); ok {
-		return monotonicEpoch.Add(m.Monotonic())
+	if c.mono != nil {
+		return monotonicEpoch.Add(c.mono.Monotonic())
 	}
 	return c.local.Now()
 }
