@@ -10,9 +10,9 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// SnapshotAdvice is what to do about a PostgreSQL fence checked on a
+// snapshotAdvice is what to do about a PostgreSQL fence checked on a
 // transaction's old snapshot.
-const SnapshotAdvice = "roll the transaction back and run it again, with the fence at READ COMMITTED " +
+const snapshotAdvice = "roll the transaction back and run it again, with the fence at READ COMMITTED " +
 	"(sql.TxOptions{Isolation: sql.LevelReadCommitted}) or as the transaction's first statement, " +
 	"so that it reads the lock as committed now"
 
@@ -68,7 +68,7 @@ func StaleFence(f application.Fence, isolation string, held *domain.Lock, cause 
 		What:      what,
 		Isolation: isolation,
 		Held:      held != nil,
-		Advice:    SnapshotAdvice,
+		Advice:    snapshotAdvice,
 		Err:       cause,
 	}
 }
