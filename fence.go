@@ -3,6 +3,8 @@ package locks
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
@@ -22,6 +24,10 @@ var errNoSQL = errors.New("the locks are kept in this process's memory (MemoryDa
 type fencer struct {
 	dialect     string // Ent's name of the database; "" for memory
 	formatError func(op string, err error) error
+	// snapshotConflict reports a refusal of the check because the caller's
+	// transaction's snapshot is older than a change of the lock; nil
+	// where the database has no such refusal.
+	snapshotConflict func(error) bool
 }
 
 // CheckFence checks, inside tx, a transaction of the caller's on the same
@@ -36,19 +42,62 @@ type fencer struct {
 // Errors: *domain.ValidationError for a malformed fence;
 // *domain.LockLostError (matching domain.ErrExpired) when the fence does
 // not hold, naming the new holder when there is one: roll tx back;
-// *domain.StoreError when the database fails (StoreBusy when SQLite's
-// write lock could not be had, also when tx is a deferred transaction
-// whose earlier reads are out of date, or a PostgreSQL transaction above
-// READ COMMITTED whose snapshot is: roll back and start again); the
-// context's error when ctx ends; a *domain.StoreError of kind
-// StoreInternal for a container on MemoryDatabase.
+// *domain.StaleSnapshotError (a *domain.StoreError of kind StoreBusy to
+// errors.As, never ErrExpired) when tx's snapshot is older than the lock:
+// a SQLite deferred transaction that read before the check, a PostgreSQL
+// transaction above READ COMMITTED that ran a statement before it, whose
+// fence failed while the lock, read outside tx, is held: roll back and
+// start again, with BEGIN IMMEDIATE, or at READ COMMITTED or the fence
+// first; *domain.StoreError when the database fails (StoreBusy when
+// SQLite's write lock could not be had); the context's error when ctx
+// ends; a *domain.StoreError of kind StoreInternal for a container on
+// MemoryDatabase.
 func (c *Container) CheckFence(ctx context.Context, tx Querier, f application.Fence) error {
 	const op = "fenced write"
 	if c.fence.dialect == "" {
 		return &domain.StoreError{Op: op, Kind: domain.StoreInternal, Err: errNoSQL}
 	}
-	if err := entstore.CheckFence(ctx, tx, c.fence.dialect, f, c.Locks.Now()); err != nil {
-		return entstore.Explain(ctx, err, op, c.fence.formatError)
+	now := c.Locks.Now()
+	err := entstore.CheckFence(ctx, tx, c.fence.dialect, f, now)
+	if err == nil {
+		return nil
 	}
-	return nil
+	var stale *domain.StaleSnapshotError
+	if errors.As(err, &stale) || (c.fence.snapshotConflict != nil && c.fence.snapshotConflict(err)) {
+		return c.explainStale(ctx, f, now, err)
+	}
+	return entstore.Explain(ctx, err, op, c.fence.formatError)
+}
+
+// explainStale explains a fence that failed on the old snapshot of the
+// caller's transaction (PostgreSQL above READ COMMITTED), from the lock
+// as committed now, read outside the transaction: a held lock gives a
+// StaleSnapshotError that says so (retry), a lost one the LockLostError
+// of what happened to it. The fence failed either way: the transaction
+// must not write.
+func (c *Container) explainStale(ctx context.Context, f application.Fence, now time.Time, err error) error {
+	var (
+		cause     error
+		isolation string
+		stale     *domain.StaleSnapshotError
+	)
+	if errors.As(err, &stale) {
+		isolation = stale.Isolation
+	} else {
+		cause = err // the database's refusal
+	}
+	cur, gerr := c.Locks.Get(ctx, f.Resource)
+	switch {
+	case gerr == nil && cur.Token == f.Token && cur.Owner == f.Owner && now.Before(cur.ExpiresAt):
+		return entstore.StaleFence(f, isolation, &cur, cause)
+	case gerr == nil:
+		return entstore.FenceLost(f, &cur, now)
+	case errors.Is(gerr, domain.ErrNotFound):
+		return entstore.FenceLost(f, nil, now)
+	case ctx.Err() != nil:
+		return entstore.Explain(ctx, err, "fenced write", c.fence.formatError)
+	}
+	stale = entstore.StaleFence(f, isolation, nil, cause)
+	stale.Err = errors.Join(cause, fmt.Errorf("reading the lock outside the transaction: %w", gerr))
+	return stale
 }

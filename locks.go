@@ -60,8 +60,10 @@ type Config struct {
 	DefaultTTL time.Duration
 	// Clock is where the service reads the time; nil means the real clock.
 	// Tests pass clock.NewMock() from github.com/benbjohnson/clock. On
-	// PostgreSQL, expiry is decided on the server's time: this clock
-	// corrected by its measured offset to the server (see LocalTime).
+	// PostgreSQL, expiry is decided on the server's time: its time at the
+	// last measurement plus the time elapsed since on this clock's
+	// monotonic reading (postgres.MonotonicClock), not its wall time, so a
+	// step of the wall clock moves nothing (see LocalTime).
 	Clock application.Clock
 	// DisableDeadHolderTakeover makes Acquire wait for the expiry of every
 	// active lock. By default, an active lock whose owner is a process of
@@ -158,7 +160,7 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 		c, cleanup, err = openMemory(ctx, cfg)
 	case IsPostgres(cfg.Database):
 		c, cleanup, err = openPostgres(ctx, cfg)
-		f = fencer{dialect: dialect.Postgres, formatError: postgres.FormatError}
+		f = fencer{dialect: dialect.Postgres, formatError: postgres.FormatError, snapshotConflict: postgres.SnapshotConflict}
 	default:
 		c, cleanup, err = openSQLite(ctx, cfg)
 		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError}

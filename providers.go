@@ -27,15 +27,19 @@ func provideClock(cfg Config) application.Clock {
 // provideService builds the lock service and connects it to the
 // embedder's logger and metrics, if any; its cleanup unregisters the
 // metrics' callback, after the container's cleanup has closed the service.
-// providePostgresClock decides expiry on the server's clock (the local
-// clock corrected by its measured offset to the server), so that hosts
-// whose clocks disagree never take a live lock early; Config.LocalTime
-// keeps the local clock, for tests that drive a mock clock. Its cleanup
-// stops the offset's refreshes.
+// providePostgresClock decides expiry on the server's clock (its time
+// read at a measurement, plus the local monotonic time elapsed since), so
+// that hosts whose clocks disagree, or are stepped, never take a live lock
+// early; Config.LocalTime keeps the local clock, for tests that drive a
+// mock clock. Without Config.Clock the elapsed time counts the host's
+// sleep (postgres.SystemClock). Its cleanup stops the refreshes.
 func providePostgresClock(ctx context.Context, cfg Config, db *postgres.DB) (application.Clock, func(), error) {
 	local := provideClock(cfg)
 	if cfg.LocalTime {
 		return local, func() {}, nil
+	}
+	if cfg.Clock == nil {
+		local = postgres.SystemClock{}
 	}
 	c, err := postgres.NewServerClock(ctx, db, local)
 	if err != nil {

@@ -30,22 +30,35 @@ func TestPostgres_ServerTimeAcrossSkewedHosts(t *testing.T) {
 	behind := MustOpen(t, locks.Config{Database: dsn, Owner: "behind", Clock: skewedClock{-2 * time.Minute}})
 
 	// The bound: what each host's estimate may be off by. The server runs
-	// on this machine, so its clock is time.Now's.
+	// on this machine, so its clock is time.Now's. Each estimate is
+	// bracketed by two readings of that clock, so that how long the steps
+	// between them take (a loaded machine, the race detector) does not
+	// matter; a millisecond covers the clocks' drift and rounding.
 	bound := func(c *locks.Container) time.Duration {
 		sc, ok := c.Clock().(*postgres.ServerClock)
 		require.True(t, ok, "a PostgreSQL container decides on server time")
 		_, uncertainty, err := sc.Offset()
 		require.NoError(t, err)
-		return uncertainty + 20*time.Millisecond // scheduling between the two readings
+		return uncertainty + time.Millisecond
+	}
+	within := func(c *locks.Container, got, from, to time.Time, msg string) {
+		t.Helper()
+		b := bound(c)
+		assert.False(t, got.Before(from.Add(-b)) || got.After(to.Add(b)),
+			"%s: %s is not within ±%s of [%s, %s]", msg, got.Format(time.RFC3339Nano), b,
+			from.Format(time.RFC3339Nano), to.Format(time.RFC3339Nano))
 	}
 	for _, c := range []*locks.Container{ahead, behind} {
-		diff := c.Locks.Now().Sub(time.Now())
-		assert.Less(t, diff.Abs(), bound(c), "%s decides at server time, off by %s", c.Owner(), diff)
+		from := time.Now()
+		now := c.Locks.Now()
+		within(c, now, from, time.Now(), c.Owner()+" decides at server time")
 	}
 
+	from := time.Now()
 	held, err := behind.Locks.Acquire(ctx, "behind", plan1, 5*time.Second)
+	to := time.Now()
 	require.NoError(t, err)
-	assert.Less(t, held.ExpiresAt.Sub(time.Now().Add(5*time.Second)).Abs(), bound(behind),
+	within(behind, held.ExpiresAt, from.Add(5*time.Second), to.Add(5*time.Second),
 		"expires 5 s after the server's now, not after the host's")
 
 	// Two minutes ahead, the lock would already have expired on local time.

@@ -52,7 +52,9 @@ type Querier interface {
 //     REPEATABLE READ or SERIALIZABLE the check still never succeeds on a
 //     lock removed since q's snapshot (PostgreSQL fails the locking read
 //     with a serialization failure, to be retried in a new transaction),
-//     but a refusal may name the lock as the snapshot had it.
+//     but it cannot see a lock acquired or renewed since: a refusal there
+//     is a *domain.StaleSnapshotError ("the lock may be held"), unless
+//     the snapshot shows a newer lock on the resource.
 //
 // Keep q short: on SQLite it holds the only write lock, and every lock
 // operation waits for it.
@@ -60,8 +62,11 @@ type Querier interface {
 // Errors: *domain.ValidationError for a malformed fence or a zero now;
 // *domain.LockLostError (matching domain.ErrExpired) when the fence does
 // not hold, with Reason LostTakenOver and NewHolder when another lock is
-// on the resource now, LostExpired otherwise; the database's error,
-// wrapped, when a statement fails. Only a nil error means the fence holds.
+// on the resource now, LostExpired otherwise; *domain.StaleSnapshotError
+// for a PostgreSQL q above READ COMMITTED whose snapshot does not show
+// the lock held, where it may be (read the lock outside q to know:
+// Container.CheckFence does); the database's error, wrapped, when a
+// statement fails. Only a nil error means the fence holds.
 func CheckFence(ctx context.Context, q Querier, dialectName string, f application.Fence, now time.Time) error {
 	if err := validateFence(f, now); err != nil {
 		return err
@@ -73,7 +78,11 @@ func CheckFence(ctx context.Context, q Querier, dialectName string, f applicatio
 	if held {
 		return nil
 	}
-	return lostFence(ctx, q, dialectName, f, now)
+	err = lostFence(ctx, q, dialectName, f, now)
+	if dialectName == dialect.Postgres {
+		return snapshotMayBeOld(ctx, q, f, err)
+	}
+	return err
 }
 
 func validateFence(f application.Fence, now time.Time) error {
@@ -161,6 +170,15 @@ func lostFence(ctx context.Context, q Querier, dialectName string, f application
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read the lock on %s after its fence failed: %w", f.Resource, err)
 	}
+	return FenceLost(f, cur, now)
+}
+
+// FenceLost explains a fence f that does not hold at now, with cur the
+// lock on its resource (nil for none): another lock (a new token) means
+// the resource was taken over, or released and taken again; no lock, or
+// the fence's own lock past its expiry, means it expired (and may have
+// been cleaned up, or released).
+func FenceLost(f application.Fence, cur *domain.Lock, now time.Time) *domain.LockLostError {
 	lost := &domain.LockLostError{
 		Lock:   domain.Lock{Token: f.Token, Owner: f.Owner, Resource: f.Resource},
 		Reason: domain.LostExpired,

@@ -11,30 +11,52 @@ import (
 
 // Server time. Every host that shares a PostgreSQL lock store decides
 // expiry with the same clock: the server's. Reading it in every statement
-// would cost a round trip on the hot path, so ServerClock keeps the
-// difference between the server's clock and a local one (the offset),
-// measured over a few round trips and refreshed in the background, and
-// adds it to the local clock. Hosts whose own clocks disagree by minutes
-// then agree on every expiry up to the offset's uncertainty: half the
-// round trip of the best sample, plus how far the local clock drifts
-// between two refreshes (a few microseconds a minute on an NTP-less host).
+// would cost a round trip on the hot path, so ServerClock reads it over a
+// few round trips, keeps the server's time at one instant of the local
+// monotonic clock, and estimates the server's time later as that time
+// plus the monotonic time elapsed since; it measures again in the
+// background. The local wall clock plays no part in the estimate: a step
+// of it (NTP stepping the clock, date -s) moves nothing, and hosts
+// whose clocks disagree by minutes agree on every expiry up to the
+// estimate's uncertainty: half the round trip of the best sample, plus
+// how far the local monotonic clock drifts from the server's between two
+// measurements (NTP slews both; a few microseconds a minute without it).
 const (
 	// ClockSamples is how many round trips one measurement makes; the
 	// fastest one, whose midpoint is the most certain, is kept.
 	ClockSamples = 5
-	// ClockRefresh is how often the offset is measured again.
+	// ClockRefresh is how often the server's time is measured again.
 	ClockRefresh = time.Minute
 )
 
-// ServerClock is a local clock corrected to the PostgreSQL server's time.
+// MonotonicClock is a local clock that also has a monotonic reading: one
+// that a step of the wall clock does not move. ServerClock measures
+// elapsed time with it when the local clock implements it, and otherwise
+// with time.Time.Sub of two readings of Now, which uses their monotonic
+// component when they carry one (time.Now's do, and so do those of
+// clock.New from github.com/benbjohnson/clock), and their wall time when
+// they do not (a clock.Mock's, whose time moves only when the test moves
+// it: the server's estimated time then moves with it).
+type MonotonicClock interface {
+	application.Clock
+	// Monotonic returns the time elapsed since an instant of the clock's
+	// choosing, which never changes; it never decreases.
+	Monotonic() time.Duration
+}
+
+// ServerClock is the PostgreSQL server's time, estimated on this host.
 // It satisfies application.Clock and application.Timers; its timers are
 // the local clock's (a duration is the same on both).
 type ServerClock struct {
 	local  application.Clock
+	mono   MonotonicClock // local, when it has a monotonic reading
 	timers application.Timers
 	db     *sql.DB
 
-	mu          sync.RWMutex
+	mu sync.RWMutex
+	// at is the server's time at the instant mark of the local monotonic
+	// clock (see tick).
+	at, mark    time.Time
 	offset      time.Duration
 	uncertainty time.Duration
 	lastErr     error
@@ -48,7 +70,7 @@ var (
 	_ application.Timers = (*ServerClock)(nil)
 )
 
-// NewServerClock measures the offset of db's server from local, and keeps
+// NewServerClock measures the time of db's server against local, and keeps
 // measuring it every ClockRefresh until Close.
 //
 // Errors: a *domain.StoreError when the server cannot be asked its time.
@@ -57,6 +79,9 @@ func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*Serv
 	if t, ok := local.(application.Timers); ok {
 		c.timers = t
 	}
+	if m, ok := local.(MonotonicClock); ok {
+		c.mono = m
+	}
 	if err := c.measure(ctx); err != nil {
 		return nil, FormatError("read the server's clock", err)
 	}
@@ -64,12 +89,28 @@ func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*Serv
 	return c, nil
 }
 
-// Now returns the server's current time, estimated from the local clock.
+// Now returns the server's current time: its time at the last
+// measurement plus the local monotonic time elapsed since.
 func (c *ServerClock) Now() time.Time {
 	c.mu.RLock()
-	off := c.offset
+	at, mark := c.at, c.mark
 	c.mu.RUnlock()
-	return c.local.Now().Add(off)
+	return at.Add(c.tick().Sub(mark))
+}
+
+// monotonicEpoch is where tick places a MonotonicClock's readings: a time
+// without a monotonic component, so that Sub of two of them is the
+// difference of the readings.
+var monotonicEpoch = time.Unix(0, 0)
+
+// tick reads the local monotonic clock as a time.Time, for Sub: a
+// MonotonicClock's reading, or else the local clock's Now, whose own
+// monotonic component Sub uses when it has one.
+func (c *ServerClock) tick() time.Time {
+	if c.mono != nil {
+		return monotonicEpoch.Add(c.mono.Monotonic())
+	}
+	return c.local.Now()
 }
 
 // After waits on the local clock.
@@ -80,9 +121,11 @@ func (c *ServerClock) After(d time.Duration) <-chan time.Time {
 	return time.After(d)
 }
 
-// Offset returns the server's time minus the local clock's, how uncertain
-// that is (half the round trip it was measured over), and the error of the
-// last refresh, if it failed (the previous offset is then still in use).
+// Offset returns the server's time minus the local wall clock's at the
+// last measurement (what the host's clock is off by; decisions do not use
+// it), how uncertain the server's estimated time is (half the round trip
+// it was measured over), and the error of the last refresh, if it failed
+// (the previous measurement is then still in use).
 func (c *ServerClock) Offset() (offset, uncertainty time.Duration, err error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -99,8 +142,9 @@ func (c *ServerClock) Close() {
 	<-c.done
 }
 
-// refresh measures the offset again every ClockRefresh. It paces I/O on a
-// real ticker: the offset is the same whatever the local clock shows.
+// refresh measures the server's time again every ClockRefresh, which
+// corrects the drift of the local monotonic clock. It paces I/O on a real
+// ticker: the measurement is the same whatever the local clock shows.
 func (c *ServerClock) refresh() {
 	defer close(c.done)
 	t := time.NewTicker(ClockRefresh)
@@ -123,7 +167,9 @@ func (c *ServerClock) refresh() {
 
 // measure asks the server its time ClockSamples times and keeps the
 // sample with the shortest round trip: the server read its clock within
-// that round trip, so at its midpoint up to half of it.
+// that round trip, so at its midpoint up to half of it. The round trip is
+// timed on the monotonic clock, and the wall clock is read only for
+// Offset.
 func (c *ServerClock) measure(ctx context.Context) error {
 	conn, err := c.db.Conn(ctx) // one connection: the first sample pays for connecting
 	if err != nil {
@@ -131,22 +177,23 @@ func (c *ServerClock) measure(ctx context.Context) error {
 	}
 	defer conn.Close()
 	best := time.Duration(-1)
+	var at, mark time.Time
 	var offset time.Duration
 	for range ClockSamples + 1 {
 		var server time.Time
-		before := c.local.Now()
+		wall, before := c.local.Now(), c.tick()
 		if err := conn.QueryRowContext(ctx, "SELECT clock_timestamp()").Scan(&server); err != nil {
 			return err
 		}
-		after := c.local.Now()
-		rtt := after.Sub(before)
+		rtt := c.tick().Sub(before)
 		if best < 0 || rtt < best {
 			best = rtt
-			offset = server.Sub(before.Add(rtt / 2))
+			at, mark = server, before.Add(rtt/2)
+			offset = server.Sub(wall.Add(rtt / 2))
 		}
 	}
 	c.mu.Lock()
-	c.offset, c.uncertainty, c.lastErr = offset, best/2, nil
+	c.at, c.mark, c.offset, c.uncertainty, c.lastErr = at, mark, offset, best/2, nil
 	c.mu.Unlock()
 	return nil
 }

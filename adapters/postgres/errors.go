@@ -107,6 +107,16 @@ func retryable(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
+// SnapshotConflict reports whether err is PostgreSQL's refusal of a
+// statement whose transaction's snapshot conflicts with a change committed
+// since (serialization_failure): above READ COMMITTED, a locking read of
+// a row changed after the snapshot fails so. The transaction is aborted;
+// running it again resolves it.
+func SnapshotConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40001"
+}
+
 // redacted hides passwords in the text of the error it wraps.
 type redacted struct{ err error }
 

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"testing"
 
@@ -35,3 +36,7 @@ func SessionIsolation(t *testing.T, db *DB) string {
 // ResourceKey is the key of a resource's advisory lock, for tests that hold
 // it to make a write wait.
 var ResourceKey = resourceKey
+
+// Measure measures c's offset to the server now, as its background
+// refresh does every ClockRefresh.
+func Measure(ctx context.Context, c *ServerClock) error { return c.measure(ctx) }

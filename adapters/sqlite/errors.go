@@ -27,8 +27,24 @@ func FormatError(op string, err error) error {
 	if errors.As(err, &se) || isDomainError(err) {
 		return err
 	}
+	var serr *sqlite.Error
+	if errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_BUSY_SNAPSHOT {
+		return &domain.StaleSnapshotError{Op: op, What: staleSnapshot, Advice: staleSnapshotAdvice, Err: err}
+	}
 	return &domain.StoreError{Op: op, Kind: kindOf(err), Err: err}
 }
+
+// SQLITE_BUSY_SNAPSHOT: a deferred transaction that read, then tried to
+// write after another connection had committed. SQLite refuses it at once,
+// without the busy handler, since no wait can bring its snapshot up to
+// date. The module's own transactions begin IMMEDIATE and never meet it;
+// an embedder's deferred transaction (a fence after a read) does.
+const (
+	staleSnapshot = "the transaction read the database before this write, and another connection has written since: " +
+		"its snapshot is out of date, and SQLite cannot let it write (the cause is this transaction, not a writer holding the database: waiting does not help)"
+	staleSnapshotAdvice = "roll the transaction back and run it again, begun with BEGIN IMMEDIATE: open its connection " +
+		"with the lock store's DSN (sqlite.DSN) or with _txlock=immediate, so that it takes the write lock before it reads"
+)
 
 func isDomainError(err error) bool {
 	return errors.Is(err, domain.ErrConflict) || errors.Is(err, domain.ErrExpired) ||
