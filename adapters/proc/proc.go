@@ -84,7 +84,11 @@ func (m *Machine) Gone(p domain.ProcessOwner) bool {
 	start, state, err := stat(p.PID)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return true // no such pid
+		// No entry is not proof: /proc mounted hidepid=1/2 hides the
+		// processes of other users. Only the kernel's answer to a signal
+		// tells: ESRCH, no such process; EPERM or success, alive, though
+		// its start time cannot be checked (it counts as the holder).
+		return noSuchProcess(p.PID)
 	case err != nil:
 		return false // cannot tell
 	case start != p.StartTime:
