@@ -42,6 +42,15 @@ func TestMachine_Gone(t *testing.T) {
 		child, err := m.Owner(cmd.Process.Pid)
 		require.NoError(t, err)
 		require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+		// The signal is delivered asynchronously: wait until the kernel
+		// reports the stop, so that the probe reads a stopped process.
+		var ws syscall.WaitStatus
+		_, err = syscall.Wait4(cmd.Process.Pid, &ws, syscall.WUNTRACED, nil)
+		require.NoError(t, err)
+		require.True(t, ws.Stopped(), "wait status %#x", ws)
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		require.NoError(t, err)
+		require.Contains(t, string(b), ") T ", "the kernel shows the process stopped")
 		assert.False(t, m.Gone(child), "a stopped process is alive")
 	})
 	t.Run("Zombie", func(t *testing.T) {
