@@ -93,7 +93,8 @@ func TestMachine_GoneUnderHidepid(t *testing.T) {
 	require.NoError(t, err)
 
 	holder := exec.Command("sleep", "1000")
-	holder.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: holderUID, Gid: holderUID}}
+	holder.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: holderUID, Gid: holderUID},
+		Setpgid: true}
 	require.NoError(t, holder.Start())
 	defer func() { _ = holder.Process.Kill(); _ = holder.Wait() }()
 	alive, err := m.Owner(holder.Process.Pid)
@@ -106,4 +107,9 @@ func TestMachine_GoneUnderHidepid(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, exited.Wait())
 	assert.Equal(t, "gone=true", probeHidden(t, gone), "an exited holder is gone, hidden or not")
+
+	// The holder's process has exited, but its work goes on in a group
+	// whose member the prober can neither see nor signal.
+	gone.Group = holder.Process.Pid
+	assert.Equal(t, "gone=false", probeHidden(t, gone), "a hidden member of the holder's group is alive")
 }
