@@ -1,10 +1,13 @@
 package main
 
 import (
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"sync"
 	"syscall"
+	"unsafe"
 )
 
 // parentDeathSignal is the signal the command of "locks run" gets if
@@ -37,16 +40,32 @@ func init() {
 // is held. The keeper then watches agents through a pipe: if agents dies
 // (SIGKILL, the OOM killer) without saying it is done, the keeper kills
 // the whole group, so that no process of the work runs on unprotected.
+//
+// In a terminal in which agents is the foreground job, the group takes
+// the terminal over while the command runs (a background group that reads
+// it would be stopped by SIGTTIN), and agents takes it back when the
+// command ends. Ctrl-Z then stops the command's group, and the keeper
+// stops agents too, so that the shell gets the terminal back; when the
+// shell continues agents in the foreground (fg), agents gives the
+// terminal to the group again and continues it.
 type group struct {
 	keeper *exec.Cmd
 	// done is the keeper's stdin: 'd' then EOF when agents is done; EOF
 	// alone when agents has died.
 	done *os.File
 	pgid int
+	// tty is the terminal the group has taken over; nil for none.
+	tty *os.File
+	// conts receives SIGCONT while the group has the terminal, until
+	// close stops it; resumed is closed once it has stopped.
+	conts   chan os.Signal
+	resumed sync.WaitGroup
 }
 
-// startGroup starts the keeper of a new process group.
-func startGroup() (*group, error) {
+// startGroup starts the keeper of a new process group. If in is a
+// terminal in which agents' process group is in the foreground, the new
+// group takes it over.
+func startGroup(in io.Reader) (*group, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -58,11 +77,71 @@ func startGroup() (*group, error) {
 	// No parent-death signal: the keeper must outlive agents to stop the
 	// group, and learns of its death from the pipe instead.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	tty := foregroundTerminal(in)
+	if tty != nil {
+		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, int(tty.Fd())
+		cmd.Env = append(os.Environ(), keeperForeground+"=1")
+	}
 	if err := cmd.Start(); err != nil {
 		w.Close()
 		return nil, err
 	}
-	return &group{keeper: cmd, done: w, pgid: cmd.Process.Pid}, nil
+	g := &group{keeper: cmd, done: w, pgid: cmd.Process.Pid, tty: tty}
+	if tty != nil {
+		g.conts = make(chan os.Signal, 1)
+		signal.Notify(g.conts, syscall.SIGCONT)
+		g.resumed.Add(1)
+		go g.resume()
+	}
+	return g, nil
+}
+
+// keeperForeground tells the keeper that its group has the terminal.
+const keeperForeground = "AGENTS_KEEPER_FOREGROUND"
+
+// foregroundTerminal returns in if it is a terminal whose foreground
+// process group is agents' own, and nil otherwise.
+func foregroundTerminal(in io.Reader) *os.File {
+	f, ok := in.(*os.File)
+	if !ok {
+		return nil
+	}
+	if pgrp, err := tcgetpgrp(f); err != nil || pgrp != syscall.Getpgrp() {
+		return nil
+	}
+	return f
+}
+
+func tcgetpgrp(f *os.File) (int, error) {
+	var pgrp int32
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), syscall.TIOCGPGRP, uintptr(unsafe.Pointer(&pgrp))); errno != 0 {
+		return 0, errno
+	}
+	return int(pgrp), nil
+}
+
+// tcsetpgrp puts process group pgrp in the foreground of terminal f. From
+// a background group this needs SIGTTOU ignored, or the kernel stops the
+// caller instead.
+func tcsetpgrp(f *os.File, pgrp int) error {
+	p := int32(pgrp)
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), syscall.TIOCSPGRP, uintptr(unsafe.Pointer(&p))); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// resume continues the group each time agents is continued (after the
+// keeper stopped it on Ctrl-Z): in the foreground (fg), the group gets the
+// terminal back first; in the background (bg), it runs on without it.
+func (g *group) resume() {
+	defer g.resumed.Done()
+	for range g.conts {
+		if pgrp, err := tcgetpgrp(g.tty); err == nil && pgrp == syscall.Getpgrp() {
+			_ = tcsetpgrp(g.tty, g.pgid)
+		}
+		_ = syscall.Kill(-g.pgid, syscall.SIGCONT)
+	}
 }
 
 // id returns the group's process group id; 0 for none.
@@ -84,6 +163,19 @@ func (g *group) close() {
 	_ = g.done.Close()
 	g.done = nil
 	_ = g.keeper.Wait()
+	if g.tty == nil {
+		return
+	}
+	signal.Stop(g.conts)
+	close(g.conts)
+	g.resumed.Wait()
+	// Take the terminal back, unless someone else has it by now (the
+	// shell, after a Ctrl-Z and bg).
+	if pgrp, err := tcgetpgrp(g.tty); err == nil && pgrp == g.pgid {
+		signal.Ignore(syscall.SIGTTOU)
+		_ = tcsetpgrp(g.tty, syscall.Getpgrp())
+		signal.Reset(syscall.SIGTTOU)
+	}
 }
 
 // signal sends sig to every process of the group, or to the command alone
@@ -107,9 +199,21 @@ func protectChild(cmd *exec.Cmd, g *group) {
 
 // keep is the keeper: it waits for agents to say it is done, or to die,
 // and then kills the group, itself included. It ignores the signals that
-// agents forwards to the group: they are for the command.
+// agents forwards to the group: they are for the command. If the group
+// has the terminal, a stop from it (Ctrl-Z) stops agents' group too.
 func keep() int {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	if os.Getenv(keeperForeground) != "" {
+		stops := make(chan os.Signal, 1)
+		signal.Notify(stops, syscall.SIGTSTP)
+		if agents, err := syscall.Getpgid(os.Getppid()); err == nil {
+			go func() {
+				for range stops {
+					_ = syscall.Kill(-agents, syscall.SIGTSTP)
+				}
+			}()
+		}
+	}
 	var b [1]byte
 	for {
 		n, err := syscall.Read(0, b[:])

@@ -95,7 +95,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	// The group exists before the lock is taken, so that the default
 	// owner can name it: the lock is not a dead holder's while any
 	// process of the work is alive.
-	g, err := startGroup()
+	g, err := startGroup(c.stdin)
 	if err != nil {
 		return fmt.Errorf("%w: cannot start the process group of %s: %v", errCannotRun, strconv.Quote(argv[0]), err)
 	}
