@@ -11,10 +11,12 @@ import (
 // only about owners that name a process (domain.ProcessOwner).
 type Processes interface {
 	// Gone reports whether the process p names is provably gone: it was a
-	// process of this machine (same host, boot and pid namespace) and no
-	// process with its pid and start time runs now. It reports false
+	// process of this machine (same host, boot and pid namespace), no
+	// process with its pid and start time runs now, and, if p names a
+	// process group, the group has no member left. It reports false
 	// whenever it cannot be sure: another machine, another container, a
-	// stopped process (it may be continued), an error reading its state.
+	// stopped process (it may be continued), a process it may not see, an
+	// error reading its state.
 	Gone(p domain.ProcessOwner) bool
 }
 

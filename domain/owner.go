@@ -18,6 +18,15 @@ import (
 // proof after a versioned marker:
 //
 //	host:pid:nonce/proc1:boot-id:pid-namespace:start-time
+//
+// An owner whose work runs in a process group of its own ("agents locks
+// run" and its command) names the group too, after a "g":
+//
+//	host:pid:nonce/proc1:boot-id:pid-namespace:start-time:gPGID
+//
+// Such an owner is gone only once the process and every member of the
+// group are. A reader that predates the group (and so does not parse it)
+// takes the id for an explicit owner's, which is never taken over early.
 type ProcessOwner struct {
 	Host         string
 	PID          int
@@ -25,14 +34,21 @@ type ProcessOwner struct {
 	BootID       string // /proc/sys/kernel/random/boot_id
 	PIDNamespace uint64 // the inode of /proc/self/ns/pid
 	StartTime    uint64 // clock ticks after boot, /proc/PID/stat field 22
+	// Group is the id of the process group that does the owner's work,
+	// whose members count as the owner while any is alive; 0 for none.
+	Group int
 }
 
 var processOwnerPattern = regexp.MustCompile(
-	`^([^/]+):([0-9]+):([0-9a-f]{8})/proc1:([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}):([0-9]+):([0-9]+)$`)
+	`^([^/]+):([0-9]+):([0-9a-f]{8})/proc1:([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}):([0-9]+):([0-9]+)(?::g([0-9]+))?$`)
 
 // String returns the owner id.
 func (p ProcessOwner) String() string {
-	return fmt.Sprintf("%s:%d:%s/proc1:%s:%d:%d", p.Host, p.PID, p.Nonce, p.BootID, p.PIDNamespace, p.StartTime)
+	s := fmt.Sprintf("%s:%d:%s/proc1:%s:%d:%d", p.Host, p.PID, p.Nonce, p.BootID, p.PIDNamespace, p.StartTime)
+	if p.Group > 0 {
+		s += ":g" + strconv.Itoa(p.Group)
+	}
+	return s
 }
 
 // ParseProcessOwner parses an owner id written by ProcessOwner.String. It
@@ -48,8 +64,15 @@ func ParseProcessOwner(owner string) (ProcessOwner, bool) {
 	pid, err1 := strconv.Atoi(m[2])
 	ns, err2 := strconv.ParseUint(m[5], 10, 64)
 	start, err3 := strconv.ParseUint(m[6], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || pid <= 0 {
+	group := 0
+	var err4 error
+	if m[7] != "" {
+		if group, err4 = strconv.Atoi(m[7]); err4 == nil && group <= 0 {
+			err4 = strconv.ErrRange
+		}
+	}
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || pid <= 0 {
 		return ProcessOwner{}, false
 	}
-	return ProcessOwner{Host: m[1], PID: pid, Nonce: m[3], BootID: m[4], PIDNamespace: ns, StartTime: start}, true
+	return ProcessOwner{Host: m[1], PID: pid, Nonce: m[3], BootID: m[4], PIDNamespace: ns, StartTime: start, Group: group}, true
 }

@@ -17,6 +17,13 @@ func TestParseProcessOwner(t *testing.T) {
 	assert.Equal(t, p, got)
 	require.NoError(t, domain.ValidateOwner(p.String()))
 
+	grouped := p
+	grouped.Group = 4250
+	assert.Equal(t, p.String()+":g4250", grouped.String())
+	got, ok = domain.ParseProcessOwner(grouped.String())
+	require.True(t, ok, grouped.String())
+	assert.Equal(t, grouped, got)
+
 	for _, owner := range []string{
 		"alice",
 		"build-7:4242:0a1b2c3d", // the older default: no proof of its process
@@ -25,6 +32,10 @@ func TestParseProcessOwner(t *testing.T) {
 		"build-7:4242:0a1b2c3d/proc1:not-a-boot-id:4026531836:123456",
 		"build-7:4242:0a1b2c3d/proc1:6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9:4026531836:123456 ",
 		"a/b:4242:0a1b2c3d/proc1:6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9:4026531836:123456",
+		"build-7:4242:0a1b2c3d/proc1:6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9:4026531836:123456:g0",
+		"build-7:4242:0a1b2c3d/proc1:6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9:4026531836:123456:g",
+		"build-7:4242:0a1b2c3d/proc1:6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9:4026531836:123456:4250",
+		"build-7:4242:0a1b2c3d/proc1:6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9:4026531836:123456:g99999999999999999999",
 	} {
 		_, ok := domain.ParseProcessOwner(owner)
 		assert.False(t, ok, "%q names no process", owner)

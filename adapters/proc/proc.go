@@ -81,10 +81,26 @@ func (m *Machine) Gone(p domain.ProcessOwner) bool {
 	if p.Host != m.Host || p.BootID != m.BootID || p.PIDNamespace != m.PIDNamespace {
 		return false // another machine, another boot, or another container
 	}
+	if !processGone(p) {
+		return false
+	}
+	// The owner's work may outlive its process: a member of its group,
+	// even one hidden by hidepid, another user's or a zombie not yet
+	// reaped, keeps the owner alive. The group's id cannot be reused while
+	// it has members; once it has none, ESRCH.
+	return p.Group == 0 || noSuchProcess(-p.Group)
+}
+
+// processGone reports whether the process p names is provably gone.
+func processGone(p domain.ProcessOwner) bool {
 	start, state, err := stat(p.PID)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return true // no such pid
+		// No entry is not proof: /proc mounted hidepid=1/2 hides the
+		// processes of other users. Only the kernel's answer to a signal
+		// tells: ESRCH, no such process; EPERM or success, alive, though
+		// its start time cannot be checked (it counts as the holder).
+		return noSuchProcess(p.PID)
 	case err != nil:
 		return false // cannot tell
 	case start != p.StartTime:

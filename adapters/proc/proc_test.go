@@ -42,6 +42,15 @@ func TestMachine_Gone(t *testing.T) {
 		child, err := m.Owner(cmd.Process.Pid)
 		require.NoError(t, err)
 		require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+		// The signal is delivered asynchronously: wait until the kernel
+		// reports the stop, so that the probe reads a stopped process.
+		var ws syscall.WaitStatus
+		_, err = syscall.Wait4(cmd.Process.Pid, &ws, syscall.WUNTRACED, nil)
+		require.NoError(t, err)
+		require.True(t, ws.Stopped(), "wait status %#x", ws)
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		require.NoError(t, err)
+		require.Contains(t, string(b), ") T ", "the kernel shows the process stopped")
 		assert.False(t, m.Gone(child), "a stopped process is alive")
 	})
 	t.Run("Zombie", func(t *testing.T) {
@@ -56,6 +65,31 @@ func TestMachine_Gone(t *testing.T) {
 			return err == nil && strings.Contains(string(b), ") Z ")
 		}, 10*time.Second, time.Millisecond)
 		assert.True(t, m.Gone(child), "an exited, unreaped process is gone")
+	})
+	t.Run("GroupOutlivesProcess", func(t *testing.T) {
+		// The owner's process has exited, but a member of the group
+		// that does its work runs on: the owner is not gone until the
+		// group is empty.
+		exited := exec.Command("true")
+		require.NoError(t, exited.Start())
+		owner, err := m.Owner(exited.Process.Pid)
+		require.NoError(t, err)
+		require.NoError(t, exited.Wait())
+		member := exec.Command("sleep", "1000")
+		member.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		require.NoError(t, member.Start())
+		defer func() { _ = member.Process.Kill(); _ = member.Wait() }()
+		owner.Group = member.Process.Pid
+		assert.False(t, m.Gone(owner), "a member of the group is alive")
+		require.NoError(t, member.Process.Kill())
+		// Killed, but a zombie until reaped: still a member.
+		require.Eventually(t, func() bool {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", member.Process.Pid))
+			return err == nil && strings.Contains(string(b), ") Z ")
+		}, 10*time.Second, time.Millisecond)
+		assert.False(t, m.Gone(owner), "an unreaped member still belongs to the group")
+		_ = member.Wait()
+		assert.True(t, m.Gone(owner), "the process and its group are gone")
 	})
 	t.Run("PIDReused", func(t *testing.T) {
 		reused := self

@@ -15,6 +15,8 @@ type child struct {
 	done chan error
 	// reported is set once the loss of the lock has been reported.
 	reported bool
+	// group is the process group the command runs in; nil for agents'.
+	group *group
 }
 
 // startChild starts cmd, and waits for it in a goroutine locked to the OS
@@ -23,9 +25,9 @@ type child struct {
 // the command exits, not the process: were that goroutine's thread to end
 // while the command runs, the command would be killed, and while it is
 // locked to the goroutine the runtime never ends it.
-func startChild(cmd *exec.Cmd) (*child, error) {
-	protectChild(cmd)
-	p := &child{cmd: cmd, done: make(chan error, 1)}
+func startChild(cmd *exec.Cmd, g *group) (*child, error) {
+	protectChild(cmd, g)
+	p := &child{cmd: cmd, done: make(chan error, 1), group: g}
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -43,8 +45,11 @@ func startChild(cmd *exec.Cmd) (*child, error) {
 	return p, nil
 }
 
-// terminate asks the command to stop.
-func (p *child) terminate() error { return p.cmd.Process.Signal(syscall.SIGTERM) }
+// terminate asks the command, and every process of its group, to stop.
+func (p *child) terminate() error { return p.signal(syscall.SIGTERM) }
+
+// kill stops the command, and every process of its group.
+func (p *child) kill() error { return p.signal(syscall.SIGKILL) }
 
 // result is how the command ended, once it has: its exit code, or 128+N
 // when signal N killed it, as a shell reports it.

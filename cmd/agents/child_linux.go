@@ -1,8 +1,13 @@
 package main
 
 import (
+	"io"
+	"os"
 	"os/exec"
+	"os/signal"
+	"sync"
 	"syscall"
+	"unsafe"
 )
 
 // parentDeathSignal is the signal the command of "locks run" gets if
@@ -11,7 +16,215 @@ import (
 // rather than SIGTERM, since nobody would enforce a grace period either.
 const parentDeathSignal = syscall.SIGKILL
 
-// protectChild gives the command the parent-death signal.
-func protectChild(cmd *exec.Cmd) {
+// keeperName is the argv[0] with which agents runs itself as the keeper of
+// a command's process group (see startGroup). No one types it: it names
+// the process in ps.
+const keeperName = "agents: keeper of a locks run process group"
+
+func init() {
+	// Before anything else: the keeper is agents' own binary, or the test
+	// binary of this package, run again.
+	if len(os.Args) == 1 && os.Args[0] == keeperName {
+		os.Exit(keep())
+	}
+}
+
+// group is the process group in which "locks run" runs its command: the
+// work that the lock guards is the command and every process it starts,
+// and they are signalled, stopped and proven gone as a whole.
+//
+// The group must exist before the lock is taken, since the owner id names
+// it (domain.ProcessOwner.Group), and the command may start only once the
+// lock is held. So a keeper process opens it: agents runs itself again,
+// in a new process group, and the command joins that group once the lock
+// is held. The keeper then watches agents through a pipe: if agents dies
+// (SIGKILL, the OOM killer) without saying it is done, the keeper kills
+// the whole group, so that no process of the work runs on unprotected.
+//
+// In a terminal in which agents is the foreground job, the group takes
+// the terminal over while the command runs (a background group that reads
+// it would be stopped by SIGTTIN), and agents takes it back when the
+// command ends. Ctrl-Z then stops the command's group, and the keeper
+// stops agents too, so that the shell gets the terminal back; when the
+// shell continues agents in the foreground (fg), agents gives the
+// terminal to the group again and continues it.
+type group struct {
+	keeper *exec.Cmd
+	// done is the keeper's stdin: 'd' then EOF when agents is done; EOF
+	// alone when agents has died.
+	done *os.File
+	pgid int
+	// tty is the terminal the group has taken over; nil for none.
+	tty *os.File
+	// conts receives SIGCONT while the group has the terminal, until
+	// close stops it; resumed is closed once it has stopped.
+	conts   chan os.Signal
+	resumed sync.WaitGroup
+}
+
+// startGroup starts the keeper of a new process group. If in is a
+// terminal in which agents' process group is in the foreground, the new
+// group takes it over.
+func startGroup(in io.Reader) (*group, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	cmd := exec.Command("/proc/self/exe")
+	cmd.Args = []string{keeperName}
+	cmd.Stdin = r
+	// No parent-death signal: the keeper must outlive agents to stop the
+	// group, and learns of its death from the pipe instead.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	tty := foregroundTerminal(in)
+	if tty != nil {
+		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, int(tty.Fd())
+		cmd.Env = append(os.Environ(), keeperForeground+"=1")
+	}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, err
+	}
+	g := &group{keeper: cmd, done: w, pgid: cmd.Process.Pid, tty: tty}
+	if tty != nil {
+		g.conts = make(chan os.Signal, 1)
+		signal.Notify(g.conts, syscall.SIGCONT)
+		g.resumed.Add(1)
+		go g.resume()
+	}
+	return g, nil
+}
+
+// keeperForeground tells the keeper that its group has the terminal.
+const keeperForeground = "AGENTS_KEEPER_FOREGROUND"
+
+// foregroundTerminal returns in if it is a terminal whose foreground
+// process group is agents' own, and nil otherwise.
+func foregroundTerminal(in io.Reader) *os.File {
+	f, ok := in.(*os.File)
+	if !ok {
+		return nil
+	}
+	if pgrp, err := tcgetpgrp(f); err != nil || pgrp != syscall.Getpgrp() {
+		return nil
+	}
+	return f
+}
+
+func tcgetpgrp(f *os.File) (int, error) {
+	var pgrp int32
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), syscall.TIOCGPGRP, uintptr(unsafe.Pointer(&pgrp))); errno != 0 {
+		return 0, errno
+	}
+	return int(pgrp), nil
+}
+
+// tcsetpgrp puts process group pgrp in the foreground of terminal f. From
+// a background group this needs SIGTTOU ignored, or the kernel stops the
+// caller instead.
+func tcsetpgrp(f *os.File, pgrp int) error {
+	p := int32(pgrp)
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), syscall.TIOCSPGRP, uintptr(unsafe.Pointer(&p))); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// resume continues the group each time agents is continued (after the
+// keeper stopped it on Ctrl-Z): in the foreground (fg), the group gets the
+// terminal back first; in the background (bg), it runs on without it.
+func (g *group) resume() {
+	defer g.resumed.Done()
+	for range g.conts {
+		if pgrp, err := tcgetpgrp(g.tty); err == nil && pgrp == syscall.Getpgrp() {
+			_ = tcsetpgrp(g.tty, g.pgid)
+		}
+		_ = syscall.Kill(-g.pgid, syscall.SIGCONT)
+	}
+}
+
+// id returns the group's process group id; 0 for none.
+func (g *group) id() int {
+	if g == nil {
+		return 0
+	}
+	return g.pgid
+}
+
+// close tells the keeper that agents is done and waits for it to exit.
+// The processes that the command left running in the group go on. It may
+// be called more than once.
+func (g *group) close() {
+	if g == nil || g.done == nil {
+		return
+	}
+	_, _ = g.done.Write([]byte{'d'}) // fails if the keeper was killed with the group
+	_ = g.done.Close()
+	g.done = nil
+	_ = g.keeper.Wait()
+	if g.tty == nil {
+		return
+	}
+	signal.Stop(g.conts)
+	close(g.conts)
+	g.resumed.Wait()
+	// Take the terminal back, unless someone else has it by now (the
+	// shell, after a Ctrl-Z and bg).
+	if pgrp, err := tcgetpgrp(g.tty); err == nil && pgrp == g.pgid {
+		signal.Ignore(syscall.SIGTTOU)
+		_ = tcsetpgrp(g.tty, syscall.Getpgrp())
+		signal.Reset(syscall.SIGTTOU)
+	}
+}
+
+// signal sends sig to every process of the group, or to the command alone
+// if there is no group.
+func (p *child) signal(sig os.Signal) error {
+	s, ok := sig.(syscall.Signal)
+	if p.group == nil || !ok {
+		return p.cmd.Process.Signal(sig)
+	}
+	return syscall.Kill(-p.group.pgid, s)
+}
+
+// protectChild gives the command the parent-death signal, and puts it in
+// its group.
+func protectChild(cmd *exec.Cmd, g *group) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: parentDeathSignal}
+	if g != nil {
+		cmd.SysProcAttr.Setpgid, cmd.SysProcAttr.Pgid = true, g.pgid
+	}
+}
+
+// keep is the keeper: it waits for agents to say it is done, or to die,
+// and then kills the group, itself included. It ignores the signals that
+// agents forwards to the group: they are for the command. If the group
+// has the terminal, a stop from it (Ctrl-Z) stops agents' group too.
+func keep() int {
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	if os.Getenv(keeperForeground) != "" {
+		stops := make(chan os.Signal, 1)
+		signal.Notify(stops, syscall.SIGTSTP)
+		if agents, err := syscall.Getpgid(os.Getppid()); err == nil {
+			go func() {
+				for range stops {
+					_ = syscall.Kill(-agents, syscall.SIGTSTP)
+				}
+			}()
+		}
+	}
+	var b [1]byte
+	for {
+		n, err := syscall.Read(0, b[:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if n == 1 && b[0] == 'd' {
+			return 0
+		}
+		break
+	}
+	_ = syscall.Kill(0, syscall.SIGKILL)
+	return 1
 }

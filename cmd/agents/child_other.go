@@ -2,9 +2,30 @@
 
 package main
 
-import "os/exec"
+import (
+	"io"
+	"os"
+	"os/exec"
+)
+
+// group is the process group of the command: only Linux has one here,
+// with the keeper that stops it if agents dies. Elsewhere the command runs
+// in agents' group, and is signalled alone.
+type group struct{}
+
+// startGroup starts no group.
+func startGroup(io.Reader) (*group, error) { return nil, nil }
+
+// id returns 0: there is no group.
+func (g *group) id() int { return 0 }
+
+// close does nothing.
+func (g *group) close() {}
+
+// signal sends sig to the command.
+func (p *child) signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
 // protectChild does nothing: only Linux has a parent-death signal. If
 // agents dies without stopping it (kill -9), the command goes on running
 // while its lock expires; docs/cli.md says so.
-func protectChild(cmd *exec.Cmd) {}
+func protectChild(cmd *exec.Cmd, g *group) {}

@@ -73,9 +73,9 @@ func newLostDoc(e *domain.LockLostError) *lostDoc {
 // lockRun runs "locks run TYPE ID [flags] -- CMD [ARGS...]": take the lock
 // (waiting for it with --wait), start CMD with the lock in its environment,
 // keep the lock alive while CMD runs, release it when CMD ends, and exit
-// with CMD's status. If the lock is lost meanwhile, CMD gets SIGTERM, then
-// SIGKILL after --grace, and agents exits 4 without releasing anything:
-// the resource may be another owner's by then.
+// with CMD's status. If the lock is lost meanwhile, CMD's process group
+// gets SIGTERM, then SIGKILL after --grace, and agents exits 4 without
+// releasing anything: the resource may be another owner's by then.
 func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	ttl, grace := c.ttl, c.grace
 	ref, owner, argv, err := c.runTarget(args)
@@ -91,6 +91,17 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		return commandError(argv[0], err)
+	}
+	// The group exists before the lock is taken, so that the default
+	// owner can name it: the lock is not a dead holder's while any
+	// process of the work is alive.
+	g, err := startGroup(c.stdin)
+	if err != nil {
+		return fmt.Errorf("%w: cannot start the process group of %s: %v", errCannotRun, strconv.Quote(argv[0]), err)
+	}
+	defer g.close()
+	if owner == "" {
+		owner = runOwner(g)
 	}
 
 	ctr, err := c.open(ctx, owner, false, mayCreate)
@@ -120,13 +131,14 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 
 	l := h.Lock()
 	cmd := c.command(path, argv, l)
-	p, err := startChild(cmd)
+	p, err := startChild(cmd, g)
 	if err != nil {
 		stopKeep()
 		_, _ = c.releaseHandle(bg, h)
 		return commandError(argv[0], err)
 	}
 	c.supervise(p, h, held, sigs, grace)
+	g.close()
 
 	// CMD has ended: stop renewing, then release the lock if it is still
 	// the owner's.
@@ -188,13 +200,24 @@ func (c *invocation) runTarget(args []string) (domain.ResourceRef, string, []str
 	if err != nil {
 		return ref, "", nil, err
 	}
-	owner := locks.DefaultOwner() // this process, unless told otherwise
+	owner := "" // this process and its command's group (runOwner), unless told otherwise
 	if c.g.ownerSet || c.env("AGENTS_OWNER") != "" {
 		if owner, err = c.owner(); err != nil {
 			return ref, "", nil, err
 		}
 	}
 	return ref, owner, argv, nil
+}
+
+// runOwner returns the default owner of "locks run": this process, and the
+// process group g in which its command will run.
+func runOwner(g *group) string {
+	owner := locks.DefaultOwner()
+	if p, ok := domain.ParseProcessOwner(owner); ok && g.id() > 0 {
+		p.Group = g.id()
+		owner = p.String()
+	}
+	return owner
 }
 
 // commandError explains why CMD could not be found or started.
@@ -230,8 +253,8 @@ func (c *invocation) command(path string, argv []string, l domain.Lock) *exec.Cm
 }
 
 // supervise waits for CMD to end, forwarding the signals that agents
-// receives, and stopping CMD if the lock is lost: SIGTERM at once, SIGKILL
-// after grace.
+// receives to CMD's process group, and stopping the group if the lock is
+// lost: SIGTERM at once, SIGKILL after grace.
 func (c *invocation) supervise(p *child, h *application.Handle, held context.Context, sigs <-chan os.Signal, grace time.Duration) {
 	lostc := held.Done()
 	var kill <-chan time.Time
@@ -240,7 +263,7 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 		case <-p.done:
 			return
 		case s := <-sigs:
-			_ = p.cmd.Process.Signal(s) // fails only once CMD has exited
+			_ = p.signal(s) // fails only once the group has ended
 		case <-lostc:
 			lostc = nil
 			p.reported = true
@@ -253,7 +276,7 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 			kill = nil
 			fmt.Fprintf(c.stderr, "%s: the command (pid %d) was still running %s after SIGTERM: sending SIGKILL\n",
 				c.prog(), p.cmd.Process.Pid, short(grace))
-			_ = p.cmd.Process.Kill()
+			_ = p.kill()
 		}
 	}
 }

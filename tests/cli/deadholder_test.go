@@ -32,9 +32,11 @@ func heldBy(t *testing.T, a *agents, _ *proc) map[string]any {
 }
 
 // A holder that dies (SIGKILL) is a process of this machine that is
-// provably gone: another owner takes its lock at once, with a larger
-// token, without waiting for the hour-long TTL.
+// provably gone: once its command's group is gone too, another owner takes
+// its lock at once, with a larger token, without waiting for the hour-long
+// TTL.
 func TestCLI_DeadHolderIsTakenOver(t *testing.T) {
+	becomeSubreaper(t)
 	a := newAgents(t)
 	p := a.start("locks", "run", "plan", "p1", "--ttl", "1h", "--", "sleep", "60")
 	lock := heldBy(t, a, p)
@@ -43,6 +45,8 @@ func TestCLI_DeadHolderIsTakenOver(t *testing.T) {
 
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
 	<-p.done
+	// The group's keeper kills the command; this process reaps them.
+	reapGroup(t, groupOf(t, lock))
 
 	// Diagnostics shows the orphan first, and only reads: the database
 	// and its WAL keep their digests (WAL readers do mark the -shm).

@@ -219,8 +219,8 @@ func TestCLIRun_DefaultOwner(t *testing.T) {
 	host, err := os.Hostname()
 	require.NoError(t, err)
 	// host:pid:nonce, then (on Linux) the proof of the process: boot id,
-	// pid namespace and start time.
-	assert.Regexp(t, fmt.Sprintf(`^%s:%d:[0-9a-f]{8}(/proc1:[0-9a-f-]{36}:[0-9]+:[0-9]+)?\n$`, regexp.QuoteMeta(host), p.cmd.Process.Pid), r.stdout)
+	// pid namespace and start time, and the command's process group.
+	assert.Regexp(t, fmt.Sprintf(`^%s:%d:[0-9a-f]{8}(/proc1:[0-9a-f-]{36}:[0-9]+:[0-9]+:g[0-9]+)?\n$`, regexp.QuoteMeta(host), p.cmd.Process.Pid), r.stdout)
 }
 
 // TestCLIRun_ForwardsSignals: SIGINT and SIGTERM sent to agents reach CMD;
