@@ -217,6 +217,23 @@ func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner s
 	return n > 0, s.failed(ctx, err, "release lock on", ref)
 }
 
+// DeleteToken implements application.LockRepository with one statement,
+// whose WHERE is the whole decision: this token, on this resource, active
+// at now.
+func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
+	at := formatTime(now)
+	var n int64
+	err := s.writeOne(ctx, OneStatement, func(ctx context.Context, tx *sql.Tx) error {
+		n = 0 // a retried body starts afresh
+		res, err := s.on(ctx, tx, s.stmts.delToken).ExecContext(ctx, string(ref.Type), ref.ID, token, at)
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		return err
+	})
+	return n > 0, s.failed(ctx, err, "release lock on", ref)
+}
+
 // DeleteAllOwned implements application.LockRepository.
 func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	b := entsql.Dialect(s.b.Dialect)

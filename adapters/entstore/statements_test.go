@@ -16,6 +16,7 @@ func TestStatements(t *testing.T) {
 		sqlite.extend:   "UPDATE `locks` SET `expires_at` = ? WHERE `id` = ? AND `expires_at` = ?",
 		sqlite.delID:    "DELETE FROM `locks` WHERE `id` = ? AND `expires_at` = ?",
 		sqlite.delOwned: "DELETE FROM `locks` WHERE `resource_type` = ? AND `resource_id` = ? AND `owner_id` = ?",
+		sqlite.delToken: "DELETE FROM `locks` WHERE `resource_type` = ? AND `resource_id` = ? AND `id` = ? AND `expires_at` > ?",
 	} {
 		if got != want {
 			t.Errorf("statement changed:\n got  %s\n want %s", got, want)

@@ -90,6 +90,7 @@ func Run(t *testing.T, newRepo NewRepository) {
 	t.Run("Repository", func(t *testing.T) { testRepository(t, newRepo) })
 	t.Run("Acquirer", func(t *testing.T) { testAcquirer(t, newRepo) })
 	t.Run("Renewer", func(t *testing.T) { testRenewer(t, newRepo) })
+	t.Run("Handles", func(t *testing.T) { testHandles(t, newRepo) })
 }
 
 func testAcquire(t *testing.T, newRepo NewRepository) {
