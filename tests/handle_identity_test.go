@@ -159,6 +159,8 @@ func TestHandle_HandlesOfOneProcessExclude(t *testing.T) {
 		var ce *domain.LockConflictError
 		require.ErrorAs(t, err, &ce)
 		assert.Equal(t, first.Lock().Token, ce.Holder.Token)
+		assert.True(t, ce.InProcess, "the holder is a handle of this process")
+		assert.Contains(t, err.Error(), "another handle of this process")
 
 		got := make(chan *application.Handle, 1)
 		go func() {
@@ -215,6 +217,24 @@ func TestHandle_NestedTakeNeverWaitsForItself(t *testing.T) {
 			}()
 			err := within(t, nested, "the nested Take(Wait)")
 			require.ErrorIs(t, err, domain.ErrConflict, "refused at once, with why")
+			var ce *domain.LockConflictError
+			require.ErrorAs(t, err, &ce)
+			assert.True(t, ce.Nested)
+			assert.Equal(t, l.Token, ce.Holder.Token)
+			assert.Contains(t, err.Error(), "would wait for itself")
+
+			// Asked for, the re-entry is granted at once, on the same
+			// acquisition, and its release leaves the lock to Do.
+			inner, err := c.Locks.Take(held, "A", plan1, application.AcquireOptions{Wait: true, Reentrant: true})
+			require.NoError(t, err)
+			assert.Equal(t, l.Token, inner.Lock().Token)
+			ok, err := inner.Release(ctx)
+			require.NoError(t, err)
+			assert.False(t, ok, "the re-entry removes nothing")
+			stored, err := c.Locks.Get(ctx, plan1)
+			require.NoError(t, err)
+			assert.Equal(t, l.Token, stored.Token, "Do still holds its lock")
+			assert.Equal(t, 1, c.Locks.Waiting(plan1), "B still waits")
 			return nil
 		})
 		require.NoError(t, err)
