@@ -76,6 +76,18 @@ func (hs *holders) holding(sl *slot, now time.Time) (domain.Lock, bool) {
 	return h.holds(now)
 }
 
+// unreleased returns the handle that holds sl, if it is not released,
+// whether or not it holds the lock now: the caller has the turn.
+func (hs *holders) unreleased(sl *slot) *Handle {
+	hs.mu.Lock()
+	h := sl.holder
+	hs.mu.Unlock()
+	if h == nil || h.isReleased() {
+		return nil
+	}
+	return h
+}
+
 // hold makes h the holder of sl: the caller has the turn.
 func (hs *holders) hold(sl *slot, h *Handle) {
 	hs.mu.Lock()

@@ -136,9 +136,25 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	if l, ok := s.holders.holding(sl, now); ok {
 		return nil, &domain.LockConflictError{Holder: l, Now: now, InProcess: true}
 	}
+	prev := s.holders.unreleased(sl)
+	if prev != nil && prev.Err() == nil {
+		// A handle past its expiry as it knew it, neither released nor
+		// lost: if its owner renewed its lock behind its back, it still
+		// holds it, and the store would let this Take re-enter it (share
+		// its token). Ask the store, without extending anything.
+		if cur, err := s.Get(ctx, ref); err == nil && cur.Token == prev.Lock().Token && !cur.ExpiredAt(s.Now()) {
+			prev.extended(cur)
+			return nil, &domain.LockConflictError{Holder: cur, Now: s.Now(), InProcess: true}
+		}
+	}
 	l, err := s.Acquire(ctx, owner, ref, ttl)
 	if err != nil {
 		return nil, err
+	}
+	if prev != nil && prev.Err() == nil && prev.Lock().Token == l.Token {
+		// Renewed in between: the same, caught after the fact.
+		prev.extended(l)
+		return nil, &domain.LockConflictError{Holder: l, Now: s.Now(), InProcess: true}
 	}
 	h := &Handle{svc: s, ttl: ttl, lock: l}
 	s.holders.hold(sl, h)
@@ -157,11 +173,23 @@ func (h *Handle) Lock() domain.Lock {
 func (h *Handle) TTL() time.Duration { return h.ttl }
 
 // holds returns the lock if the handle holds it at now as far as it
-// knows: not released, not lost, not past its expiry.
+// knows: not lost, not past its expiry. A handle being released still
+// holds it until the store has removed it and its slot is vacated: a Take
+// of the same owner in between would re-enter its lock in the store, and
+// lose it to the release.
 func (h *Handle) holds(now time.Time) (domain.Lock, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.lock, !h.released && h.lost == nil && !h.lock.ExpiredAt(now)
+	return h.lock, h.lost == nil && !h.lock.ExpiredAt(now)
+}
+
+// extended records l, the handle's own lock with a later expiry.
+func (h *Handle) extended(l domain.Lock) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if l.Token == h.lock.Token && l.ExpiresAt.After(h.lock.ExpiresAt) {
+		h.lock = l
+	}
 }
 
 func (h *Handle) isReleased() bool {

@@ -120,3 +120,66 @@ func ExampleLockService_Do_twoGoroutines() {
 	// Output:
 	// at most 1 at once; 6 acquisitions
 }
+
+// A handle past its expiry as it knows it, whose lock the owner renewed
+// behind its back (the owner-scoped Renew), still holds that acquisition:
+// a second Take of the same owner, which the store would let re-enter it,
+// is refused, and never shares the first handle's token.
+func TestHandle_SecondTakeNeverSharesAToken(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ctx := context.Background()
+	mc := clock.NewMock()
+	mc.Set(holdStart)
+	svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0)
+	require.NoError(t, err)
+	first, err := svc.Take(ctx, "A", plan, application.AcquireOptions{TTL: 10 * time.Second})
+	require.NoError(t, err)
+	mc.Add(5 * time.Second)
+	_, err = svc.Renew(ctx, "A", plan, 10*time.Second) // the owner, not the handle
+	require.NoError(t, err)
+	mc.Add(5 * time.Second) // past the expiry the handle knows of
+
+	second, err := svc.Take(ctx, "A", plan, application.AcquireOptions{TTL: 10 * time.Second})
+	if second != nil {
+		assert.NotEqual(t, first.Lock().Token, second.Lock().Token, "two handles share one acquisition")
+	}
+	var ce *domain.LockConflictError
+	require.ErrorAs(t, err, &ce)
+	assert.True(t, ce.InProcess)
+	assert.Equal(t, first.Lock().Token, ce.Holder.Token)
+	ok, err := first.Release(ctx)
+	require.NoError(t, err)
+	assert.True(t, ok)
+}
+
+// Goroutines of one owner taking turns through Do: a Take that comes
+// while the previous handle is being released must wait for the release,
+// not re-enter the lock in the store and lose it to that release.
+func TestHandle_TurnsOfOneOwnerNeverLose(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ctx := context.Background()
+	svc, err := application.NewLockService(memory.NewLockRepository(), clock.New(), 0)
+	require.NoError(t, err)
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		tokens = map[int64]int{}
+	)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				err := svc.Do(ctx, "A", plan, application.AcquireOptions{Wait: true}, func(_ context.Context, l domain.Lock) error {
+					mu.Lock()
+					tokens[l.Token]++
+					mu.Unlock()
+					return nil
+				})
+				assert.NoError(t, err)
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Len(t, tokens, 400, "every Do is an acquisition of its own")
+}
