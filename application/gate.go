@@ -15,7 +15,10 @@ import (
 type gate struct {
 	mu       sync.Mutex
 	inFlight int
-	closed   bool
+	// keepers counts the keep-alives running: Close waits for them too,
+	// so that every keep-alive context it ends has ended when it returns.
+	keepers int
+	closed  bool
 	// idle is closed when the gate is closed and the last call has left.
 	idle chan struct{}
 	// closing is closed when the gate closes, so that calls that wait
@@ -44,7 +47,31 @@ func (g *gate) leave() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.inFlight--
-	if g.closed && g.inFlight == 0 {
+	g.idleIfDone()
+}
+
+// keep admits one keep-alive, or returns domain.ErrClosed. Every admitted
+// keep-alive must call unkeep once it has ended its context.
+func (g *gate) keep() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return domain.ErrClosed
+	}
+	g.keepers++
+	return nil
+}
+
+func (g *gate) unkeep() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.keepers--
+	g.idleIfDone()
+}
+
+// idleIfDone closes idle once the gate is closed and nothing is left.
+func (g *gate) idleIfDone() {
+	if g.closed && g.inFlight == 0 && g.keepers == 0 {
 		close(g.idle)
 	}
 }
@@ -57,9 +84,7 @@ func (g *gate) close(ctx context.Context) error {
 		g.closed = true
 		close(g.closing)
 		g.idle = make(chan struct{})
-		if g.inFlight == 0 {
-			close(g.idle)
-		}
+		g.idleIfDone()
 	}
 	idle := g.idle
 	g.mu.Unlock()
@@ -68,9 +93,9 @@ func (g *gate) close(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		g.mu.Lock()
-		n := g.inFlight
+		n, k := g.inFlight, g.keepers
 		g.mu.Unlock()
-		return fmt.Errorf("closing the lock service: %d calls were still in flight when waiting for them ended (%w); "+
-			"locks they take stay held until they expire", n, ctx.Err())
+		return fmt.Errorf("closing the lock service: %d calls were still in flight, and %d keep-alives running, when waiting for them ended (%w); "+
+			"locks they take stay held until they expire", n, k, ctx.Err())
 	}
 }

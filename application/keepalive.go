@@ -3,7 +3,6 @@ package application
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/cleveragents/locks/domain"
@@ -36,9 +35,6 @@ type keeper struct {
 	held       context.Context
 	cancelHeld context.CancelCauseFunc
 	done       chan struct{}
-
-	mu   sync.Mutex
-	lost *domain.LockLostError
 }
 
 // KeepAlive renews the lock every domain.RenewInterval(TTL) on the
@@ -50,6 +46,12 @@ type keeper struct {
 // backoff until the lock's expiry, and is never reported as a loss before
 // then. Release ends the keep-alive and its goroutine. Calling KeepAlive
 // again returns the same context.
+//
+// The keep-alive renews this acquisition, by its token: it never adopts
+// another lock of the same owner. The context it returns marks the
+// handle's work: a Take of the same resource made with it is nested (see
+// AcquireOptions.Reentrant). Close ends every keep-alive, and returns
+// only once their contexts have ended.
 func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -58,16 +60,24 @@ func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 	}
 	k := &keeper{h: h, done: make(chan struct{})}
 	k.run, k.stopRun = context.WithCancel(ctx)
-	k.held, k.cancelHeld = context.WithCancelCause(ctx)
+	k.held, k.cancelHeld = context.WithCancelCause(withHeld(ctx, h))
 	h.keeper = k
-	if h.released {
-		k.cancelHeld(errReleased)
-		k.stopRun()
-		close(k.done)
-		return k.held
+	switch {
+	case h.released:
+		k.end(errReleased)
+	case h.svc.gate.keep() != nil:
+		k.end(&domain.LockLostError{Lock: h.lock, Reason: domain.LostClosed, At: h.svc.Now()})
+	default:
+		go k.loop()
 	}
-	go k.loop()
 	return k.held
+}
+
+// end ends a keep-alive that never started, with cause.
+func (k *keeper) end(cause error) {
+	k.cancelHeld(cause)
+	k.stopRun()
+	close(k.done)
 }
 
 // Done is closed when the keep-alive has ended: lost, released, or its
@@ -81,21 +91,16 @@ func (h *Handle) Done() <-chan struct{} {
 	return h.keeper.done
 }
 
-// Err returns the *domain.LockLostError once a kept-alive lock is lost,
-// and nil while it is held or after a plain release.
+// Err returns the *domain.LockLostError once the handle has learned that
+// its lock is lost (from the keep-alive, a renewal or a release), and nil
+// while it is held or after a plain release.
 func (h *Handle) Err() error {
 	h.mu.Lock()
-	k := h.keeper
-	h.mu.Unlock()
-	if k == nil {
+	defer h.mu.Unlock()
+	if h.lost == nil {
 		return nil
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.lost == nil {
-		return nil
-	}
-	return k.lost
+	return h.lost
 }
 
 // stop ends the keep-alive and waits for its goroutine.
@@ -106,8 +111,9 @@ func (k *keeper) stop() {
 }
 
 func (k *keeper) loop() {
-	defer close(k.done)
 	svc := k.h.svc
+	defer svc.gate.unkeep()
+	defer close(k.done)
 	for {
 		select {
 		case <-svc.timers.After(domain.RenewInterval(k.h.ttl)):
@@ -137,17 +143,14 @@ func (k *keeper) renew() bool {
 			return false
 		}
 		err := k.renewBefore(l, now)
-		var conflict *domain.LockConflictError
+		var lost *domain.LockLostError
 		switch {
 		case err == nil:
 			return true
 		case k.run.Err() != nil:
 			return false // released, or the caller's context ended
-		case errors.As(err, &conflict):
-			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostTakenOver, NewHolder: &conflict.Holder})
-			return false
-		case errors.Is(err, domain.ErrExpired):
-			k.lose(k.lostAt(l, nil))
+		case errors.As(err, &lost) && lost.Reason != domain.LostStoreFailing:
+			k.lose(*lost) // the store shows another token, or none, or its expiry
 			return false
 		case errors.Is(err, domain.ErrClosed):
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostClosed})
@@ -196,6 +199,10 @@ func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 // (last), or see explainLoss.
 func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 	if last != nil {
+		var slow *domain.LockLostError
+		if errors.As(last, &slow) && slow.Err != nil {
+			last = slow.Err // a renewal written too late: its own words
+		}
 		return domain.LockLostError{Lock: l, Reason: domain.LostStoreFailing, Err: last}
 	}
 	lost, _ := k.h.svc.explainLoss(k.run, l)
@@ -218,35 +225,25 @@ func (h *Handle) Lost(ctx context.Context) error {
 	if lost == nil {
 		return nil
 	}
-	lost.At = h.svc.Now()
 	return lost
 }
 
-// explainLoss says whether, and why, l is lost now: another owner holds
-// the resource (taken over), the lock was removed before its expiry, or it
-// has expired. Nil while the store still shows l active, or when the
-// store cannot be read and l has not expired.
+// explainLoss says whether, and why, l is lost now, by its token
+// (LossOf): another acquisition holds the resource (taken over), the lock
+// was removed before its expiry, or it has expired. Nil while the store
+// still shows l active, or when the store cannot be read and l has not
+// expired.
 func (s *LockService) explainLoss(ctx context.Context, l domain.Lock) (*domain.LockLostError, error) {
-	now := s.Now()
-	cur, err := s.Get(ctx, l.Resource)
-	switch {
-	case err == nil && cur.Token != l.Token && !cur.ExpiredAt(now):
-		return &domain.LockLostError{Lock: l, Reason: domain.LostTakenOver, NewHolder: &cur}, nil
-	case err == nil && cur.Token == l.Token && !cur.ExpiredAt(now):
-		return nil, nil
-	case errors.Is(err, domain.ErrNotFound) && !l.ExpiredAt(now):
-		return &domain.LockLostError{Lock: l, Reason: domain.LostRemoved}, nil
-	case err != nil && !errors.Is(err, domain.ErrNotFound) && !l.ExpiredAt(now):
+	if err := s.gate.enter(); err != nil {
 		return nil, err
 	}
-	return &domain.LockLostError{Lock: l, Reason: domain.LostExpired}, nil
+	defer s.gate.leave()
+	return s.lossNow(ctx, l)
 }
 
 // lose records the loss and ends the caller's context with it.
 func (k *keeper) lose(e domain.LockLostError) {
 	e.At = k.h.svc.Now()
-	k.mu.Lock()
-	k.lost = &e
-	k.mu.Unlock()
-	k.cancelHeld(&e)
+	k.h.noteLost(&e)
+	k.cancelHeld(k.h.Err())
 }

@@ -64,6 +64,9 @@ type LockService struct {
 	waiters    *waitQueues
 	observer   Observer
 	processes  Processes
+
+	tokenRenewer TokenRenewer // repo, when it can renew a handle in one write
+	holders      *holders     // the handles holding each resource
 }
 
 // NewLockService returns a service storing locks in repo and reading time
@@ -76,9 +79,10 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) 
 		return nil, err
 	}
 	s := &LockService{repo: repo, clock: clock, timers: timersOf(clock), defaultTTL: ttl,
-		gate: newGate(), waiters: newWaitQueues()}
+		gate: newGate(), waiters: newWaitQueues(), holders: newHolders()}
 	s.acquirer, _ = repo.(Acquirer)
 	s.renewer, _ = repo.(Renewer)
+	s.tokenRenewer, _ = repo.(TokenRenewer)
 	return s, nil
 }
 
@@ -89,10 +93,11 @@ func (s *LockService) DefaultTTL() time.Duration { return s.defaultTTL }
 func (s *LockService) Now() time.Time { return s.clock.Now().UTC().Truncate(Precision) }
 
 // Close makes every later call fail with domain.ErrClosed and waits until
-// the calls already in progress have returned, or ctx ends (then it says
-// how many were left). Once it returns nil, no call of this service can
-// still change the store: the container relies on that to release the
-// owner's locks last.
+// the calls already in progress have returned and every keep-alive has
+// ended (its context ended, with the loss LostClosed), or ctx ends (then
+// it says how many were left). Once it returns nil, no call of this
+// service can still change the store: the container relies on that to
+// release the owner's locks last.
 func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx) }
 
 // Acquire takes the lock on ref for owner for ttl (zero: the default TTL),

@@ -37,6 +37,10 @@ func (r *failingRepo) DeleteOwned(context.Context, domain.ResourceRef, string) (
 	r.calls++
 	return false, r.err
 }
+func (r *failingRepo) DeleteToken(context.Context, domain.ResourceRef, int64, time.Time) (bool, error) {
+	r.calls++
+	return false, r.err
+}
 func (r *failingRepo) DeleteAllOwned(context.Context, string) (int, error) {
 	r.calls++
 	return 0, r.err

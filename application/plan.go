@@ -50,7 +50,8 @@ type PlanLockOptions struct {
 // PlanLifecycleService runs plan lifecycle transitions under the plan's
 // lock (and the project's, for transitions that change project state too):
 //
-//  1. take the project lock, if any, then the plan lock, waiting for each;
+//  1. take the project lock, if any, then the plan lock, waiting for each
+//     (behind other processes and the other transitions of this one);
 //     always in that order, so that two transitions never deadlock;
 //  2. load the plan;
 //  3. run the transition, keeping the locks alive while it runs;
@@ -60,6 +61,13 @@ type PlanLockOptions struct {
 //
 // A lock lost before the plan is persisted ends the transition with the
 // loss, and nothing is persisted.
+//
+// The locks are taken as handles: one acquisition each, renewed, fenced
+// and released by token. Handles of one lock service exclude each other,
+// so two transitions of one plan are serialised inside a process as well
+// as between processes, whatever owner the service was given; a
+// transition started inside another's function on the same plan (with
+// its context) is refused at once rather than waiting for itself.
 type PlanLifecycleService[P any] struct {
 	locks *LockService
 	store PlanStore[P]
@@ -119,10 +127,16 @@ func (s *PlanLifecycleService[P]) transition(ctx context.Context, refs []domain.
 	handles := make([]*Handle, 0, len(refs))
 	defer func() {
 		p := recover()
-		// Release in reverse order, even when ctx has ended: a lock left
-		// behind blocks the plan for its whole TTL.
+		// Release in reverse order, by token, even when ctx has ended: a
+		// lock left behind blocks the plan for its whole TTL.
 		for i := len(handles) - 1; i >= 0; i-- {
-			if _, rerr := handles[i].Release(context.WithoutCancel(ctx)); rerr != nil && !errors.Is(rerr, domain.ErrClosed) {
+			_, rerr := handles[i].Release(context.WithoutCancel(ctx))
+			switch {
+			case rerr == nil || errors.Is(rerr, domain.ErrClosed):
+			case errors.Is(rerr, domain.ErrExpired) && (err == nil || errors.Is(err, domain.ErrExpired)):
+				// Lost after a persist that its fences let through (the
+				// transition is done), or the loss already reported.
+			default:
 				err = errors.Join(err, rerr)
 			}
 		}

@@ -100,6 +100,14 @@ type LockRepository interface {
 	// with an error).
 	DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error)
 
+	// DeleteToken removes the lock on ref whose token is token, if it is
+	// active at now (now < ExpiresAt), and reports whether it removed it.
+	// It never touches another acquisition's lock, whatever its owner,
+	// nor the token's own lock once it has expired: a Handle releases the
+	// one acquisition it stands for, and learns from a removal of nothing
+	// that it had lost it.
+	DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error)
+
 	// DeleteAllOwned removes every lock of owner and returns how many.
 	DeleteAllOwned(ctx context.Context, owner string) (int, error)
 
@@ -164,6 +172,65 @@ type Renewer interface {
 	// caller decides through Update, which also names the error; a
 	// *domain.StoreError when the store fails.
 	RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at Timing) (domain.Lock, error)
+}
+
+// TokenRenewer is an optional capability of a LockRepository: a Handle's
+// renewal in one write. A handle renews its own acquisition, by token,
+// never whatever lock its owner holds: the write must match the token as
+// well as the owner, and the lock must be active at the time of the
+// write, as for a Renewer. A store without it renews handles through
+// Update (DecideRenewToken), never through an owner-scoped write.
+type TokenRenewer interface {
+	// RenewTokenAt sets the expiry of the lock on ref whose token is token
+	// and whose owner is owner to the expiry that at gives, if that lock
+	// is active at the time of the write, and returns the lock as stored
+	// afterwards. Its decision must be DecideRenewToken's extension.
+	//
+	// Errors: ErrUndecided when it extended nothing (nothing written):
+	// the caller decides through Update, which also explains the loss; a
+	// *domain.StoreError when the store fails.
+	RenewTokenAt(ctx context.Context, ref domain.ResourceRef, owner string, token int64, at Timing) (domain.Lock, error)
+}
+
+// DecideRenewToken is a Handle's renewal rule: the extension of held, the
+// handle's acquisition, to expires (now+TTL) if cur, the lock stored on
+// its resource, is that acquisition (same token and owner) and active at
+// now; otherwise the *domain.LockLostError that says why it is lost
+// (LossOf). Unlike DecideRenew, it never extends a lock of the same owner
+// with another token: that is another acquisition.
+func DecideRenewToken(cur *domain.Lock, held domain.Lock, now, expires time.Time) (Change, error) {
+	if lost := LossOf(held, cur, now); lost != nil {
+		return Change{}, lost
+	}
+	return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
+}
+
+// LossOf says whether, and why, held is lost at now, given cur, the lock
+// stored on its resource (nil when there is none): nil while cur is held
+// itself (same token and owner), active; otherwise a *domain.LockLostError
+// with At set to now and the reason that the store shows:
+//   - another token (another acquisition, of any owner): taken over, with
+//     cur as NewHolder, whether or not cur is still active;
+//   - held's own row, expired: expired;
+//   - no row, before held's expiry as last known: removed (released
+//     elsewhere, or purged by a clock running ahead); after it: expired
+//     (and perhaps purged since).
+func LossOf(held domain.Lock, cur *domain.Lock, now time.Time) *domain.LockLostError {
+	lost := &domain.LockLostError{Lock: held, At: now}
+	switch {
+	case cur == nil && held.ExpiredAt(now):
+		lost.Reason = domain.LostExpired
+	case cur == nil:
+		lost.Reason = domain.LostRemoved
+	case cur.Token != held.Token || cur.Owner != held.Owner:
+		holder := *cur
+		lost.Reason, lost.NewHolder = domain.LostTakenOver, &holder
+	case cur.ExpiredAt(now):
+		lost.Reason, lost.Lock = domain.LostExpired, *cur
+	default:
+		return nil
+	}
+	return lost
 }
 
 // Timing gives an Acquirer or a Renewer the time of its decision, now, and the new

@@ -111,12 +111,17 @@ func signal(c chan struct{}) {
 // on ref.
 func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.count(ref) }
 
-// acquireWaiting acquires the lock on ref for owner, waiting while another
-// owner holds it, until ctx ends, timeout passes on the service's clock
-// (zero: no timeout) or the service closes. A wait that ends without the
-// lock returns the last conflict seen, with Waited set; if the waiter never
-// got to try (others were ahead of it), the context's error or ErrClosed.
-func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref domain.ResourceRef, ttl, timeout time.Duration) (domain.Lock, error) {
+// acquireWaiting takes the lock on ref for owner, waiting while another
+// owner or another handle of this service holds it, until ctx ends,
+// timeout passes on the service's clock (zero: no timeout) or the service
+// closes. A wait that ends without the lock returns the last conflict
+// seen, with Waited set; if the waiter never got to try (others were
+// ahead of it), the context's error or ErrClosed.
+//
+// A handle of this service is waited for without polling the store: its
+// release or its loss wakes the head of the queue, and its expiry as it
+// knows it bounds the sleep.
+func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref domain.ResourceRef, ttl, timeout time.Duration) (*Handle, error) {
 	start := s.Now()
 	var expired <-chan time.Time
 	if timeout > 0 {
@@ -126,13 +131,13 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 	defer s.waiters.leave(ref, w)
 
 	var last *domain.LockConflictError
-	gaveUp := func(cause error) (domain.Lock, error) {
+	gaveUp := func(cause error) (*Handle, error) {
 		if last == nil {
-			return domain.Lock{}, cause
+			return nil, cause
 		}
 		c := *last
 		c.Waited, c.Cause = s.Now().Sub(start), cause
-		return domain.Lock{}, &c
+		return nil, &c
 	}
 	// Sleep until this waiter is the head of the queue.
 	select {
@@ -142,27 +147,28 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 	case <-expired:
 		// Queued behind others all along: one try, so that the answer
 		// names the holder (or takes a lock that just came free).
-		if l, err := s.Acquire(ctx, owner, ref, ttl); !errors.As(err, &last) {
-			return l, err
+		if h, err := s.takeOnce(ctx, owner, ref, ttl); !errors.As(err, &last) {
+			return h, err
 		}
 		return gaveUp(context.DeadlineExceeded)
 	case <-s.gate.done():
-		return domain.Lock{}, domain.ErrClosed
+		return nil, domain.ErrClosed
 	}
 	backoff := waitBackoffMin
 	for {
-		l, err := s.Acquire(ctx, owner, ref, ttl)
+		h, err := s.takeOnce(ctx, owner, ref, ttl)
 		if !errors.As(err, &last) {
 			if err != nil && ctx.Err() != nil {
 				return gaveUp(err)
 			}
-			return l, err
+			return h, err
 		}
-		pause := jittered(backoff)
-		if left := last.Holder.ExpiresAt.Sub(last.Now); left < pause {
-			pause = left
+		left := last.Holder.ExpiresAt.Sub(last.Now)
+		pause := left // a handle of this service: its release wakes us
+		if !last.InProcess {
+			pause = min(jittered(backoff), left)
+			backoff = min(2*backoff, waitBackoffMax)
 		}
-		backoff = min(2*backoff, waitBackoffMax)
 		select {
 		case <-w.wake:
 			backoff = waitBackoffMin // released here: the next holder may be quick too
@@ -172,7 +178,7 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 		case <-expired:
 			return gaveUp(context.DeadlineExceeded)
 		case <-s.gate.done():
-			return domain.Lock{}, domain.ErrClosed
+			return nil, domain.ErrClosed
 		}
 	}
 }

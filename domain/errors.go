@@ -39,12 +39,32 @@ type LockConflictError struct {
 	// (context.DeadlineExceeded also for a wait's own timeout). Nil for an
 	// acquire that did not wait.
 	Cause error
+	// InProcess says that Holder is a handle of the caller's own lock
+	// service, in this process, whatever its owner: handles exclude each
+	// other there too (the store alone would let an owner re-enter its
+	// own lock). The holder's owner may be the caller's.
+	InProcess bool
+	// Nested says that the caller runs inside the holder's own work: its
+	// context came from the KeepAlive (or Do) of the handle that holds the
+	// lock. Waiting would wait for itself, so the call was refused at once.
+	Nested bool
 }
 
 func (e *LockConflictError) Error() string {
 	waited := ""
 	if e.Waited > 0 {
 		waited = fmt.Sprintf(" after waiting %s", roundForHumans(e.Waited))
+	}
+	if e.Nested {
+		return fmt.Sprintf("%s is already held by the handle whose work this call runs in (owner %q, token %d): taking it again would wait for itself; "+
+			"use that handle, or pass AcquireOptions.Reentrant to re-enter it", e.Holder.Resource, e.Holder.Owner, e.Holder.Token)
+	}
+	if e.InProcess {
+		return fmt.Sprintf("%s is held by another handle of this process (owner %q, token %d, acquired %s, expires %s, in %s)%s; "+
+			"wait for it (AcquireOptions.Wait) or release that handle first",
+			e.Holder.Resource, e.Holder.Owner, e.Holder.Token,
+			e.Holder.AcquiredAt.UTC().Format(time.RFC3339Nano), e.Holder.ExpiresAt.UTC().Format(time.RFC3339Nano),
+			roundForHumans(e.Holder.Remaining(e.Now)), waited)
 	}
 	return fmt.Sprintf("%s is locked by owner %q (acquired %s, expires %s, in %s)%s; wait for it to be released or to expire, or ask the holder to release it",
 		e.Holder.Resource, e.Holder.Owner,
@@ -156,17 +176,10 @@ type LockLostError struct {
 func (e *LockLostError) Error() string {
 	const next = "stop the work it protected, and acquire it again before continuing"
 	l := e.Lock
-	// A fence checked by a store knows the lost lock's token but not
-	// always its expiry: the row may be gone. Say nothing rather than a
-	// zero time.
-	expired := ""
-	if !l.ExpiresAt.IsZero() {
-		expired = " after it expired at " + l.ExpiresAt.UTC().Format(time.RFC3339Nano)
-	}
 	switch e.Reason {
 	case LostTakenOver:
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: owner %q took it over (token %d)%s; %s",
-			l.Owner, l.Resource, l.Token, e.NewHolder.Owner, e.NewHolder.Token, expired, next)
+			l.Owner, l.Resource, l.Token, e.NewHolder.Owner, e.NewHolder.Token, e.takenWhen(), next)
 	case LostStoreFailing:
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the store failed every renewal until the lock expired at %s (last failure: %v); %s",
 			l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), e.Err, next)
@@ -183,6 +196,27 @@ func (e *LockLostError) Error() string {
 	}
 	return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: it expired at %s without being renewed; %s",
 		l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), next)
+}
+
+// takenWhen says when the new holder took the resource, from what is
+// known: the new lock's acquisition time and the expiry the lost lock was
+// last known to have. A lock taken before that expiry had not expired: it
+// was removed first (released elsewhere, or purged), or its holder's
+// process was found gone. A fence checked by a store may know neither
+// time: it then says nothing rather than a zero time.
+func (e *LockLostError) takenWhen() string {
+	took, expires := e.NewHolder.AcquiredAt, e.Lock.ExpiresAt
+	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+	switch {
+	case expires.IsZero():
+		return ""
+	case took.IsZero():
+		return " (the lock was due to expire at " + at(expires) + ")"
+	case took.Before(expires):
+		return fmt.Sprintf(" at %s, before its expiry at %s: the lock had been removed (released elsewhere, or purged) or its holder's process was found gone",
+			at(took), at(expires))
+	}
+	return fmt.Sprintf(" at %s, after it expired at %s", at(took), at(expires))
 }
 
 // Is makes errors.Is(err, ErrExpired) true.

@@ -261,6 +261,16 @@ func (s *PostgresStore) DeleteOwned(ctx context.Context, ref domain.ResourceRef,
 	return ok, err
 }
 
+// DeleteToken implements application.LockRepository: the Store's, and a
+// lock it removed no longer makes the resource occupied.
+func (s *PostgresStore) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
+	ok, err := s.Store.DeleteToken(ctx, ref, token, now)
+	if ok {
+		s.occupied.note(ref, false)
+	}
+	return ok, err
+}
+
 // refusal reads the lock on ref and returns Acquire's conflict if another
 // owner's lock, stored and active at now, refuses owner; nil otherwise.
 // found says whether the read saw a row.

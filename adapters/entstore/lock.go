@@ -224,6 +224,25 @@ func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner s
 	return n > 0, nil
 }
 
+// DeleteToken implements application.LockRepository with one statement,
+// whose WHERE is the whole decision: this token, on this resource, active
+// at now.
+func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
+	at := formatTime(now)
+	n, err := writeOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+		res, err := s.on(ctx, tx, s.stmts.delToken).ExecContext(ctx, string(ref.Type), ref.ID, token, at)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	})
+	if err != nil {
+		// As for DeleteOwned: a release rolled back is not known to stand.
+		return false, s.failed(ctx, err, "release lock on", ref)
+	}
+	return n > 0, nil
+}
+
 // DeleteAllOwned implements application.LockRepository.
 func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	b := entsql.Dialect(s.b.Dialect)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
 var _ application.Renewer = (*PostgresStore)(nil)
@@ -45,11 +47,33 @@ WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {owner} = $4::varchar
   AND EXISTS (SELECT FROM held)
 RETURNING {id}, {acquired}, {expires}`)
 
+var _ application.TokenRenewer = (*PostgresStore)(nil)
+
+// renewTokenSQL is a handle's renewal (application.DecideRenewToken) as
+// one statement: renewSQL whose WHERE names the acquisition too, $7 its
+// token. A lock of the same owner with another token is another
+// acquisition, and is never extended for this one.
+var renewTokenSQL = strings.Replace(renewSQL, "AND EXISTS (SELECT FROM held)",
+	"AND "+entlock.FieldID+" = $7::bigint AND EXISTS (SELECT FROM held)", 1)
+
+// RenewTokenAt implements application.TokenRenewer with renewTokenSQL,
+// as RenewAt does with renewSQL.
+func (s *PostgresStore) RenewTokenAt(ctx context.Context, ref domain.ResourceRef, owner string, token int64, at application.Timing) (domain.Lock, error) {
+	return s.renewWith(ctx, ref, owner, at, renewTokenSQL, token)
+}
+
 // RenewAt implements application.Renewer with renewSQL. The lock written
 // is dated now, read before the statement, so after a wait it has less
 // than its TTL left; the service refuses one that has expired by the time
 // the statement returns, as it does after every write.
 func (s *PostgresStore) RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (domain.Lock, error) {
+	return s.renewWith(ctx, ref, owner, at, renewSQL)
+}
+
+// renewWith runs query, renewSQL or renewTokenSQL (with the token in
+// extra).
+func (s *PostgresStore) renewWith(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing,
+	query string, extra ...any) (domain.Lock, error) {
 	now, expires := at()
 	// extension is the outcome of one run of the statement.
 	type extension struct {
@@ -57,10 +81,10 @@ func (s *PostgresStore) RenewAt(ctx context.Context, ref domain.ResourceRef, own
 		times    [2]string // acquired, expires
 		extended bool      // false: no row came back
 	}
+	args := append([]any{s.key(ref), string(ref.Type), ref.ID, owner, formatTime(now), formatTime(expires)}, extra...)
 	e, err := writeStatement(ctx, s.Store, func(ctx context.Context) (extension, error) {
 		var e extension
-		err := s.write.QueryRowContext(ctx, renewSQL,
-			s.key(ref), string(ref.Type), ref.ID, owner, formatTime(now), formatTime(expires)).Scan(&e.token, &e.times[0], &e.times[1])
+		err := s.write.QueryRowContext(ctx, query, args...).Scan(&e.token, &e.times[0], &e.times[1])
 		if errors.Is(err, sql.ErrNoRows) {
 			return extension{}, nil
 		}

@@ -21,7 +21,7 @@ import (
 
 // statementText is the SQL of the hot path in one dialect.
 type statementText struct {
-	sel, insert, extend, delID, delOwned string
+	sel, insert, extend, delID, delOwned, delToken string
 }
 
 func buildStatements(dialectName string) (t statementText) {
@@ -43,6 +43,14 @@ func buildStatements(dialectName string) (t statementText) {
 			entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""),
 			entsql.EQ(entlock.FieldOwnerID, ""))).
 		Query()
+	// delToken is a handle's release: its own acquisition (the token),
+	// and only while it is active, so that a handle that lost its lock
+	// removes nothing, and learns so.
+	t.delToken, _ = b.Delete(entlock.Table).
+		Where(entsql.And(
+			entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""),
+			entsql.EQ(entlock.FieldID, 0), entsql.GT(entlock.FieldExpiresAt, ""))).
+		Query()
 	return
 }
 
@@ -50,6 +58,7 @@ func buildStatements(dialectName string) (t statementText) {
 type stmts struct {
 	read                                 *sql.Stmt // sqlSelect, on the readers
 	sel, insert, extend, delID, delOwned *sql.Stmt // on the writer
+	delToken                             *sql.Stmt
 }
 
 func (s *Store) prepare(ctx context.Context) error {
@@ -70,6 +79,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		extend:   prep(s.write, t.extend),
 		delID:    prep(s.write, t.delID),
 		delOwned: prep(s.write, t.delOwned),
+		delToken: prep(s.write, t.delToken),
 	}
 	return err
 }

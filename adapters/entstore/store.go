@@ -129,7 +129,7 @@ func NewReadOnly(read *sql.DB, b Backend) *Store {
 // adapter, which closes them.
 func (s *Store) Close() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{s.stmts.read, s.stmts.sel, s.stmts.insert, s.stmts.extend, s.stmts.delID, s.stmts.delOwned} {
+	for _, st := range []*sql.Stmt{s.stmts.read, s.stmts.sel, s.stmts.insert, s.stmts.extend, s.stmts.delID, s.stmts.delOwned, s.stmts.delToken} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}

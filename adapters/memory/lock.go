@@ -126,6 +126,20 @@ func (r *LockRepository) DeleteOwned(ctx context.Context, ref domain.ResourceRef
 	return false, nil
 }
 
+// DeleteToken implements application.LockRepository.
+func (r *LockRepository) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l, ok := r.locks[ref]; ok && l.Token == token && !l.ExpiredAt(now) {
+		delete(r.locks, ref)
+		return true, nil
+	}
+	return false, nil
+}
+
 // DeleteAllOwned implements application.LockRepository.
 func (r *LockRepository) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	return r.deleteWhere(ctx, -1, func(l domain.Lock) bool { return l.Owner == owner })

@@ -151,12 +151,10 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	doc := runDoc{Lock: newLockDoc(h.Lock()), Command: p.result()}
 	if lost == nil {
 		var err error
-		if doc.Released, err = c.releaseHandle(bg, h); err == nil && !doc.Released {
-			// Gone between the check and the release: released by hand,
-			// as the same owner.
-			lost = &domain.LockLostError{Lock: h.Lock(), Reason: domain.LostRemoved, At: ctr.Locks.Now()}
-			fmt.Fprintf(c.stderr, "%s: the lock of owner %q on %s (token %d) was gone when the command ended: someone released it as that owner\n",
-				c.prog(), h.Lock().Owner, printable(ref.String()), h.Lock().Token)
+		if doc.Released, err = c.releaseHandle(bg, h); errors.As(err, &lost) {
+			// Gone between the check and the release, which removed
+			// nothing (a handle releases by token): the loss says why.
+			fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(lost.Error()))
 		}
 	}
 	if lost != nil {
@@ -298,7 +296,7 @@ func (c *invocation) lossAtEnd(ctx context.Context, h *application.Handle) *doma
 // change the exit status, since CMD's is what the caller waits for.
 func (c *invocation) releaseHandle(ctx context.Context, h *application.Handle) (bool, error) {
 	released, err := h.Release(ctx)
-	if err != nil {
+	if err != nil && !errors.Is(err, domain.ErrExpired) { // a loss is not a failure to release
 		fmt.Fprintf(c.stderr, "%s: warning: the lock could not be released, and expires at %s: %s\n",
 			c.prog(), h.Lock().ExpiresAt.UTC().Format(time.RFC3339), c.redact(oneLine(err.Error())))
 	}

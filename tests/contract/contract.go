@@ -91,6 +91,7 @@ func Run(t *testing.T, newRepo NewRepository) {
 	t.Run("Acquirer", func(t *testing.T) { testAcquirer(t, newRepo) })
 	t.Run("Renewer", func(t *testing.T) { testRenewer(t, newRepo) })
 	t.Run("DeadHolder", func(t *testing.T) { testDeadHolder(t, newRepo) })
+	t.Run("Handles", func(t *testing.T) { testHandles(t, newRepo) })
 }
 
 func testAcquire(t *testing.T, newRepo NewRepository) {

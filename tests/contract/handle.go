@@ -1,0 +1,121 @@
+package contract
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// testHandles holds a store to what a Handle needs of it: writes by the
+// acquisition's token, never by owner. The same owner's newer lock on the
+// resource is another acquisition, and must survive a stale handle's
+// renewal and release.
+func testHandles(t *testing.T, newRepo NewRepository) {
+	t.Run("DeleteToken", func(t *testing.T) {
+		repo := newRepo(t)
+		ctx := t.Context()
+		own := mustStore(t, repo, &domain.Lock{Owner: "A", Resource: plan1, AcquiredAt: Start, ExpiresAt: Start.Add(time.Minute)})
+
+		ok, err := repo.DeleteToken(ctx, plan1, own.Token+1000, Start)
+		require.NoError(t, err)
+		assert.False(t, ok, "another token removes nothing")
+		ok, err = repo.DeleteToken(ctx, plan1, own.Token, own.ExpiresAt)
+		require.NoError(t, err)
+		assert.False(t, ok, "the token's lock, expired at now, is left alone")
+		got, err := repo.Get(ctx, plan1)
+		require.NoError(t, err)
+		assert.Equal(t, *own, got, "nothing was written")
+
+		ok, err = repo.DeleteToken(ctx, plan1, own.Token, own.ExpiresAt.Add(-time.Microsecond))
+		require.NoError(t, err)
+		assert.True(t, ok, "the token's active lock is removed")
+		_, err = repo.Get(ctx, plan1)
+		require.ErrorIs(t, err, domain.ErrNotFound)
+		ok, err = repo.DeleteToken(ctx, plan1, own.Token, Start)
+		require.NoError(t, err)
+		assert.False(t, ok, "a lock removed is removed once")
+	})
+
+	t.Run("StaleHandleTouchesNothing", func(t *testing.T) {
+		// A's handle; its lock removed behind its back; A acquires again
+		// (a new token). The stale handle's renewal and release are
+		// losses, and A's new lock is untouched.
+		f := MustFixture(t, newRepo)
+		h, err := f.Svc.Take(f.Ctx, "A", plan1, application.AcquireOptions{TTL: time.Minute})
+		require.NoError(t, err)
+		_, err = f.Svc.Release(f.Ctx, "A", plan1)
+		require.NoError(t, err)
+		again := f.MustAcquire(t, "A", plan1, time.Minute)
+		f.Clock.Add(time.Second)
+
+		_, err = h.Renew(f.Ctx)
+		var lost *domain.LockLostError
+		require.ErrorAs(t, err, &lost)
+		assert.Equal(t, domain.LostTakenOver, lost.Reason)
+		assert.NotEqual(t, again.Token, h.Lock().Token, "the handle keeps its token")
+		ok, err := h.Release(f.Ctx)
+		assert.False(t, ok)
+		require.ErrorAs(t, err, &lost)
+		assert.Equal(t, []domain.Lock{again}, f.All(t), "A's new lock is untouched")
+	})
+
+	t.Run("TokenRenewer", func(t *testing.T) {
+		if _, ok := newRepo(t).(application.TokenRenewer); !ok {
+			t.Skip("the store does not renew handles by itself")
+		}
+		for _, tc := range resourceStates() {
+			t.Run(tc.name, func(t *testing.T) {
+				repo := newRepo(t)
+				cur := mustStore(t, repo, tc.cur)
+				helds := []domain.Lock{{Token: 1 << 40, Owner: "A", Resource: plan1, AcquiredAt: Start, ExpiresAt: Start.Add(10 * time.Second)}}
+				if cur != nil {
+					own := *cur
+					own.Owner = "A" // the row's own token, and another owner's, as a handle of A would hold it
+					helds = append(helds, own)
+				}
+				for _, held := range helds {
+					checkTokenRenewal(t, repo, cur, held)
+				}
+			})
+		}
+	})
+}
+
+// checkTokenRenewal renews held through the store's TokenRenewer on cur
+// and compares the outcome with application.DecideRenewToken.
+func checkTokenRenewal(t *testing.T, repo application.LockRepository, cur *domain.Lock, held domain.Lock) {
+	t.Helper()
+	now, expires := Start, Start.Add(stateTTL)
+	want, wantErr := application.DecideRenewToken(cur, held, now, expires)
+	got, err := repo.(application.TokenRenewer).RenewTokenAt(t.Context(), plan1, held.Owner, held.Token,
+		func() (time.Time, time.Time) { return now, expires })
+	after, gerr := repo.Get(t.Context(), plan1)
+	if errors.Is(gerr, domain.ErrNotFound) {
+		gerr = nil
+	}
+	require.NoError(t, gerr)
+	if err != nil {
+		require.ErrorIs(t, err, application.ErrUndecided, "a TokenRenewer leaves every other outcome to Update")
+		if wantErr == nil {
+			assert.Less(t, cur.ExpiresAt.Sub(now), undecidedMargin, "an extension well before the expiry is decided")
+		}
+		if cur == nil {
+			assert.Zero(t, after, "nothing was written")
+		} else {
+			assert.Equal(t, *cur, after, "nothing was written")
+		}
+		return
+	}
+	require.NoError(t, wantErr, "the store extended token %d where the rule says %v", held.Token, wantErr)
+	require.Equal(t, application.ChangeExtend, want.Kind)
+	l := *cur
+	l.ExpiresAt = want.Lock.ExpiresAt
+	assert.Equal(t, l, got, "the token and the acquisition time stay, the expiry moves")
+	assert.Equal(t, l, after)
+}
