@@ -79,7 +79,8 @@ type checkpointer struct {
 	last walMark
 	// limitDue is set from a catch-up's start until the first batch after
 	// its end: until then, each batch sets the writer's journal_size_limit
-	// to cutBack's first. limited is the limit the writer has; only a
+	// to cutBack's first. limited is the limit the writer has (it keeps
+	// its one connection, which the DSN started at walSizeLimit); only a
 	// batch's leader, one at a time, uses it.
 	limitDue atomic.Bool
 	limited  int64
