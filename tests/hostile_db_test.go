@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -69,7 +68,7 @@ func runFight(t *testing.T, db string) fightResult {
 		dir := reachableTempDir(t)
 		copyFile(t, bin, filepath.Join(dir, "tests.test"), 0o755)
 		cmd.Path, cmd.Args[0] = filepath.Join(dir, "tests.test"), filepath.Join(dir, "tests.test")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		runAs(t, cmd, 65534)
 		cmd.Dir = dir
 	}
 	out, err := cmd.Output()

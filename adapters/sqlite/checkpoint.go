@@ -77,6 +77,13 @@ type checkpointer struct {
 	// last is the WAL as the last round of the last catch-up found it,
 	// while a purge runs; only the catch-up under way uses it.
 	last walMark
+	// limitDue is set from a catch-up's start until the first batch after
+	// its end: until then, each batch sets the writer's journal_size_limit
+	// to cutBack's first. limited is the limit the writer has (it keeps
+	// its one connection, which the DSN started at walSizeLimit); only a
+	// batch's leader, one at a time, uses it.
+	limitDue atomic.Bool
+	limited  int64
 }
 
 // walMark is the WAL at one moment: which of its lives (walLife) and how
@@ -92,6 +99,7 @@ type walMark struct {
 func (c *checkpointer) init(db *sql.DB, walPath string) {
 	c.db, c.walPath = db, walPath
 	c.after, c.sincePurge = checkpointAfter, purgeQuiet
+	c.limited = walSizeLimit // the writer's DSN sets it
 }
 
 // purgeQuiet is how many other writes must follow a purge's last write
@@ -137,6 +145,10 @@ func (c *checkpointer) wrote(batch []*txCall) {
 	}
 	purging := c.sincePurge < purgeQuiet
 	c.writes, c.running = 0, true
+	// The catch-up may copy every frame (while the writes pause), and
+	// then the next write starts the WAL over and cuts it back to the
+	// writer's limit, at once, whatever becomes of the writer's step.
+	c.limitDue.Store(true)
 	c.wg.Go(func() {
 		after := c.catchUp(purging)
 		c.mu.Lock()
@@ -313,6 +325,15 @@ func walLife(wal *os.File) (life [12]byte, ok bool) {
 // the background checkpoint left, when it is done; while a purge runs, it
 // drops that step instead (see purgeQuiet).
 func (c *checkpointer) finish(writer *sql.DB) {
+	if c.limitDue.Load() {
+		c.mu.Lock()
+		running := c.running
+		c.mu.Unlock()
+		if !running {
+			c.limitDue.Store(false) // this batch's limit is the last one needed
+		}
+		c.limitWAL(writer, c.cutBack())
+	}
 	if !c.due.Load() {
 		return
 	}
@@ -323,9 +344,7 @@ func (c *checkpointer) finish(writer *sql.DB) {
 		return
 	}
 	ctx := context.Background()
-	if limit := c.cutBack(); limit > 0 {
-		_, _ = writer.ExecContext(ctx, fmt.Sprintf("PRAGMA journal_size_limit = %d", limit))
-	}
+	c.limitWAL(writer, c.cutBack())
 	var busy, frames, copied int64
 	if writer.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied) == nil {
 		// A write between the catch-up and this step may have started
@@ -333,6 +352,18 @@ func (c *checkpointer) finish(writer *sql.DB) {
 		if n := copied - c.backfilled.Load(); n > c.writerCopied.Load() {
 			c.writerCopied.Store(n)
 		}
+	}
+}
+
+// limitWAL sets the writer's journal_size_limit to limit, unless it has
+// it or limit is 0. A failure leaves the limit set before: the WAL is cut
+// back more than a step, or less.
+func (c *checkpointer) limitWAL(writer *sql.DB, limit int64) {
+	if limit <= 0 || limit == c.limited {
+		return
+	}
+	if _, err := writer.ExecContext(context.Background(), fmt.Sprintf("PRAGMA journal_size_limit = %d", limit)); err == nil {
+		c.limited = limit
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 
 	"github.com/benbjohnson/clock"
@@ -285,7 +284,7 @@ func TestOpenReadOnly_Permissions(t *testing.T) {
 		for _, f := range []string{path + "-wal", path + "-shm"} {
 			fi, err := os.Stat(f)
 			require.NoError(t, err)
-			assert.Equal(t, uint32(nobody), fi.Sys().(*syscall.Stat_t).Uid, f)
+			assert.Equal(t, uint32(nobody), fileUID(t, fi), f)
 		}
 		require.NoError(t, db.Close())
 		assert.Equal(t, before, dirState(t, dir))

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 
 	"github.com/benbjohnson/clock"
@@ -151,7 +150,7 @@ func worker(t *testing.T, name, db string, asNobody bool, env ...string) *exec.C
 	cmd.Stderr = os.Stderr
 	if asNobody {
 		cmd.Dir = filepath.Dir(bin)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		runAs(t, cmd, nobody)
 	}
 	return cmd
 }

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -46,7 +45,7 @@ func runsUnprivileged(t *testing.T) bool {
 	cmd := exec.Command(bin, "-test.run="+strings.Join(parts, "/"), "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 	cmd.Dir = tmp
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	runAs(t, cmd, nobody)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s, run as uid %d:\n%s", t.Name(), nobody, out)
 	require.Contains(t, string(out), "--- PASS: "+t.Name()+" ", "%s did not run as uid %d:\n%s", t.Name(), nobody, out)

@@ -369,13 +369,15 @@ func TestCLI_Wait(t *testing.T) {
 		assert.GreaterOrEqual(t, time.Since(begin), time.Second)
 		assert.Equal(t, 3, r.code)
 		assertConflict(t, r, "A")
-		assert.Contains(t, r.stderr, "Gave up after waiting 1s (--timeout).")
+		// How long it waited is measured: at least the timeout, and more
+		// on a loaded machine, by how much the machine decides.
+		assert.Regexp(t, `Gave up after waiting [1-9][0-9]*s \(--timeout\)\.`, r.stderr)
 		var doc struct {
 			Error struct {
 				WaitedSeconds float64 `json:"waited_seconds"`
 			} `json:"error"`
 		}
 		r.decode(t, &doc)
-		assert.InDelta(t, 1.0, doc.Error.WaitedSeconds, 0.5)
+		assert.GreaterOrEqual(t, doc.Error.WaitedSeconds, 1.0)
 	})
 }
