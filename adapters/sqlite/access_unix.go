@@ -15,7 +15,7 @@ import (
 // dirWritable asks the operating system whether this process may create
 // and remove files in dir, without trying it.
 func dirWritable(dir string) error {
-	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
+	if err := effectiveAccess(dir, unix.W_OK|unix.X_OK); err != nil {
 		return &fs.PathError{Op: "write in directory", Path: dir, Err: err}
 	}
 	return nil
@@ -26,7 +26,7 @@ func dirWritable(dir string) error {
 // file would drop the locks that SQLite connections of this process hold
 // on it.
 func fileWritable(path string) error {
-	if err := unix.Access(path, unix.W_OK); err != nil {
+	if err := effectiveAccess(path, unix.W_OK); err != nil {
 		return &fs.PathError{Op: "write", Path: path, Err: err}
 	}
 	return nil
@@ -35,7 +35,7 @@ func fileWritable(path string) error {
 // fileReadable asks the operating system whether this process may read
 // the file at path, without opening it (see fileWritable).
 func fileReadable(path string) error {
-	if err := unix.Access(path, unix.R_OK); err != nil {
+	if err := effectiveAccess(path, unix.R_OK); err != nil {
 		return &fs.PathError{Op: "read", Path: path, Err: err}
 	}
 	return nil
@@ -44,7 +44,7 @@ func fileReadable(path string) error {
 // readOnlyMount reports whether path is on a file system mounted
 // read-only, where not even root can write.
 func readOnlyMount(path string) bool {
-	return errors.Is(unix.Access(path, unix.W_OK), unix.EROFS)
+	return errors.Is(effectiveAccess(path, unix.W_OK), unix.EROFS)
 }
 
 // ownerOrRoot reports an error unless the files this process creates beside
@@ -61,4 +61,11 @@ func ownerOrRoot(fi fs.FileInfo) error {
 	}
 	return fmt.Errorf("this user (uid %d) is not the database's owner (uid %d): "+
 		"files it created there would keep the owner from writing the database", euid, st.Uid)
+}
+
+// effectiveAccess asks whether this process may use path in mode, as its
+// effective user: access(2) alone answers for the real user, which a
+// setuid or setgid program is not.
+func effectiveAccess(path string, mode uint32) error {
+	return unix.Faccessat(unix.AT_FDCWD, path, mode, unix.AT_EACCESS)
 }
