@@ -134,31 +134,42 @@ func (m *hmMachine) Renew(t *rapid.T) {
 // KeepAlive starts a handle's keep-alive.
 func (m *hmMachine) KeepAlive(t *rapid.T) {
 	hs := m.pickLive(t, func(hs *hmHandle) bool { return !hs.kept })
+	hs.next = m.clk.Now().Add(domain.RenewInterval(hs.ttl)) // the timer's time, not the service's instant
+	armed := m.arming(renewalKey(hs, hs.next))
 	hs.held = hs.h.KeepAlive(m.ctx)
 	hs.kept = true
-	hs.next = m.now().Add(domain.RenewInterval(hs.ttl))
-	m.awaitArmed(t)
+	armed(t)
 }
 
-// awaitArmed waits until every running keep-alive has set the timer of
-// its next renewal, so that moving the clock next fires it.
-func (m *hmMachine) awaitArmed(t *rapid.T) {
-	want := map[tickTimer]int{}
-	for _, hs := range m.live() {
-		if hs.kept && !hs.ended {
-			want[tickTimer{at: hs.next, d: domain.RenewInterval(hs.ttl)}]++
+// renewalKey is the renewal timer of hs's keep-alive, due at at.
+func renewalKey(hs *hmHandle, at time.Time) tickKey {
+	return tickKey{at: at, d: domain.RenewInterval(hs.ttl)}
+}
+
+// arming returns the function that waits until a keep-alive has set each
+// of the renewal timers keys, so that moving the clock later fires them.
+// Timers of the same time and length set before (by a keep-alive that has
+// stopped since) do not count.
+func (m *hmMachine) arming(keys ...tickKey) func(t *rapid.T) {
+	want := map[tickKey]int{}
+	for _, k := range keys {
+		if _, ok := want[k]; !ok {
+			want[k] = m.clk.count(k)
 		}
+		want[k]++
 	}
-	for k, n := range want {
-		waitFor(t, func() bool { return m.clk.pending(k.at, k.d) >= n },
-			"%d keep-alives did not set their renewal timer for %s", n, k.at)
+	return func(t *rapid.T) {
+		for k, n := range want {
+			waitFor(t, func() bool { return m.clk.count(k) >= n },
+				"a keep-alive did not set its renewal timer for %s", k.at)
+		}
 	}
 }
 
 // Advance moves the clock: a little, to just past the next renewal due,
 // or past a lock's expiry (a pause), firing every timer due by then.
 func (m *hmMachine) Advance(t *rapid.T) {
-	now := m.now()
+	now := m.clk.Now()
 	var d time.Duration
 	switch rapid.IntRange(0, 2).Draw(t, "how") {
 	case 0:
@@ -196,6 +207,13 @@ func (m *hmMachine) moveTo(t *rapid.T, at time.Time) {
 			fired = append(fired, due{hs, m.valid(hs, at), hs.h.Lock().ExpiresAt})
 		}
 	}
+	var next []tickKey
+	for _, f := range fired {
+		if f.valid {
+			next = append(next, renewalKey(f.hs, at.Add(domain.RenewInterval(f.hs.ttl))))
+		}
+	}
+	armed := m.arming(next...)
 	m.clk.moveTo(at, true)
 	now := m.now()
 	for _, f := range fired {
@@ -214,7 +232,7 @@ func (m *hmMachine) moveTo(t *rapid.T, at time.Time) {
 			row := m.rows[hs.ref]
 			row.expires = hs.h.Lock().ExpiresAt
 			m.rows[hs.ref] = row
-			hs.next = now.Add(domain.RenewInterval(hs.ttl))
+			hs.next = at.Add(domain.RenewInterval(hs.ttl))
 		case renewed():
 			t.Fatalf("the keep-alive of handle %d (token %d on %s) renewed a lock it had lost (store: %v): now %+v",
 				hs.id, hs.token, hs.ref, m.rowString(hs.ref), hs.h.Lock())
@@ -226,7 +244,7 @@ func (m *hmMachine) moveTo(t *rapid.T, at time.Time) {
 			}
 		}
 	}
-	m.awaitArmed(t)
+	armed(t)
 }
 
 func finished(done <-chan struct{}) bool {
@@ -330,6 +348,7 @@ func (m *hmMachine) Do(t *rapid.T) {
 	}
 	m.newToken(t, "Do", mine.Token)
 	hs := &hmHandle{id: -1, owner: owner, ref: ref, token: mine.Token}
+	delete(m.rows, ref) // Do took the resource (perhaps over an expired lock); it is released or removed since
 	switch behind {
 	case "nothing", "fail":
 		if behind == "fail" && !errors.Is(err, errHMBoom) || behind == "nothing" && err != nil {
@@ -353,7 +372,7 @@ func (m *hmMachine) Do(t *rapid.T) {
 		}
 		m.checkLoss(t, "Do", hs, err, mine.ExpiresAt, m.now(), false)
 		// The process resumes: its timers fire.
-		m.moveTo(t, m.now())
+		m.moveTo(t, m.clk.Now())
 	}
 }
 

@@ -69,25 +69,34 @@ var (
 
 // tickClock is a clock.Mock whose timers the model fires itself: moving
 // the time fires the timers due by then (or none, for a paused process),
-// and every pending timer can be inspected, so that the model knows when
-// a keep-alive has set its next renewal.
+// and it counts every timer ever set by its time and length, so that the
+// model knows when a keep-alive has set its next renewal.
 type tickClock struct {
 	*clock.Mock
 	mu     sync.Mutex
 	timers []*tickTimer
+	set    map[tickKey]int
+}
+
+type tickKey struct {
+	at time.Time
+	d  time.Duration
 }
 
 type tickTimer struct {
-	at time.Time
-	d  time.Duration
-	c  chan time.Time
+	tickKey
+	c chan time.Time
 }
 
 func (c *tickClock) After(d time.Duration) <-chan time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.Mock.Now()
-	t := &tickTimer{at: now.Add(d), d: d, c: make(chan time.Time, 1)}
+	t := &tickTimer{tickKey: tickKey{at: now.Add(d), d: d}, c: make(chan time.Time, 1)}
+	if c.set == nil {
+		c.set = map[tickKey]int{}
+	}
+	c.set[t.tickKey]++
 	if d <= 0 {
 		t.c <- now
 		return t.c
@@ -113,17 +122,11 @@ func (c *tickClock) moveTo(at time.Time, fire bool) {
 	})
 }
 
-// pending counts the unfired timers of d due at at.
-func (c *tickClock) pending(at time.Time, d time.Duration) int {
+// count returns how many timers of k.d due at k.at were ever set.
+func (c *tickClock) count(k tickKey) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := 0
-	for _, t := range c.timers {
-		if t.d == d && t.at.Equal(at) {
-			n++
-		}
-	}
-	return n
+	return c.set[k]
 }
 
 // hmMachine drives one service ("this process", svc) and another on the
