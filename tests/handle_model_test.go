@@ -239,13 +239,14 @@ func (m *hmMachine) reasons(hs *hmHandle, believed, now time.Time) []domain.Lost
 	switch {
 	case ok && row.token != hs.token && now.Before(row.expires):
 		return []domain.LostReason{domain.LostTakenOver}
-	case !now.Before(believed) || (ok && row.token == hs.token):
+	case ok && row.token != hs.token:
+		// Another acquisition, expired too: it took the resource over,
+		// and the handle's lock was removed before, or had expired.
+		return []domain.LostReason{domain.LostTakenOver, domain.LostRemoved, domain.LostExpired}
+	case ok || !now.Before(believed):
 		return []domain.LostReason{domain.LostExpired}
-	case !ok:
-		return []domain.LostReason{domain.LostRemoved}
 	}
-	// Removed, then taken by another owner whose lock expired too.
-	return []domain.LostReason{domain.LostRemoved, domain.LostExpired, domain.LostTakenOver}
+	return []domain.LostReason{domain.LostRemoved}
 }
 
 // checkLoss checks that err reports the loss of hs's lock, with the true
