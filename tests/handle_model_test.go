@@ -76,6 +76,7 @@ type tickClock struct {
 	mu     sync.Mutex
 	timers []*tickTimer
 	set    map[tickKey]int
+	log    []tickKey // every timer set, in order
 }
 
 type tickKey struct {
@@ -97,6 +98,7 @@ func (c *tickClock) After(d time.Duration) <-chan time.Time {
 		c.set = map[tickKey]int{}
 	}
 	c.set[t.tickKey]++
+	c.log = append(c.log, t.tickKey)
 	if d <= 0 {
 		t.c <- now
 		return t.c
@@ -122,6 +124,13 @@ func (c *tickClock) moveTo(at time.Time, fire bool) {
 	})
 }
 
+// since returns the timers set after the first n.
+func (c *tickClock) since(n int) []tickKey {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.log[min(n, len(c.log)):])
+}
+
 // count returns how many timers of k.d due at k.at were ever set.
 func (c *tickClock) count(k tickKey) int {
 	c.mu.Lock()
@@ -140,6 +149,7 @@ type hmMachine struct {
 	rows    map[domain.ResourceRef]hmRow
 	last    int64 // the largest token given so far
 	handles []*hmHandle
+	guards  map[time.Duration]bool // the lengths of the keep-alives' guard timers
 	steps   *int
 }
 
@@ -360,7 +370,7 @@ func runHandleModel(t *testing.T, open func(t *testing.T) (application.LockRepos
 			rt.Fatal(err)
 		}
 		m := &hmMachine{ctx: context.Background(), clk: clk, repo: repo, svc: svc, other: other,
-			rows: map[domain.ResourceRef]hmRow{}, steps: &steps}
+			rows: map[domain.ResourceRef]hmRow{}, guards: map[time.Duration]bool{}, steps: &steps}
 		defer m.shutdown()
 		rt.Repeat(rapid.StateMachineActions(m))
 	})
