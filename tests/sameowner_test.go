@@ -20,10 +20,12 @@ import (
 	"github.com/cleveragents/locks/tests/testdb"
 )
 
-// Two goroutines that Take one resource with the README's owner,
-// c.Owner(), never both hold it, and the second's Release never deletes
-// the first's lock (issue 19, item 3): a handle is one acquisition, and
-// handles of one container exclude each other whatever owner they carry.
+// Goroutines that Take one resource with the README's owner, c.Owner(),
+// never both hold it, each gets an acquisition of its own (a new token,
+// never the previous holder's, re-entered before its release reached the
+// store), and none's Release deletes another's lock (issue 19, item 3): a
+// handle is one acquisition, and handles of one container exclude each
+// other whatever owner they carry.
 func TestHandles_SameOwnerExcludeEachOther(t *testing.T) {
 	each := func(t *testing.T, database string) {
 		c := MustOpen(t, locks.Config{Database: database, LocalTime: true})
@@ -51,8 +53,8 @@ func TestHandles_SameOwnerExcludeEachOther(t *testing.T) {
 			assert.True(t, removed, "the first handle's Release removes its own lock")
 		})
 
-		t.Run("TwoGoroutinesTakeTurns", func(t *testing.T) {
-			const rounds = 50
+		t.Run("GoroutinesTakeTurns", func(t *testing.T) {
+			const goroutines, rounds = 4, 50
 			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // a deadlock guard
 			defer cancel()
 			var (
@@ -62,12 +64,20 @@ func TestHandles_SameOwnerExcludeEachOther(t *testing.T) {
 				mu       sync.Mutex
 				errs     []error
 			)
+			tokens := map[int64]bool{}
+			seen := func(tok int64) bool { // reports whether tok is new
+				mu.Lock()
+				defer mu.Unlock()
+				fresh := !tokens[tok]
+				tokens[tok] = true
+				return fresh
+			}
 			report := func(err error) {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
 			}
-			for g := range 2 {
+			for g := range goroutines {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
@@ -76,6 +86,10 @@ func TestHandles_SameOwnerExcludeEachOther(t *testing.T) {
 						if err != nil {
 							report(fmt.Errorf("goroutine %d, round %d: take: %w", g, i, err))
 							return
+						}
+						held := h.KeepAlive(wctx) // as Do and the lifecycle service hold a lock
+						if tok := h.Lock().Token; !seen(tok) {
+							report(fmt.Errorf("goroutine %d, round %d: the handle has token %d, which an earlier handle had: it re-entered another acquisition", g, i, tok))
 						}
 						if inside.Add(1) > 1 {
 							overlaps.Add(1)
@@ -86,6 +100,9 @@ func TestHandles_SameOwnerExcludeEachOther(t *testing.T) {
 							report(fmt.Errorf("goroutine %d, round %d: holding token %d, the store has %+v (%v)", g, i, h.Lock().Token, cur, err))
 						}
 						inside.Add(-1)
+						if err := context.Cause(held); err != nil {
+							report(fmt.Errorf("goroutine %d, round %d: token %d lost while held: %w", g, i, h.Lock().Token, err))
+						}
 						removed, err := h.Release(wctx)
 						if err != nil || !removed {
 							report(fmt.Errorf("goroutine %d, round %d: release of token %d removed %v: %v", g, i, h.Lock().Token, removed, err))
