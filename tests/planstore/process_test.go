@@ -42,6 +42,8 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	case "count":
 		os.Exit(workerCount())
+	case "count-shared":
+		os.Exit(workerCountShared())
 	default:
 		fmt.Fprintln(os.Stderr, "unknown worker", os.Getenv(envWorker))
 		os.Exit(2)
