@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/domain"
@@ -57,7 +58,7 @@ var stressResources = []domain.ResourceRef{
 func TestMain(m *testing.M) {
 	switch os.Getenv(envWorker) {
 	case "":
-		os.Exit(m.Run())
+		goleak.VerifyTestMain(m)
 	case "loop":
 		os.Exit(workerLoop())
 	case "hold":

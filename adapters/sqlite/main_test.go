@@ -16,6 +16,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
@@ -42,6 +43,13 @@ func TestMain(m *testing.M) {
 		code = m.Run()
 		if binDir != "" {
 			os.RemoveAll(binDir)
+		}
+		if code == 0 {
+			// Every test has ended: nothing of the store may run on.
+			if err := goleak.Find(); err != nil {
+				fmt.Fprintln(os.Stderr, "goroutines left running after the tests:", err)
+				code = 1
+			}
 		}
 	case "inspect":
 		code = workerInspect(os.Getenv(dbEnv))

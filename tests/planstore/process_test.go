@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/application"
@@ -39,7 +40,7 @@ const (
 func TestMain(m *testing.M) {
 	switch os.Getenv(envWorker) {
 	case "":
-		os.Exit(m.Run())
+		goleak.VerifyTestMain(m)
 	case "count":
 		os.Exit(workerCount())
 	case "count-shared":
