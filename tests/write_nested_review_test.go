@@ -41,4 +41,3 @@ func TestReview_WriteNestedAcquireWithOuterContextDeadlocks(t *testing.T) {
 			"(until the context ended) for fn's own transaction; acquire error: %v", took.Round(time.Millisecond), acqErr)
 	}
 }
-
