@@ -21,12 +21,12 @@ func (c *utcClock) Now() time.Time {
 	return time.Now().UTC().Add(time.Duration(c.step.Load()))
 }
 
-// Review (promise 6): Config.Clock says that on PostgreSQL "a step of the
+// Config.Clock promises that on PostgreSQL "a step of the
 // wall clock moves nothing". With an injected real-time clock whose
 // readings are UTC (no monotonic reading, and no Monotonic method), the
-// server-time estimate moves with the host's wall clock: after a +11 min
-// step this host takes over another host's live 5-minute lock.
-func TestReview_PostgresWallStepWithUTCClockTakesLiveLock(t *testing.T) {
+// server-time estimate must not move with the host's wall clock: after a +11 min
+// step this host must still be refused another host's live 5-minute lock.
+func TestServerTime_WallStepWithUTCClockKeepsLiveLock(t *testing.T) {
 	dsn := testdb.Postgres(t)
 	ctx := context.Background()
 	a, err := locks.Open(ctx, locks.Config{Database: dsn, Owner: "host-a"})
