@@ -167,7 +167,7 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 		f = fencer{dialect: dialect.Postgres, formatError: postgres.FormatError, snapshotConflict: postgres.SnapshotConflict}
 	default:
 		c, cleanup, err = openSQLite(ctx, cfg)
-		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError}
+		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError, snapshotConflict: sqlite.SnapshotConflict}
 	}
 	if err != nil {
 		return nil, err

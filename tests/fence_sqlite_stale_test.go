@@ -15,16 +15,14 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Review (promise 7): through Container.CheckFence, a lost lock is still
-// reported as lost, never as a stale snapshot, and a held one as Held. On
-// SQLite, a deferred transaction that read first gets a
-// *domain.StaleSnapshotError whatever the lock's state: Container wires
-// no snapshotConflict for SQLite (locks.go), so the lock is never read
-// outside the transaction. A lock that another owner has taken over, or
-// that was released, comes back as a retryable StoreBusy/ErrUnavailable
-// error instead of a LockLostError (ErrExpired), and a lock that is held
-// comes back with Held == false.
-func TestReview_SQLiteStaleFenceHidesLostLock(t *testing.T) {
+// Through Container.CheckFence, a lost lock is reported as lost, never as
+// a stale snapshot, and a held one as Held. On SQLite, a deferred
+// transaction that read first cannot take the write lock
+// (SQLITE_BUSY_SNAPSHOT): the container reads the lock outside the
+// transaction, as on PostgreSQL, so that a lock another owner has taken
+// over, or that was released, is a LockLostError (ErrExpired), and a lock
+// still held is a StaleSnapshotError with Held.
+func TestCheckFence_SQLiteStaleSnapshotReadsTheLock(t *testing.T) {
 	for _, sc := range []string{"taken over", "released", "renewed (held)"} {
 		t.Run(sc, func(t *testing.T) {
 			ctx := context.Background()
