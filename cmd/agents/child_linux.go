@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -91,9 +92,28 @@ func startGroup(in io.Reader) (*group, error) {
 		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, int(tty.Fd())
 		cmd.Env = append(os.Environ(), keeperForeground+"=1")
 	}
-	if err := cmd.Start(); err != nil {
+	// The keeper says when it ignores the signals meant for the command:
+	// until then a Ctrl-C to the group would kill it, and with it the
+	// group's guard.
+	ready, readyW, err := os.Pipe()
+	if err != nil {
 		w.Close()
 		return nil, err
+	}
+	defer ready.Close()
+	cmd.Stdout = readyW
+	err = cmd.Start()
+	readyW.Close()
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	var b [1]byte
+	if n, _ := ready.Read(b[:]); n != 1 || b[0] != 'r' {
+		w.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, errors.New("the keeper of the process group ended before it was ready")
 	}
 	g := &group{keeper: cmd, done: w, pgid: cmd.Process.Pid, tty: tty,
 		guard: make(chan struct{}), exited: make(chan struct{}), stops: make(chan struct{}, 1)}
@@ -301,6 +321,8 @@ func keep() int {
 			}()
 		}
 	}
+	_, _ = syscall.Write(1, []byte{'r'}) // ready: see startGroup
+	_ = syscall.Close(1)
 	var b [1]byte
 	for {
 		n, err := syscall.Read(0, b[:])
