@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"entgo.io/ent/dialect"
+
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -70,7 +72,8 @@ func (c *Container) CheckFence(ctx context.Context, tx Querier, f application.Fe
 }
 
 // explainStale explains a fence that failed on the old snapshot of the
-// caller's transaction (PostgreSQL above READ COMMITTED), from the lock
+// caller's transaction (PostgreSQL above READ COMMITTED, a SQLite
+// deferred transaction that read first), from the lock
 // as committed now, read outside the transaction: a held lock gives a
 // StaleSnapshotError that says so (retry), a lost one the LockLostError
 // of what happened to it. The fence failed either way: the transaction
@@ -89,6 +92,9 @@ func (c *Container) explainStale(ctx context.Context, f application.Fence, now t
 	cur, gerr := c.Locks.Get(ctx, f.Resource)
 	switch {
 	case gerr == nil && cur.Token == f.Token && cur.Owner == f.Owner && now.Before(cur.ExpiresAt):
+		if c.fence.dialect == dialect.SQLite {
+			return c.sqliteStale(f, &cur, err)
+		}
 		return entstore.StaleFence(f, isolation, &cur, cause)
 	case gerr == nil:
 		return entstore.FenceLost(f, &cur, now)
@@ -97,7 +103,30 @@ func (c *Container) explainStale(ctx context.Context, f application.Fence, now t
 	case ctx.Err() != nil:
 		return entstore.Explain(ctx, err, "fenced write", c.fence.formatError)
 	}
-	stale = entstore.StaleFence(f, isolation, nil, cause)
+	if c.fence.dialect == dialect.SQLite {
+		stale = c.sqliteStale(f, nil, err)
+	} else {
+		stale = entstore.StaleFence(f, isolation, nil, cause)
+	}
 	stale.Err = errors.Join(cause, fmt.Errorf("reading the lock outside the transaction: %w", gerr))
+	return stale
+}
+
+// sqliteStale is SQLite's refusal of the fence of a deferred transaction
+// that read first (SQLITE_BUSY_SNAPSHOT, in err), which says what the
+// lock, read outside the transaction, is: held, or unknown (nil).
+func (c *Container) sqliteStale(f application.Fence, held *domain.Lock, err error) *domain.StaleSnapshotError {
+	var stale *domain.StaleSnapshotError
+	if !errors.As(c.fence.formatError("check a fence", err), &stale) {
+		stale = &domain.StaleSnapshotError{Op: "check a fence", What: "the transaction's snapshot is out of date", Err: err}
+	}
+	lock := fmt.Sprintf("the lock of owner %q on %s (token %d)", f.Owner, f.Resource, f.Token)
+	if held != nil {
+		stale.Held = true
+		stale.What = fmt.Sprintf("%s is held (until %s), but the fence cannot take SQLite's write lock: %s",
+			lock, held.ExpiresAt.UTC().Format(time.RFC3339Nano), stale.What)
+	} else {
+		stale.What = fmt.Sprintf("%s may be held, but the fence cannot take SQLite's write lock: %s", lock, stale.What)
+	}
 	return stale
 }

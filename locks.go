@@ -61,9 +61,13 @@ type Config struct {
 	// Clock is where the service reads the time; nil means the real clock.
 	// Tests pass clock.NewMock() from github.com/benbjohnson/clock. On
 	// PostgreSQL, expiry is decided on the server's time: its time at the
-	// last measurement plus the time elapsed since on this clock's
-	// monotonic reading (postgres.MonotonicClock), not its wall time, so a
-	// step of the wall clock moves nothing (see LocalTime).
+	// last measurement plus the time elapsed since, measured on this
+	// clock's monotonic reading if it is a postgres.MonotonicClock, and
+	// otherwise on the host's own monotonic clock, never on the readings'
+	// wall time, so a step of the wall clock moves nothing, even for a
+	// clock whose readings carry no monotonic reading (time.Now().UTC()).
+	// The exception is a *clock.Mock: its time is the test's, and stepping
+	// it steps the server's estimated time too (see LocalTime).
 	Clock application.Clock
 	// DisableDeadHolderTakeover makes Acquire wait for the expiry of every
 	// active lock. By default, an active lock whose owner is a process of
@@ -163,7 +167,7 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 		f = fencer{dialect: dialect.Postgres, formatError: postgres.FormatError, snapshotConflict: postgres.SnapshotConflict}
 	default:
 		c, cleanup, err = openSQLite(ctx, cfg)
-		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError}
+		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError, snapshotConflict: sqlite.SnapshotConflict}
 	}
 	if err != nil {
 		return nil, err

@@ -37,11 +37,20 @@ var errNoWriter = errors.New("Container.Write serves the SQLite lock store, whos
 //
 // fn runs with the database's only write lock held: keep it short. It may
 // run again when the database was busy, and must start from nothing each
-// time. It may call CheckFence on tx, but must not take or release locks
-// with the context it is given: that call would wait for fn's own
-// transaction, and fails instead. It runs on whichever goroutine leads
-// the queue, with ctx's values but not its cancellation; when ctx ends
-// meanwhile, the transaction is rolled back once fn returns.
+// time. It may call CheckFence on tx, but must not take or release locks:
+// such a call waits for fn's own transaction, which cannot commit until
+// the call returns. Made with the context fn is given, it is refused at
+// once (a *domain.StoreError). Made with any other context (a closure
+// that captures the caller's ctx), it cannot be told from another
+// goroutine's call waiting its turn, and behaves as a nested
+// sync.Mutex.Lock: it waits until that context ends and returns its error
+// (saying that it waited behind an application transaction), or never
+// returns if it never ends, and all the while fn holds the file's only
+// write lock, so that every lock operation of every process waits and
+// kept-alive locks expire. Take and release locks before or after Write.
+// fn runs on whichever goroutine leads the queue, with ctx's values but
+// not its cancellation; when ctx ends meanwhile, the transaction is
+// rolled back once fn returns.
 //
 // Errors: fn's own error, as it returned it; ctx's error when ctx ends
 // before the commit (the changes are undone); domain.ErrClosed once Close

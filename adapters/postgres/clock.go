@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/benbjohnson/clock"
+
 	"github.com/cleveragents/locks/application"
 )
 
@@ -31,12 +33,15 @@ const (
 
 // MonotonicClock is a local clock that also has a monotonic reading: one
 // that a step of the wall clock does not move. ServerClock measures
-// elapsed time with it when the local clock implements it, and otherwise
-// with time.Time.Sub of two readings of Now, which uses their monotonic
-// component when they carry one (time.Now's do, and so do those of
-// clock.New from github.com/benbjohnson/clock), and their wall time when
-// they do not (a clock.Mock's, whose time moves only when the test moves
-// it: the server's estimated time then moves with it).
+// elapsed time with it when the local clock implements it. A local clock
+// that does not is used for its wall time only (Offset): elapsed time is
+// then measured on this host's monotonic clock (SystemClock's), whatever the
+// clock's readings carry, so that a clock returning time.Now().UTC()
+// (which strips the monotonic reading) cannot let a wall step move the
+// server's estimated time. The one exception is a *clock.Mock of
+// github.com/benbjohnson/clock: its time is the test's, and elapsed time
+// is measured on it, so stepping it (Add, Set) is stepping the test's
+// time, and the server's estimated time moves with it.
 type MonotonicClock interface {
 	application.Clock
 	// Monotonic returns the time elapsed since an instant of the clock's
@@ -48,8 +53,10 @@ type MonotonicClock interface {
 // It satisfies application.Clock and application.Timers; its timers are
 // the local clock's (a duration is the same on both).
 type ServerClock struct {
-	local  application.Clock
-	mono   MonotonicClock // local, when it has a monotonic reading
+	local application.Clock
+	// mono is the monotonic clock that elapsed time is measured on; nil
+	// for a *clock.Mock, whose Now is the test's time.
+	mono   func() time.Duration
 	timers application.Timers
 	db     *sql.DB
 
@@ -79,8 +86,15 @@ func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*Serv
 	if t, ok := local.(application.Timers); ok {
 		c.timers = t
 	}
-	if m, ok := local.(MonotonicClock); ok {
-		c.mono = m
+	switch l := local.(type) {
+	case MonotonicClock:
+		c.mono = l.Monotonic
+	case *clock.Mock:
+	default:
+		// The host's own monotonic clock (SystemClock's, which counts
+		// sleep too): the local clock's readings may carry no monotonic
+		// component.
+		c.mono = SystemClock{}.Monotonic
 	}
 	if err := c.measure(ctx); err != nil {
 		return nil, FormatError("read the server's clock", err)
@@ -103,12 +117,11 @@ func (c *ServerClock) Now() time.Time {
 // difference of the readings.
 var monotonicEpoch = time.Unix(0, 0)
 
-// tick reads the local monotonic clock as a time.Time, for Sub: a
-// MonotonicClock's reading, or else the local clock's Now, whose own
-// monotonic component Sub uses when it has one.
+// tick reads the monotonic clock as a time.Time, for Sub: mono's reading,
+// or a *clock.Mock's Now, which is the test's time.
 func (c *ServerClock) tick() time.Time {
 	if c.mono != nil {
-		return monotonicEpoch.Add(c.mono.Monotonic())
+		return monotonicEpoch.Add(c.mono())
 	}
 	return c.local.Now()
 }

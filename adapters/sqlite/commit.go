@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 
@@ -41,7 +42,11 @@ type committer struct {
 	mu      sync.Mutex
 	queue   []*txCall // calls not yet taken into a batch, in arrival order
 	leading bool      // a caller is running batches
-	stats   WriteStats
+	// appTx is set while the batch under way is an application's
+	// transaction (Write): a write whose context ends while it waits
+	// behind one says so (see await).
+	appTx bool
+	stats WriteStats
 }
 
 // WriteStats counts the writes of a DB since it opened.
@@ -132,6 +137,9 @@ func (c *committer) await(call *txCall) bool {
 		}
 	}
 	call.err = call.ctx.Err()
+	if c.appTx {
+		call.err = fmt.Errorf("%w: %s", call.err, waitedBehindWrite)
+	}
 	if call.leads {
 		c.passLead()
 	}
@@ -225,6 +233,7 @@ func (c *committer) claim() []*txCall {
 	for _, call := range batch {
 		call.claimed = true
 	}
+	c.appTx = n == 1 && batch[0].kind == transaction
 	if n > 0 {
 		c.stats.Transactions++
 		c.stats.Writes += int64(n)
@@ -311,6 +320,9 @@ func (c *committer) runBatch() {
 	// Counted before the callers learn their outcome, so that a caller
 	// that writes again finds its last write counted.
 	c.db.checkpoints.wrote(batch)
+	c.mu.Lock()
+	c.appTx = false
+	c.mu.Unlock()
 	for _, call := range batch {
 		close(call.done)
 	}

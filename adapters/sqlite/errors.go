@@ -27,8 +27,7 @@ func FormatError(op string, err error) error {
 	if errors.As(err, &se) || isDomainError(err) {
 		return err
 	}
-	var serr *sqlite.Error
-	if errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_BUSY_SNAPSHOT {
+	if SnapshotConflict(err) {
 		return &domain.StaleSnapshotError{Op: op, What: staleSnapshot, Advice: staleSnapshotAdvice, Err: err}
 	}
 	return &domain.StoreError{Op: op, Kind: kindOf(err), Err: err}
@@ -45,6 +44,16 @@ const (
 	staleSnapshotAdvice = "roll the transaction back and run it again, begun with BEGIN IMMEDIATE: open its connection " +
 		"with the lock store's DSN (sqlite.DSN) or with _txlock=immediate, so that it takes the write lock before it reads"
 )
+
+// SnapshotConflict reports whether err is SQLite's refusal of a write by a
+// deferred transaction whose snapshot is older than a commit of another
+// connection (SQLITE_BUSY_SNAPSHOT): a fence checked after the
+// transaction read. Whether the lock is held can then be known only by
+// reading it outside the transaction (Container.CheckFence does).
+func SnapshotConflict(err error) bool {
+	var serr *sqlite.Error
+	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_BUSY_SNAPSHOT
+}
 
 func isDomainError(err error) bool {
 	return errors.Is(err, domain.ErrConflict) || errors.Is(err, domain.ErrExpired) ||

@@ -26,6 +26,17 @@ var errNestedWrite = errors.New("a write of the lock store was called from insid
 	"with its context, and would wait for that function's own transaction: " +
 	"take and release locks before or after the Write, and do the transaction's writes through its tx")
 
+// waitedBehindWrite is added to the context's error of a lock store write
+// that gave up while it waited behind an application's transaction. Such
+// a wait is what a lock call made from inside Write's function with a
+// context other than the function's own looks like: nothing can tell it
+// from a call of another goroutine that waits its turn, so it waits, as a
+// nested sync.Mutex.Lock would, until its context ends.
+const waitedBehindWrite = "it waited behind an application transaction (DB.Write, Container.Write) that was still running: " +
+	"if this call was made from inside that Write's function, it was waiting for the function's own transaction, " +
+	"which cannot commit until the call returns: take and release locks before or after the Write " +
+	"(or pass the function's own context, and such a call is refused at once)"
+
 // fnError carries the error of Write's function through the queue, so
 // that it is returned as it is, and never read as the store's own.
 type fnError struct{ err error }
@@ -49,8 +60,10 @@ func (e *fnError) Error() string { return e.err.Error() }
 // for it: keep fn short, and do slow work before it. fn may be run again
 // when the database was busy (another process writing without the queue)
 // and must start from nothing each time; it must not call the lock store
-// with the context it is given (that call would wait for fn's own
-// transaction: it fails instead), nor keep tx after it returns. fn runs
+// (that call would wait for fn's own transaction: with the context fn is
+// given it fails at once; with any other it waits, as a nested
+// sync.Mutex.Lock would, until that context ends, holding the write lock
+// all the while), nor keep tx after it returns. fn runs
 // on whichever goroutine leads the queue, not necessarily the caller's,
 // and its context carries ctx's values but not its cancellation (the
 // driver would answer it by interrupting the shared connection): when ctx

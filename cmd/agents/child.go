@@ -15,6 +15,9 @@ type child struct {
 	done chan error
 	// reported is set once the loss of the lock has been reported.
 	reported bool
+	// unguarded says why the group was killed when its keeper died or was
+	// stopped; empty if it was not.
+	unguarded string
 	// group is the process group the command runs in; nil for agents'.
 	group *group
 }

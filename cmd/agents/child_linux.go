@@ -1,12 +1,15 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -60,6 +63,13 @@ type group struct {
 	// close stops it; resumed is closed once it has stopped.
 	conts   chan os.Signal
 	resumed sync.WaitGroup
+	// guard is closed the first time the keeper dies or is stopped (see
+	// watch); guardWhy says which. exited is closed once it has been
+	// reaped, and stops receives each stop.
+	guard    chan struct{}
+	guardWhy string
+	exited   chan struct{}
+	stops    chan struct{}
 }
 
 // startGroup starts the keeper of a new process group. If in is a
@@ -82,11 +92,32 @@ func startGroup(in io.Reader) (*group, error) {
 		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, int(tty.Fd())
 		cmd.Env = append(os.Environ(), keeperForeground+"=1")
 	}
-	if err := cmd.Start(); err != nil {
+	// The keeper says when it ignores the signals meant for the command:
+	// until then a Ctrl-C to the group would kill it, and with it the
+	// group's guard.
+	ready, readyW, err := os.Pipe()
+	if err != nil {
 		w.Close()
 		return nil, err
 	}
-	g := &group{keeper: cmd, done: w, pgid: cmd.Process.Pid, tty: tty}
+	defer ready.Close()
+	cmd.Stdout = readyW
+	err = cmd.Start()
+	readyW.Close()
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	var b [1]byte
+	if n, _ := ready.Read(b[:]); n != 1 || b[0] != 'r' {
+		w.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, errors.New("the keeper of the process group ended before it was ready")
+	}
+	g := &group{keeper: cmd, done: w, pgid: cmd.Process.Pid, tty: tty,
+		guard: make(chan struct{}), exited: make(chan struct{}), stops: make(chan struct{}, 1)}
+	go g.watch()
 	if tty != nil {
 		g.conts = make(chan os.Signal, 1)
 		signal.Notify(g.conts, syscall.SIGCONT)
@@ -162,7 +193,14 @@ func (g *group) close() {
 	_, _ = g.done.Write([]byte{'d'}) // fails if the keeper was killed with the group
 	_ = g.done.Close()
 	g.done = nil
-	_ = g.keeper.Wait()
+	// A stopped keeper would never read it: it has no group left to
+	// guard, so it is killed alone.
+	select {
+	case <-g.exited:
+	case <-g.stops:
+		_ = syscall.Kill(g.pgid, syscall.SIGKILL)
+		<-g.exited
+	}
 	if g.tty == nil {
 		return
 	}
@@ -175,6 +213,70 @@ func (g *group) close() {
 		signal.Ignore(syscall.SIGTTOU)
 		_ = tcsetpgrp(g.tty, syscall.Getpgrp())
 		signal.Reset(syscall.SIGTTOU)
+	}
+}
+
+// watch waits for the keeper (reaping it in place of exec.Cmd.Wait, which
+// cannot report a stop): the keeper is the only thing that kills the group
+// should agents die, so the moment it dies or is stopped (SIGSTOP, which
+// no process can ignore) the group has lost its guard, and guard says so.
+func (g *group) watch() {
+	defer close(g.exited)
+	defer g.keeper.Process.Release() // reaped here: exec.Cmd.Wait is never called
+	lose := func(why string) {
+		select {
+		case <-g.guard:
+		default:
+			g.guardWhy = why
+			close(g.guard)
+		}
+	}
+	for {
+		var ws syscall.WaitStatus
+		_, err := syscall.Wait4(g.pgid, &ws, syscall.WUNTRACED, nil)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err != nil:
+			lose("cannot be waited for: " + err.Error())
+			return
+		case ws.Stopped():
+			lose("was stopped (" + ws.StopSignal().String() + ")")
+			select {
+			case g.stops <- struct{}{}:
+			default:
+			}
+			continue
+		case ws.Signaled():
+			lose("was killed (" + ws.Signal().String() + ")")
+		default:
+			lose(fmt.Sprintf("exited (status %d)", ws.ExitStatus()))
+		}
+		return
+	}
+}
+
+// guarded returns a channel that is closed once the keeper has died or
+// been stopped, and why, after it is closed.
+func (g *group) guarded() (<-chan struct{}, func() string) {
+	if g == nil {
+		return nil, nil
+	}
+	return g.guard, func() string { <-g.guard; return g.guardWhy }
+}
+
+// reap kills every process that is left in the group, until none is (or
+// a few seconds have passed: a zombie that nobody reaps does no work).
+// It is what agents does when the keeper can no longer do it.
+func (g *group) reap() {
+	if g == nil {
+		return
+	}
+	for range 500 {
+		if err := syscall.Kill(-g.pgid, syscall.SIGKILL); err == syscall.ESRCH {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -202,7 +304,12 @@ func protectChild(cmd *exec.Cmd, g *group) {
 // agents forwards to the group: they are for the command. If the group
 // has the terminal, a stop from it (Ctrl-Z) stops agents' group too.
 func keep() int {
-	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	// SIGTSTP, SIGTTIN and SIGTTOU are ignored too (or caught, below):
+	// they would stop the keeper, and a stopped keeper guards nothing;
+	// agents treats it as gone (see group.watch). SIGSTOP cannot be
+	// ignored, which is why agents watches.
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
+		syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
 	if os.Getenv(keeperForeground) != "" {
 		stops := make(chan os.Signal, 1)
 		signal.Notify(stops, syscall.SIGTSTP)
@@ -214,6 +321,8 @@ func keep() int {
 			}()
 		}
 	}
+	_, _ = syscall.Write(1, []byte{'r'}) // ready: see startGroup
+	_ = syscall.Close(1)
 	var b [1]byte
 	for {
 		n, err := syscall.Read(0, b[:])

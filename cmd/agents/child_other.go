@@ -22,6 +22,12 @@ func (g *group) id() int { return 0 }
 // close does nothing.
 func (g *group) close() {}
 
+// guarded returns no channel: there is no keeper to lose.
+func (g *group) guarded() (<-chan struct{}, func() string) { return nil, nil }
+
+// reap does nothing: there is no group.
+func (g *group) reap() {}
+
 // signal sends sig to the command.
 func (p *child) signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 

@@ -44,7 +44,9 @@ type commandDoc struct {
 
 // lostDoc is a lock lost while the command ran.
 type lostDoc struct {
-	// Reason is expired, taken_over, removed, store_failing or closed.
+	// Reason is expired, taken_over, removed, store_failing or closed; or
+	// keeper_gone when the lock was not lost but the keeper of the
+	// command's group died or was stopped, and agents killed the group.
 	Reason  string `json:"reason"`
 	Message string `json:"message"`
 	// At is when agents noticed the loss.
@@ -138,6 +140,9 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		return commandError(argv[0], err)
 	}
 	c.supervise(p, h, held, sigs, grace)
+	if p.unguarded != "" {
+		g.reap() // before the release: no process of the work outlives the lock
+	}
 	g.close()
 
 	// CMD has ended: stop renewing, then release the lock if it is still
@@ -159,13 +164,15 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	}
 	if lost != nil {
 		doc.Lost = newLostDoc(lost)
+	} else if p.unguarded != "" {
+		doc.Lost = &lostDoc{Reason: "keeper_gone", Message: p.unguarded, At: c.clock.Now().UTC().Format(jsonTime)}
 	}
 	if c.g.json {
 		if err := c.writeJSON(doc); err != nil {
 			return err
 		}
 	}
-	if lost != nil {
+	if lost != nil || p.unguarded != "" {
 		return exitStatus(exitExpired)
 	}
 	return exitStatus(doc.Command.ExitCode)
@@ -252,14 +259,24 @@ func (c *invocation) command(path string, argv []string, l domain.Lock) *exec.Cm
 
 // supervise waits for CMD to end, forwarding the signals that agents
 // receives to CMD's process group, and stopping the group if the lock is
-// lost: SIGTERM at once, SIGKILL after grace.
+// lost: SIGTERM at once, SIGKILL after grace. If the group's keeper dies
+// or is stopped, nothing would stop the group should agents die too, so
+// the group is killed at once (the keeper with it, if it was stopped).
 func (c *invocation) supervise(p *child, h *application.Handle, held context.Context, sigs <-chan os.Signal, grace time.Duration) {
 	lostc := held.Done()
+	guard, why := p.group.guarded()
 	var kill <-chan time.Time
 	for {
 		select {
 		case <-p.done:
 			return
+		case <-guard:
+			guard = nil
+			p.unguarded = fmt.Sprintf("the keeper of the command's process group (pid %d) %s: nothing would stop "+
+				"the command's processes were agents to die, so agents killed the group (SIGKILL)", p.group.id(), why())
+			p.reported = true
+			fmt.Fprintf(c.stderr, "%s: %s; run the command again\n", c.prog(), p.unguarded)
+			_ = p.kill()
 		case s := <-sigs:
 			_ = p.signal(s) // fails only once the group has ended
 		case <-lostc:

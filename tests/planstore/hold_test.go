@@ -152,8 +152,11 @@ func deferredDSN(t *testing.T, database string) string {
 // fence's UPDATE then takes the write lock, so it holds the lock until the
 // commit as well. A deferred transaction that read before the fence works
 // on a snapshot that a change of hands may have outdated: SQLite refuses
-// it the write lock (SQLITE_BUSY_SNAPSHOT), so the fence fails as busy,
-// and never succeeds on what the transaction read.
+// it the write lock (SQLITE_BUSY_SNAPSHOT), so the fence never succeeds
+// on what the transaction read: Container.CheckFence reads the lock
+// outside the transaction, and a lock taken over meanwhile is the
+// LockLostError naming the new holder, a lock renewed meanwhile (held) a
+// busy StaleSnapshotError.
 func TestCheckFence_SQLiteDeferredTransaction(t *testing.T) {
 	ctx := context.Background()
 	database := t.TempDir() + "/agents.db"
@@ -195,7 +198,12 @@ func TestCheckFence_SQLiteDeferredTransaction(t *testing.T) {
 		require.NoError(t, err)
 		err = c.CheckFence(ctx, tx, application.FenceOf(a))
 		require.Error(t, err, "a fence checked on an outdated snapshot must never hold")
-		assert.True(t, domain.IsStoreKind(err, domain.StoreBusy), "%v", err)
+		var lost *domain.LockLostError
+		require.ErrorAs(t, err, &lost, "the lock is B's now: %v", err)
+		assert.ErrorIs(t, err, domain.ErrExpired)
+		assert.Equal(t, domain.LostTakenOver, lost.Reason)
+		require.NotNil(t, lost.NewHolder, "%v", err)
+		assert.Equal(t, "B", lost.NewHolder.Owner)
 	})
 
 	t.Run("read, then a renewal", func(t *testing.T) {
