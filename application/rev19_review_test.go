@@ -1,0 +1,238 @@
+package application_test
+
+// Adversarial review (rev19). These tests are expected to FAIL: each one
+// shows a promise of the handle change that does not hold.
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/adapters/memory"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+var rvPlan = domain.ResourceRef{Type: domain.ResourcePlan, ID: "rev19"}
+
+var rvStart = time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
+
+func rvMock() *clock.Mock {
+	mc := clock.NewMock()
+	mc.Set(rvStart)
+	return mc
+}
+
+// Docs (holding.md, Re-entry; AcquireOptions.Reentrant): a re-entered
+// handle "shares the holder's token, does not change its expiry". But a
+// re-entered handle renews (Renew, or its own KeepAlive, or a nested Do)
+// with ITS OWN TTL, and so shortens the outer lock in the store. The outer
+// handle still believes it holds the lock until its own, later expiry:
+// another process takes the lock, and the outer keep-alive context stays
+// live (two holders until the outer's next renewal, ttl/2 later), and the
+// loss, once found, is explained falsely ("before its expiry ... removed").
+func TestReview19_ReentrantRenewShortensOuterLock(t *testing.T) {
+	ctx := context.Background()
+	mc := rvMock()
+	repo := memory.NewLockRepository()
+	procA, err := application.NewLockService(repo, mc, 0) // "process" A
+	require.NoError(t, err)
+	procB, err := application.NewLockService(repo, mc, 0) // "process" B, same store
+	require.NoError(t, err)
+
+	outer, err := procA.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Hour})
+	require.NoError(t, err)
+	held := outer.KeepAlive(ctx)
+	defer outer.Release(ctx)
+
+	inner, err := procA.Take(held, "A", rvPlan, application.AcquireOptions{TTL: 5 * time.Second, Reentrant: true})
+	require.NoError(t, err)
+	require.Equal(t, outer.Lock().Token, inner.Lock().Token)
+	_, err = inner.Renew(ctx) // a helper that renews the handle it was given
+	require.NoError(t, err)
+	_, _ = inner.Release(ctx)
+
+	cur, err := procA.Get(ctx, rvPlan)
+	require.NoError(t, err)
+	assert.Equal(t, outer.Lock().ExpiresAt, cur.ExpiresAt,
+		"the re-entry changed the outer lock's expiry in the store (docs: it does not)")
+
+	mc.Add(10 * time.Second) // far before the outer's renewal (30 min)
+	other, err := procB.Take(ctx, "B", rvPlan, application.AcquireOptions{})
+	if err == nil {
+		defer other.Release(ctx)
+		select {
+		case <-held.Done():
+		default:
+			t.Errorf("process B holds %s (token %d) while A's keep-alive context is still live and A.Err()=%v",
+				rvPlan, other.Lock().Token, outer.Err())
+		}
+		lost := outer.Lost(ctx)
+		if lost != nil {
+			t.Logf("outer's loss as explained: %v", lost)
+			assert.NotContains(t, lost.Error(), "before its expiry",
+				"the loss message says the lock was removed before its expiry; it expired (shortened by the re-entry)")
+		}
+	}
+}
+
+// failingDeleteToken fails the first DeleteToken with a transient store
+// error (SQLite busy, PostgreSQL unreachable for a moment).
+type failingDeleteToken struct {
+	*memory.LockRepository
+	mu    sync.Mutex
+	fails int
+}
+
+func (r *failingDeleteToken) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
+	r.mu.Lock()
+	fail := r.fails > 0
+	if fail {
+		r.fails--
+	}
+	r.mu.Unlock()
+	if fail {
+		return false, &domain.StoreError{Op: "release", Kind: domain.StoreBusy, Err: errors.New("database is locked")}
+	}
+	return r.LockRepository.DeleteToken(ctx, ref, token, now)
+}
+
+// Promise 1/3: a second Take never shares the token of another
+// acquisition. A release that fails with a transient store error vacates
+// the handle's slot anyway while the lock stays in the store: the next
+// Take of the same owner re-enters it in the store and gets the first
+// handle's token. The released handle then still reports "not lost"
+// (Lost = nil), can still Renew, and its fence is the new handle's fence.
+// The failed Release cannot be retried either: the second call is a
+// no-op (false, nil) and the lock is left behind.
+func TestReview19_FailedReleaseLetsNextTakeShareToken(t *testing.T) {
+	ctx := context.Background()
+	mc := rvMock()
+	repo := &failingDeleteToken{LockRepository: memory.NewLockRepository()}
+	svc, err := application.NewLockService(repo, mc, 0)
+	require.NoError(t, err)
+
+	first, err := svc.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Minute})
+	require.NoError(t, err)
+	repo.fails = 1
+	ok, err := first.Release(ctx)
+	require.Error(t, err, "the store failed the release")
+	require.False(t, ok)
+
+	// A retry of the release: "harmless", and does nothing.
+	ok, err = first.Release(ctx)
+	t.Logf("second Release: %v, %v", ok, err)
+	if l, gerr := svc.Get(ctx, rvPlan); gerr == nil && !l.ExpiredAt(svc.Now()) {
+		t.Logf("after two Release calls the lock (token %d) is still stored, active until %s", l.Token, l.ExpiresAt)
+	}
+
+	second, err := svc.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Minute})
+	require.NoError(t, err)
+	defer second.Release(ctx)
+	assert.NotEqual(t, first.Lock().Token, second.Lock().Token,
+		"a new Take got the token of another (released) acquisition: two handles, one token, one fence")
+	assert.Error(t, first.Lost(ctx), "the released first handle says its lock is not lost while the second handle holds it")
+	_, rerr := first.Renew(ctx)
+	assert.Error(t, rerr, "the released first handle renewed the second handle's lock")
+}
+
+// Promise 3 (mixing): a Take is "one acquisition, with its own token"
+// (Take's godoc). An owner-scoped Acquire of the same owner held by
+// another goroutine is an acquisition too, but Take re-enters it in the
+// store: the handle gets that lock's token, and the owner-scoped holder's
+// Release removes the handle's lock behind its back.
+func TestReview19_TakeReentersOwnerScopedLock(t *testing.T) {
+	ctx := context.Background()
+	mc := rvMock()
+	svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0)
+	require.NoError(t, err)
+
+	l, err := svc.Acquire(ctx, "A", rvPlan, time.Minute) // goroutine 1, owner-scoped
+	require.NoError(t, err)
+	h, err := svc.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Minute}) // goroutine 2
+	if err == nil {
+		defer h.Release(ctx)
+		assert.NotEqual(t, l.Token, h.Lock().Token,
+			"Take returned a handle on the token of goroutine 1's owner-scoped lock: two holders in one process")
+	}
+}
+
+// timerMock reports the timers the service sets, so that the test moves
+// time only once the service waits.
+type timerMock struct {
+	*clock.Mock
+	set chan time.Duration
+}
+
+func (c *timerMock) After(d time.Duration) <-chan time.Time {
+	ch := c.Mock.After(d)
+	c.set <- d
+	return ch
+}
+
+func (c *timerMock) await(t *testing.T) time.Duration {
+	t.Helper()
+	select {
+	case d := <-c.set:
+		return d
+	case <-time.After(10 * time.Second):
+		t.Fatal("no timer set")
+		return 0
+	}
+}
+
+// Promise 3 (FIFO): waiters of one service take the lock in arrival order.
+// A waiter queued behind the head whose Timeout passes makes "one try" and
+// takes a lock that has just come free, ahead of the head that has waited
+// longer.
+func TestReview19_TimedOutWaiterJumpsTheQueue(t *testing.T) {
+	ctx := context.Background()
+	mc := &timerMock{Mock: rvMock(), set: make(chan time.Duration, 1024)}
+	repo := memory.NewLockRepository()
+	svc, err := application.NewLockService(repo, mc, 0)
+	require.NoError(t, err)
+	other, err := application.NewLockService(repo, mc, 0) // another process
+	require.NoError(t, err)
+
+	_, err = other.Acquire(ctx, "X", rvPlan, time.Minute)
+	require.NoError(t, err)
+
+	type res struct {
+		h   *application.Handle
+		err error
+	}
+	first := make(chan res, 1)
+	go func() {
+		h, err := svc.Take(ctx, "first", rvPlan, application.AcquireOptions{Wait: true, TTL: time.Minute})
+		first <- res{h, err}
+	}()
+	poll := mc.await(t) // the head's poll backoff (2.5-5 ms)
+	require.Less(t, poll, 10*time.Millisecond)
+
+	second := make(chan res, 1)
+	go func() {
+		h, err := svc.Take(ctx, "second", rvPlan, application.AcquireOptions{Wait: true, TTL: time.Minute, Timeout: time.Millisecond})
+		second <- res{h, err}
+	}()
+	require.Equal(t, time.Millisecond, mc.await(t)) // second's timeout timer
+	require.Eventually(t, func() bool { return svc.Waiting(rvPlan) == 2 }, 5*time.Second, time.Millisecond)
+
+	_, err = other.Release(ctx, "X", rvPlan) // the other process lets go
+	require.NoError(t, err)
+	mc.Add(time.Millisecond) // second's timeout; the head still sleeps
+	r := <-second
+	if r.err == nil {
+		t.Errorf("the second waiter (timed out, queued behind the head) took the lock, token %d, ahead of the head", r.h.Lock().Token)
+		_, _ = r.h.Release(ctx)
+	}
+	mc.Add(time.Second)
+	f := <-first
+	require.NoError(t, f.err)
+	_, _ = f.h.Release(ctx)
+}
