@@ -236,3 +236,62 @@ func TestReview19_TimedOutWaiterJumpsTheQueue(t *testing.T) {
 	require.NoError(t, f.err)
 	_, _ = f.h.Release(ctx)
 }
+
+// hangingRenewal blocks every Update, once armed, until its context ends:
+// a renewal stuck in the store (a SQLite writer queue, a PostgreSQL server
+// that stopped answering).
+type hangingRenewal struct {
+	*memory.LockRepository
+	mu      sync.Mutex
+	armed   bool
+	entered chan struct{}
+}
+
+func (r *hangingRenewal) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
+	r.mu.Lock()
+	armed := r.armed
+	r.mu.Unlock()
+	if armed {
+		r.entered <- struct{}{}
+		<-ctx.Done()
+		return domain.Lock{}, &domain.StoreError{Op: "renew", Kind: domain.StoreUnreachable, Err: ctx.Err()}
+	}
+	return r.LockRepository.Update(ctx, ref, decide)
+}
+
+// Promise 6 / holding.md: "Container.Close ends every wait and keep-alive
+// of the container at once ... it returns only once every keep-alive
+// context it ended has ended". A keep-alive whose renewal is in the store
+// is not ended by Close: Close waits for the renewal, which is bounded only
+// by the lock's expiry (up to the TTL, an hour), so Close times out and
+// the keep-alive's context is still live (the container then releases
+// nothing).
+func TestReview19_CloseDoesNotEndAKeepAliveInARenewal(t *testing.T) {
+	ctx := context.Background()
+	mc := &timerMock{Mock: rvMock(), set: make(chan time.Duration, 1024)}
+	repo := &hangingRenewal{LockRepository: memory.NewLockRepository(), entered: make(chan struct{}, 1)}
+	svc, err := application.NewLockService(repo, mc, 0)
+	require.NoError(t, err)
+	h, err := svc.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Hour})
+	require.NoError(t, err)
+	held := h.KeepAlive(ctx)
+	require.Equal(t, 30*time.Minute, mc.await(t))
+	repo.mu.Lock()
+	repo.armed = true
+	repo.mu.Unlock()
+	mc.Add(30 * time.Minute)
+	<-repo.entered // the renewal is in the store
+	mc.await(t)    // and its expiry guard is set
+
+	closeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	cerr := svc.Close(closeCtx)
+	assert.NoError(t, cerr, "Close did not end the keep-alive")
+	select {
+	case <-held.Done():
+	default:
+		t.Error("Close returned while the keep-alive context it should have ended is still live")
+	}
+	mc.Add(time.Hour) // let the renewal's expiry guard end it
+	<-h.Done()
+}
