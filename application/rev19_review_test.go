@@ -295,3 +295,58 @@ func TestReview19_CloseDoesNotEndAKeepAliveInARenewal(t *testing.T) {
 	mc.Add(time.Hour) // let the renewal's expiry guard end it
 	<-h.Done()
 }
+
+// KeepAlive: "returns a context ... that ends the moment the lock is
+// lost". A handle that learns of the loss other than through its keep-alive
+// goroutine (its own Renew, or a re-entrant Take inside Do's fn that finds
+// the lock gone) records it (Err is set, its slot is free, another handle
+// takes the plan), but the work's context stays live until the keep-alive's
+// next renewal, ttl/2 later: the work goes on while another handle of the
+// same process holds the plan.
+func TestReview19_LossLearnedOutsideKeepAliveLeavesContextLive(t *testing.T) {
+	ctx := context.Background()
+	mc := rvMock()
+	svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0)
+	require.NoError(t, err)
+
+	t.Run("Renew", func(t *testing.T) {
+		h, err := svc.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Hour})
+		require.NoError(t, err)
+		held := h.KeepAlive(ctx)
+		defer h.Release(ctx)
+		_, err = svc.Release(ctx, "A", rvPlan) // behind its back
+		require.NoError(t, err)
+		_, err = h.Renew(ctx)
+		require.ErrorIs(t, err, domain.ErrExpired)
+		require.Error(t, h.Err(), "the handle knows it lost the lock")
+		other, err := svc.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Hour})
+		require.NoError(t, err, "its slot is free: another handle takes the plan")
+		defer other.Release(ctx)
+		select {
+		case <-held.Done():
+		default:
+			t.Errorf("the first handle's keep-alive context is live (Err=%v) while handle token %d holds the plan", h.Err(), other.Lock().Token)
+		}
+	})
+
+	t.Run("ReentrantTakeInDo", func(t *testing.T) {
+		ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "rev19-do"}
+		var live bool
+		var second *application.Handle
+		err := svc.Do(ctx, "A", ref, application.AcquireOptions{TTL: time.Hour}, func(ctx context.Context, _ domain.Lock) error {
+			_, err := svc.Release(context.Background(), "A", ref) // an operator, behind its back
+			require.NoError(t, err)
+			_, err = svc.Take(ctx, "A", ref, application.AcquireOptions{Reentrant: true})
+			require.ErrorIs(t, err, domain.ErrExpired, "the nested Take finds the loss")
+			second, err = svc.Take(context.Background(), "A", ref, application.AcquireOptions{TTL: time.Hour})
+			require.NoError(t, err, "another goroutine's handle takes the plan")
+			live = ctx.Err() == nil
+			return nil
+		})
+		require.Error(t, err)
+		if second != nil {
+			defer second.Release(ctx)
+		}
+		assert.False(t, live, "fn's context was still live after the loss was recorded and another handle held the plan")
+	})
+}
