@@ -350,3 +350,37 @@ func TestReview19_LossLearnedOutsideKeepAliveLeavesContextLive(t *testing.T) {
 		assert.False(t, live, "fn's context was still live after the loss was recorded and another handle held the plan")
 	})
 }
+
+// closeOnAcquire closes the service the moment a lock is acquired: a
+// concurrent Close (the container shutting down) that lands between Do's
+// Take and its KeepAlive.
+type closeOnAcquire struct{ svc *application.LockService }
+
+func (o closeOnAcquire) Observe(ctx context.Context, e application.Event) {
+	if e.Kind == application.EventAcquired {
+		_ = o.svc.Close(context.Background())
+	}
+}
+
+// Promise 4 / KeepAlive: "context.Cause(lockCtx) is the
+// *domain.LockLostError; h.Err() returns it too", and Do returns every
+// loss. When the service closes between Do's Take and its KeepAlive, fn
+// runs with a context already ended by a LostClosed loss, but h.Err() is
+// nil and Do returns nil: the loss is dropped (the release's ErrClosed is
+// swallowed).
+func TestReview19_DoDropsLossWhenClosedBeforeKeepAlive(t *testing.T) {
+	ctx := context.Background()
+	mc := rvMock()
+	svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0)
+	require.NoError(t, err)
+	svc.SetObserver(closeOnAcquire{svc})
+	var cause error
+	err = svc.Do(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Minute}, func(ctx context.Context, _ domain.Lock) error {
+		cause = context.Cause(ctx)
+		return nil
+	})
+	t.Logf("fn's context cause: %v", cause)
+	var lost *domain.LockLostError
+	require.ErrorAs(t, cause, &lost, "fn ran with its context ended by a loss")
+	assert.Error(t, err, "Do returned nil although fn's lock was lost (service closed) before it ran")
+}
