@@ -384,3 +384,64 @@ func TestReview19_DoDropsLossWhenClosedBeforeKeepAlive(t *testing.T) {
 	require.ErrorAs(t, cause, &lost, "fn ran with its context ended by a loss")
 	assert.Error(t, err, "Do returned nil although fn's lock was lost (service closed) before it ran")
 }
+
+// committedThenCancelled commits every Update, once armed, but reports a
+// failure once its context ends: a renewal whose COMMIT reached the store
+// while the caller's context was cancelled (the driver returns the
+// context's error).
+type committedThenCancelled struct {
+	*memory.LockRepository
+	mu      sync.Mutex
+	armed   bool
+	entered chan struct{}
+}
+
+func (r *committedThenCancelled) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
+	l, err := r.LockRepository.Update(ctx, ref, decide)
+	r.mu.Lock()
+	armed := r.armed
+	r.armed = false
+	r.mu.Unlock()
+	if armed && err == nil {
+		r.entered <- struct{}{}
+		<-ctx.Done()
+		return domain.Lock{}, &domain.StoreError{Op: "renew", Kind: domain.StoreUnreachable, Err: ctx.Err()}
+	}
+	return l, err
+}
+
+// Promise 1/3, second trigger: a keep-alive that declares its lock lost
+// (store failing) while the store still holds its token, active, frees its
+// slot: the next Take of the same owner re-enters that token. The old
+// handle (lost, as it says) and the new one share one token, so the old
+// handle's fence passes while the new one holds the plan.
+func TestReview19_LostByStoreFailingWhileRowActiveSharesToken(t *testing.T) {
+	ctx := context.Background()
+	mc := &timerMock{Mock: rvMock(), set: make(chan time.Duration, 1024)}
+	repo := &committedThenCancelled{LockRepository: memory.NewLockRepository(), entered: make(chan struct{}, 1)}
+	svc, err := application.NewLockService(repo, mc, 0)
+	require.NoError(t, err)
+	first, err := svc.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Hour})
+	require.NoError(t, err)
+	first.KeepAlive(ctx)
+	require.Equal(t, 30*time.Minute, mc.await(t))
+	repo.mu.Lock()
+	repo.armed = true
+	repo.mu.Unlock()
+	mc.Add(30 * time.Minute)
+	<-repo.entered
+	mc.await(t) // the renewal's expiry guard
+	mc.Add(30 * time.Minute)
+	<-first.Done()
+	require.Error(t, first.Err())
+	t.Logf("first: %v", first.Err())
+	if cur, err := svc.Get(ctx, rvPlan); err == nil {
+		t.Logf("store: token %d, expires %s, now %s", cur.Token, cur.ExpiresAt, svc.Now())
+	}
+	second, err := svc.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Hour})
+	require.NoError(t, err)
+	defer second.Release(ctx)
+	assert.NotEqual(t, first.Lock().Token, second.Lock().Token,
+		"the new handle shares the token of the handle that declared it lost: its fence is the stale handle's fence")
+	_, _ = first.Release(ctx)
+}
