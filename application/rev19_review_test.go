@@ -445,3 +445,49 @@ func TestReview19_LostByStoreFailingWhileRowActiveSharesToken(t *testing.T) {
 		"the new handle shares the token of the handle that declared it lost: its fence is the stale handle's fence")
 	_, _ = first.Release(ctx)
 }
+
+// The same through the documented path, with no explicit Renew: a nested
+// Do (Reentrant, the default TTL of a helper that is shorter than the
+// outer's) keeps the shared lock alive with its own TTL, and leaves it
+// with that short expiry when it returns. Another process then takes the
+// plan while the outer Do's context is live.
+func TestReview19_NestedDoShortensOuterLock(t *testing.T) {
+	ctx := context.Background()
+	mc := &timerMock{Mock: rvMock(), set: make(chan time.Duration, 1024)}
+	repo := memory.NewLockRepository()
+	procA, err := application.NewLockService(repo, mc, 0)
+	require.NoError(t, err)
+	procB, err := application.NewLockService(repo, mc, 0)
+	require.NoError(t, err)
+
+	outer, err := procA.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Hour})
+	require.NoError(t, err)
+	held := outer.KeepAlive(ctx)
+	defer outer.Release(ctx)
+	require.Equal(t, 30*time.Minute, mc.await(t))
+
+	err = procA.Do(held, "A", rvPlan, application.AcquireOptions{Reentrant: true, TTL: 10 * time.Second},
+		func(ctx context.Context, _ domain.Lock) error {
+			require.Equal(t, 5*time.Second, mc.await(t)) // the nested keep-alive's first renewal
+			mc.Add(5 * time.Second)
+			// the renewal's expiry guard and the next renewal, in either order
+			got := []time.Duration{mc.await(t), mc.await(t)}
+			require.Contains(t, got, 5*time.Second)
+			return nil
+		})
+	require.NoError(t, err)
+	cur, err := procA.Get(ctx, rvPlan)
+	require.NoError(t, err)
+	t.Logf("after the nested Do: the store's lock expires %s; the outer handle believes %s", cur.ExpiresAt, outer.Lock().ExpiresAt)
+
+	mc.Add(20 * time.Second)
+	other, err := procB.Take(ctx, "B", rvPlan, application.AcquireOptions{})
+	if err == nil {
+		defer other.Release(ctx)
+		select {
+		case <-held.Done():
+		default:
+			t.Errorf("process B took %s (token %d) 25s after the outer Do (TTL 1h) began; the outer's context is live", rvPlan, other.Lock().Token)
+		}
+	}
+}
