@@ -79,3 +79,38 @@ func TestReview19_CancelledReleaseThenTakeSharesTokenAndFence(t *testing.T) {
 }
 
 var rvPlan2 = domain.ResourceRef{Type: domain.ResourcePlan, ID: "plan-2"}
+
+// Re-entry "does not change [the holder's] expiry" (holding.md): on a real
+// store, a re-entered handle's Renew shortens the shared lock to its own
+// TTL, and another process takes the plan while the outer handle's
+// keep-alive context is live and its Lost, once asked, says "removed
+// before its expiry".
+func TestReview19_ReentrantRenewShortensOuterLockOnAStore(t *testing.T) {
+	run := func(t *testing.T, db string) {
+		ctx := context.Background()
+		mc := newMock()
+		cA := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: mc, LocalTime: true})
+		cB := MustOpen(t, locks.Config{Database: db, Owner: "B", Clock: mc, LocalTime: true})
+		outer, err := cA.Locks.Take(ctx, "A", plan1, application.AcquireOptions{TTL: time.Hour})
+		require.NoError(t, err)
+		held := outer.KeepAlive(ctx)
+		defer outer.Release(ctx)
+		inner, err := cA.Locks.Take(held, "A", plan1, application.AcquireOptions{TTL: 5 * time.Second, Reentrant: true})
+		require.NoError(t, err)
+		_, err = inner.Renew(ctx)
+		require.NoError(t, err)
+		_, _ = inner.Release(ctx)
+		mc.Add(10 * time.Second)
+		other, err := cB.Locks.Take(ctx, "B", plan1, application.AcquireOptions{})
+		require.NoError(t, err, "B could not take the plan (the outer lock was not shortened)")
+		defer other.Release(ctx)
+		select {
+		case <-held.Done():
+		default:
+			t.Errorf("B holds plan-1 (token %d) while A's outer keep-alive context is live (A.Err()=%v)", other.Lock().Token, outer.Err())
+		}
+		t.Logf("A's Lost: %v", outer.Lost(ctx))
+	}
+	t.Run("SQLite", func(t *testing.T) { run(t, filepath.Join(t.TempDir(), "agents.db")) })
+	t.Run("PostgreSQL", func(t *testing.T) { run(t, testdb.Postgres(t)) })
+}
