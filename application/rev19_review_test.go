@@ -491,3 +491,32 @@ func TestReview19_NestedDoShortensOuterLock(t *testing.T) {
 		}
 	}
 }
+
+// Promise 5: no "after it expired at T" with T in the future. After the
+// clock steps back (an NTP correction of a clock that ran ahead, under
+// which another process took the expired lock), a renewal's loss says
+// the lock was taken "after it expired at T" with T still ahead of the
+// loss's own At.
+func TestReview19_LossMessageAfterClockStepsBack(t *testing.T) {
+	ctx := context.Background()
+	mc := rvMock()
+	repo := memory.NewLockRepository()
+	procA, err := application.NewLockService(repo, mc, 0)
+	require.NoError(t, err)
+	procB, err := application.NewLockService(repo, mc, 0)
+	require.NoError(t, err)
+	h, err := procA.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Minute})
+	require.NoError(t, err)
+	mc.Add(2 * time.Minute) // the clock runs ahead
+	other, err := procB.Take(ctx, "B", rvPlan, application.AcquireOptions{TTL: time.Minute})
+	require.NoError(t, err)
+	defer other.Release(ctx)
+	mc.Set(rvStart.Add(30 * time.Second)) // and is stepped back
+	_, err = h.Renew(ctx)
+	var lost *domain.LockLostError
+	require.ErrorAs(t, err, &lost)
+	t.Logf("%v", lost)
+	if lost.Lock.ExpiresAt.After(lost.At) {
+		t.Errorf("the loss (noticed at %s) says the lock expired at %s, a time still to come", lost.At, lost.Lock.ExpiresAt)
+	}
+}
