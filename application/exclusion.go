@@ -76,16 +76,13 @@ func (hs *holders) holding(sl *slot, now time.Time) (domain.Lock, bool) {
 	return h.holds(now)
 }
 
-// unreleased returns the handle that holds sl, if it is not released,
-// whether or not it holds the lock now: the caller has the turn.
-func (hs *holders) unreleased(sl *slot) *Handle {
+// holdsToken reports whether sl's handle, unreleased, stands for the
+// acquisition of token: the caller has the turn.
+func (hs *holders) holdsToken(sl *slot, token int64) bool {
 	hs.mu.Lock()
 	h := sl.holder
 	hs.mu.Unlock()
-	if h == nil || h.isReleased() {
-		return nil
-	}
-	return h
+	return h != nil && !h.isReleased() && h.Lock().Token == token
 }
 
 // hold makes h the holder of sl: the caller has the turn.

@@ -161,6 +161,12 @@ func TestReview19_TakeReentersOwnerScopedLock(t *testing.T) {
 		assert.NotEqual(t, l.Token, h.Lock().Token,
 			"Take returned a handle on the token of goroutine 1's owner-scoped lock: two holders in one process")
 	}
+	var conflict *domain.LockConflictError
+	require.ErrorAs(t, err, &conflict)
+	assert.True(t, conflict.SameOwner)
+	assert.False(t, conflict.InProcess)
+	assert.Equal(t, l, conflict.Holder)
+	assert.Contains(t, err.Error(), "another acquisition of owner")
 }
 
 // timerMock reports the timers the service sets, so that the test moves
@@ -438,6 +444,14 @@ func TestReview19_LostByStoreFailingWhileRowActiveSharesToken(t *testing.T) {
 	if cur, err := svc.Get(ctx, rvPlan); err == nil {
 		t.Logf("store: token %d, expires %s, now %s", cur.Token, cur.ExpiresAt, svc.Now())
 	}
+	// The store still holds token 1, active: a Take refuses it rather
+	// than share it, whoever's it is.
+	_, err = svc.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Hour})
+	var conflict *domain.LockConflictError
+	require.ErrorAs(t, err, &conflict, "a Take of a lock the store holds for another acquisition is refused")
+	assert.True(t, conflict.SameOwner)
+	assert.Equal(t, first.Lock().Token, conflict.Holder.Token)
+	mc.Add(30 * time.Minute) // the late renewal's expiry
 	second, err := svc.Take(ctx, "A", rvPlan, application.AcquireOptions{TTL: time.Hour})
 	require.NoError(t, err)
 	defer second.Release(ctx)
@@ -468,12 +482,18 @@ func TestReview19_NestedDoShortensOuterLock(t *testing.T) {
 
 	err = procA.Do(held, "A", rvPlan, application.AcquireOptions{Reentrant: true, TTL: 10 * time.Second},
 		func(ctx context.Context, _ domain.Lock) error {
-			require.Equal(t, 5*time.Second, mc.await(t)) // the nested keep-alive's first renewal
+			// The nested keep-alive renews nothing (no timer of its own):
+			// the outer's keeps the lock.
 			mc.Add(5 * time.Second)
-			// the renewal's expiry guard and the next renewal, in either order
-			got := []time.Duration{mc.await(t), mc.await(t)}
-			require.Contains(t, got, 5*time.Second)
-			return nil
+			cur, err := procA.Get(ctx, rvPlan)
+			require.NoError(t, err)
+			assert.Equal(t, outer.Lock().ExpiresAt, cur.ExpiresAt, "the nested Do moved the outer lock's expiry")
+			select {
+			case d := <-mc.set:
+				t.Errorf("the nested keep-alive set a timer of %s", d)
+			default:
+			}
+			return ctx.Err()
 		})
 	require.NoError(t, err)
 	cur, err := procA.Get(ctx, rvPlan)
@@ -516,7 +536,12 @@ func TestReview19_LossMessageAfterClockStepsBack(t *testing.T) {
 	var lost *domain.LockLostError
 	require.ErrorAs(t, err, &lost)
 	t.Logf("%v", lost)
-	if lost.Lock.ExpiresAt.After(lost.At) {
-		t.Errorf("the loss (noticed at %s) says the lock expired at %s, a time still to come", lost.At, lost.Lock.ExpiresAt)
-	}
+	// The lock's expiry (07:01) and its taking (07:02, on the clock that
+	// took it) are both after the loss was noticed (07:00:30): the message
+	// must not claim the lock had expired, nor an order the clocks cannot
+	// prove.
+	require.True(t, lost.Lock.ExpiresAt.After(lost.At))
+	assert.NotContains(t, lost.Error(), "after it expired", "the loss (noticed at %s) says the lock expired at %s, a time still to come", lost.At, lost.Lock.ExpiresAt)
+	assert.NotContains(t, lost.Error(), "before its expiry")
+	assert.Contains(t, lost.Error(), "the clocks disagree")
 }

@@ -3,6 +3,7 @@ package application
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -145,12 +146,10 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 	case <-ctx.Done():
 		return gaveUp(ctx.Err())
 	case <-expired:
-		// Queued behind others all along: one try, so that the answer
-		// names the holder (or takes a lock that just came free).
-		if h, err := s.takeOnce(ctx, owner, ref, ttl); !errors.As(err, &last) {
-			return h, err
-		}
-		return gaveUp(context.DeadlineExceeded)
+		// Queued behind others all along: only the head may take the
+		// lock (a lock that just came free is the head's), so the answer
+		// comes from a read, which names the holder.
+		return s.queuedOut(ctx, ref, start)
 	case <-s.gate.done():
 		return nil, domain.ErrClosed
 	}
@@ -186,3 +185,19 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 // jittered returns a pause between d/2 and d, at random, so that waiters
 // and renewals of several processes do not retry in step.
 func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
+
+// queuedOut answers a waiter whose timeout passed while others were ahead
+// of it in ref's queue: the holder that a read finds, as the conflict the
+// wait ends with; the timeout, if the lock is free (the head takes it).
+func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, start time.Time) (*Handle, error) {
+	l, err := s.Get(ctx, ref)
+	now := s.Now()
+	switch {
+	case err == nil && !l.ExpiredAt(now):
+		return nil, &domain.LockConflictError{Holder: l, Now: now, Waited: now.Sub(start), Cause: context.DeadlineExceeded}
+	case err == nil || errors.Is(err, domain.ErrNotFound):
+		return nil, fmt.Errorf("the wait for %s timed out after %s behind earlier waiters of this process, who take the lock first (%w); "+
+			"wait longer, or for less contended work", ref, now.Sub(start), context.DeadlineExceeded)
+	}
+	return nil, errors.Join(context.DeadlineExceeded, err)
+}
