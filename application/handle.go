@@ -31,9 +31,12 @@ type AcquireOptions struct {
 	// same resource (its context comes from that handle's KeepAlive, or
 	// from Do) re-enter it, at once: the new handle shares the holder's
 	// acquisition (its token) and its Release leaves the lock to the
-	// holder. Without it, such a Take is refused at once with a
-	// *domain.LockConflictError whose Nested is set: waiting would wait
-	// for itself. It has no effect on a Take from anywhere else: another
+	// holder. The re-entered handle never moves the lock's expiry: its
+	// Renew checks the holder's acquisition by token, its KeepAlive
+	// renews nothing and ends with the holder's, so that a shorter TTL
+	// never shortens the holder's lock. Without it, such a Take is
+	// refused at once with a *domain.LockConflictError whose Nested is
+	// set: waiting would wait for itself. It has no effect on a Take from anywhere else: another
 	// handle is another acquisition, and waits or is refused.
 	Reentrant bool
 }
@@ -79,6 +82,13 @@ type Handle struct {
 // made inside that handle's own work (ctx from its KeepAlive or Do)
 // re-enters it with opts.Reentrant, and is otherwise refused at once,
 // with Nested set.
+//
+// Nor does a Take ever share a lock it finds in the store: an active lock
+// of any owner, the caller's own included, refuses it (DecideTake), with
+// SameOwner set when the holder has the caller's owner id (an
+// owner-scoped Acquire of that owner, another process given the same
+// owner id, a handle whose release did not complete). With opts.Wait it
+// waits for that lock as for any other. Only a re-entry shares a token.
 //
 // Errors: *domain.ValidationError for bad input (a Timeout without Wait
 // too); those of Acquire; a wait that ends without the lock returns the
