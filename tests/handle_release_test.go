@@ -1,8 +1,5 @@
 package tests
 
-// Adversarial review (rev19). Expected to FAIL: each test shows a promise
-// of the handle change that does not hold, through the container.
-
 import (
 	"context"
 	"database/sql"
@@ -19,14 +16,13 @@ import (
 	"github.com/cleveragents/locks/tests/testdb"
 )
 
-// Promise 1: a stale handle never shares another acquisition's token, and
-// its fenced write is refused. A Release whose context has already ended
-// (a request that was cancelled, `defer h.Release(ctx)`) fails, removes
-// nothing, and still frees the handle's slot: the next Take of the same
-// owner re-enters the lock in the store and gets the released handle's
-// token. The released handle's fence then passes CheckFence while the new
-// handle holds the plan: a lost update.
-func TestReview19_CancelledReleaseThenTakeSharesTokenAndFence(t *testing.T) {
+// A Release whose context has already ended (a cancelled request,
+// `defer h.Release(ctx)`) fails and leaves the handle unreleased: a Take
+// of the same owner, from this container or another process given the
+// same owner id, is refused while the lock is stored; the retried release
+// removes it; the next Take gets a token of its own, and the first
+// handle's fenced write is refused (SQLite and PostgreSQL).
+func TestHandle_CancelledReleaseIsRetriedNeverShared(t *testing.T) {
 	run := func(t *testing.T, c *locks.Container) {
 		ctx := context.Background()
 		first, err := c.Locks.Take(ctx, "A", plan1, application.AcquireOptions{TTL: time.Minute})
@@ -63,7 +59,7 @@ func TestReview19_CancelledReleaseThenTakeSharesTokenAndFence(t *testing.T) {
 			_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS plans (id TEXT PRIMARY KEY, phase TEXT)`)
 			return err
 		}))
-		first, err := c.Locks.Take(ctx, "A", rvPlan2, application.AcquireOptions{TTL: time.Minute})
+		first, err := c.Locks.Take(ctx, "A", plan2, application.AcquireOptions{TTL: time.Minute})
 		require.NoError(t, err)
 		ended, cancel := context.WithCancel(ctx)
 		cancel()
@@ -72,11 +68,11 @@ func TestReview19_CancelledReleaseThenTakeSharesTokenAndFence(t *testing.T) {
 		// Another process given the same owner id (its own container, so
 		// no handle of its own holds the plan): the store refuses it too.
 		other := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: newMock()})
-		_, err = other.Locks.Take(ctx, "A", rvPlan2, application.AcquireOptions{TTL: time.Minute})
+		_, err = other.Locks.Take(ctx, "A", plan2, application.AcquireOptions{TTL: time.Minute})
 		require.ErrorIs(t, err, domain.ErrConflict, "the store gave the same owner's Take the lock that the failed release left")
 		_, rerr = first.Release(ctx)
 		require.NoError(t, rerr)
-		second, err := c.Locks.Take(ctx, "A", rvPlan2, application.AcquireOptions{TTL: time.Minute})
+		second, err := c.Locks.Take(ctx, "A", plan2, application.AcquireOptions{TTL: time.Minute})
 		require.NoError(t, err)
 		defer second.Release(ctx)
 		stale := c.Write(ctx, func(ctx context.Context, tx *sql.Tx) error {
@@ -94,14 +90,12 @@ func TestReview19_CancelledReleaseThenTakeSharesTokenAndFence(t *testing.T) {
 	})
 }
 
-var rvPlan2 = domain.ResourceRef{Type: domain.ResourcePlan, ID: "plan-2"}
+var plan2 = domain.ResourceRef{Type: domain.ResourcePlan, ID: "plan-2"}
 
-// Re-entry "does not change [the holder's] expiry" (holding.md): on a real
-// store, a re-entered handle's Renew shortens the shared lock to its own
-// TTL, and another process takes the plan while the outer handle's
-// keep-alive context is live and its Lost, once asked, says "removed
-// before its expiry".
-func TestReview19_ReentrantRenewShortensOuterLockOnAStore(t *testing.T) {
+// On a real store too, a re-entered handle's Renew with a shorter TTL
+// never shortens the outer lock: another process is still refused, and
+// the outer handle still holds it (SQLite and PostgreSQL).
+func TestHandle_ReentrantRenewNeverShortensOnAStore(t *testing.T) {
 	run := func(t *testing.T, db string) {
 		ctx := context.Background()
 		mc := newMock()
