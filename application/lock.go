@@ -44,6 +44,9 @@ const (
 //     Renew of an expired or missing lock fails with *domain.LockExpiredError;
 //     renew of another owner's active lock fails with a conflict.
 //   - Release removes a lock only if the caller owns it.
+//   - Take (a Handle) is never re-entrant: an active lock of any owner,
+//     the caller's own included, refuses it (DecideTake); only a re-entry
+//     inside the holder's work (AcquireOptions.Reentrant) shares a token.
 //   - Invalid input fails with *domain.ValidationError before anything is
 //     read or written.
 //   - Every decision reads the clock when the store has the resource's
