@@ -123,6 +123,12 @@ func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.cou
 // release or its loss wakes the head of the queue, and its expiry as it
 // knows it bounds the sleep.
 func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref domain.ResourceRef, ttl, timeout time.Duration) (*Handle, error) {
+	return s.waitTurn(ctx, ref, timeout, func() (*Handle, error) { return s.takeOnce(ctx, owner, ref, ttl) })
+}
+
+// waitTurn queues for ref and, as the head, calls try until it returns
+// anything but a *domain.LockConflictError (see acquireWaiting).
+func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func() (*Handle, error)) (*Handle, error) {
 	start := s.Now()
 	var expired <-chan time.Time
 	if timeout > 0 {
@@ -155,7 +161,7 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 	}
 	backoff := waitBackoffMin
 	for {
-		h, err := s.takeOnce(ctx, owner, ref, ttl)
+		h, err := try()
 		if !errors.As(err, &last) {
 			if err != nil && ctx.Err() != nil {
 				return gaveUp(err)
@@ -200,4 +206,44 @@ func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, sta
 			"wait longer, or for less contended work", ref, now.Sub(start), context.DeadlineExceeded)
 	}
 	return nil, errors.Join(context.DeadlineExceeded, err)
+}
+
+// AcquireWait is the owner-scoped Acquire, waiting for the lock as Take
+// does with opts.Wait (in the same queue, with the same polling), for a
+// caller that holds its lock by owner rather than by handle, such as
+// `agents locks acquire --wait`: re-entrant per owner, as the spec says,
+// so it returns the owner's active lock extended, with its token. A Take
+// never re-enters; this does. opts.Reentrant is ignored.
+//
+// Errors: those of Acquire and of Take's wait (a *domain.ValidationError
+// for a Timeout without Wait; the last *domain.LockConflictError, with
+// Waited and Cause, when the wait ends without the lock).
+func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (domain.Lock, error) {
+	ttl, err := s.checkTake(owner, ref, opts)
+	if err != nil {
+		return domain.Lock{}, err
+	}
+	if !opts.Wait {
+		return s.Acquire(ctx, owner, ref, ttl)
+	}
+	var start time.Time
+	if s.observer != nil {
+		start = s.clock.Now()
+	}
+	h, err := s.waitTurn(ctx, ref, opts.Timeout, func() (*Handle, error) {
+		l, err := s.Acquire(ctx, owner, ref, ttl)
+		if err != nil {
+			return nil, err
+		}
+		return &Handle{svc: s, ttl: ttl, lock: l}, nil // never a holder: only its lock is returned
+	})
+	var l domain.Lock
+	if h != nil {
+		l = h.lock
+	}
+	if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
+		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: l,
+			Took: s.clock.Now().Sub(start), Err: err})
+	}
+	return l, err
 }
