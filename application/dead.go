@@ -28,9 +28,10 @@ func (s *LockService) SetProcesses(p Processes) { s.processes = p }
 // takeOverDead takes the lock on ref for owner if holder, whose active lock
 // refused it, is a process that is gone. The liveness probe runs outside
 // the write; the write then takes over only if the row is still the one
-// probed (the same token), and otherwise decides as Acquire does.
+// probed (the same token), and otherwise decides by decide, the rule of
+// the call (Acquire's or Take's).
 func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
-	holder domain.Lock) (domain.Lock, bool, error) {
+	holder domain.Lock, decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error)) (domain.Lock, bool, error) {
 	if s.processes == nil {
 		return domain.Lock{}, false, nil
 	}
@@ -46,7 +47,7 @@ func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain
 			// replaces its row, which it read itself.
 			cur = nil
 		}
-		return DecideAcquire(cur, owner, ref, now, expires)
+		return decide(cur, owner, ref, now, expires)
 	})
 	return l, tookOver, err
 }

@@ -9,9 +9,11 @@ import (
 )
 
 // holders keeps, per resource, the handle of this service that holds its
-// lock, so that handles exclude each other inside the process as well:
-// the store alone lets an owner re-enter its own lock, and two goroutines
-// that pass the same owner would both "hold" it. A handle holds its slot
+// lock. The store's rule for a Take (DecideTake) already refuses any
+// active lock; the slot lets a Take of this process be refused, or wait,
+// without asking the store, names the holder as a handle of this process
+// (InProcess), and lets its release wake the next waiter at once, with
+// no polling. A handle holds its slot
 // from its Take until it is released, lost (as it learns) or past its
 // expiry as it last knew it; only then may another handle of this service
 // take the resource, through the store as always.
@@ -76,16 +78,13 @@ func (hs *holders) holding(sl *slot, now time.Time) (domain.Lock, bool) {
 	return h.holds(now)
 }
 
-// unreleased returns the handle that holds sl, if it is not released,
-// whether or not it holds the lock now: the caller has the turn.
-func (hs *holders) unreleased(sl *slot) *Handle {
+// holdsToken reports whether sl's handle, unreleased, stands for the
+// acquisition of token: the caller has the turn.
+func (hs *holders) holdsToken(sl *slot, token int64) bool {
 	hs.mu.Lock()
 	h := sl.holder
 	hs.mu.Unlock()
-	if h == nil || h.isReleased() {
-		return nil
-	}
-	return h
+	return h != nil && !h.isReleased() && h.Lock().Token == token
 }
 
 // hold makes h the holder of sl: the caller has the turn.

@@ -31,9 +31,12 @@ type AcquireOptions struct {
 	// same resource (its context comes from that handle's KeepAlive, or
 	// from Do) re-enter it, at once: the new handle shares the holder's
 	// acquisition (its token) and its Release leaves the lock to the
-	// holder. Without it, such a Take is refused at once with a
-	// *domain.LockConflictError whose Nested is set: waiting would wait
-	// for itself. It has no effect on a Take from anywhere else: another
+	// holder. The re-entered handle never moves the lock's expiry: its
+	// Renew checks the holder's acquisition by token, its KeepAlive
+	// renews nothing and ends with the holder's, so that a shorter TTL
+	// never shortens the holder's lock. Without it, such a Take is
+	// refused at once with a *domain.LockConflictError whose Nested is
+	// set: waiting would wait for itself. It has no effect on a Take from anywhere else: another
 	// handle is another acquisition, and waits or is refused.
 	Reentrant bool
 }
@@ -55,11 +58,17 @@ type Handle struct {
 	// AcquireOptions.Reentrant); nil for an acquisition of its own.
 	parent *Handle
 
+	// releasing admits one Release at a time: a failed one may be retried.
+	releasing sync.Mutex
+
 	mu       sync.Mutex
 	lock     domain.Lock
 	released bool
 	lost     *domain.LockLostError // the loss, once the handle learns of it
 	keeper   *keeper               // nil until KeepAlive
+	// followers are the keep-alives whose contexts end with this
+	// acquisition (lost or released): its own and its re-entries'.
+	followers map[*keeper]struct{}
 }
 
 // Take acquires the lock on ref for owner, waiting for it if opts.Wait,
@@ -73,6 +82,13 @@ type Handle struct {
 // made inside that handle's own work (ctx from its KeepAlive or Do)
 // re-enters it with opts.Reentrant, and is otherwise refused at once,
 // with Nested set.
+//
+// Nor does a Take ever share a lock it finds in the store: an active lock
+// of any owner, the caller's own included, refuses it (DecideTake), with
+// SameOwner set when the holder has the caller's owner id (an
+// owner-scoped Acquire of that owner, another process given the same
+// owner id, a handle whose release did not complete). With opts.Wait it
+// waits for that lock as for any other. Only a re-entry shares a token.
 //
 // Errors: *domain.ValidationError for bad input (a Timeout without Wait
 // too); those of Acquire; a wait that ends without the lock returns the
@@ -123,7 +139,11 @@ func (s *LockService) checkTake(owner string, ref domain.ResourceRef, opts Acqui
 }
 
 // takeOnce tries once: refused at once when another handle of this
-// service holds ref, otherwise Acquire decides. The check and the
+// service holds ref, otherwise the store decides by Take's rule
+// (DecideTake), which never re-enters a lock it finds active, whoever
+// holds it: a handle that gave up its place here while the store still
+// has its lock (a release that failed, a loss declared while its renewal
+// committed) is refused there, never shared. The check and the
 // acquisition run in ref's turn, so that two Takes never both find ref
 // free of handles.
 func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (*Handle, error) {
@@ -136,25 +156,20 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	if l, ok := s.holders.holding(sl, now); ok {
 		return nil, &domain.LockConflictError{Holder: l, Now: now, InProcess: true}
 	}
-	prev := s.holders.unreleased(sl)
-	if prev != nil && prev.Err() == nil {
-		// A handle past its expiry as it knew it, neither released nor
-		// lost: if its owner renewed its lock behind its back, it still
-		// holds it, and the store would let this Take re-enter it (share
-		// its token). Ask the store, without extending anything.
-		if cur, err := s.Get(ctx, ref); err == nil && cur.Token == prev.Lock().Token && !cur.ExpiredAt(s.Now()) {
-			prev.extended(cur)
-			return nil, &domain.LockConflictError{Holder: cur, Now: s.Now(), InProcess: true}
-		}
+	var one func(context.Context, domain.ResourceRef, string, Timing) (Acquisition, error)
+	if s.taker != nil {
+		one = s.taker.TakeAt
 	}
-	l, err := s.Acquire(ctx, owner, ref, ttl)
+	l, err := s.acquire(ctx, owner, ref, ttl, DecideTake, one)
+	var conflict *domain.LockConflictError
+	if errors.As(err, &conflict) && s.holders.holdsToken(sl, conflict.Holder.Token) {
+		// The store's holder is this service's handle, past its expiry as
+		// it knew it, renewed behind its back: say so, and let a waiter
+		// wait for its release rather than poll.
+		conflict.InProcess = true
+	}
 	if err != nil {
 		return nil, err
-	}
-	if prev != nil && prev.Err() == nil && prev.Lock().Token == l.Token {
-		// Renewed in between: the same, caught after the fact.
-		prev.extended(l)
-		return nil, &domain.LockConflictError{Holder: l, Now: s.Now(), InProcess: true}
 	}
 	h := &Handle{svc: s, ttl: ttl, lock: l}
 	s.holders.hold(sl, h)
@@ -174,22 +189,12 @@ func (h *Handle) TTL() time.Duration { return h.ttl }
 
 // holds returns the lock if the handle holds it at now as far as it
 // knows: not lost, not past its expiry. A handle being released still
-// holds it until the store has removed it and its slot is vacated: a Take
-// of the same owner in between would re-enter its lock in the store, and
-// lose it to the release.
+// holds it until the store has removed it and its slot is vacated, and so
+// does one whose release failed: it may still hold the lock in the store.
 func (h *Handle) holds(now time.Time) (domain.Lock, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lock, h.lost == nil && !h.lock.ExpiredAt(now)
-}
-
-// extended records l, the handle's own lock with a later expiry.
-func (h *Handle) extended(l domain.Lock) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if l.Token == h.lock.Token && l.ExpiresAt.After(h.lock.ExpiresAt) {
-		h.lock = l
-	}
 }
 
 func (h *Handle) isReleased() bool {
@@ -198,23 +203,74 @@ func (h *Handle) isReleased() bool {
 	return h.released
 }
 
-// noteLost records the loss, once, and lets the service's waiters for
-// the resource try at once.
+// root returns the handle whose acquisition h stands for: h itself, or
+// the handle a re-entry shares it with.
+func (h *Handle) root() *Handle {
+	if h.parent != nil {
+		return h.parent
+	}
+	return h
+}
+
+// noteLost is the one place where a handle learns of its loss, whoever
+// found it (its keep-alive, a renewal, a release, Lost, a re-entry): it
+// records the loss, once, on the acquisition (the root handle), ends the
+// context of every keep-alive that follows it (its own and those of its
+// re-entries) with the loss as their cause, and lets the service's
+// waiters for the resource try at once.
 func (h *Handle) noteLost(lost *domain.LockLostError) {
-	h.mu.Lock()
-	first := h.lost == nil
+	r := h.root()
+	r.mu.Lock()
+	first := r.lost == nil
+	var followers map[*keeper]struct{}
 	if first {
-		h.lost = lost
+		r.lost, followers, r.followers = lost, r.followers, nil
+	}
+	r.mu.Unlock()
+	if !first {
+		return
+	}
+	for k := range followers {
+		k.cancelHeld(lost)
+	}
+	r.svc.waiters.wake(lost.Lock.Resource)
+}
+
+// follow makes k's context end with h's acquisition: lost (with the loss)
+// or released. It ends it at once if that has already happened.
+func (h *Handle) follow(k *keeper) {
+	h.mu.Lock()
+	lost, released := h.lost, h.released
+	if lost == nil && !released {
+		if h.followers == nil {
+			h.followers = make(map[*keeper]struct{})
+		}
+		h.followers[k] = struct{}{}
 	}
 	h.mu.Unlock()
-	if first {
-		h.svc.waiters.wake(lost.Lock.Resource)
+	switch {
+	case lost != nil:
+		k.cancelHeld(lost)
+	case released:
+		k.cancelHeld(errReleased)
 	}
+}
+
+// unfollow forgets k, a keep-alive that has ended.
+func (h *Handle) unfollow(k *keeper) {
+	h.mu.Lock()
+	delete(h.followers, k)
+	h.mu.Unlock()
 }
 
 // Renew extends this acquisition's lock to now+TTL and returns it. It
 // renews by token: the same owner's lock with another token is another
-// acquisition, never extended or adopted.
+// acquisition, never extended or adopted. A re-entered handle
+// (AcquireOptions.Reentrant) never moves the lock's expiry: the handle it
+// re-entered keeps it, and a shorter TTL must not shorten it; its Renew
+// checks, by token, that the shared lock is still held, and returns it as
+// stored. A loss it finds ends the handle's keep-alive context (and that
+// of the handle it shares the lock with) as the keep-alive's own would.
 //
 // Errors: *domain.LockLostError when the lock is no longer this
 // handle's (another token holds the resource, its lock has expired or was
@@ -222,8 +278,18 @@ func (h *Handle) noteLost(lost *domain.LockLostError) {
 // than the TTL to write the renewal (LostStoreFailing); *domain.StoreError
 // when the store fails; domain.ErrClosed after Close.
 func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
-	cur := h.Lock()
-	l, err := h.svc.renewToken(ctx, cur, h.ttl)
+	if err := h.Err(); err != nil {
+		return domain.Lock{}, err
+	}
+	var (
+		l   domain.Lock
+		err error
+	)
+	if h.parent != nil {
+		l, err = h.svc.checkToken(ctx, h.parent.Lock())
+	} else {
+		l, err = h.svc.renewToken(ctx, h.Lock(), h.ttl)
+	}
 	var lost *domain.LockLostError
 	if errors.As(err, &lost) {
 		h.noteLost(lost)
@@ -246,43 +312,68 @@ func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 // the lock to the handle it re-entered, and removes nothing. Releasing
 // twice is harmless: the second call reports false and nil.
 //
+// A release that the store failed, or that its context cancelled, leaves
+// the handle as it was, but for its keep-alive, which has stopped: it
+// still holds its place in this service (no other handle here takes the
+// resource until its expiry) and the lock may still be stored. Call
+// Release again: a retry that succeeds removes the lock.
+//
 // Errors: the *domain.LockLostError of a lock that was lost (noticed by
 // the keep-alive, or found by the release: it removed nothing), with
-// false; *domain.StoreError; domain.ErrClosed after Close.
+// false; *domain.StoreError or the context's error, with false, when the
+// release may not have happened (retry it); domain.ErrClosed after Close.
 func (h *Handle) Release(ctx context.Context) (bool, error) {
+	h.releasing.Lock()
+	defer h.releasing.Unlock()
 	h.mu.Lock()
-	k := h.keeper
-	already := h.released
-	h.released = true
+	k, already := h.keeper, h.released
 	h.mu.Unlock()
-	if k != nil {
-		k.stop()
-	}
 	if already {
 		return false, nil
 	}
-	defer h.svc.wakeAfter(h)
-	if err := h.Err(); err != nil {
-		return false, err
+	if k != nil {
+		k.stop()
 	}
 	if h.parent != nil {
+		h.markReleased()
 		return false, h.Lost(ctx)
+	}
+	if err := h.Err(); err != nil {
+		h.markReleased()
+		return false, err
 	}
 	ok, err := h.svc.releaseToken(ctx, h.Lock())
 	var lost *domain.LockLostError
-	if errors.As(err, &lost) {
+	switch {
+	case errors.As(err, &lost):
 		h.noteLost(lost)
+	case err != nil && !errors.Is(err, domain.ErrExpired):
+		return false, err // not known to be released: the handle keeps its place
 	}
+	h.markReleased()
 	return ok, err
 }
 
-// wakeAfter frees h's slot and lets the waiters for its resource try.
-func (s *LockService) wakeAfter(h *Handle) {
+// markReleased records that h is released: the keep-alives that follow
+// it end, and a root handle gives up its place in this service and lets
+// the waiters for its resource try.
+func (h *Handle) markReleased() {
+	h.mu.Lock()
+	h.released = true
+	followers, k := h.followers, h.keeper
+	h.followers = nil
+	h.mu.Unlock()
+	for f := range followers {
+		f.cancelHeld(errReleased)
+	}
 	if h.parent != nil {
+		if k != nil {
+			h.parent.unfollow(k)
+		}
 		return
 	}
-	s.holders.vacate(h)
-	s.waiters.wake(h.Lock().Resource)
+	h.svc.holders.vacate(h)
+	h.svc.waiters.wake(h.Lock().Resource)
 }
 
 // Do takes the lock on ref for owner (waiting if opts.Wait), keeps it

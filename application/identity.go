@@ -115,3 +115,29 @@ func (s *LockService) lossNow(ctx context.Context, held domain.Lock) (*domain.Lo
 	}
 	return nil, err
 }
+
+// checkToken returns the lock stored on held's resource if it is still
+// held, the acquisition of held's token, active: what a re-entered handle
+// renews, without moving its expiry. Otherwise the loss (LossOf); a store
+// that cannot be read is no proof of loss before held's expiry (its error
+// then).
+func (s *LockService) checkToken(ctx context.Context, held domain.Lock) (domain.Lock, error) {
+	if err := s.gate.enter(); err != nil {
+		return domain.Lock{}, err
+	}
+	defer s.gate.leave()
+	cur, err := s.repo.Get(ctx, held.Resource)
+	now := s.Now()
+	switch {
+	case err == nil:
+		if lost := LossOf(held, &cur, now); lost != nil {
+			return domain.Lock{}, lost
+		}
+		return cur, nil
+	case errors.Is(err, domain.ErrNotFound):
+		return domain.Lock{}, LossOf(held, nil, now)
+	case held.ExpiredAt(now):
+		return domain.Lock{}, &domain.LockLostError{Lock: held, Reason: domain.LostExpired, At: now}
+	}
+	return domain.Lock{}, err
+}

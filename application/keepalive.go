@@ -35,6 +35,9 @@ type keeper struct {
 	held       context.Context
 	cancelHeld context.CancelCauseFunc
 	done       chan struct{}
+	// follower says that the keep-alive is a re-entry's, which renews
+	// nothing and ends with its outer handle's (shadow).
+	follower bool
 }
 
 // KeepAlive renews the lock every domain.RenewInterval(TTL) on the
@@ -42,31 +45,45 @@ type keeper struct {
 // context derived from ctx that ends the moment the lock is lost:
 // context.Cause then returns the *domain.LockLostError that says why
 // (expired, taken over by another owner, the store failing until the
-// expiry, the service closed). A transient store failure is retried with
-// backoff until the lock's expiry, and is never reported as a loss before
-// then. Release ends the keep-alive and its goroutine. Calling KeepAlive
-// again returns the same context.
+// expiry, the service closed). However the handle learns of the loss (its
+// keep-alive, Renew, Release, Lost, a re-entry that finds it), the context
+// ends with it. A transient store failure is retried with backoff until
+// the lock's expiry, and is never reported as a loss before then. Release
+// ends the keep-alive and its goroutine. Calling KeepAlive again returns
+// the same context. On a service that is closing, the context ends at
+// once, with the loss LostClosed, which Err reports too.
 //
 // The keep-alive renews this acquisition, by its token: it never adopts
-// another lock of the same owner. The context it returns marks the
+// another lock of the same owner. A re-entered handle's keep-alive renews
+// nothing (the handle it re-entered keeps the lock, and a shorter TTL must
+// not shorten it): its context ends when that handle's keep-alive context
+// ends, or its lock is lost or released. The context it returns marks the
 // handle's work: a Take of the same resource made with it is nested (see
-// AcquireOptions.Reentrant). Close ends every keep-alive, and returns
-// only once their contexts have ended.
+// AcquireOptions.Reentrant). Close ends every keep-alive, renewals in
+// flight included, and returns only once their contexts have ended.
 func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.keeper != nil {
+		defer h.mu.Unlock()
 		return h.keeper.held
 	}
 	k := &keeper{h: h, done: make(chan struct{})}
 	k.run, k.stopRun = context.WithCancel(ctx)
 	k.held, k.cancelHeld = context.WithCancelCause(withHeld(ctx, h))
 	h.keeper = k
+	released := h.released
+	h.mu.Unlock()
+	h.root().follow(k) // a loss, however learned, ends k.held
 	switch {
-	case h.released:
+	case released:
 		k.end(errReleased)
+	case h.parent != nil:
+		k.shadow(h.parent)
+	case h.Err() != nil:
+		k.end(h.Err())
 	case h.svc.gate.keep() != nil:
-		k.end(&domain.LockLostError{Lock: h.lock, Reason: domain.LostClosed, At: h.svc.Now()})
+		h.noteLost(&domain.LockLostError{Lock: h.Lock(), Reason: domain.LostClosed, At: h.svc.Now()})
+		k.end(h.Err())
 	default:
 		go k.loop()
 	}
@@ -78,6 +95,24 @@ func (k *keeper) end(cause error) {
 	k.cancelHeld(cause)
 	k.stopRun()
 	close(k.done)
+}
+
+// shadow is the keep-alive of a re-entry of outer: no goroutine, no
+// renewal; its context ends with outer's keep-alive context (follow has
+// it end with outer's loss or release), and done closes then.
+func (k *keeper) shadow(outer *Handle) {
+	k.follower = true
+	stop := func() bool { return false }
+	outer.mu.Lock()
+	if ok := outer.keeper; ok != nil {
+		stop = context.AfterFunc(ok.held, func() { k.cancelHeld(context.Cause(ok.held)) })
+	}
+	outer.mu.Unlock()
+	context.AfterFunc(k.held, func() {
+		stop()
+		k.stopRun()
+		close(k.done)
+	})
 }
 
 // Done is closed when the keep-alive has ended: lost, released, or its
@@ -95,19 +130,24 @@ func (h *Handle) Done() <-chan struct{} {
 // its lock is lost (from the keep-alive, a renewal or a release), and nil
 // while it is held or after a plain release.
 func (h *Handle) Err() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.lost == nil {
+	r := h.root()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lost == nil {
 		return nil
 	}
-	return h.lost
+	return r.lost
 }
 
 // stop ends the keep-alive and waits for its goroutine.
 func (k *keeper) stop() {
 	k.stopRun()
+	if k.follower {
+		k.cancelHeld(errReleased)
+	}
 	<-k.done
 	k.cancelHeld(errReleased)
+	k.h.root().unfollow(k)
 }
 
 func (k *keeper) loop() {
@@ -119,6 +159,8 @@ func (k *keeper) loop() {
 		case <-svc.timers.After(domain.RenewInterval(k.h.ttl)):
 		case <-k.run.Done():
 			return
+		case <-k.held.Done():
+			return // lost, as learned elsewhere
 		case <-svc.gate.done():
 			k.lose(domain.LockLostError{Lock: k.h.Lock(), Reason: domain.LostClosed})
 			return
@@ -166,6 +208,8 @@ func (k *keeper) renew() bool {
 		case <-svc.timers.After(pause):
 		case <-k.run.Done():
 			return false
+		case <-k.held.Done():
+			return false
 		case <-svc.gate.done():
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostClosed})
 			return false
@@ -185,12 +229,22 @@ func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 		select {
 		case <-svc.timers.After(l.ExpiresAt.Sub(now)):
 			cancel(errRenewTooSlow)
+		case <-svc.gate.done():
+			// Close ends the renewal too: it waits for the keep-alive, and
+			// its release of the owner's locks must not wait for a store
+			// that does not answer.
+			cancel(domain.ErrClosed)
 		case <-finished:
 		}
 	}()
 	_, err := k.h.Renew(ctx)
-	if err != nil && errors.Is(context.Cause(ctx), errRenewTooSlow) {
-		return errRenewTooSlow
+	if err != nil {
+		switch cause := context.Cause(ctx); {
+		case errors.Is(cause, errRenewTooSlow):
+			return errRenewTooSlow
+		case errors.Is(cause, domain.ErrClosed):
+			return domain.ErrClosed
+		}
 	}
 	return err
 }
@@ -217,15 +271,25 @@ func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 // yet (it was stopped, or the process was paused), found by reading the
 // store now. A store that cannot be read is no proof of loss before the
 // lock's expiry.
+//
+// A loss it finds is recorded as the handle's (Err), and ends the
+// keep-alive's context, as the keep-alive's own would. One recorded as an
+// expiry is read again: another acquisition may have taken the resource
+// since, and the answer then names it.
 func (h *Handle) Lost(ctx context.Context) error {
-	if err := h.Err(); err != nil {
-		return err
+	var known *domain.LockLostError
+	if errors.As(h.Err(), &known) && known.Reason != domain.LostExpired {
+		return known
 	}
 	lost, _ := h.svc.explainLoss(ctx, h.Lock())
-	if lost == nil {
-		return nil
+	switch {
+	case lost != nil:
+		h.noteLost(lost)
+		return lost
+	case known != nil:
+		return known
 	}
-	return lost
+	return nil
 }
 
 // explainLoss says whether, and why, l is lost now, by its token

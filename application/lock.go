@@ -44,6 +44,9 @@ const (
 //     Renew of an expired or missing lock fails with *domain.LockExpiredError;
 //     renew of another owner's active lock fails with a conflict.
 //   - Release removes a lock only if the caller owns it.
+//   - Take (a Handle) is never re-entrant: an active lock of any owner,
+//     the caller's own included, refuses it (DecideTake); only a re-entry
+//     inside the holder's work (AcquireOptions.Reentrant) shares a token.
 //   - Invalid input fails with *domain.ValidationError before anything is
 //     read or written.
 //   - Every decision reads the clock when the store has the resource's
@@ -57,6 +60,7 @@ type LockService struct {
 	repo       LockRepository
 	acquirer   Acquirer // repo, when it can acquire in one write
 	renewer    Renewer  // repo, when it can renew in one write
+	taker      Taker    // repo, when it can take a handle's lock in one write
 	clock      Clock
 	timers     Timers
 	defaultTTL time.Duration
@@ -82,6 +86,7 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) 
 		gate: newGate(), waiters: newWaitQueues(), holders: newHolders()}
 	s.acquirer, _ = repo.(Acquirer)
 	s.renewer, _ = repo.(Renewer)
+	s.taker, _ = repo.(Taker)
 	s.tokenRenewer, _ = repo.(TokenRenewer)
 	return s, nil
 }
@@ -108,6 +113,19 @@ func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx
 // WrittenAt set when the store took longer than ttl to write the lock;
 // *domain.StoreError when the store fails; domain.ErrClosed after Close.
 func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
+	var one func(context.Context, domain.ResourceRef, string, Timing) (Acquisition, error)
+	if s.acquirer != nil {
+		one = s.acquirer.AcquireAt
+	}
+	return s.acquire(ctx, owner, ref, ttl, DecideAcquire, one)
+}
+
+// acquire is Acquire with its rule, decide (DecideAcquire, or Take's
+// DecideTake), and one, the store's one-write variant of that rule (nil:
+// Update decides).
+func (s *LockService) acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
+	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error),
+	one func(context.Context, domain.ResourceRef, string, Timing) (Acquisition, error)) (domain.Lock, error) {
 	var (
 		start    time.Time
 		kind     EventKind
@@ -117,7 +135,7 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 		start = s.clock.Now()
 	}
 	rule := func(cur *domain.Lock, now, expires time.Time) (Change, error) {
-		change, err := DecideAcquire(cur, owner, ref, now, expires)
+		change, err := decide(cur, owner, ref, now, expires)
 		kind, previous = EventReentered, nil
 		if change.Kind == ChangeInsert {
 			kind, previous = EventAcquired, cur
@@ -131,9 +149,9 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 		l   domain.Lock
 		err error
 	)
-	if s.acquirer != nil {
+	if one != nil {
 		l, err = s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
-			a, err := s.acquirer.AcquireAt(ctx, ref, owner, s.timing(ttl))
+			a, err := one(ctx, ref, owner, s.timing(ttl))
 			if errors.Is(err, ErrUndecided) {
 				return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
 			}
@@ -151,7 +169,7 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 	}
 	var conflict *domain.LockConflictError
 	if errors.As(err, &conflict) && s.processes != nil {
-		dl, tookOver, derr := s.takeOverDead(ctx, owner, ref, ttl, conflict.Holder)
+		dl, tookOver, derr := s.takeOverDead(ctx, owner, ref, ttl, conflict.Holder, decide)
 		if tookOver {
 			// The holder's process is gone: the lock changed hands before
 			// its expiry, and says so through the observer.

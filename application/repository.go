@@ -290,3 +290,41 @@ func DecideAcquire(cur *domain.Lock, owner string, ref domain.ResourceRef, now, 
 		return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
 	}
 }
+
+// DecideTake is Take's rule, for a handle: the change that owner's Take of
+// ref at now makes to cur, the lock stored on ref (nil when there is
+// none), with expires = now+TTL. A free or expired resource gets a new
+// lock with a new token; an active lock refuses the Take with a
+// *domain.LockConflictError naming it, whatever its owner: unlike
+// DecideAcquire, it never re-enters, since a handle is one acquisition
+// and must never share another's token (for the same owner, SameOwner is
+// set). The only way for handles to share a token is an explicit re-entry
+// inside the holder's work (AcquireOptions.Reentrant), which does not
+// reach the store's rule.
+func DecideTake(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
+	if cur == nil || cur.ExpiredAt(now) {
+		return Change{Kind: ChangeInsert, Lock: domain.Lock{
+			Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
+		}}, nil
+	}
+	return Change{}, &domain.LockConflictError{Holder: *cur, Now: now, SameOwner: cur.Owner == owner}
+}
+
+// Taker is an optional capability of a LockRepository: carrying out Take's
+// rule (DecideTake) itself, in one write, as an Acquirer does Acquire's.
+// The service uses it for Take only, and never an Acquirer there: an
+// Acquirer re-enters the owner's active lock, which a Take must refuse.
+// The same caution about now holds as for an Acquirer; there is no
+// re-entry to check at the time of the write.
+type Taker interface {
+	// TakeAt applies Take's rule for owner on ref at the now that at
+	// gives, with the new expiry it gives, atomically, and reports what it
+	// did (never Reentered). Its decisions must be DecideTake's on the row
+	// it changed.
+	//
+	// Errors: DecideTake's *domain.LockConflictError when an active lock,
+	// of any owner, is stored at now (nothing written); ErrUndecided when
+	// the store did not decide (nothing written): the caller decides
+	// through Update; a *domain.StoreError when the store fails.
+	TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at Timing) (Acquisition, error)
+}

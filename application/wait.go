@@ -3,6 +3,7 @@ package application
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -122,6 +123,12 @@ func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.cou
 // release or its loss wakes the head of the queue, and its expiry as it
 // knows it bounds the sleep.
 func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref domain.ResourceRef, ttl, timeout time.Duration) (*Handle, error) {
+	return s.waitTurn(ctx, ref, timeout, func() (*Handle, error) { return s.takeOnce(ctx, owner, ref, ttl) })
+}
+
+// waitTurn queues for ref and, as the head, calls try until it returns
+// anything but a *domain.LockConflictError (see acquireWaiting).
+func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func() (*Handle, error)) (*Handle, error) {
 	start := s.Now()
 	var expired <-chan time.Time
 	if timeout > 0 {
@@ -145,18 +152,16 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 	case <-ctx.Done():
 		return gaveUp(ctx.Err())
 	case <-expired:
-		// Queued behind others all along: one try, so that the answer
-		// names the holder (or takes a lock that just came free).
-		if h, err := s.takeOnce(ctx, owner, ref, ttl); !errors.As(err, &last) {
-			return h, err
-		}
-		return gaveUp(context.DeadlineExceeded)
+		// Queued behind others all along: only the head may take the
+		// lock (a lock that just came free is the head's), so the answer
+		// comes from a read, which names the holder.
+		return s.queuedOut(ctx, ref, start)
 	case <-s.gate.done():
 		return nil, domain.ErrClosed
 	}
 	backoff := waitBackoffMin
 	for {
-		h, err := s.takeOnce(ctx, owner, ref, ttl)
+		h, err := try()
 		if !errors.As(err, &last) {
 			if err != nil && ctx.Err() != nil {
 				return gaveUp(err)
@@ -186,3 +191,59 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 // jittered returns a pause between d/2 and d, at random, so that waiters
 // and renewals of several processes do not retry in step.
 func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
+
+// queuedOut answers a waiter whose timeout passed while others were ahead
+// of it in ref's queue: the holder that a read finds, as the conflict the
+// wait ends with; the timeout, if the lock is free (the head takes it).
+func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, start time.Time) (*Handle, error) {
+	l, err := s.Get(ctx, ref)
+	now := s.Now()
+	switch {
+	case err == nil && !l.ExpiredAt(now):
+		return nil, &domain.LockConflictError{Holder: l, Now: now, Waited: now.Sub(start), Cause: context.DeadlineExceeded}
+	case err == nil || errors.Is(err, domain.ErrNotFound):
+		return nil, fmt.Errorf("the wait for %s timed out after %s behind earlier waiters of this process, who take the lock first (%w); "+
+			"wait longer, or for less contended work", ref, now.Sub(start), context.DeadlineExceeded)
+	}
+	return nil, errors.Join(context.DeadlineExceeded, err)
+}
+
+// AcquireWait is the owner-scoped Acquire, waiting for the lock as Take
+// does with opts.Wait (in the same queue, with the same polling), for a
+// caller that holds its lock by owner rather than by handle, such as
+// `agents locks acquire --wait`: re-entrant per owner, as the spec says,
+// so it returns the owner's active lock extended, with its token. A Take
+// never re-enters; this does. opts.Reentrant is ignored.
+//
+// Errors: those of Acquire and of Take's wait (a *domain.ValidationError
+// for a Timeout without Wait; the last *domain.LockConflictError, with
+// Waited and Cause, when the wait ends without the lock).
+func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (domain.Lock, error) {
+	ttl, err := s.checkTake(owner, ref, opts)
+	if err != nil {
+		return domain.Lock{}, err
+	}
+	if !opts.Wait {
+		return s.Acquire(ctx, owner, ref, ttl)
+	}
+	var start time.Time
+	if s.observer != nil {
+		start = s.clock.Now()
+	}
+	h, err := s.waitTurn(ctx, ref, opts.Timeout, func() (*Handle, error) {
+		l, err := s.Acquire(ctx, owner, ref, ttl)
+		if err != nil {
+			return nil, err
+		}
+		return &Handle{svc: s, ttl: ttl, lock: l}, nil // never a holder: only its lock is returned
+	})
+	var l domain.Lock
+	if h != nil {
+		l = h.lock
+	}
+	if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
+		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: l,
+			Took: s.clock.Now().Sub(start), Err: err})
+	}
+	return l, err
+}

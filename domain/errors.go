@@ -48,6 +48,12 @@ type LockConflictError struct {
 	// context came from the KeepAlive (or Do) of the handle that holds the
 	// lock. Waiting would wait for itself, so the call was refused at once.
 	Nested bool
+	// SameOwner says that Holder has the caller's own owner id, and is
+	// another acquisition all the same: a Take (a handle) never shares a
+	// lock it did not take, whoever holds it. The holder is an owner-scoped
+	// Acquire of that owner, another process given the same owner id, or a
+	// handle whose release did not complete.
+	SameOwner bool
 }
 
 func (e *LockConflictError) Error() string {
@@ -58,6 +64,15 @@ func (e *LockConflictError) Error() string {
 	if e.Nested {
 		return fmt.Sprintf("%s is already held by the handle whose work this call runs in (owner %q, token %d): taking it again would wait for itself; "+
 			"use that handle, or pass AcquireOptions.Reentrant to re-enter it", e.Holder.Resource, e.Holder.Owner, e.Holder.Token)
+	}
+	if e.SameOwner && !e.InProcess {
+		return fmt.Sprintf("%s is held by another acquisition of owner %q (token %d, acquired %s, expires %s, in %s)%s: "+
+			"an owner-scoped Acquire of that owner, another process given the same owner id, or a handle whose release did not complete; "+
+			"a handle never shares it: wait for it (AcquireOptions.Wait), release it with the handle or owner that took it, "+
+			"or give each process its own owner id",
+			e.Holder.Resource, e.Holder.Owner, e.Holder.Token,
+			e.Holder.AcquiredAt.UTC().Format(time.RFC3339Nano), e.Holder.ExpiresAt.UTC().Format(time.RFC3339Nano),
+			roundForHumans(e.Holder.Remaining(e.Now)), waited)
 	}
 	if e.InProcess {
 		return fmt.Sprintf("%s is held by another handle of this process (owner %q, token %d, acquired %s, expires %s, in %s)%s; "+
@@ -203,7 +218,11 @@ func (e *LockLostError) Error() string {
 // last known to have. A lock taken before that expiry had not expired: it
 // was removed first (released elsewhere, or purged), or its holder's
 // process was found gone. A fence checked by a store may know neither
-// time: it then says nothing rather than a zero time.
+// time: it then says nothing rather than a zero time. The new lock's time
+// is read on its holder's clock: one later than the loss was noticed (At,
+// on this process's clock) proves that the clocks disagree (one runs
+// ahead, or this one was stepped back), and then the order of the two
+// events is not known, and is not claimed.
 func (e *LockLostError) takenWhen() string {
 	took, expires := e.NewHolder.AcquiredAt, e.Lock.ExpiresAt
 	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
@@ -212,6 +231,10 @@ func (e *LockLostError) takenWhen() string {
 		return ""
 	case took.IsZero():
 		return " (the lock was due to expire at " + at(expires) + ")"
+	case !e.At.IsZero() && took.After(e.At):
+		return fmt.Sprintf(" at %s by the clock that took it, later than this process's clock when it noticed (%s): the clocks disagree "+
+			"(one runs ahead, or this one was stepped back), so whether that was before or after the lock's expiry at %s is not known",
+			at(took), at(e.At), at(expires))
 	case took.Before(expires):
 		return fmt.Sprintf(" at %s, before its expiry at %s: the lock had been removed (released elsewhere, or purged) or its holder's process was found gone",
 			at(took), at(expires))

@@ -35,8 +35,6 @@ func (m *hmMachine) Take(t *rapid.T) {
 		return
 	case wait && (active || m.stale(ref, now)):
 		t.Skip("the wait would be for another process's lock, or for a handle that lost its lock")
-	case holder == nil && active && row.owner == owner:
-		t.Skip("an owner-scoped lock of the same owner: whether a handle may join it is not the model's question")
 	}
 	h, err := m.svc.Take(m.ctx, owner, ref, application.AcquireOptions{TTL: ttl, Wait: wait})
 	var conflict *domain.LockConflictError
@@ -51,8 +49,14 @@ func (m *hmMachine) Take(t *rapid.T) {
 	case active:
 		// A live handle that lost its lock may be named instead of the
 		// store's holder: it still keeps others of this process out.
+		// A lock of the same owner that no live handle holds (an
+		// owner-scoped Acquire, a handle's lock renewed behind its back)
+		// is refused too: a handle never shares another acquisition.
 		if !errors.As(err, &conflict) || conflict.Holder.Token != row.token && !m.stale(ref, now) {
 			t.Fatalf("Take by %q of %s held by %v: got %v; want a conflict naming the holder", owner, ref, m.rowString(ref), err)
+		}
+		if conflict.Holder.Token == row.token && !conflict.InProcess && conflict.SameOwner != (row.owner == owner) {
+			t.Fatalf("Take by %q of %s held by %v: SameOwner is %v", owner, ref, m.rowString(ref), conflict.SameOwner)
 		}
 	case err != nil && m.stale(ref, now) && errors.As(err, &conflict):
 		// A live handle that lost its lock may still keep others out.
@@ -137,6 +141,18 @@ func (m *hmMachine) Renew(t *rapid.T) {
 // KeepAlive starts a handle's keep-alive.
 func (m *hmMachine) KeepAlive(t *rapid.T) {
 	hs := m.pickLive(t, func(hs *hmHandle) bool { return !hs.kept })
+	if known := hs.h.Err(); known != nil {
+		// The handle knows its lock is lost (Check asks Lost after every
+		// step): the keep-alive ends at once, with that loss, and renews
+		// nothing.
+		hs.held = hs.h.KeepAlive(m.ctx)
+		hs.kept, hs.ended = true, true
+		if !finished(hs.h.Done()) || !errors.Is(context.Cause(hs.held), known) {
+			t.Fatalf("KeepAlive of handle %d, which knows it lost its lock (%v): done %v, context cause %v",
+				hs.id, known, finished(hs.h.Done()), context.Cause(hs.held))
+		}
+		return
+	}
 	hs.next = m.clk.Now().Add(domain.RenewInterval(hs.ttl)) // the timer's time, not the service's instant
 	armed := m.arming(renewalKey(hs, hs.next))
 	hs.held = hs.h.KeepAlive(m.ctx)

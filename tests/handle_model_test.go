@@ -341,6 +341,14 @@ func (m *hmMachine) Check(t *rapid.T) {
 		case !hs.ended:
 			m.checkLoss(t, "Lost", hs, claim, hs.h.Lock().ExpiresAt, now, false)
 		}
+		if claim != nil && hs.kept && !hs.ended {
+			// A loss that Lost found ends the keep-alive, as its own would.
+			waitFor(t, func() bool { return finished(hs.h.Done()) }, "the keep-alive of handle %d ran on after Lost found its loss", hs.id)
+			if !errors.Is(context.Cause(hs.held), hs.h.Err()) {
+				t.Fatalf("handle %d: the keep-alive's context ended with %v, not with the loss %v", hs.id, context.Cause(hs.held), hs.h.Err())
+			}
+			hs.ended = true
+		}
 	}
 	for ref, ids := range claims {
 		if len(ids) > 1 {

@@ -141,6 +141,35 @@ UNION ALL
 SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}
 FROM ins LEFT JOIN old ON true`)
 
+// takeSQL is Take's rule (application.DecideTake) as one statement:
+// acquireSQL without its re-entry. An expired lock is replaced, whoever
+// held it; an active one, the caller's own included, is left alone (no
+// row comes back, and the read that follows names it). Parameters and
+// result as acquireSQL's; the first column is always false.
+var takeSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
+old AS (
+  DELETE FROM {locks}
+  WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {expires} <= $5::varchar
+    AND EXISTS (SELECT FROM held)
+  RETURNING {id}, {owner}, {acquired}, {expires}),
+ins AS (
+  INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
+  SELECT $4::varchar, $2, $3, $5, $6::varchar
+  WHERE EXISTS (SELECT FROM held)
+    AND NOT EXISTS (SELECT FROM {locks} WHERE {type} = $2 AND {rid} = $3 AND {id} NOT IN (SELECT {id} FROM old))
+  ON CONFLICT ({type}, {rid}) DO NOTHING
+  RETURNING {id}, {acquired}, {expires})
+SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}
+FROM ins LEFT JOIN old ON true`)
+
+var _ application.Taker = (*PostgresStore)(nil)
+
+// TakeAt implements application.Taker as AcquireAt does Acquirer, with
+// takeSQL: it never re-enters the caller's own active lock.
+func (s *PostgresStore) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
+	return s.acquireBy(ctx, ref, owner, at, takeSQL, application.DecideTake)
+}
+
 // AcquireAt implements application.Acquirer with acquireFreeSQL, then, if
 // the resource has a row, acquireSQL.
 //
@@ -168,11 +197,18 @@ FROM ins LEFT JOIN old ON true`)
 // round trip; when it finds a row anyway, acquireSQL follows. Either way
 // one statement decides, on the row as it is when that statement runs.
 func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
+	return s.acquireBy(ctx, ref, owner, at, acquireSQL, application.DecideAcquire)
+}
+
+// acquireBy is AcquireAt with statement, acquireSQL or takeSQL, and the
+// rule it carries out, decide, for the refusals it reads.
+func (s *PostgresStore) acquireBy(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing, statement string,
+	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) (application.Acquisition, error) {
 	now, expires := at()
 	seen := false // a row was read just now
 	if s.contended.has(ref) {
 		var err error
-		if seen, err = s.refusal(ctx, ref, owner, now, expires); err != nil {
+		if seen, err = s.refusal(ctx, ref, owner, now, expires, decide); err != nil {
 			return application.Acquisition{}, err
 		}
 	}
@@ -189,7 +225,7 @@ func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, o
 		decided bool // false: no row came back
 	}
 	m, err := writeStatement(ctx, s.Store, func(ctx context.Context) (made, error) {
-		rows, err := s.write.QueryContext(ctx, acquireSQL, s.key(ref), string(ref.Type), ref.ID, owner, acquired, until)
+		rows, err := s.write.QueryContext(ctx, statement, s.key(ref), string(ref.Type), ref.ID, owner, acquired, until)
 		if err != nil {
 			return made{}, err
 		}
@@ -214,7 +250,7 @@ func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, o
 		s.occupied.note(ref, true)
 		return m.a, nil
 	}
-	if _, err := s.refusal(ctx, ref, owner, now, expires); err != nil {
+	if _, err := s.refusal(ctx, ref, owner, now, expires, decide); err != nil {
 		return application.Acquisition{}, err
 	}
 	return application.Acquisition{}, application.ErrUndecided
@@ -271,15 +307,17 @@ func (s *PostgresStore) DeleteToken(ctx context.Context, ref domain.ResourceRef,
 	return ok, err
 }
 
-// refusal reads the lock on ref and returns Acquire's conflict if another
-// owner's lock, stored and active at now, refuses owner; nil otherwise.
-// found says whether the read saw a row.
-func (s *PostgresStore) refusal(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time) (found bool, err error) {
+// refusal reads the lock on ref and returns decide's conflict (Acquire's:
+// another owner's lock, stored and active at now; Take's: any active
+// lock) if it refuses owner; nil otherwise. found says whether the read
+// saw a row.
+func (s *PostgresStore) refusal(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time,
+	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) (found bool, err error) {
 	cur, err := s.readLock(ctx, ref)
 	if err != nil {
 		return false, s.explain(ctx, err, "read lock on "+ref.String())
 	}
-	_, err = application.DecideAcquire(cur, owner, ref, now, expires)
+	_, err = decide(cur, owner, ref, now, expires)
 	if errors.Is(err, domain.ErrConflict) {
 		s.contended.note(ref, true)
 		return true, err

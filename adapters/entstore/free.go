@@ -73,6 +73,14 @@ func (s *FreeFirstStore) Close() error {
 	return errors.Join(s.insertFree.Close(), s.Store.Close())
 }
 
+var _ application.Taker = (*FreeFirstStore)(nil)
+
+// TakeAt implements application.Taker: AcquireAt, which only ever inserts
+// into a free resource, and so never re-enters a lock.
+func (s *FreeFirstStore) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
+	return s.AcquireAt(ctx, ref, owner, at)
+}
+
 // AcquireAt implements application.Acquirer: it inserts the lock if the
 // resource has no row, and otherwise returns application.ErrUndecided, as
 // it does at once for a resource that was just refused (see Update).

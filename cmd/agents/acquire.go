@@ -30,11 +30,12 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 	defer c.close(ctr)
 	var seen acquireEvents
 	ctr.Locks.SetObserver(&seen)
-	h, err := ctr.Locks.Take(ctx, owner, ref, opts)
+	// Owner-scoped, as the spec has it: a second acquire by the holder
+	// re-enters its lock, which a Take (a handle) would refuse.
+	l, err := ctr.Locks.AcquireWait(ctx, owner, ref, opts)
 	if err != nil {
 		return err
 	}
-	l := h.Lock()
 	// Re-entry keeps the first acquisition time, and the token: the
 	// service says which it was, whatever the clock showed.
 	reentered := seen.last == application.EventReentered

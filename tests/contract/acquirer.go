@@ -138,3 +138,27 @@ func checkAcquisition(t *testing.T, repo application.LockRepository, cur *domain
 		assert.Equal(t, got.Lock, after)
 	}
 }
+
+// testTaker holds a store that takes a handle's lock by itself
+// (application.Taker) to Take's rule, application.DecideTake, in every
+// state of resourceStates: above all, it never re-enters the caller's own
+// active lock (a Take refuses it, SameOwner). A store that decides every
+// case (DecidesAll) leaves none of them to Update, since Take's rule has
+// no re-entry to check at the time of the write.
+func testTaker(t *testing.T, newRepo NewRepository) {
+	if _, ok := newRepo(t).(application.Taker); !ok {
+		t.Skip("the store does not take by itself")
+	}
+	for _, tc := range resourceStates() {
+		t.Run(tc.name, func(t *testing.T) {
+			repo := newRepo(t)
+			cur := mustStore(t, repo, tc.cur)
+			now, expires := Start, Start.Add(stateTTL)
+			want, wantErr := application.DecideTake(cur, "A", plan1, now, expires)
+			require.NotEqual(t, application.ChangeExtend, want.Kind, "Take's rule never re-enters")
+			got, err := repo.(application.Taker).TakeAt(t.Context(), plan1, "A", func() (time.Time, time.Time) { return now, expires })
+			assert.False(t, got.Reentered, "a Take never re-enters")
+			checkAcquisition(t, repo, cur, want, wantErr, got, err, now)
+		})
+	}
+}

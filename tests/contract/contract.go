@@ -89,6 +89,7 @@ func Run(t *testing.T, newRepo NewRepository) {
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newRepo) })
 	t.Run("Repository", func(t *testing.T) { testRepository(t, newRepo) })
 	t.Run("Acquirer", func(t *testing.T) { testAcquirer(t, newRepo) })
+	t.Run("Taker", func(t *testing.T) { testTaker(t, newRepo) })
 	t.Run("Renewer", func(t *testing.T) { testRenewer(t, newRepo) })
 	t.Run("DeadHolder", func(t *testing.T) { testDeadHolder(t, newRepo) })
 	t.Run("Handles", func(t *testing.T) { testHandles(t, newRepo) })
