@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -278,6 +281,59 @@ func (g *group) reap() {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// busy reports whether a process of the group other than the keeper still
+// runs: a zombie does no work, and is not counted.
+func (g *group) busy() bool { return g != nil && len(g.members()) > 0 }
+
+// killMembers SIGKILLs every process of the group but the keeper, which
+// must outlive them to guard them should agents die meanwhile.
+func (g *group) killMembers() {
+	if g == nil {
+		return
+	}
+	for _, pid := range g.members() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// members lists the live processes of the group other than the keeper, as
+// /proc shows them. No signal can ask "is anyone but the keeper there":
+// kill(-pgid, 0) counts the keeper too.
+func (g *group) members() []int {
+	if err := syscall.Kill(-g.pgid, 0); err == syscall.ESRCH {
+		return nil
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == g.pgid {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid pgrp ...: comm may hold anything, so the
+		// fields are read after its last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if pgrp, err := strconv.Atoi(f[2]); err == nil && pgrp == g.pgid {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // signal sends sig to every process of the group, or to the command alone

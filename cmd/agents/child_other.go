@@ -25,6 +25,12 @@ func (g *group) close() {}
 // guarded returns no channel: there is no keeper to lose.
 func (g *group) guarded() (<-chan struct{}, func() string) { return nil, nil }
 
+// busy reports false: there is no group to outlive the command.
+func (g *group) busy() bool { return false }
+
+// killMembers does nothing: there is no group.
+func (g *group) killMembers() {}
+
 // reap does nothing: there is no group.
 func (g *group) reap() {}
 

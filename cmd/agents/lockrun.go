@@ -262,14 +262,43 @@ func (c *invocation) command(path string, argv []string, l domain.Lock) *exec.Cm
 // lost: SIGTERM at once, SIGKILL after grace. If the group's keeper dies
 // or is stopped, nothing would stop the group should agents die too, so
 // the group is killed at once (the keeper with it, if it was stopped).
+//
+// Once the lock is lost, or a signal has been forwarded, CMD's end is not
+// the work's: supervise returns only once every other process of the
+// group (but the keeper) is gone too, SIGKILLing what is left grace after
+// the SIGTERM (or after CMD's end, for a forwarded signal). After a plain
+// exit of CMD, the processes it left behind run on, as in a shell.
 func (c *invocation) supervise(p *child, h *application.Handle, held context.Context, sigs <-chan os.Signal, grace time.Duration) {
 	lostc := held.Done()
 	guard, why := p.group.guarded()
 	var kill <-chan time.Time
+	done := p.done
+	// drain is set once CMD's leftovers must be waited for; poll ticks
+	// while they are.
+	drain, killed := false, false
+	var poll <-chan time.Time
 	for {
 		select {
-		case <-p.done:
-			return
+		case <-done:
+			done = nil
+			if !drain || !p.group.busy() {
+				return
+			}
+			if kill == nil && !killed {
+				fmt.Fprintf(c.stderr, "%s: the command (pid %d) has ended, but processes of its group still run: SIGKILL in %s if they still do\n",
+					c.prog(), p.cmd.Process.Pid, short(grace))
+				kill = c.after(grace)
+			}
+			t := time.NewTicker(10 * time.Millisecond)
+			defer t.Stop()
+			poll = t.C
+		case <-poll:
+			if !p.group.busy() {
+				return
+			}
+			if killed {
+				p.group.killMembers() // any forked since
+			}
 		case <-guard:
 			guard = nil
 			p.unguarded = fmt.Sprintf("the keeper of the command's process group (pid %d) %s: nothing would stop "+
@@ -278,9 +307,11 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 			fmt.Fprintf(c.stderr, "%s: %s; run the command again\n", c.prog(), p.unguarded)
 			_ = p.kill()
 		case s := <-sigs:
+			drain = true
 			_ = p.signal(s) // fails only once the group has ended
 		case <-lostc:
 			lostc = nil
+			drain = true
 			p.reported = true
 			fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(context.Cause(held).Error()))
 			fmt.Fprintf(c.stderr, "%s: stopping the command (pid %d): SIGTERM now, SIGKILL in %s if it is still running\n",
@@ -289,9 +320,18 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 			kill = c.after(grace)
 		case <-kill:
 			kill = nil
-			fmt.Fprintf(c.stderr, "%s: the command (pid %d) was still running %s after SIGTERM: sending SIGKILL\n",
-				c.prog(), p.cmd.Process.Pid, short(grace))
-			_ = p.kill()
+			killed = true
+			if done != nil {
+				fmt.Fprintf(c.stderr, "%s: the command (pid %d) was still running %s after SIGTERM: sending SIGKILL\n",
+					c.prog(), p.cmd.Process.Pid, short(grace))
+				_ = p.kill()
+			} else {
+				// Only leftovers: the keeper must live on to guard them
+				// until they are gone.
+				fmt.Fprintf(c.stderr, "%s: the command (pid %d) has ended, but processes of its group were still running %s after it was signalled: sending them SIGKILL\n",
+					c.prog(), p.cmd.Process.Pid, short(grace))
+				p.group.killMembers()
+			}
 		}
 	}
 }
