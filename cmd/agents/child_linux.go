@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // parentDeathSignal is the signal the command of "locks run" gets if
@@ -244,14 +246,14 @@ func (g *group) watch() {
 			lose("cannot be waited for: " + err.Error())
 			return
 		case ws.Stopped():
-			lose("was stopped (" + ws.StopSignal().String() + ")")
+			lose("was stopped by " + unix.SignalName(ws.StopSignal()))
 			select {
 			case g.stops <- struct{}{}:
 			default:
 			}
 			continue
 		case ws.Signaled():
-			lose("was killed (" + ws.Signal().String() + ")")
+			lose("was killed by " + unix.SignalName(ws.Signal())) // "by SIGKILL"
 		default:
 			lose(fmt.Sprintf("exited (status %d)", ws.ExitStatus()))
 		}

@@ -115,6 +115,9 @@ func TestLockRun_KeeperGoneKillsGroupAndExits4(t *testing.T) {
 			if !strings.Contains(stderr.String(), "keeper of the command's process group") {
 				t.Fatalf("stderr does not say why:\n%s", stderr)
 			}
+			if want := map[string]string{"killed": "was killed by SIGKILL", "stopped": "was stopped by SIGSTOP"}[name]; !strings.Contains(stderr.String(), want) {
+				t.Fatalf("stderr does not say %q:\n%s", want, stderr)
+			}
 			if syscall.Kill(child, 0) == nil {
 				t.Fatalf("CMD's child %d still runs after agents ended", child)
 			}
