@@ -68,6 +68,9 @@ type group struct {
 	// close stops it; resumed is closed once it has stopped.
 	conts   chan os.Signal
 	resumed sync.WaitGroup
+	// fg is set once the group may have the terminal (foreground).
+	mu sync.Mutex
+	fg bool
 	// guard is closed the first time the keeper dies or is stopped (see
 	// watch); guardWhy says which. exited is closed once it has been
 	// reaped, and stops receives each stop.
@@ -92,9 +95,11 @@ func startGroup(in io.Reader) (*group, error) {
 	// No parent-death signal: the keeper must outlive agents to stop the
 	// group, and learns of its death from the pipe instead.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The group gets the terminal only once the command has joined it
+	// (see foreground): until then a Ctrl-C or Ctrl-Z must reach agents,
+	// not a keeper that ignores it and a group with nobody else in it.
 	tty := foregroundTerminal(in)
 	if tty != nil {
-		cmd.SysProcAttr.Foreground, cmd.SysProcAttr.Ctty = true, int(tty.Fd())
 		cmd.Env = append(os.Environ(), keeperForeground+"=1")
 	}
 	// The keeper says when it ignores the signals meant for the command:
@@ -167,12 +172,37 @@ func tcsetpgrp(f *os.File, pgrp int) error {
 	return nil
 }
 
+// foreground gives the terminal to the group, now that the command has
+// joined it, if agents is still in its foreground. A command that read or
+// wrote the terminal meanwhile was stopped for it (SIGTTIN, SIGTTOU), and
+// is continued. A Ctrl-C typed before this reached agents, which forwards
+// it to the group.
+func (g *group) foreground() {
+	if g == nil || g.tty == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.fg = true
+	if pgrp, err := tcgetpgrp(g.tty); err == nil && pgrp == syscall.Getpgrp() {
+		_ = tcsetpgrp(g.tty, g.pgid)
+		_ = syscall.Kill(-g.pgid, syscall.SIGCONT)
+	}
+}
+
 // resume continues the group each time agents is continued (after the
 // keeper stopped it on Ctrl-Z): in the foreground (fg), the group gets the
 // terminal back first; in the background (bg), it runs on without it.
+// Before the command has joined the group, the terminal stays agents'.
 func (g *group) resume() {
 	defer g.resumed.Done()
 	for range g.conts {
+		g.mu.Lock()
+		fg := g.fg
+		g.mu.Unlock()
+		if !fg {
+			continue
+		}
 		if pgrp, err := tcgetpgrp(g.tty); err == nil && pgrp == syscall.Getpgrp() {
 			_ = tcsetpgrp(g.tty, g.pgid)
 		}

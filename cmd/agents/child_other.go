@@ -19,6 +19,9 @@ func startGroup(io.Reader) (*group, error) { return nil, nil }
 // id returns 0: there is no group.
 func (g *group) id() int { return 0 }
 
+// foreground does nothing: there is no group.
+func (g *group) foreground() {}
+
 // close does nothing.
 func (g *group) close() {}
 

@@ -139,6 +139,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		_, _ = c.releaseHandle(bg, h)
 		return commandError(argv[0], err)
 	}
+	g.foreground()
 	c.supervise(p, h, held, sigs, grace)
 	if p.unguarded != "" {
 		g.reap() // before the release: no process of the work outlives the lock
