@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -118,16 +117,28 @@ func startGroup(in io.Reader) (*group, error) {
 		w.Close()
 		return nil, err
 	}
-	var b [1]byte
-	if n, _ := ready.Read(b[:]); n != 1 || b[0] != 'r' {
-		w.Close()
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return nil, errors.New("the keeper of the process group ended before it was ready")
-	}
 	g := &group{keeper: cmd, done: w, pgid: cmd.Process.Pid, tty: tty,
 		guard: make(chan struct{}), exited: make(chan struct{}), stops: make(chan struct{}, 1)}
+	// Watched from the start: a keeper stopped (or killed) before it is
+	// ready would never say so, and agents must not wait for it forever.
 	go g.watch()
+	readyc := make(chan bool, 1)
+	go func() {
+		var b [1]byte
+		n, _ := ready.Read(b[:])
+		readyc <- n == 1 && b[0] == 'r'
+	}()
+	ok := false
+	select {
+	case ok = <-readyc:
+	case <-g.guard:
+	}
+	if !ok {
+		w.Close()
+		_ = cmd.Process.Kill() // a stopped keeper dies too
+		<-g.exited
+		return nil, fmt.Errorf("the keeper of the process group %s before it was ready", g.guardWhy)
+	}
 	if tty != nil {
 		g.conts = make(chan os.Signal, 1)
 		signal.Notify(g.conts, syscall.SIGCONT)
