@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -137,7 +138,14 @@ func startGroup(in io.Reader) (*group, error) {
 		w.Close()
 		_ = cmd.Process.Kill() // a stopped keeper dies too
 		<-g.exited
-		return nil, fmt.Errorf("the keeper of the process group %s before it was ready", g.guardWhy)
+		err := fmt.Errorf("the keeper of the process group %s before it was ready", g.guardWhy)
+		if g.guardWhy == "was killed by SIGINT" {
+			// A Ctrl-C that reached the keeper in the instant after its
+			// fork, before it left agents' process group: the user's
+			// interrupt, not a failure to start.
+			err = fmt.Errorf("%w: %v", context.Canceled, err)
+		}
+		return nil, err
 	}
 	if tty != nil {
 		g.conts = make(chan os.Signal, 1)

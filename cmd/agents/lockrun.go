@@ -97,7 +97,14 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	// The group exists before the lock is taken, so that the default
 	// owner can name it: the lock is not a dead holder's while any
 	// process of the work is alive.
+	// Catch the signals to forward before anything is started: one that
+	// came earlier only cancels ctx, and that may be seen late.
+	sigs := make(chan os.Signal, 8)
+	defer c.signals(sigs)()
 	g, err := startGroup(c.stdin)
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("%w: cannot start the process group of %s: %v", errCannotRun, strconv.Quote(argv[0]), err)
 	}
@@ -111,11 +118,6 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.close(ctr)
-	// Catch the signals to forward before the lock is taken, so that none
-	// is lost between starting CMD and forwarding.
-	sigs := make(chan os.Signal, 8)
-	defer c.signals(sigs)()
-
 	h, err := ctr.Locks.Take(ctx, owner, ref, opts)
 	if err != nil {
 		return err
@@ -123,7 +125,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	// From here on, the lock and CMD outlive an interrupt of agents: it is
 	// forwarded to CMD, and agents waits for CMD before it releases.
 	bg := context.WithoutCancel(ctx)
-	if ctx.Err() != nil { // interrupted before CMD started: run nothing
+	if ctx.Err() != nil { // interrupted before CMD started: run nothing (a signal in sigs is forwarded to CMD)
 		_, _ = c.releaseHandle(bg, h)
 		return ctx.Err()
 	}
