@@ -125,14 +125,20 @@ func TestHandle_KeepAliveNeverAdoptsAnotherToken(t *testing.T) {
 		again, err := c.Locks.Acquire(ctx, "A", plan1, time.Minute)
 		require.NoError(t, err)
 		held := h.KeepAlive(ctx)
-		// Time passes a second at a time, for three TTLs: the keep-alive
-		// renews (and must lose) at the first half TTL.
-		for i := 0; i < 180 && held.Err() == nil; i++ {
+		// Time passes a second at a time (the keep-alive's timer may start
+		// late) past the renewal at half the TTL, but never up to the
+		// expiry of either lock: the renewal must then find A's new token
+		// and lose, however long the store takes to answer.
+		for i := 0; i < 55 && held.Err() == nil; i++ {
 			mc.Add(time.Second)
 			select {
 			case <-held.Done():
 			case <-time.After(time.Millisecond):
 			}
+		}
+		select {
+		case <-held.Done():
+		case <-time.After(30 * time.Second):
 		}
 		require.Error(t, held.Err(), "the keep-alive renewed a lock that is not its own")
 		var lost *domain.LockLostError
