@@ -167,3 +167,14 @@ func TestLockLostError_UnknownExpiry(t *testing.T) {
 	assert.Contains(t, (&domain.LockLostError{Lock: known, Reason: domain.LostTakenOver, NewHolder: &next}).Error(),
 		"after it expired at 2026-01-01T00:00:00Z")
 }
+
+// A loss matches ErrExpired whatever its reason, and ErrClosed only when
+// the service closed.
+func TestLockLostError_Is(t *testing.T) {
+	for _, r := range []domain.LostReason{domain.LostExpired, domain.LostTakenOver, domain.LostStoreFailing, domain.LostClosed, domain.LostRemoved} {
+		err := fmt.Errorf("wrapped: %w", &domain.LockLostError{Reason: r, NewHolder: &domain.Lock{}})
+		assert.ErrorIs(t, err, domain.ErrExpired, r.String())
+		assert.Equal(t, r == domain.LostClosed, errors.Is(err, domain.ErrClosed), r.String())
+		assert.NotErrorIs(t, err, domain.ErrConflict, r.String())
+	}
+}

@@ -242,8 +242,11 @@ func (e *LockLostError) takenWhen() string {
 	return fmt.Sprintf(" at %s, after it expired at %s", at(took), at(expires))
 }
 
-// Is makes errors.Is(err, ErrExpired) true.
-func (e *LockLostError) Is(target error) bool { return target == ErrExpired }
+// Is makes errors.Is(err, ErrExpired) true, and errors.Is(err, ErrClosed)
+// too for a lock lost because the service closed (LostClosed).
+func (e *LockLostError) Is(target error) bool {
+	return target == ErrExpired || (target == ErrClosed && e.Reason == LostClosed)
+}
 
 // Unwrap returns the last store failure, if any.
 func (e *LockLostError) Unwrap() error { return e.Err }
