@@ -152,6 +152,9 @@ func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, 
 	if !opts.Reentrant || owner != l.Owner {
 		return nil, &domain.LockConflictError{Holder: l, Now: s.Now(), InProcess: true, Nested: true}
 	}
+	if err := root.Err(); err != nil {
+		return nil, err // known lost: the store may still show it, never share it
+	}
 	if err := s.gate.enter(); err != nil {
 		return nil, err
 	}

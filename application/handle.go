@@ -3,6 +3,7 @@ package application
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -217,11 +218,14 @@ func (h *Handle) root() *Handle {
 // records the loss, once, on the acquisition (the root handle), ends the
 // context of every keep-alive that follows it (its own and those of its
 // re-entries) with the loss as their cause, and lets the service's
-// waiters for the resource try at once.
+// waiters for the resource try at once. It does nothing once the
+// acquisition is released.
 func (h *Handle) noteLost(lost *domain.LockLostError) {
 	r := h.root()
 	r.mu.Lock()
-	first := r.lost == nil
+	// A released acquisition was given up, not lost: what a later read
+	// finds (nothing, or another holder) is no loss of the handle's.
+	first := r.lost == nil && !r.released
 	var followers map[*keeper]struct{}
 	if first {
 		r.lost, followers, r.followers = lost, r.followers, nil
@@ -275,11 +279,15 @@ func (h *Handle) unfollow(k *keeper) {
 // Errors: *domain.LockLostError when the lock is no longer this
 // handle's (another token holds the resource, its lock has expired or was
 // removed), with the reason the store shows, or when the store took longer
-// than the TTL to write the renewal (LostStoreFailing); *domain.StoreError
-// when the store fails; domain.ErrClosed after Close.
+// than the TTL to write the renewal (LostStoreFailing); an error matching
+// domain.ErrExpired, and no loss, after the handle's own release;
+// *domain.StoreError when the store fails; domain.ErrClosed after Close.
 func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 	if err := h.Err(); err != nil {
 		return domain.Lock{}, err
+	}
+	if h.root().isReleased() {
+		return domain.Lock{}, h.errReleased("renew")
 	}
 	var (
 		l   domain.Lock
@@ -332,6 +340,8 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	if k != nil {
+		// The keep-alive stops first, so that no renewal races the
+		// release; its context ends below, with what the release found.
 		k.stop()
 	}
 	if h.parent != nil {
@@ -346,12 +356,26 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	var lost *domain.LockLostError
 	switch {
 	case errors.As(err, &lost):
-		h.noteLost(lost)
+		h.noteLost(lost) // ends the keep-alive's context with the loss
 	case err != nil && !errors.Is(err, domain.ErrExpired):
-		return false, err // not known to be released: the handle keeps its place
+		// Not known to be released: the handle keeps its place, but
+		// nothing renews the lock any more.
+		if k != nil {
+			k.cancelHeld(fmt.Errorf("the keep-alive stopped for a release that failed, so the lock is renewed no more "+
+				"and may stay stored until its expiry (Release again to remove it): %w", err))
+		}
+		return false, err
 	}
 	h.markReleased()
 	return ok, err
+}
+
+// errReleased answers a call (op) on a handle whose acquisition was
+// released: not a loss, and not held either.
+func (h *Handle) errReleased(op string) error {
+	l := h.Lock()
+	return fmt.Errorf("%s the lock of owner %q on %s (token %d): it was released through this handle (%w); Take it again to hold it",
+		op, l.Owner, l.Resource, l.Token, domain.ErrExpired)
 }
 
 // markReleased records that h is released: the keep-alives that follow
@@ -387,9 +411,15 @@ func (h *Handle) markReleased() {
 // ran) is returned too. A Take made with fn's context on the same
 // resource is nested (see AcquireOptions.Reentrant).
 //
+// Do reports success only once the store has confirmed the lock: a
+// service closed before that (the container shutting down while fn ran,
+// its keep-alive stopped by ctx) makes Do return an error matching
+// domain.ErrClosed, joined with fn's, since the lock may have been lost
+// meanwhile. The container releases the owner's locks as it closes.
+//
 // Errors: *domain.ValidationError for a nil fn or bad options, before
 // anything is acquired; those of Take, before fn runs; afterwards fn's,
-// joined with the loss or the release's error.
+// joined with the loss, the release's error or domain.ErrClosed.
 func (s *LockService) Do(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions,
 	fn func(ctx context.Context, lock domain.Lock) error) (err error) {
 	if fn == nil {
@@ -406,11 +436,19 @@ func (s *LockService) Do(ctx context.Context, owner string, ref domain.ResourceR
 		// resource for the whole TTL. The store's own retries and timeouts
 		// bound this call.
 		_, rerr := h.Release(context.WithoutCancel(ctx))
+		var lost *domain.LockLostError
 		switch {
-		case errors.Is(rerr, domain.ErrClosed):
-			rerr = nil // the container releases the owner's locks itself
 		case rerr != nil && errors.Is(err, rerr):
 			rerr = nil // fn returned the loss itself
+		case errors.As(rerr, &lost):
+			// The loss, LostClosed included: reported as it is.
+		case errors.Is(rerr, domain.ErrClosed):
+			// The service closed before Do could ask the store: the lock
+			// may have been lost while fn ran, so this is no success.
+			l := h.Lock()
+			rerr = fmt.Errorf("the lock of owner %q on %s (token %d) could not be checked after the work: %w; "+
+				"whether it was held until the work ended is not known, so treat the work as unprotected",
+				l.Owner, l.Resource, l.Token, domain.ErrClosed)
 		}
 		err = errors.Join(err, rerr)
 		if p != nil {

@@ -139,15 +139,19 @@ func (h *Handle) Err() error {
 	return r.lost
 }
 
-// stop ends the keep-alive and waits for its goroutine.
+// stop ends the keep-alive's renewals and waits for its goroutine. A
+// re-entry's context ends at once, as it is released; a root handle's
+// ends with the outcome of its release (Release): released, lost, or a
+// release that failed.
 func (k *keeper) stop() {
 	k.stopRun()
 	if k.follower {
 		k.cancelHeld(errReleased)
+		<-k.done
+		k.h.root().unfollow(k)
+		return
 	}
 	<-k.done
-	k.cancelHeld(errReleased)
-	k.h.root().unfollow(k)
 }
 
 func (k *keeper) loop() {
@@ -273,13 +277,18 @@ func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 // lock's expiry.
 //
 // A loss it finds is recorded as the handle's (Err), and ends the
-// keep-alive's context, as the keep-alive's own would. One recorded as an
+// keep-alive's context, as the keep-alive's own would. After a release
+// that removed the lock it returns an error matching domain.ErrExpired,
+// and records no loss: the lock was given up, not lost, and is not held. One recorded as an
 // expiry is read again: another acquisition may have taken the resource
 // since, and the answer then names it.
 func (h *Handle) Lost(ctx context.Context) error {
 	var known *domain.LockLostError
 	if errors.As(h.Err(), &known) && known.Reason != domain.LostExpired {
 		return known
+	}
+	if known == nil && h.root().isReleased() {
+		return h.errReleased("check") // given up, not lost, and no longer held
 	}
 	lost, _ := h.svc.explainLoss(ctx, h.Lock())
 	switch {

@@ -108,6 +108,12 @@ func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx
 // Acquire takes the lock on ref for owner for ttl (zero: the default TTL),
 // or re-enters it if owner already holds it. It returns the lock as held.
 //
+// Re-entry goes by owner alone, as the spec has it: an active lock that a
+// Handle of owner holds is re-entered too, and the owner-scoped Release
+// then removes it under the handle (which learns of it as a loss). Give
+// the handles of a process and its owner-scoped calls different owner
+// ids, or use handles only.
+//
 // Errors: *domain.ValidationError for bad input; *domain.LockConflictError
 // when another owner holds an active lock; *domain.LockExpiredError with
 // WrittenAt set when the store took longer than ttl to write the lock;

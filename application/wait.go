@@ -215,6 +215,11 @@ func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, sta
 // so it returns the owner's active lock extended, with its token. A Take
 // never re-enters; this does. opts.Reentrant is ignored.
 //
+// With opts.Wait, a lock that a Handle of this service holds is waited
+// for, whatever the handle's owner: the handle is another acquisition,
+// and its release wakes this call, as Wait promises. Without Wait this is
+// Acquire, which re-enters any active lock of owner's, a handle's too.
+//
 // Errors: those of Acquire and of Take's wait (a *domain.ValidationError
 // for a Timeout without Wait; the last *domain.LockConflictError, with
 // Waited and Cause, when the wait ends without the lock).
@@ -231,6 +236,16 @@ func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.
 		start = s.clock.Now()
 	}
 	h, err := s.waitTurn(ctx, ref, opts.Timeout, func() (*Handle, error) {
+		sl, err := s.holders.enter(ctx, ref)
+		if err != nil {
+			return nil, err
+		}
+		defer s.holders.leave(ref, sl)
+		if held, ok := s.holders.holding(sl, s.Now()); ok {
+			// Another acquisition, whatever its owner: wait for its
+			// release, which wakes this waiter, as a Take would.
+			return nil, &domain.LockConflictError{Holder: held, Now: s.Now(), InProcess: true}
+		}
 		l, err := s.Acquire(ctx, owner, ref, ttl)
 		if err != nil {
 			return nil, err
