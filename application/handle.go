@@ -65,6 +65,7 @@ type Handle struct {
 	mu       sync.Mutex
 	lock     domain.Lock
 	released bool
+	dropping bool                  // its release is removing the lock
 	lost     *domain.LockLostError // the loss, once the handle learns of it
 	keeper   *keeper               // nil until KeepAlive
 	// followers are the keep-alives whose contexts end with this
@@ -219,25 +220,36 @@ func (h *Handle) root() *Handle {
 // context of every keep-alive that follows it (its own and those of its
 // re-entries) with the loss as their cause, and lets the service's
 // waiters for the resource try at once. It does nothing once the
-// acquisition is released.
-func (h *Handle) noteLost(lost *domain.LockLostError) {
+// acquisition is released, or while its release removes it, and then
+// reports false: the lock was given up, not lost.
+func (h *Handle) noteLost(lost *domain.LockLostError) (recorded bool) {
 	r := h.root()
 	r.mu.Lock()
-	// A released acquisition was given up, not lost: what a later read
-	// finds (nothing, or another holder) is no loss of the handle's.
-	first := r.lost == nil && !r.released
+	// A released acquisition was given up, not lost: what a read finds
+	// (nothing, or another holder) is no loss of the handle's.
+	givenUp := r.lost == nil && (r.released || r.dropping)
+	first := r.lost == nil && !givenUp
 	var followers map[*keeper]struct{}
 	if first {
 		r.lost, followers, r.followers = lost, r.followers, nil
 	}
 	r.mu.Unlock()
 	if !first {
-		return
+		return !givenUp
 	}
 	for k := range followers {
 		k.cancelHeld(lost)
 	}
 	r.svc.waiters.wake(lost.Lock.Resource)
+	return true
+}
+
+// setDropping marks the acquisition's release as being written (or no
+// longer): a loss read meanwhile is the release's own removal.
+func (h *Handle) setDropping(on bool) {
+	h.mu.Lock()
+	h.dropping = on
+	h.mu.Unlock()
 }
 
 // follow makes k's context end with h's acquisition: lost (with the loss)
@@ -299,8 +311,8 @@ func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 		l, err = h.svc.renewToken(ctx, h.Lock(), h.ttl)
 	}
 	var lost *domain.LockLostError
-	if errors.As(err, &lost) {
-		h.noteLost(lost)
+	if errors.As(err, &lost) && !h.noteLost(lost) {
+		return domain.Lock{}, h.errReleased("renew")
 	}
 	if err != nil {
 		return domain.Lock{}, err
@@ -346,20 +358,23 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	}
 	if h.parent != nil {
 		h.markReleased()
-		return false, h.Lost(ctx)
+		return false, h.confirm(ctx)
 	}
 	if err := h.Err(); err != nil {
 		h.markReleased()
 		return false, err
 	}
+	h.setDropping(true)
 	ok, err := h.svc.releaseToken(ctx, h.Lock())
 	var lost *domain.LockLostError
 	switch {
 	case errors.As(err, &lost):
+		h.setDropping(false)
 		h.noteLost(lost) // ends the keep-alive's context with the loss
 	case err != nil && !errors.Is(err, domain.ErrExpired):
 		// Not known to be released: the handle keeps its place, but
 		// nothing renews the lock any more.
+		h.setDropping(false)
 		if k != nil {
 			k.cancelHeld(fmt.Errorf("the keep-alive stopped for a release that failed, so the lock is renewed no more "+
 				"and may stay stored until its expiry (Release again to remove it): %w", err))
@@ -378,12 +393,30 @@ func (h *Handle) errReleased(op string) error {
 		op, l.Owner, l.Resource, l.Token, domain.ErrExpired)
 }
 
+// confirm answers the release of a re-entry: nil only when the store
+// shows the shared acquisition still held; otherwise its loss, or the
+// error that kept the store from saying (ErrClosed included). Unlike
+// Lost, a store that cannot be read is no confirmation.
+func (h *Handle) confirm(ctx context.Context) error {
+	if err := h.Err(); err != nil {
+		return err
+	}
+	lost, err := h.svc.explainLoss(ctx, h.root().Lock())
+	if lost != nil && h.noteLost(lost) {
+		return lost
+	}
+	if lost != nil {
+		return h.errReleased("check")
+	}
+	return err
+}
+
 // markReleased records that h is released: the keep-alives that follow
 // it end, and a root handle gives up its place in this service and lets
 // the waiters for its resource try.
 func (h *Handle) markReleased() {
 	h.mu.Lock()
-	h.released = true
+	h.released, h.dropping = true, false
 	followers, k := h.followers, h.keeper
 	h.followers = nil
 	h.mu.Unlock()

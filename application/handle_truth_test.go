@@ -184,3 +184,154 @@ func TestHandle_ReleasedIsNotLost(t *testing.T) {
 	assert.NoError(t, h.Err(), "Err after a release")
 	assert.NotErrorAs(t, context.Cause(held), &lost)
 }
+
+// afterDelete runs a function of the test's, once, right after a
+// DeleteToken that removed the lock: between the release's write and
+// the moment the handle records it.
+type afterDelete struct {
+	*memory.LockRepository
+	mu   sync.Mutex
+	then func()
+}
+
+func (r *afterDelete) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
+	ok, err := r.LockRepository.DeleteToken(ctx, ref, token, now)
+	r.mu.Lock()
+	f := r.then
+	r.then = nil
+	r.mu.Unlock()
+	if ok && f != nil {
+		f()
+	}
+	return ok, err
+}
+
+// A release that removed the lock is the handle's own, whatever another
+// goroutine of the holder reads from the store in the meantime.
+func TestHandle_ReleaseRacesAConcurrentCheck(t *testing.T) {
+	for _, op := range []string{"Lost", "Renew", "ReentrantTake"} {
+		t.Run(op, func(t *testing.T) {
+			ctx := context.Background()
+			repo := &afterDelete{LockRepository: memory.NewLockRepository()}
+			svc := newSvc(t, repo)
+			h, err := svc.Take(ctx, "a", sharePlan, application.AcquireOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := h.KeepAlive(ctx)
+			repo.then = func() {
+				var wg sync.WaitGroup
+				wg.Add(1)
+				go func() { // another goroutine of the holder's process
+					defer wg.Done()
+					switch op {
+					case "Lost":
+						t.Logf("concurrent Lost: %v", h.Lost(ctx))
+					case "Renew":
+						_, err := h.Renew(ctx)
+						t.Logf("concurrent Renew: %v", err)
+					case "ReentrantTake":
+						_, err := svc.Take(held, "a", sharePlan, application.AcquireOptions{Reentrant: true})
+						t.Logf("concurrent re-entrant Take: %v", err)
+					}
+				}()
+				wg.Wait()
+			}
+			ok, err := h.Release(ctx)
+			t.Logf("Release = %v, %v", ok, err)
+			if !ok || err != nil {
+				t.Skip("release did not report success")
+			}
+			if e := h.Err(); e != nil {
+				t.Errorf("after Release (true,nil), Err() = %v; want nil", e)
+			}
+			if c := context.Cause(held); c == nil || errors.As(c, new(*domain.LockLostError)) {
+				t.Errorf("after Release (true,nil), keep-alive cause = %v; want 'the lock was released'", c)
+			}
+			var lost *domain.LockLostError
+			if err := h.Lost(ctx); errors.As(err, &lost) || !errors.Is(err, domain.ErrExpired) {
+				t.Errorf("after Release (true,nil), Lost() = %v; want ErrExpired, not a loss", err)
+			}
+		})
+	}
+}
+
+// unreadable fails every Get once armed: a store that cannot be read.
+type unreadable struct {
+	*memory.LockRepository
+	mu      sync.Mutex
+	failGet bool
+}
+
+func (r *unreadable) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
+	r.mu.Lock()
+	f := r.failGet
+	r.mu.Unlock()
+	if f {
+		return domain.Lock{}, &domain.StoreError{Op: "get", Err: errors.New("store unreachable")}
+	}
+	return r.LockRepository.Get(ctx, ref)
+}
+
+// A nested re-entrant Do reports success only when the store confirmed the
+// shared lock after its fn: a lock removed meanwhile, then a store that
+// cannot be read, or a service closed, is no success.
+func TestHandle_NestedDoUnconfirmedOnUnreadableStore(t *testing.T) {
+	ctx := context.Background()
+	repo := &unreadable{LockRepository: memory.NewLockRepository()}
+	clk := shareMock()
+	a, b := newSvcClock(t, repo, clk), newSvcClock(t, repo, clk)
+	var inner error = errors.New("inner Do not run")
+	outer := a.Do(ctx, "a", sharePlan, application.AcquireOptions{}, func(octx context.Context, l domain.Lock) error {
+		inner = a.Do(octx, "a", sharePlan, application.AcquireOptions{Reentrant: true}, func(ictx context.Context, l domain.Lock) error {
+			if n, err := b.ReleaseAllForOwner(ctx, "a"); n != 1 || err != nil {
+				t.Fatalf("ReleaseAllForOwner = %d, %v", n, err)
+			}
+			repo.mu.Lock()
+			repo.failGet = true
+			repo.mu.Unlock()
+			return nil
+		})
+		return nil
+	})
+	t.Logf("outer Do = %v", outer)
+	if inner == nil {
+		t.Errorf("nested re-entrant Do returned nil although the lock was removed while its fn ran and the store confirmed nothing")
+	}
+}
+
+func TestHandle_NestedDoUnconfirmedAfterCancelAndClose(t *testing.T) {
+	repo := memory.NewLockRepository()
+	clk := shareMock()
+	a, b := newSvcClock(t, repo, clk), newSvcClock(t, repo, clk)
+	ctx, cancel := context.WithCancel(context.Background())
+	var inner error = errors.New("inner Do not run")
+	outer := a.Do(ctx, "a", sharePlan, application.AcquireOptions{}, func(octx context.Context, l domain.Lock) error {
+		inner = a.Do(octx, "a", sharePlan, application.AcquireOptions{Reentrant: true}, func(ictx context.Context, l domain.Lock) error {
+			b.ReleaseAllForOwner(context.Background(), "a") // removed behind its back
+			cancel()
+			<-ictx.Done()
+			if err := a.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		})
+		return nil
+	})
+	t.Logf("outer Do = %v", outer)
+	if inner == nil {
+		t.Errorf("nested re-entrant Do returned nil after Close, with the lock removed while its fn ran")
+	}
+}
+
+func newSvc(t *testing.T, repo application.LockRepository) *application.LockService {
+	t.Helper()
+	return newSvcClock(t, repo, shareMock())
+}
+
+func newSvcClock(t *testing.T, repo application.LockRepository, clk application.Clock) *application.LockService {
+	t.Helper()
+	svc, err := application.NewLockService(repo, clk, 0)
+	require.NoError(t, err)
+	return svc
+}

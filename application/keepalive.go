@@ -292,8 +292,9 @@ func (h *Handle) Lost(ctx context.Context) error {
 	}
 	lost, _ := h.svc.explainLoss(ctx, h.Lock())
 	switch {
+	case lost != nil && !h.noteLost(lost):
+		return h.errReleased("check") // its release removed it
 	case lost != nil:
-		h.noteLost(lost)
 		return lost
 	case known != nil:
 		return known
@@ -317,6 +318,9 @@ func (s *LockService) explainLoss(ctx context.Context, l domain.Lock) (*domain.L
 // lose records the loss and ends the caller's context with it.
 func (k *keeper) lose(e domain.LockLostError) {
 	e.At = k.h.svc.Now()
-	k.h.noteLost(&e)
+	if !k.h.noteLost(&e) {
+		k.cancelHeld(errReleased)
+		return
+	}
 	k.cancelHeld(k.h.Err())
 }
