@@ -161,10 +161,7 @@ func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, 
 	defer s.gate.leave()
 	if lost, err := s.lossNow(ctx, l); err != nil || lost != nil {
 		if lost != nil {
-			if !root.noteLost(lost) {
-				return nil, root.errReleased("re-enter")
-			}
-			return nil, lost
+			return nil, root.lossOrReleased(lost, "re-enter")
 		}
 		return nil, err
 	}

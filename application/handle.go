@@ -62,12 +62,13 @@ type Handle struct {
 	// releasing admits one Release at a time: a failed one may be retried.
 	releasing sync.Mutex
 
-	mu       sync.Mutex
-	lock     domain.Lock
-	released bool
-	dropping bool                  // its release is removing the lock
-	lost     *domain.LockLostError // the loss, once the handle learns of it
-	keeper   *keeper               // nil until KeepAlive
+	mu        sync.Mutex
+	lock      domain.Lock
+	released  bool
+	dropping  bool                  // its release is removing the lock
+	attempted bool                  // a release failed, and may have removed it
+	lost      *domain.LockLostError // the loss, once the handle learns of it
+	keeper    *keeper               // nil until KeepAlive
 	// followers are the keep-alives whose contexts end with this
 	// acquisition (lost or released): its own and its re-entries'.
 	followers map[*keeper]struct{}
@@ -220,13 +221,15 @@ func (h *Handle) root() *Handle {
 // context of every keep-alive that follows it (its own and those of its
 // re-entries) with the loss as their cause, and lets the service's
 // waiters for the resource try at once. It does nothing once the
-// acquisition is released, or while its release removes it, and then
-// reports false: the lock was given up, not lost.
+// acquisition is released, or while its release is being written, and
+// then reports false.
 func (h *Handle) noteLost(lost *domain.LockLostError) (recorded bool) {
 	r := h.root()
 	r.mu.Lock()
 	// A released acquisition was given up, not lost: what a read finds
-	// (nothing, or another holder) is no loss of the handle's.
+	// (nothing, or another holder) is no loss of the handle's. While its
+	// release is being written, only the release's outcome says whether
+	// a read saw its removal or a loss before it: the release records it.
 	givenUp := r.lost == nil && (r.released || r.dropping)
 	first := r.lost == nil && !givenUp
 	var followers map[*keeper]struct{}
@@ -311,8 +314,8 @@ func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 		l, err = h.svc.renewToken(ctx, h.Lock(), h.ttl)
 	}
 	var lost *domain.LockLostError
-	if errors.As(err, &lost) && !h.noteLost(lost) {
-		return domain.Lock{}, h.errReleased("renew")
+	if errors.As(err, &lost) {
+		err = h.lossOrReleased(lost, "renew")
 	}
 	if err != nil {
 		return domain.Lock{}, err
@@ -336,7 +339,9 @@ func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 // the handle as it was, but for its keep-alive, which has stopped: it
 // still holds its place in this service (no other handle here takes the
 // resource until its expiry) and the lock may still be stored. Call
-// Release again: a retry that succeeds removes the lock.
+// Release again: a retry that succeeds removes the lock, and one that
+// finds no lock at all reports false and nil (the failed attempt may have
+// removed it).
 //
 // Errors: the *domain.LockLostError of a lock that was lost (noticed by
 // the keep-alive, or found by the release: it removed nothing), with
@@ -368,13 +373,18 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	ok, err := h.svc.releaseToken(ctx, h.Lock())
 	var lost *domain.LockLostError
 	switch {
+	case errors.As(err, &lost) && h.retried() && lost.Reason == domain.LostRemoved:
+		// No lock at all, after an attempt whose outcome was not known:
+		// that attempt may have removed it. Released, not lost.
 	case errors.As(err, &lost):
 		h.setDropping(false)
 		h.noteLost(lost) // ends the keep-alive's context with the loss
 	case err != nil && !errors.Is(err, domain.ErrExpired):
 		// Not known to be released: the handle keeps its place, but
 		// nothing renews the lock any more.
-		h.setDropping(false)
+		h.mu.Lock()
+		h.dropping, h.attempted = false, true
+		h.mu.Unlock()
 		if k != nil {
 			k.cancelHeld(fmt.Errorf("the keep-alive stopped for a release that failed, so the lock is renewed no more "+
 				"and may stay stored until its expiry (Release again to remove it): %w", err))
@@ -382,7 +392,18 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	h.markReleased()
-	return ok, err
+	if ok || lost == nil || lost.Reason != domain.LostRemoved || h.Err() != nil {
+		return ok, err
+	}
+	return false, nil
+}
+
+// retried reports whether an earlier release of h failed after it may
+// have removed the lock.
+func (h *Handle) retried() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.attempted
 }
 
 // errReleased answers a call (op) on a handle whose acquisition was
@@ -402,13 +423,22 @@ func (h *Handle) confirm(ctx context.Context) error {
 		return err
 	}
 	lost, err := h.svc.explainLoss(ctx, h.root().Lock())
-	if lost != nil && h.noteLost(lost) {
-		return lost
-	}
 	if lost != nil {
-		return h.errReleased("check")
+		return h.lossOrReleased(lost, "check")
 	}
 	return err
+}
+
+// lossOrReleased records lost, a loss that a read found, and returns
+// what to tell the caller: the loss; or, once the acquisition is
+// released, that it was released (op names the call). A read made while
+// the release is being written gets the loss it saw, unrecorded: the
+// lock is not held either way, and the release records what it finds.
+func (h *Handle) lossOrReleased(lost *domain.LockLostError, op string) error {
+	if !h.noteLost(lost) && h.root().isReleased() {
+		return h.errReleased(op)
+	}
+	return lost
 }
 
 // markReleased records that h is released: the keep-alives that follow

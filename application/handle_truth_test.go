@@ -335,3 +335,125 @@ func newSvcClock(t *testing.T, repo application.LockRepository, clk application.
 	require.NoError(t, err)
 	return svc
 }
+
+// flakyReads fails the next fails Gets, runs during (once) inside the
+// next DeleteToken, before it writes, and makes the next commitThenFail
+// DeleteTokens fail after they removed the lock: a commit whose answer was
+// lost.
+type flakyReads struct {
+	*memory.LockRepository
+	mu             sync.Mutex
+	fails          int
+	during         func()
+	commitThenFail int
+}
+
+func (r *flakyReads) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
+	r.mu.Lock()
+	fail := r.fails > 0
+	if fail {
+		r.fails--
+	}
+	r.mu.Unlock()
+	if fail {
+		return domain.Lock{}, &domain.StoreError{Op: "get", Kind: domain.StoreBusy, Err: errors.New("database is locked")}
+	}
+	return r.LockRepository.Get(ctx, ref)
+}
+
+func (r *flakyReads) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
+	r.mu.Lock()
+	during := r.during
+	r.during = nil
+	lose := r.commitThenFail > 0
+	if lose {
+		r.commitThenFail--
+	}
+	r.mu.Unlock()
+	if during != nil {
+		during()
+	}
+	ok, err := r.LockRepository.DeleteToken(ctx, ref, token, now)
+	if lose && err == nil {
+		return false, &domain.StoreError{Op: "release", Kind: domain.StoreUnreachable, Err: errors.New("connection reset after COMMIT")}
+	}
+	return ok, err
+}
+
+// takenByB has A's handle taken over by B, behind its back.
+func takenByB(t *testing.T, repo application.LockRepository, svc *application.LockService) {
+	t.Helper()
+	other := newSvc(t, repo)
+	_, err := other.ReleaseAllForOwner(context.Background(), "A")
+	require.NoError(t, err)
+	_, err = other.Acquire(context.Background(), "B", sharePlan, time.Minute)
+	require.NoError(t, err)
+}
+
+// A release that removed nothing proves the lock is no longer the
+// handle's, even when the store cannot say why: the loss is recorded,
+// never turned into the handle's own release.
+func TestHandle_ReleaseAfterTakeoverWithTheReadFailing(t *testing.T) {
+	repo := &flakyReads{LockRepository: memory.NewLockRepository()}
+	svc, h := takeA(t, repo)
+	takenByB(t, repo, svc)
+	repo.mu.Lock()
+	repo.fails = 1
+	repo.mu.Unlock()
+
+	ok, err := h.Release(context.Background())
+	require.False(t, ok)
+	var lost *domain.LockLostError
+	require.ErrorAs(t, err, &lost, "Release hid B's takeover: %v", err)
+	require.ErrorAs(t, h.Err(), &lost)
+	require.ErrorAs(t, h.Lost(context.Background()), &lost)
+}
+
+// A check made by another goroutine while the release is written waits
+// for its outcome: a takeover before the release is a loss, never
+// "released".
+func TestHandle_CheckDuringReleaseAfterTakeover(t *testing.T) {
+	repo := &flakyReads{LockRepository: memory.NewLockRepository()}
+	svc, h := takeA(t, repo)
+	takenByB(t, repo, svc)
+	checked := make(chan error, 1)
+	repo.mu.Lock()
+	repo.during = func() {
+		answered := make(chan struct{})
+		go func() {
+			err := h.Lost(context.Background())
+			close(answered)
+			checked <- err
+		}()
+		// Hold the release's write open while the check runs: long
+		// enough for a check that does not wait to answer within it.
+		select {
+		case <-answered:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	repo.mu.Unlock()
+
+	_, err := h.Release(context.Background())
+	var lost *domain.LockLostError
+	require.ErrorAs(t, err, &lost)
+	require.ErrorAs(t, <-checked, &lost, "a check during the release")
+	assert.Equal(t, domain.LostTakenOver, lost.Reason)
+}
+
+// A release whose first attempt removed the lock but failed to say so is
+// retried: finding no lock then is no loss, since that attempt may have
+// removed it; a lock of another's is.
+func TestHandle_RetryAfterAnAnsweredLostCommit(t *testing.T) {
+	repo := &flakyReads{LockRepository: memory.NewLockRepository(), commitThenFail: 1}
+	_, h := takeA(t, repo)
+	ctx := context.Background()
+	ok, err := h.Release(ctx)
+	require.False(t, ok)
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+
+	ok, err = h.Release(ctx)
+	require.NoError(t, err, "the retry found the lock gone, which its first attempt may have done")
+	assert.False(t, ok, "the retry removed nothing itself")
+	assert.NoError(t, h.Err())
+}

@@ -65,7 +65,8 @@ func (s *LockService) renewToken(ctx context.Context, held domain.Lock, ttl time
 
 // releaseToken removes held, a handle's acquisition, by its token, if it
 // is active now, and reports whether it did. A release that removes
-// nothing returns the loss that the store shows.
+// nothing returns the loss: as the store shows it, or, when the store
+// cannot be read, removed (or expired, past the lock's expiry).
 func (s *LockService) releaseToken(ctx context.Context, held domain.Lock) (bool, error) {
 	if err := s.gate.enter(); err != nil {
 		return false, err
@@ -91,8 +92,14 @@ func (s *LockService) releaseToken(ctx context.Context, held domain.Lock) (bool,
 	case lost != nil:
 		return false, lost
 	case err != nil:
-		return false, fmt.Errorf("release the lock of owner %q on %s (token %d): it removed nothing, so the lock is no longer this handle's (%w), and reading why failed: %w",
-			held.Owner, held.Resource, held.Token, domain.ErrExpired, err)
+		// Why is unknown, but not whether: the removal found no active
+		// lock of this token, so it is lost. An active lock is taken over
+		// only once removed (or its holder found gone).
+		reason := domain.LostRemoved
+		if held.ExpiredAt(now) {
+			reason = domain.LostExpired
+		}
+		return false, &domain.LockLostError{Lock: held, Reason: reason, At: now}
 	}
 	// The store shows the lock active, after a removal that found it
 	// expired: only a clock that went back could do that.

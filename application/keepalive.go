@@ -292,10 +292,8 @@ func (h *Handle) Lost(ctx context.Context) error {
 	}
 	lost, _ := h.svc.explainLoss(ctx, h.Lock())
 	switch {
-	case lost != nil && !h.noteLost(lost):
-		return h.errReleased("check") // its release removed it
 	case lost != nil:
-		return lost
+		return h.lossOrReleased(lost, "check")
 	case known != nil:
 		return known
 	}
