@@ -227,11 +227,16 @@ func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 	svc := k.h.svc
 	ctx, cancel := context.WithCancelCause(k.run)
 	defer cancel(nil)
+	// The deadline's timer is set here, before the renewal starts, not by
+	// the goroutine: a timer set late would measure from a later instant,
+	// and every timer of the keep-alive is set in order on its goroutine
+	// (a test's mock clock sees them all before the next renewal's).
+	deadline := svc.timers.After(l.ExpiresAt.Sub(now))
 	finished := make(chan struct{})
 	defer close(finished)
 	go func() {
 		select {
-		case <-svc.timers.After(l.ExpiresAt.Sub(now)):
+		case <-deadline:
 			cancel(errRenewTooSlow)
 		case <-svc.gate.done():
 			// Close ends the renewal too: it waits for the keep-alive, and
