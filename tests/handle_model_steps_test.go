@@ -140,7 +140,7 @@ func (m *hmMachine) Renew(t *rapid.T) {
 
 // KeepAlive starts a handle's keep-alive.
 func (m *hmMachine) KeepAlive(t *rapid.T) {
-	hs := m.pickLive(t, func(hs *hmHandle) bool { return !hs.kept })
+	hs := m.pickLive(t, func(hs *hmHandle) bool { return !hs.kept && !hs.unasked })
 	if known := hs.h.Err(); known != nil {
 		// The handle knows its lock is lost (Check asks Lost after every
 		// step): the keep-alive ends at once, with that loss, and renews

@@ -51,6 +51,7 @@ type hmHandle struct {
 	next     time.Time       // when the keep-alive's next renewal is due
 	ended    bool            // the keep-alive has ended with a loss
 	lost     bool            // the handle was told its lock is lost
+	unasked  bool            // never asked Lost by Check, never kept alive
 }
 
 // The TTLs of handles are a few nanoseconds off whole seconds, so that
@@ -237,6 +238,10 @@ func (m *hmMachine) adopt(t *rapid.T, op string, h *application.Handle, owner st
 		t.Fatalf("%s: got %+v, want owner %q on %s expiring at %s", op, l, owner, ref, hmExpiry(now, ttl))
 	}
 	hs := &hmHandle{id: len(m.handles), h: h, owner: owner, ref: ref, token: l.Token, ttl: ttl}
+	// A handle that never asks (no Lost after each step, no keep-alive)
+	// learns of a loss only from its next Renew or Release, from the
+	// store: the path a renewal by owner instead of token would get wrong.
+	hs.unasked = op == "Take" && rapid.Bool().Draw(t, "unasked")
 	m.handles = append(m.handles, hs)
 	m.rows[ref] = hmRow{token: l.Token, owner: owner, expires: l.ExpiresAt}
 	return hs
@@ -324,7 +329,7 @@ func (m *hmMachine) Check(t *rapid.T) {
 			t.Fatalf("handle %d was taken as token %d of %q on %s; it now says %+v: a handle never adopts another acquisition",
 				hs.id, hs.token, hs.owner, hs.ref, l)
 		}
-		if hs.released {
+		if hs.released || hs.unasked {
 			continue
 		}
 		claim := hs.h.Lost(m.ctx)
