@@ -376,10 +376,11 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	case errors.As(err, &lost) && h.retried() && lost.Reason == domain.LostRemoved:
 		// No lock at all, after an attempt whose outcome was not known:
 		// that attempt may have removed it. Released, not lost.
+		err = nil
 	case errors.As(err, &lost):
 		h.setDropping(false)
 		h.noteLost(lost) // ends the keep-alive's context with the loss
-	case err != nil && !errors.Is(err, domain.ErrExpired):
+	case err != nil:
 		// Not known to be released: the handle keeps its place, but
 		// nothing renews the lock any more.
 		h.mu.Lock()
@@ -392,10 +393,7 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	h.markReleased()
-	if ok || lost == nil || lost.Reason != domain.LostRemoved || h.Err() != nil {
-		return ok, err
-	}
-	return false, nil
+	return ok, err
 }
 
 // retried reports whether an earlier release of h failed after it may

@@ -282,11 +282,11 @@ func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 // lock's expiry.
 //
 // A loss it finds is recorded as the handle's (Err), and ends the
-// keep-alive's context, as the keep-alive's own would. After a release
-// that removed the lock it returns an error matching domain.ErrExpired,
-// and records no loss: the lock was given up, not lost, and is not held. One recorded as an
+// keep-alive's context, as the keep-alive's own would. One recorded as an
 // expiry is read again: another acquisition may have taken the resource
-// since, and the answer then names it.
+// since, and the answer then names it. After a release that removed the
+// lock it returns an error matching domain.ErrExpired and records no
+// loss: the lock was given up, not lost, and is not held.
 func (h *Handle) Lost(ctx context.Context) error {
 	var known *domain.LockLostError
 	if errors.As(h.Err(), &known) && known.Reason != domain.LostExpired {
