@@ -48,11 +48,12 @@ func providePostgresClock(ctx context.Context, cfg Config, db *postgres.DB) (app
 	return c, c.Close, nil
 }
 
-func provideService(repo application.LockRepository, clk application.Clock, cfg Config) (*application.LockService, func(), error) {
+func provideService(repo application.LockRepository, clk application.Clock, wake application.Wakeups, cfg Config) (*application.LockService, func(), error) {
 	svc, err := application.NewLockService(repo, clk, cfg.DefaultTTL)
 	if err != nil {
 		return nil, nil, err
 	}
+	svc.SetWakeups(wake)
 	if !cfg.DisableDeadHolderTakeover {
 		if m, err := proc.ThisMachine(); err == nil { // no /proc: no process is proven gone
 			svc.SetProcesses(m)
@@ -102,6 +103,13 @@ func providePostgres(ctx context.Context, cfg Config, sd *shutdown) (*postgres.D
 }
 
 func provideMemory() *memory.LockRepository { return memory.NewLockRepository() }
+
+// provideSQLiteWakeups lets waiters sleep until a holder in another
+// process on the same file lets go (nil where the system cannot).
+func provideSQLiteWakeups(db *sqlite.DB) application.Wakeups { return db.Wakeups() }
+
+// provideNoWakeups is for a store no other process shares (memory).
+func provideNoWakeups() application.Wakeups { return nil }
 
 // newContainer runs the startup cleanup, so that locks left by a process
 // that died are gone before anyone asks for them, and starts the periodic

@@ -22,6 +22,7 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 		provideClock,
 		provideSQLite,
 		provideSQLiteWriter,
+		provideSQLiteWakeups,
 		sqlite.NewLockRepository,
 		wire.Bind(new(application.LockRepository), new(*entstore.FreeFirstStore)),
 	)
@@ -34,6 +35,7 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 		providePostgresClock,
 		providePostgres,
 		provideNoWriter,
+		provideNoWakeups,
 		postgres.NewLockRepository,
 		wire.Bind(new(application.LockRepository), new(*entstore.PostgresStore)),
 	)
@@ -46,6 +48,7 @@ func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 		provideClock,
 		provideMemory,
 		provideNoWriter,
+		provideNoWakeups,
 		wire.Bind(new(application.LockRepository), new(*memory.LockRepository)),
 	)
 	return nil, nil, nil

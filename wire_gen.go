@@ -23,7 +23,8 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 	}
 	freeFirstStore := sqlite.NewLockRepository(db)
 	clock := provideClock(cfg)
-	lockService, cleanup2, err := provideService(freeFirstStore, clock, cfg)
+	wakeups := provideSQLiteWakeups(db)
+	lockService, cleanup2, err := provideService(freeFirstStore, clock, wakeups, cfg)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
@@ -54,7 +55,8 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 		cleanup()
 		return nil, nil, err
 	}
-	lockService, cleanup3, err := provideService(postgresStore, clock, cfg)
+	wakeups := provideNoWakeups()
+	lockService, cleanup3, err := provideService(postgresStore, clock, wakeups, cfg)
 	if err != nil {
 		cleanup2()
 		cleanup()
@@ -79,7 +81,8 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 	lockRepository := provideMemory()
 	clock := provideClock(cfg)
-	lockService, cleanup, err := provideService(lockRepository, clock, cfg)
+	wakeups := provideNoWakeups()
+	lockService, cleanup, err := provideService(lockRepository, clock, wakeups, cfg)
 	if err != nil {
 		return nil, nil, err
 	}

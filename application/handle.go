@@ -458,7 +458,7 @@ func (h *Handle) markReleased() {
 		return
 	}
 	h.svc.holders.vacate(h)
-	h.svc.waiters.wake(h.Lock().Resource)
+	h.svc.waiters.wake(h.Lock().Resource) // releaseToken yielded to other processes
 }
 
 // Do takes the lock on ref for owner (waiting if opts.Wait), keeps it

@@ -78,7 +78,7 @@ func (s *LockService) releaseToken(ctx context.Context, held domain.Lock) (bool,
 		return false, err
 	}
 	if ok {
-		s.waiters.wake(held.Resource)
+		s.freed(held.Resource)
 		e := Event{Kind: EventReleased, Owner: held.Owner, Resource: held.Resource}
 		if s.observer != nil {
 			e.HeldFor = now.Sub(held.AcquiredAt)

@@ -68,6 +68,7 @@ type LockService struct {
 	waiters    *waitQueues
 	observer   Observer
 	processes  Processes
+	wakeups    Wakeups
 
 	tokenRenewer TokenRenewer // repo, when it can renew a handle in one write
 	holders      *holders     // the handles holding each resource
@@ -263,7 +264,7 @@ func (s *LockService) release(ctx context.Context, owner string, ref domain.Reso
 	}
 	ok, err := s.repo.DeleteOwned(ctx, ref, owner)
 	if ok {
-		s.waiters.wake(ref)
+		s.freed(ref)
 		e := Event{Kind: EventReleased, Owner: owner, Resource: ref}
 		if !acquired.IsZero() && s.observer != nil {
 			e.HeldFor = s.Now().Sub(acquired)

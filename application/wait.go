@@ -29,6 +29,9 @@ const (
 type waitQueues struct {
 	mu     sync.Mutex
 	queues map[domain.ResourceRef][]*waiter
+	// yields holds, per resource this service released while another
+	// process waited for it, until when its waiters hold back (freed).
+	yields map[domain.ResourceRef]time.Time
 }
 
 type waiter struct {
@@ -38,7 +41,7 @@ type waiter struct {
 }
 
 func newWaitQueues() *waitQueues {
-	return &waitQueues{queues: make(map[domain.ResourceRef][]*waiter)}
+	return &waitQueues{queues: make(map[domain.ResourceRef][]*waiter), yields: make(map[domain.ResourceRef]time.Time)}
 }
 
 // join queues a new waiter for ref; it is woken at once if it is the head.
@@ -121,7 +124,10 @@ func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.cou
 //
 // A handle of this service is waited for without polling the store: its
 // release or its loss wakes the head of the queue, and its expiry as it
-// knows it bounds the sleep.
+// knows it bounds the sleep. A holder in another process is waited for
+// through the service's Wakeups, if it has them (its release wakes the
+// head, which still reads the store once per waitFallback and at the
+// holder's expiry), or else by polling with a growing backoff.
 func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref domain.ResourceRef, ttl, timeout time.Duration) (*Handle, error) {
 	return s.waitTurn(ctx, ref, timeout, func() (*Handle, error) { return s.takeOnce(ctx, owner, ref, ttl) })
 }
@@ -159,8 +165,24 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 	case <-s.gate.done():
 		return nil, domain.ErrClosed
 	}
-	backoff := waitBackoffMin
+	var (
+		backoff = waitBackoffMin
+		news    <-chan struct{} // wake-ups from other processes, once watching
+	)
 	for {
+		if d := s.waiters.yielding(ref, s.Now()); d > 0 {
+			// This service just released ref while another process
+			// waited for it: that process goes first (freed).
+			select {
+			case <-s.timers.After(d):
+			case <-ctx.Done():
+				return gaveUp(ctx.Err())
+			case <-expired:
+				return gaveUp(context.DeadlineExceeded)
+			case <-s.gate.done():
+				return nil, domain.ErrClosed
+			}
+		}
 		h, err := try()
 		if !errors.As(err, &last) {
 			if err != nil && ctx.Err() != nil {
@@ -168,15 +190,31 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			}
 			return h, err
 		}
+		if news == nil && !last.InProcess && s.wakeups != nil {
+			// Held by another process: watch for its release, and look
+			// once more, since it may have come before the watch began.
+			c, stop := s.wakeups.Watch(ref)
+			defer stop()
+			news = c
+			continue
+		}
 		left := last.Holder.ExpiresAt.Sub(last.Now)
 		pause := left // a handle of this service: its release wakes us
-		if !last.InProcess {
+		switch {
+		case last.InProcess:
+		case news != nil:
+			// The holder's release wakes us; the store is still read now
+			// and then, in case a wake-up was lost.
+			pause = min(jittered(waitFallback), left)
+		default:
 			pause = min(jittered(backoff), left)
 			backoff = min(2*backoff, waitBackoffMax)
 		}
 		select {
 		case <-w.wake:
 			backoff = waitBackoffMin // released here: the next holder may be quick too
+		case <-news:
+			backoff = waitBackoffMin
 		case <-s.timers.After(pause):
 		case <-ctx.Done():
 			return gaveUp(ctx.Err())

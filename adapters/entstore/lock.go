@@ -221,6 +221,9 @@ func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner s
 		// back removed is there again.
 		return false, s.failed(ctx, err, "release lock on", ref)
 	}
+	if n > 0 {
+		s.released(ref)
+	}
 	return n > 0, nil
 }
 
@@ -240,6 +243,9 @@ func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token i
 		// As for DeleteOwned: a release rolled back is not known to stand.
 		return false, s.failed(ctx, err, "release lock on", ref)
 	}
+	if n > 0 {
+		s.released(ref)
+	}
 	return n > 0, nil
 }
 
@@ -250,6 +256,9 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	n, err := s.deleteRows(ctx, OneStatement, query, args)
 	if err != nil {
 		return n, s.explain(ctx, err, "release locks of "+owner)
+	}
+	if n > 0 {
+		s.released()
 	}
 	return n, nil
 }
@@ -283,6 +292,14 @@ func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, ar
 		return res.RowsAffected()
 	})
 	return int(n), err
+}
+
+// released reports to the backend that the locks on refs (none: any
+// lock) came free.
+func (s *Store) released(refs ...domain.ResourceRef) {
+	if s.b.Released != nil {
+		s.b.Released(refs...)
+	}
 }
 
 // CountExpired implements application.LockRepository.

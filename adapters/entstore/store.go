@@ -60,6 +60,13 @@ type Backend struct {
 	TxOptions *sql.TxOptions
 	// FormatError translates the database's errors into domain errors.
 	FormatError func(op string, err error) error
+	// Released, when set, is told after the commit of every write that
+	// removed locks which may have been active: the lock on each of refs,
+	// or, with none, any lock. It must not block. A database that sends
+	// its wake-ups inside the transaction (PostgreSQL's NOTIFY) leaves it
+	// nil. A purge removes only expired locks, which waiters take at the
+	// expiry they already wait for, and is not reported.
+	Released func(refs ...domain.ResourceRef)
 }
 
 // WriteKind says what a write body runs, for Backend.WriteTx.

@@ -13,6 +13,7 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -50,8 +51,11 @@ type DB struct {
 	writers *writerQueue
 	// checkpoints copies the WAL back into the file, away from writes.
 	checkpoints checkpointer
-	path        string
-	store       *entstore.FreeFirstStore
+	// wake carries wake-ups to and from the other processes on the file;
+	// nil where it cannot (see wakeFile).
+	wake  *wakeFile
+	path  string
+	store *entstore.FreeFirstStore
 }
 
 // Options tune Open. The zero value is the recommended setting.
@@ -113,6 +117,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		db.Close()
 		return nil, FormatError("open lock store "+path, err)
 	}
+	db.wake = openWakeFile(path)
 	if db.commits.savepoints, err = prepareSavepoints(ctx, wdb); err != nil {
 		db.Close()
 		return nil, FormatError("open lock store "+path, err)
@@ -137,7 +142,18 @@ func NewLockRepository(db *DB) *entstore.FreeFirstStore { return db.store }
 // a queue of the processes' writers, and its errors. No per-resource lock
 // is needed: BEGIN IMMEDIATE already keeps every other writer out.
 func (db *DB) backend() entstore.Backend {
-	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, FormatError: FormatError}
+	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, FormatError: FormatError,
+		Released: db.wake.freed}
+}
+
+// Wakeups returns what lets a waiter of this process sleep until a holder
+// in another process on the same file releases its lock, or nil where
+// that is not available (a system without inotify): waiters then poll.
+func (db *DB) Wakeups() application.Wakeups {
+	if db.wake == nil {
+		return nil
+	}
+	return db.wake
 }
 
 // Path returns the database file, or "" for an in-memory database.
@@ -160,6 +176,7 @@ func (db *DB) Close() error {
 	if db.writers != nil {
 		err = errors.Join(err, db.writers.close())
 	}
+	err = errors.Join(err, db.wake.close())
 	return FormatError("close lock store", err)
 }
 

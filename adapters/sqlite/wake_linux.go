@@ -1,0 +1,289 @@
+//go:build linux
+
+package sqlite
+
+import (
+	"encoding/binary"
+	"errors"
+	"hash/fnv"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// wakeFile carries wake-ups between the processes that share a database
+// file, through a side file, "<database>-wake" (see docs/architecture.md,
+// "Hand-over between processes"):
+//
+//   - A release writes a new random value into its resource's slot of the
+//     file, after its commit: one pwrite of 8 bytes, whoever waits or not.
+//   - A waiting process watches the file with inotify, so the kernel wakes
+//     it when anyone writes there (no polling, no cost while nothing is
+//     released), and re-reads the slots of the resources it waits for.
+//     Resources share wakeSlots slots: a release of another resource of
+//     the same slot only makes a waiter look once for nothing.
+//   - A waiting process holds an open-file-description (OFD) read lock on
+//     its slot's byte of a second range of the file, so that a releasing
+//     process can ask the kernel whether anyone waits for a resource
+//     (Contended), and let that process go first. OFD locks belong to the
+//     open file, not to the process, so that no close of another
+//     descriptor drops them, and the kernel lets go of them when the
+//     process dies.
+//
+// The database file itself is never opened: the wake file is a file of
+// its own, like the writers' "-lock" file.
+type wakeFile struct {
+	f        *os.File
+	path     string
+	writable bool // false: this process may watch but not write (another user's file)
+
+	mu       sync.Mutex
+	in       *os.File // the inotify instance, from the first Watch on
+	done     chan struct{}
+	broken   bool // the watch failed: Watch still works, its channel never receives
+	last     [wakeSlots + 1]uint64
+	subs     [wakeSlots + 1]map[*wakeSub]struct{}
+	watchers [wakeSlots + 1]int // watches per slot: the OFD lock is held while > 0
+	closed   bool
+}
+
+type wakeSub struct{ c chan struct{} }
+
+const (
+	// wakeSlots is how many slots the resources are hashed to; slot 0,
+	// past them, is "every resource" (a release of all an owner's locks).
+	wakeSlots = 256
+	// wakeWaitersAt is where the waiters' lock bytes begin, one per slot,
+	// past the slots' values (locks may lie past the end of a file).
+	wakeWaitersAt = 1 << 20
+)
+
+// openWakeFile opens (creating it beside the database, with the database
+// file's permissions) the wake file of the database at path. It returns
+// nil, and no error, where it cannot: wake-ups are an optimisation, and
+// waiters then poll.
+func openWakeFile(path string) *wakeFile {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil
+	}
+	name := path + "-wake"
+	w := &wakeFile{path: name, writable: true}
+	w.f, err = os.OpenFile(name, os.O_RDWR|os.O_CREATE, fi.Mode().Perm())
+	if errors.Is(err, fs.ErrPermission) {
+		w.writable = false
+		w.f, err = os.OpenFile(name, os.O_RDONLY, 0)
+	}
+	if err != nil {
+		return nil
+	}
+	return w
+}
+
+var _ application.Wakeups = (*wakeFile)(nil)
+
+func wakeSlot(ref domain.ResourceRef) int {
+	h := fnv.New64a()
+	h.Write([]byte(ref.Type))
+	h.Write([]byte{0})
+	h.Write([]byte(ref.ID))
+	return int(h.Sum64()%wakeSlots) + 1
+}
+
+// freed tells the waiting processes that the locks on refs came free (no
+// refs: any lock may have).
+func (w *wakeFile) freed(refs ...domain.ResourceRef) {
+	if w == nil || !w.writable {
+		return
+	}
+	if len(refs) == 0 {
+		w.bump(0)
+		return
+	}
+	for _, ref := range refs {
+		w.bump(wakeSlot(ref))
+	}
+}
+
+// bump writes a new value into slot. A failure (a full disk) is ignored:
+// waiters still find the release on their fallback period.
+func (w *wakeFile) bump(slot int) {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64()|1)
+	_, _ = w.f.WriteAt(b[:], int64(slot)*8)
+}
+
+// Contended implements application.Wakeups.
+func (w *wakeFile) Contended(ref domain.ResourceRef) bool {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: wakeWaitersAt + int64(wakeSlot(ref)), Len: 1}
+	if err := unix.FcntlFlock(w.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
+		return false
+	}
+	return lk.Type != unix.F_UNLCK
+}
+
+// Watch implements application.Wakeups.
+func (w *wakeFile) Watch(ref domain.ResourceRef) (<-chan struct{}, func()) {
+	slot := wakeSlot(ref)
+	sub := &wakeSub{c: make(chan struct{}, 1)}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return sub.c, func() {}
+	}
+	if w.in == nil && !w.broken {
+		w.start()
+	}
+	if w.subs[slot] == nil {
+		w.subs[slot] = make(map[*wakeSub]struct{})
+	}
+	w.subs[slot][sub] = struct{}{}
+	if w.watchers[slot]++; w.watchers[slot] == 1 {
+		w.lockSlot(slot, unix.F_RDLCK)
+	}
+	var once sync.Once
+	return sub.c, func() { once.Do(func() { w.unwatch(slot, sub) }) }
+}
+
+func (w *wakeFile) unwatch(slot int, sub *wakeSub) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.subs[slot], sub)
+	if w.watchers[slot]--; w.watchers[slot] == 0 && !w.closed {
+		w.lockSlot(slot, unix.F_UNLCK)
+	}
+}
+
+// lockSlot takes (F_RDLCK) or lets go of (F_UNLCK) this process's mark
+// that it waits for a resource of slot. A failure only hides the waiter
+// from Contended.
+func (w *wakeFile) lockSlot(slot int, typ int16) {
+	lk := unix.Flock_t{Type: typ, Whence: 0, Start: wakeWaitersAt + int64(slot), Len: 1}
+	_ = unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk)
+}
+
+// start begins watching the file, with w.mu held. It reads the slots
+// first: a release written after that is seen by the watch.
+func (w *wakeFile) start() {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		w.broken = true
+		return
+	}
+	if _, err := unix.InotifyAddWatch(fd, w.path, unix.IN_MODIFY); err != nil {
+		unix.Close(fd)
+		w.broken = true
+		return
+	}
+	w.readSlots()
+	w.in = os.NewFile(uintptr(fd), "inotify "+w.path) // non-blocking: reads wait in the runtime's poller
+	w.done = make(chan struct{})
+	go w.loop(w.in, w.done)
+}
+
+// loop reads the watch's events until the file closes, and after each
+// wakes the watchers whose slots changed.
+func (w *wakeFile) loop(in *os.File, done chan struct{}) {
+	defer close(done)
+	buf := make([]byte, 64*unix.SizeofInotifyEvent)
+	for {
+		n, err := in.Read(buf)
+		if err != nil {
+			w.mu.Lock()
+			if !w.closed {
+				// The watch ended (the file was removed, the instance
+				// failed): wake everyone, who fall back to reading the
+				// store.
+				w.broken = true
+				w.wakeAll()
+			}
+			w.mu.Unlock()
+			return
+		}
+		all := false
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			mask := binary.NativeEndian.Uint32(buf[off+4:])
+			size := int(binary.NativeEndian.Uint32(buf[off+12:]))
+			if mask&(unix.IN_Q_OVERFLOW|unix.IN_IGNORED) != 0 {
+				all = true // events were dropped, or the watch is gone
+			}
+			off += unix.SizeofInotifyEvent + size
+		}
+		w.mu.Lock()
+		if all {
+			w.readSlots()
+			w.wakeAll()
+		} else {
+			w.wakeChanged()
+		}
+		w.mu.Unlock()
+	}
+}
+
+// readSlots reads every slot's value into w.last, with w.mu held, and
+// returns the values it read before.
+func (w *wakeFile) readSlots() (before [wakeSlots + 1]uint64) {
+	before = w.last
+	var b [(wakeSlots + 1) * 8]byte
+	n, _ := w.f.ReadAt(b[:], 0) // a short file: the slots past its end are zero
+	clear(b[n:])
+	for i := range w.last {
+		w.last[i] = binary.LittleEndian.Uint64(b[i*8:])
+	}
+	return before
+}
+
+// wakeChanged re-reads the slots and wakes the watchers of those that
+// changed, with w.mu held; a change of slot 0 wakes every watcher.
+func (w *wakeFile) wakeChanged() {
+	before := w.readSlots()
+	if w.last[0] != before[0] {
+		w.wakeAll()
+		return
+	}
+	for slot := 1; slot <= wakeSlots; slot++ {
+		if w.last[slot] != before[slot] {
+			for sub := range w.subs[slot] {
+				notify(sub.c)
+			}
+		}
+	}
+}
+
+func (w *wakeFile) wakeAll() {
+	for _, subs := range w.subs {
+		for sub := range subs {
+			notify(sub.c)
+		}
+	}
+}
+
+func notify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}
+
+// close stops the watch and closes the file, which lets go of this
+// process's marks.
+func (w *wakeFile) close() error {
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	w.closed = true
+	in, done := w.in, w.done
+	w.mu.Unlock()
+	if in != nil {
+		in.Close()
+		<-done
+	}
+	return w.f.Close()
+}

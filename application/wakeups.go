@@ -1,0 +1,94 @@
+package application
+
+import (
+	"time"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+// Wakeups carries the news between processes that share a store: that a
+// lock may have come free, and that someone waits for one. With it, a
+// waiter blocked behind a holder in another process sleeps until the
+// holder lets go instead of polling the store; without it (nil), waiters
+// poll with a growing backoff.
+//
+// A wake-up only says "look now": the store stays the truth. A waiter
+// still wakes at the holder's expiry and once per waitFallback, so a
+// wake-up that is lost (a process that does not send them, a dropped
+// connection) delays a hand-over but never loses it.
+type Wakeups interface {
+	// Watch starts watching ref for this process. c receives, coalesced
+	// and without ever blocking a sender, whenever a lock on ref may have
+	// come free through any process (this one included), and whenever
+	// wake-ups may have been lost (a connection that is back after a
+	// drop). While the watch is on, Contended(ref) is true in the other
+	// processes. stop ends the watch; call it exactly once.
+	Watch(ref domain.ResourceRef) (c <-chan struct{}, stop func())
+
+	// Contended reports whether another process (or another service on
+	// the same store) watches ref, as far as this one can tell; false when
+	// it cannot tell.
+	Contended(ref domain.ResourceRef) bool
+}
+
+// SetWakeups lets waiters sleep until a holder in another process lets go,
+// instead of polling the store (nil: poll). Call it before the service is
+// used.
+func (s *LockService) SetWakeups(w Wakeups) { s.wakeups = w }
+
+const (
+	// waitFallback is how often a waiter that receives wake-ups still
+	// looks at the store on its own, in case one was lost: at most two
+	// reads a second (the pause is jittered between half and all of it).
+	waitFallback = time.Second
+
+	// handOverGrace is how long a process that released a lock another
+	// process waits for keeps its own waiters back. The releasing process
+	// hears its own release first (a channel, against a file event or a
+	// server's notification), so without this its next waiter would win
+	// every time and the other processes would starve: with 4 processes
+	// of 2 waiters each on one resource, one process took almost every
+	// grant. A remote waiter that is woken takes the lock within about a
+	// millisecond; one that does not within the grace (a busy machine, a
+	// watcher of another resource that shares the signal) loses the turn
+	// to the local waiter, which then tries.
+	handOverGrace = 10 * time.Millisecond
+)
+
+// freed is called when this service has released ref: the local waiters
+// may try, but after handOverGrace if another process waits for ref.
+func (s *LockService) freed(ref domain.ResourceRef) {
+	if s.wakeups != nil && s.wakeups.Contended(ref) {
+		s.waiters.yieldUntil(ref, s.Now().Add(handOverGrace))
+	}
+	s.waiters.wake(ref)
+}
+
+// yieldUntil keeps ref's waiters of this service from trying before t.
+func (q *waitQueues) yieldUntil(ref domain.ResourceRef, t time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.yields) >= 64 { // forget the yields that are over
+		for r, until := range q.yields {
+			if !until.After(t.Add(-handOverGrace)) {
+				delete(q.yields, r)
+			}
+		}
+	}
+	q.yields[ref] = t
+}
+
+// yielding returns how long ref's waiters must still hold back at now.
+func (q *waitQueues) yielding(ref domain.ResourceRef, now time.Time) time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	t, ok := q.yields[ref]
+	if !ok {
+		return 0
+	}
+	if d := t.Sub(now); d > 0 {
+		return d
+	}
+	delete(q.yields, ref)
+	return 0
+}
