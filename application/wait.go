@@ -168,6 +168,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 	var (
 		backoff = waitBackoffMin
 		news    <-chan struct{} // wake-ups from other processes, once watching
+		watched bool            // Watch was called (news may still be nil)
 	)
 	for {
 		if d := s.waiters.yielding(ref, s.Now()); d > 0 {
@@ -190,13 +191,16 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			}
 			return h, err
 		}
-		if news == nil && !last.InProcess && s.wakeups != nil {
+		if !watched && !last.InProcess && s.wakeups != nil {
 			// Held by another process: watch for its release, and look
 			// once more, since it may have come before the watch began.
+			// A nil channel means the watch is not possible here: poll.
+			watched = true
 			c, stop := s.wakeups.Watch(ref)
 			defer stop()
-			news = c
-			continue
+			if news = c; news != nil {
+				continue
+			}
 		}
 		left := last.Holder.ExpiresAt.Sub(last.Now)
 		pause := left // a handle of this service: its release wakes us

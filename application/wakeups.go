@@ -22,7 +22,9 @@ type Wakeups interface {
 	// come free through any process (this one included), and whenever
 	// wake-ups may have been lost (a connection that is back after a
 	// drop). While the watch is on, Contended(ref) is true in the other
-	// processes. stop ends the watch; call it exactly once.
+	// processes. stop ends the watch; call it exactly once. A nil c means
+	// that ref cannot be watched here (the system ran out of watches, the
+	// store closed): the waiter then polls, as without Wakeups.
 	Watch(ref domain.ResourceRef) (c <-chan struct{}, stop func())
 
 	// Contended reports whether another process (or another service on

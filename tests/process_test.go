@@ -67,6 +67,8 @@ func TestMain(m *testing.M) {
 		os.Exit(workerChurn())
 	case "fight":
 		os.Exit(workerFight())
+	case "wait":
+		os.Exit(workerWait())
 	default:
 		fmt.Fprintln(os.Stderr, "unknown worker", os.Getenv(envWorker))
 		os.Exit(2)

@@ -44,9 +44,8 @@ type wakeFile struct {
 	writable bool // false: this process may watch but not write (another user's file)
 
 	mu       sync.Mutex
-	in       *os.File // the inotify instance, from the first Watch on
+	in       *os.File // the inotify instance, from the first Watch on; nil while it cannot be had
 	done     chan struct{}
-	broken   bool // the watch failed: Watch still works, its channel never receives
 	last     [wakeSlots + 1]uint64
 	subs     [wakeSlots + 1]map[*wakeSub]struct{}
 	watchers [wakeSlots + 1]int // watches per slot: the OFD lock is held while > 0
@@ -99,7 +98,7 @@ func wakeSlot(ref domain.ResourceRef) int {
 // freed tells the waiting processes that the locks on refs came free (no
 // refs: any lock may have).
 func (w *wakeFile) freed(refs ...domain.ResourceRef) {
-	if w == nil || !w.writable {
+	if w == nil {
 		return
 	}
 	if len(refs) == 0 {
@@ -116,12 +115,18 @@ func (w *wakeFile) freed(refs ...domain.ResourceRef) {
 func (w *wakeFile) bump(slot int) {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], rand.Uint64()|1)
-	_, _ = w.f.WriteAt(b[:], int64(slot)*8)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.writable {
+		_, _ = w.f.WriteAt(b[:], int64(slot)*8)
+	}
 }
 
 // Contended implements application.Wakeups.
 func (w *wakeFile) Contended(ref domain.ResourceRef) bool {
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: wakeWaitersAt + int64(wakeSlot(ref)), Len: 1}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if err := unix.FcntlFlock(w.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
 		return false
 	}
@@ -134,11 +139,11 @@ func (w *wakeFile) Watch(ref domain.ResourceRef) (<-chan struct{}, func()) {
 	sub := &wakeSub{c: make(chan struct{}, 1)}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.closed {
-		return sub.c, func() {}
+	if w.in == nil && !w.closed {
+		w.start() // again after a failure: the system may have watches free by now
 	}
-	if w.in == nil && !w.broken {
-		w.start()
+	if w.in == nil {
+		return nil, func() {} // the waiter polls
 	}
 	if w.subs[slot] == nil {
 		w.subs[slot] = make(map[*wakeSub]struct{})
@@ -171,14 +176,13 @@ func (w *wakeFile) lockSlot(slot int, typ int16) {
 // start begins watching the file, with w.mu held. It reads the slots
 // first: a release written after that is seen by the watch.
 func (w *wakeFile) start() {
+	w.reopen()
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
-		w.broken = true
-		return
+		return // EMFILE: the user's inotify instances are all taken
 	}
 	if _, err := unix.InotifyAddWatch(fd, w.path, unix.IN_MODIFY); err != nil {
 		unix.Close(fd)
-		w.broken = true
 		return
 	}
 	w.readSlots()
@@ -197,33 +201,70 @@ func (w *wakeFile) loop(in *os.File, done chan struct{}) {
 		if err != nil {
 			w.mu.Lock()
 			if !w.closed {
-				// The watch ended (the file was removed, the instance
-				// failed): wake everyone, who fall back to reading the
-				// store.
-				w.broken = true
+				// The instance failed: wake everyone, who look at the
+				// store, and let the next Watch start another one.
+				w.in, w.done = nil, nil
 				w.wakeAll()
+				in.Close()
 			}
 			w.mu.Unlock()
 			return
 		}
-		all := false
+		all, gone := false, false
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
 			mask := binary.NativeEndian.Uint32(buf[off+4:])
 			size := int(binary.NativeEndian.Uint32(buf[off+12:]))
-			if mask&(unix.IN_Q_OVERFLOW|unix.IN_IGNORED) != 0 {
-				all = true // events were dropped, or the watch is gone
-			}
+			all = all || mask&unix.IN_Q_OVERFLOW != 0 // events were dropped
+			gone = gone || mask&unix.IN_IGNORED != 0  // the file was removed
 			off += unix.SizeofInotifyEvent + size
 		}
 		w.mu.Lock()
-		if all {
+		switch {
+		case gone:
+			// Nothing will be heard on this instance again: wake
+			// everyone, who look at the store, and let the next Watch
+			// start over on a file of that name.
+			if !w.closed {
+				w.in, w.done = nil, nil
+				w.wakeAll()
+			}
+			w.mu.Unlock()
+			in.Close()
+			return
+		case all:
 			w.readSlots()
 			w.wakeAll()
-		} else {
+		default:
 			w.wakeChanged()
 		}
 		w.mu.Unlock()
 	}
+}
+
+// reopen opens the wake file anew, with w.mu held, if the one this
+// process has open is no longer the one at its path (someone removed
+// it): the marks of the slots watched are taken again on the new one.
+func (w *wakeFile) reopen() {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(w.f.Fd()), &st); err != nil {
+		return
+	}
+	var cur unix.Stat_t
+	if err := unix.Stat(w.path, &cur); err == nil && cur.Dev == st.Dev && cur.Ino == st.Ino {
+		return
+	}
+	f, err := os.OpenFile(w.path, os.O_RDWR|os.O_CREATE, os.FileMode(st.Mode).Perm())
+	if err != nil {
+		return
+	}
+	old := w.f
+	w.f, w.writable = f, true
+	for slot, n := range w.watchers {
+		if n > 0 {
+			w.lockSlot(slot, unix.F_RDLCK)
+		}
+	}
+	old.Close() // another file than the database: closing it drops only our marks there
 }
 
 // readSlots reads every slot's value into w.last, with w.mu held, and

@@ -1,0 +1,158 @@
+//go:build linux
+
+package tests
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// reportingClock is a mock clock that reports every timer set on it, so
+// that the test knows when a waiter sleeps.
+type reportingClock struct {
+	*clock.Mock
+	set chan time.Duration
+}
+
+func (c *reportingClock) After(d time.Duration) <-chan time.Time {
+	ch := c.Mock.After(d)
+	c.set <- d
+	return ch
+}
+
+// A waiter in one container hears of a release in another container (as
+// another process would, through the file beside the database) and takes
+// the lock without its clock moving: no poll hands it over.
+func TestTake_WokenAcrossContainersOnOneFile(t *testing.T) {
+	ctx := context.Background()
+	db := filepath.Join(t.TempDir(), "agents.db")
+	clk := &reportingClock{Mock: newMock(), set: make(chan time.Duration, 64)}
+	procA := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: clk})
+	procB := MustOpen(t, locks.Config{Database: db, Owner: "B", Clock: clk})
+
+	held, err := procA.Locks.Take(ctx, "A", plan1, application.AcquireOptions{TTL: time.Hour})
+	require.NoError(t, err)
+	type result struct {
+		h   *application.Handle
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		h, err := procB.Locks.Take(ctx, "B", plan1, application.AcquireOptions{Wait: true})
+		done <- result{h, err}
+	}()
+	d := <-clk.set // B sleeps, watching
+	assert.LessOrEqual(t, d, time.Second, "a watching waiter still reads the store at least once a second")
+	_, err = held.Release(ctx)
+	require.NoError(t, err)
+	var r result
+	select {
+	case r = <-done: // the clock never moves in this test
+	case <-time.After(time.Minute):
+		t.Fatal("the waiter was not woken by the release in the other container")
+	}
+	require.NoError(t, r.err)
+	assert.Equal(t, "B", r.h.Lock().Owner)
+	assert.Greater(t, r.h.Lock().Token, held.Lock().Token)
+	_, err = r.h.Release(ctx)
+	require.NoError(t, err)
+}
+
+// A release that sends no wake-up (a program that deletes the row itself)
+// is still found, at the waiter's next read on its own clock.
+func TestTake_ReleaseWithoutWakeupFoundByTheFallbackRead(t *testing.T) {
+	ctx := context.Background()
+	db := filepath.Join(t.TempDir(), "agents.db")
+	clk := &reportingClock{Mock: newMock(), set: make(chan time.Duration, 64)}
+	procA := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: clk})
+	procB := MustOpen(t, locks.Config{Database: db, Owner: "B", Clock: clk})
+	_, err := procA.Locks.Acquire(ctx, "A", plan1, time.Hour)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		h, err := procB.Locks.Take(ctx, "B", plan1, application.AcquireOptions{Wait: true})
+		if err == nil {
+			_, err = h.Release(ctx)
+		}
+		done <- err
+	}()
+	d := <-clk.set
+	deleteRow(t, db, plan1)
+	select {
+	case err := <-done:
+		t.Fatalf("taken before the waiter read the store again (err %v): the delete sent a wake-up?", err)
+	default:
+	}
+	clk.Add(d)
+	require.NoError(t, <-done)
+}
+
+// deleteRow removes the lock on ref as a program other than the module
+// would: through its own connection, with no wake-up.
+func deleteRow(t *testing.T, db string, ref domain.ResourceRef) {
+	t.Helper()
+	sdb, err := sql.Open("sqlite", "file:"+db+"?_pragma=busy_timeout(5000)")
+	require.NoError(t, err)
+	defer sdb.Close()
+	res, err := sdb.Exec(`DELETE FROM locks WHERE resource_type = ? AND resource_id = ?`, string(ref.Type), ref.ID)
+	require.NoError(t, err)
+	n, err := res.RowsAffected()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
+
+// A release in this process wakes a waiter in another process, whose
+// clock never moves: only the wake-up can hand the lock over.
+func TestTake_ReleaseWakesWaitingProcess(t *testing.T) {
+	ctx := context.Background()
+	db := filepath.Join(t.TempDir(), "agents.db")
+	holder := MustOpen(t, locks.Config{Database: db, Owner: "A"})
+	held, err := holder.Locks.Take(ctx, "A", plan1, application.AcquireOptions{TTL: time.Hour})
+	require.NoError(t, err)
+	// A second store on the file asks the kernel whether another process
+	// waits for plan1, so that the release comes while the worker sleeps.
+	probe, err := sqlite.Open(ctx, db, sqlite.Options{})
+	require.NoError(t, err)
+	defer probe.Close()
+
+	cmd := startWorker(t, "wait", envDB+"="+db, envOwner+"=B")
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer cmd.Process.Kill()
+	require.Eventually(t, func() bool { return probe.Wakeups().Contended(plan1) },
+		time.Minute, time.Millisecond, "the waiting process never watched plan1")
+	_, err = held.Release(ctx)
+	require.NoError(t, err)
+
+	line := make(chan []byte, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Scan()
+		line <- sc.Bytes()
+	}()
+	var got domain.Lock
+	select {
+	case b := <-line:
+		require.NoError(t, json.Unmarshal(b, &got), "the waiting process printed %q", b)
+	case <-time.After(time.Minute):
+		t.Fatal("the waiting process was not woken by the release")
+	}
+	assert.Equal(t, "B", got.Owner)
+	assert.Greater(t, got.Token, held.Lock().Token)
+	require.NoError(t, cmd.Wait())
+}
