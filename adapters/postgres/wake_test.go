@@ -58,6 +58,20 @@ func drain(c <-chan struct{}) {
 	}
 }
 
+// watchListening watches two resources through db until the test ends,
+// once its listener listens, with no wake-up pending.
+func watchListening(t *testing.T, db *postgres.DB, r1, r2 domain.ResourceRef) (c1, c2 <-chan struct{}) {
+	t.Helper()
+	c1, stop1 := db.Wakeups().Watch(r1)
+	t.Cleanup(stop1)
+	c2, stop2 := db.Wakeups().Watch(r2)
+	t.Cleanup(stop2)
+	listening(t, db)
+	drain(c1)
+	drain(c2)
+	return c1, c2
+}
+
 func acquire(t *testing.T, db *postgres.DB, ref domain.ResourceRef, owner string) domain.Lock {
 	t.Helper()
 	a, err := postgres.NewLockRepository(db).AcquireAt(context.Background(), ref, owner, func() (time.Time, time.Time) {
@@ -72,13 +86,7 @@ func TestWakeups_ReleaseWakesAnotherProcess(t *testing.T) {
 	ctx := context.Background()
 	_, a, b := openPair(t)
 	repo := postgres.NewLockRepository(a)
-	c1, stop1 := b.Wakeups().Watch(plan1)
-	defer stop1()
-	c2, stop2 := b.Wakeups().Watch(plan2)
-	defer stop2()
-	listening(t, b)
-	drain(c1)
-	drain(c2)
+	c1, c2 := watchListening(t, b, plan1, plan2)
 
 	acquire(t, a, plan1, "A")
 	ok, err := repo.DeleteOwned(ctx, plan1, "A")
@@ -114,13 +122,7 @@ func TestWakeups_ReleaseWakesAnotherProcess(t *testing.T) {
 func TestWakeups_RolledBackReleaseSendsNothing(t *testing.T) {
 	ctx := context.Background()
 	dsn, a, b := openPair(t)
-	c1, stop1 := b.Wakeups().Watch(plan1)
-	defer stop1()
-	c2, stop2 := b.Wakeups().Watch(plan2)
-	defer stop2()
-	listening(t, b)
-	drain(c1)
-	drain(c2)
+	c1, c2 := watchListening(t, b, plan1, plan2)
 	acquire(t, a, plan1, "A")
 	acquire(t, a, plan2, "A")
 
