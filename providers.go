@@ -108,6 +108,10 @@ func provideMemory() *memory.LockRepository { return memory.NewLockRepository() 
 // process on the same file lets go (nil where the system cannot).
 func provideSQLiteWakeups(db *sqlite.DB) application.Wakeups { return db.Wakeups() }
 
+// providePostgresWakeups lets waiters sleep until a holder in another
+// process, on this host or another, lets go: the server's notifications.
+func providePostgresWakeups(db *postgres.DB) application.Wakeups { return db.Wakeups() }
+
 // provideNoWakeups is for a store no other process shares (memory).
 func provideNoWakeups() application.Wakeups { return nil }
 

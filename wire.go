@@ -35,7 +35,7 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 		providePostgresClock,
 		providePostgres,
 		provideNoWriter,
-		provideNoWakeups,
+		providePostgresWakeups,
 		postgres.NewLockRepository,
 		wire.Bind(new(application.LockRepository), new(*entstore.PostgresStore)),
 	)

@@ -55,7 +55,7 @@ func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
 		cleanup()
 		return nil, nil, err
 	}
-	wakeups := provideNoWakeups()
+	wakeups := providePostgresWakeups(db)
 	lockService, cleanup3, err := provideService(postgresStore, clock, wakeups, cfg)
 	if err != nil {
 		cleanup2()

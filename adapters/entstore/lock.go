@@ -253,7 +253,7 @@ func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token i
 func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	b := entsql.Dialect(s.b.Dialect)
 	query, args := b.Delete(entlock.Table).Where(entsql.EQ(entlock.FieldOwnerID, owner)).Query()
-	n, err := s.deleteRows(ctx, OneStatement, query, args)
+	n, err := s.deleteRows(ctx, OneStatement, s.b.releasing(query), args)
 	if err != nil {
 		return n, s.explain(ctx, err, "release locks of "+owner)
 	}

@@ -67,6 +67,25 @@ type Backend struct {
 	// nil. A purge removes only expired locks, which waiters take at the
 	// expiry they already wait for, and is not reported.
 	Released func(refs ...domain.ResourceRef)
+	// ReleaseStatement, when set, rewrites each statement that removes
+	// locks which may have been active (a release by owner or by token, a
+	// release of all an owner's locks: a DELETE of the locks table, with
+	// its parameters, and no RETURNING) into the statement the store runs
+	// instead. That statement sends the database's wake-ups inside the
+	// transaction, so that they are delivered at its commit and only if it
+	// commits, at no extra round trip; its rows affected must still be the
+	// rows the DELETE removed. The purge of expired locks is not rewritten,
+	// as it is not reported to Released.
+	ReleaseStatement func(deleteSQL string) string
+}
+
+// releasing returns the statement that runs the release deleteSQL: the
+// backend's rewrite of it, if it has one.
+func (b Backend) releasing(deleteSQL string) string {
+	if b.ReleaseStatement == nil {
+		return deleteSQL
+	}
+	return b.ReleaseStatement(deleteSQL)
 }
 
 // WriteKind says what a write body runs, for Backend.WriteTx.
@@ -113,6 +132,7 @@ func New(ctx context.Context, read, write *sql.DB, b Backend) (*Store, error) {
 		read: read, write: write, b: b, text: buildStatements(b.Dialect),
 		readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read))),
 	}
+	s.text.delOwned, s.text.delToken = b.releasing(s.text.delOwned), b.releasing(s.text.delToken)
 	if err := s.prepare(ctx); err != nil {
 		s.Close()
 		return nil, b.FormatError("prepare statements", err)

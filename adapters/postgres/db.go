@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -24,6 +25,9 @@ const writeAttempts = 4
 type DB struct {
 	sql   *sql.DB
 	store *entstore.PostgresStore
+	// wake carries wake-ups to and from the other processes on the store;
+	// nil when opened for inspection.
+	wake *listener
 }
 
 // Options tune Open. The zero value is the recommended setting.
@@ -70,12 +74,21 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		sdb.Close()
 		return nil, err
 	}
+	schema, err := db.currentSchema(ctx, op)
+	if err != nil {
+		sdb.Close()
+		return nil, err
+	}
+	channel := channelName(schema)
 	backend := entstore.Backend{
 		Dialect:      dialect.Postgres,
 		Write:        write,
 		LockResource: lockResource,
 		TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 		FormatError:  FormatError,
+		// Releases notify inside their statement (wake.go), so Released
+		// stays nil.
+		ReleaseStatement: releaseStatement(channel),
 	}
 	store, err := entstore.New(ctx, sdb, sdb, backend)
 	if err != nil {
@@ -83,7 +96,19 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	db.store = entstore.NewPostgres(store, resourceKey)
+	db.wake = newListener(cfg, channel)
 	return db, nil
+}
+
+// Wakeups returns what lets a waiter of this process sleep until a holder
+// in another process (of this host or another) releases its lock: the
+// server's notifications, heard on a connection of their own, opened at
+// the first wait or release. Nil for a DB opened for inspection.
+func (db *DB) Wakeups() application.Wakeups {
+	if db.wake == nil {
+		return nil
+	}
+	return db.wake
 }
 
 // DefaultConnectTimeout bounds how long connecting may take when the DSN
@@ -113,6 +138,7 @@ func NewLockRepository(db *DB) *entstore.PostgresStore { return db.store }
 
 // Close closes the pool. Call it after the last use of the store.
 func (db *DB) Close() error {
+	db.wake.close()
 	err := errors.Join(db.store.Close(), db.sql.Close())
 	return FormatError("close lock store", err)
 }

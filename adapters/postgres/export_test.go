@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -40,3 +41,50 @@ var ResourceKey = resourceKey
 // Measure measures c's offset to the server now, as its background
 // refresh does every ClockRefresh.
 func Measure(ctx context.Context, c *ServerClock) error { return c.measure(ctx) }
+
+// ListenerPID returns the backend PID of db's listener connection, 0
+// while it is not listening.
+func ListenerPID(db *DB) uint32 {
+	db.wake.mu.Lock()
+	defer db.wake.mu.Unlock()
+	return db.wake.pid
+}
+
+// Channel returns the notification channel of db.
+func Channel(db *DB) string { return db.wake.channel }
+
+// ReleaseSQL returns what db runs for the release statement del.
+func ReleaseSQL(db *DB, del string) string { return releaseStatement(db.wake.channel)(del) }
+
+// RemoteTTL is how long another process's mark stands unannounced.
+const RemoteTTL = remoteTTL
+
+// AgeMarks moves the time that db's listener stamps and ages the others'
+// marks by d.
+func AgeMarks(db *DB, d time.Duration) {
+	db.wake.mu.Lock()
+	defer db.wake.mu.Unlock()
+	now := db.wake.now
+	db.wake.now = func() time.Time { return now().Add(d) }
+}
+
+// AwaitListener waits until cond holds, testing it again at every change
+// of db's listener (a connect, a drop, a notification), and fails the
+// test if it does not within a generous bound.
+func AwaitListener(t *testing.T, db *DB, what string, cond func() bool) {
+	t.Helper()
+	bound := time.After(30 * time.Second)
+	for {
+		db.wake.mu.Lock()
+		changed := db.wake.changed
+		db.wake.mu.Unlock()
+		if cond() {
+			return
+		}
+		select {
+		case <-changed:
+		case <-bound:
+			t.Fatalf("waited 30 s for %s", what)
+		}
+	}
+}
