@@ -28,6 +28,9 @@ type handoverCase struct {
 	name      string
 	how       string
 	latencies []time.Duration // sorted at the end
+	tries     []time.Duration // the module's: how long the try that took the lock lasted, sorted
+	wakes     []time.Duration // the module's: latency − that try, sorted: until the waiter was woken and tried
+	attempts  []int64         // the module's: tries per hand-over, the one that took it included
 	discarded int             // CLI runs whose waiter was not started well before the release
 	err       error
 }
@@ -90,8 +93,22 @@ func (r *report) handoverText() string {
 		"the cases interleaved): the waiter reports that it is about to block, the holder releases %v later, and the latency runs from the moment "+
 		"the holder's release returned to the moment the waiter's acquire returned, each read in its own process on CLOCK_MONOTONIC "+
 		"(`clock_gettime`), which all processes of a machine share. A waiter that had the lock before the holder's release returned "+
-		"(the lock is free before the release's last steps, and the woken waiter may run first) counts as zero.\n\n", o.handovers, handoverPause)
+		"(the lock is free before the release's last steps, and the woken waiter may run first) counts as zero. "+
+		"For the module, the waiter also reports (from its `acquired` and `refused` events) how long the try that took the lock lasted "+
+		"and how many tries it made: the rest of the latency is the time until it was woken and started that try.\n\n", o.handovers, handoverPause)
 	writeCaseTable(&b, h.processes, false)
+	b.WriteString("\n| case | the try that took the lock: p50 | p99 | latency − that try: p50 | p99 | tries per hand-over (mean) |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, c := range h.processes {
+		if c.err != nil || len(c.tries) == 0 {
+			continue
+		}
+		var tries int64
+		for _, a := range c.attempts {
+			tries += a
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.1f |\n", c.name, ms(quantile(c.tries, 0.5)), ms(quantile(c.tries, 0.99)),
+			ms(quantile(c.wakes, 0.5)), ms(quantile(c.wakes, 0.99)), float64(tries)/float64(len(c.attempts)))
+	}
 	fmt.Fprintf(&b, "\n### Through the CLI\n\n%d hand-overs per case, interleaved, after one for warming up. The holder runs a command that "+
 		"sleeps %v and then stamps the time; the waiter, started while the holder's command sleeps, runs one that stamps the time as it starts; "+
 		"the latency is the waiter's stamp minus the holder's. The command is the bench binary itself, for both. "+

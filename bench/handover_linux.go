@@ -85,14 +85,19 @@ func runHandover(ctx context.Context, env *environment, selected []contender, op
 			if p.c.err != nil {
 				continue
 			}
-			d, err := p.handOver(ctx)
+			s, err := p.handOver(ctx)
 			if err != nil {
 				p.c.err = err
 				fmt.Fprintf(env.log, "hand-over, %s: %v\n", p.c.name, err)
 				continue
 			}
 			if i >= 0 { // the first is a warm-up
-				p.c.latencies = append(p.c.latencies, d)
+				p.c.latencies = append(p.c.latencies, s.latency)
+				if s.try >= 0 {
+					p.c.tries = append(p.c.tries, s.try)
+					p.c.wakes = append(p.c.wakes, max(0, s.latency-s.try))
+					p.c.attempts = append(p.c.attempts, s.attempts)
+				}
 			}
 		}
 		if err := ctx.Err(); err != nil {
@@ -101,6 +106,8 @@ func runHandover(ctx context.Context, env *environment, selected []contender, op
 	}
 	for _, p := range pairs {
 		slices.Sort(p.c.latencies)
+		slices.Sort(p.c.tries)
+		slices.Sort(p.c.wakes)
 	}
 
 	// 6: what a blocked waiter costs, every case at once.
@@ -259,22 +266,31 @@ func startPair(ctx context.Context, env *environment, mode, target string) (*pai
 	return p, err
 }
 
-// handOver has the waiter block, then the holder release, and returns
-// the time from the holder's release returning to the waiter's acquire
-// returning. The roles swap.
-func (p *pair) handOver(ctx context.Context) (time.Duration, error) {
+// sample is one hand-over: its latency, and, where the waiter can tell,
+// how long the try that took the lock lasted (-1: not known) and how
+// many tries the waiter made, that one included.
+type sample struct {
+	latency, try time.Duration
+	attempts     int64
+}
+
+// handOver has the waiter block, then the holder release; the roles swap.
+func (p *pair) handOver(ctx context.Context) (sample, error) {
 	waiter := p.w[1-p.holder]
 	if err := waiter.send("take"); err != nil {
-		return 0, err
+		return sample{}, err
 	}
-	if _, err := waiter.expect("waiting"); err != nil {
-		return 0, err
+	before, err := waiter.expect("waiting")
+	if err != nil {
+		return sample{}, err
 	}
 	// Past its first try: the waiter sleeps until it is woken.
 	if err := sleep(ctx, handoverPause); err != nil {
-		return 0, err
+		return sample{}, err
 	}
-	return p.handOverBlocked()
+	s, err := p.handOverBlocked()
+	s.attempts -= before[0]
+	return s, err
 }
 
 func (p *pair) stop() {
@@ -347,24 +363,25 @@ func idleWaiters(ctx context.Context, pairs []*pair, d time.Duration) []*idleRes
 // woken waiter may run first): that hand-over took no time after the
 // release, and counts as zero. A waiter that had it before the release
 // was even called is an error.
-func (p *pair) handOverBlocked() (time.Duration, error) {
+// The sample's attempts are the waiter's count so far, plus one.
+func (p *pair) handOverBlocked() (sample, error) {
 	holder, waiter := p.w[p.holder], p.w[1-p.holder]
 	if err := holder.send("release"); err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	rel, err := holder.expect("released")
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	got, err := waiter.expect("got")
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	p.holder = 1 - p.holder
 	if got[0] < rel[0] {
-		return 0, fmt.Errorf("the waiter's acquire returned %v before the holder's release was called", time.Duration(rel[0]-got[0]))
+		return sample{}, fmt.Errorf("the waiter's acquire returned %v before the holder's release was called", time.Duration(rel[0]-got[0]))
 	}
-	return max(0, time.Duration(got[0]-rel[1])), nil
+	return sample{latency: max(0, time.Duration(got[0]-rel[1])), try: time.Duration(got[2]), attempts: got[1] + 1}, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

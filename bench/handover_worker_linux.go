@@ -28,8 +28,10 @@ import (
 // lock implementation open and obeys its parent line by line:
 //
 //	take     answers "waiting <attempts>" at once, then, when the lock is
-//	         taken, "got <CLOCK_MONOTONIC ns> <attempts>"; it takes in the
-//	         background, so that "stats" is answered meanwhile
+//	         taken, "got <CLOCK_MONOTONIC ns> <attempts> <try ns>", try
+//	         being how long the try that took it lasted (-1: not known);
+//	         it takes in the background, so that "stats" is answered
+//	         meanwhile
 //	release  answers "released <before> <after>", CLOCK_MONOTONIC ns as
 //	         the release was called and as it returned
 //	stats    answers "stats <attempts> <CPU ns>": the acquire attempts so
@@ -64,6 +66,7 @@ type handoverLocker interface {
 	take(ctx context.Context) error // waits while the other worker holds it
 	release(ctx context.Context) error
 	attempts() int64 // acquire attempts so far; -1: not counted
+	lastTry() int64  // how long the try that took the lock lasted, ns; -1: not known
 	close()
 }
 
@@ -100,7 +103,7 @@ func handoverWorkerMain(mode string, stdin io.Reader, stdout io.Writer) int {
 					say("error take: %s", oneLine(err.Error()))
 					return
 				}
-				say("got %d %d", t, lk.attempts())
+				say("got %d %d %d", t, lk.attempts(), lk.lastTry())
 			}()
 		case "release":
 			t0 := monoNow()
@@ -143,24 +146,25 @@ func openHandoverLocker(ctx context.Context, mode, target, owner string) (handov
 }
 
 // moduleLocker is the module, as an application embeds it: Take with
-// Wait, then Handle.Release. It counts its acquire attempts through the
-// module's log of events: each try of a waiting Take that finds the lock
-// held is a "refused" event.
+// Wait, then Handle.Release. It learns of its tries through the module's
+// log of events: each try of a waiting Take that finds the lock held is
+// a "refused" event, and the one that takes it an "acquired" event that
+// says how long it took.
 type moduleLocker struct {
-	c       *locks.Container
-	owner   string
-	refused *atomic.Int64
-	mu      sync.Mutex
-	h       *application.Handle
+	c      *locks.Container
+	owner  string
+	events *tries
+	mu     sync.Mutex
+	h      *application.Handle
 }
 
 func openModuleLocker(ctx context.Context, database, owner string) (*moduleLocker, error) {
-	n := new(atomic.Int64)
-	c, err := locks.Open(ctx, locks.Config{Database: database, Owner: owner, Logger: slog.New(refusals{n})})
+	t := &tries{}
+	c, err := locks.Open(ctx, locks.Config{Database: database, Owner: owner, Logger: slog.New(t)})
 	if err != nil {
 		return nil, err
 	}
-	return &moduleLocker{c: c, owner: owner, refused: n}, nil
+	return &moduleLocker{c: c, owner: owner, events: t}, nil
 }
 
 func (m *moduleLocker) take(ctx context.Context) error {
@@ -185,22 +189,36 @@ func (m *moduleLocker) release(ctx context.Context) error {
 	return released(h.Release(ctx))
 }
 
-func (m *moduleLocker) attempts() int64 { return m.refused.Load() }
+func (m *moduleLocker) attempts() int64 { return m.events.refused.Load() }
+func (m *moduleLocker) lastTry() int64  { return m.events.took.Load() }
 func (m *moduleLocker) close()          { _ = m.c.Close() }
 
-// refusals is a slog.Handler that only counts the module's "lock
-// refused" events.
-type refusals struct{ n *atomic.Int64 }
+// tries is a slog.Handler that only counts the module's "lock refused"
+// events and keeps how long the last acquisition took.
+type tries struct{ refused, took atomic.Int64 }
 
-func (r refusals) Enabled(context.Context, slog.Level) bool { return true }
-func (r refusals) Handle(_ context.Context, rec slog.Record) error {
-	if rec.Message == "lock "+application.EventRefused.String() {
-		r.n.Add(1)
+var (
+	refusedEvent  = "lock " + application.EventRefused.String()
+	acquiredEvent = "lock " + application.EventAcquired.String()
+)
+
+func (t *tries) Enabled(context.Context, slog.Level) bool { return true }
+func (t *tries) Handle(_ context.Context, rec slog.Record) error {
+	switch rec.Message {
+	case refusedEvent:
+		t.refused.Add(1)
+	case acquiredEvent:
+		rec.Attrs(func(a slog.Attr) bool {
+			if a.Key == "took" {
+				t.took.Store(a.Value.Duration().Nanoseconds())
+			}
+			return a.Key != "took"
+		})
 	}
 	return nil
 }
-func (r refusals) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r refusals) WithGroup(string) slog.Handler      { return r }
+func (t *tries) WithAttrs([]slog.Attr) slog.Handler { return t }
+func (t *tries) WithGroup(string) slog.Handler      { return t }
 
 // flockLocker is flock(2) on a file of its own: the kernel queues the
 // waiter and wakes it at the unlock.
@@ -216,6 +234,7 @@ func (l *flockLocker) take(context.Context) error {
 
 func (l *flockLocker) release(context.Context) error { return unix.Flock(int(l.f.Fd()), unix.LOCK_UN) }
 func (l *flockLocker) attempts() int64               { return -1 }
+func (l *flockLocker) lastTry() int64                { return -1 }
 func (l *flockLocker) close()                        { _ = l.f.Close() }
 
 // advisoryLocker is PostgreSQL's session advisory lock on a connection of
@@ -244,6 +263,7 @@ func (l *advisoryLocker) release(ctx context.Context) error {
 }
 
 func (l *advisoryLocker) attempts() int64 { return -1 }
+func (l *advisoryLocker) lastTry() int64  { return -1 }
 func (l *advisoryLocker) close()          { _ = l.conn.Close(context.Background()) }
 
 // stampMain is the command the CLI cases run: "<hold> <path>" writes

@@ -134,6 +134,7 @@ func TestRun_Handover(t *testing.T) {
 	for name, n := range cases {
 		assert.Regexp(t, `(?m)^\| `+regexp.QuoteMeta(name)+` \| [^|]+ \| `+n+` \| [0-9.]+ ms \| [0-9.]+ ms \| [0-9.]+ ms \| [0-9.]+ ms \|`, out)
 	}
+	assert.Regexp(t, `(?m)^\| module-sqlite( \| [0-9.]+ ms){4} \| [0-9.]+ \|$`, out) // the try that took the lock
 	assert.Regexp(t, `(?m)^\| module-sqlite \| [0-9.]+s \| [0-9.]+ ms \| [0-9.]+ ms/s \| [0-9]+ \| [0-9.]+ \|$`, out) // idle
 	assert.Regexp(t, `(?m)^\| flock\(2\) \| [0-9.]+s \| [0-9.]+ ms \| [0-9.]+ ms/s \| not counted \|`, out)
 	assert.Regexp(t, `(?m)^\| module-sqlite \| [0-9]+ \| [0-9, ]+ \| [0-9]+ \| [0-9]+ \| [0-9.]+ \|$`, out) // fairness
