@@ -143,7 +143,7 @@ func runHandover(ctx context.Context, env *environment, selected []contender, op
 		}
 	}
 	cli = append(cli, cliCase{
-		c: &handoverCase{name: "exec of the command", how: "from the bench's fork+exec of the stamping command to its stamp: a part of every figure below"},
+		c: &handoverCase{name: "exec alone", how: "from the bench's fork+exec of the stamping command to its stamp: a part of every figure below"},
 		waiter: func(stamp string) []string {
 			return []string{exe, "0s", stamp}
 		},

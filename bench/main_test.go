@@ -127,14 +127,14 @@ func TestRun_Handover(t *testing.T) {
 	// milliseconds. A CLI run may be discarded (its waiter started late):
 	// its n may be smaller.
 	cases := map[string]string{"module-sqlite": fmt.Sprint(tinyRun.handovers), "flock(2)": fmt.Sprint(tinyRun.handovers),
-		"exec of the command": "[0-9]+", "agents-sqlite": "[0-9]+", "flock(1)": "[0-9]+"}
+		"exec alone": "[0-9]+", "agents-sqlite": "[0-9]+", "flock(1)": "[0-9]+"}
 	if pg {
 		cases["module-postgres"], cases["pg_advisory_lock"], cases["agents-postgres"] = fmt.Sprint(tinyRun.handovers), fmt.Sprint(tinyRun.handovers), "[0-9]+"
 	}
 	for name, n := range cases {
 		assert.Regexp(t, `(?m)^\| `+regexp.QuoteMeta(name)+` \| [^|]+ \| `+n+` \| [0-9.]+ ms \| [0-9.]+ ms \| [0-9.]+ ms \| [0-9.]+ ms \|`, out)
 	}
-	assert.Regexp(t, `(?m)^\| module-sqlite( \| [0-9.]+ ms){4} \| [0-9.]+ \|$`, out) // the try that took the lock
+	assert.Regexp(t, `(?m)^\| module-sqlite( \| [0-9.]+ ms){4} \| [0-9.]+ \|$`, out)                                  // the try that took the lock
 	assert.Regexp(t, `(?m)^\| module-sqlite \| [0-9.]+s \| [0-9.]+ ms \| [0-9.]+ ms/s \| [0-9]+ \| [0-9.]+ \|$`, out) // idle
 	assert.Regexp(t, `(?m)^\| flock\(2\) \| [0-9.]+s \| [0-9.]+ ms \| [0-9.]+ ms/s \| not counted \|`, out)
 	assert.Regexp(t, `(?m)^\| module-sqlite \| [0-9]+ \| [0-9, ]+ \| [0-9]+ \| [0-9]+ \| [0-9.]+ \|$`, out) // fairness

@@ -174,11 +174,12 @@ func (r *report) drawHandoverChart(path string) error {
 		return fmt.Errorf("no hand-over case has figures to draw")
 	}
 	p := plot.New()
-	p.Title.Text = "Hand-over between processes: release returned → waiter has the lock"
+	p.Title.Text = "Hand-over latency between processes, p50 and p99 (the CLI cases: from command to command)"
 	p.Y.Label.Text = "ms"
 	p.Y.Min = 0
 	p.NominalX(names...)
-	p.Legend.Top = true
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Y.Max = 1.3 * max(slices.Max(p50), slices.Max(p99)) // room for the legend
 	width := vg.Points(14)
 	for i, v := range []struct {
 		name   string
@@ -195,7 +196,7 @@ func (r *report) drawHandoverChart(path string) error {
 		p.Legend.Add(v.name, bars)
 	}
 	p.X.Min, p.X.Max = -0.6, float64(len(names))-0.4
-	return savePlot(p, 9*vg.Inch, 4*vg.Inch, path)
+	return savePlot(p, 10*vg.Inch, 4*vg.Inch, path)
 }
 
 // thousands marks the axis as the tables write numbers: 12,500.
