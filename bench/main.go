@@ -36,20 +36,28 @@ type options struct {
 	contenders    []string // names to run; empty: all
 	postgresDSN   string
 	redisAddr     string
-	out           string // document to rewrite; empty: stdout only
-	svg           string // chart; empty: beside out
-	command       string // how the run was started, for the document
+	out           string        // document to rewrite; empty: stdout only
+	svg           string        // chart; empty: beside out
+	command       string        // how the run was started, for the document
+	handover      string        // handoverOn, handoverOff or handoverOnly
+	handovers     int           // hand-overs per case between worker processes
+	cliHandovers  int           // hand-overs per case through the CLI
+	idleFor       time.Duration // how long the idle waiters wait
+	fairFor       time.Duration // how long the fairness case cycles
 }
 
 // profiles are the run lengths -quick chooses between; tiny is for the
 // smoke test.
 var (
 	fullRun = options{rounds: 7, roundFor: time.Second, procRounds: 2, procFor: 8 * time.Second, processes: 4,
-		rows: [2]int{1_000, 1_000_000}, expired: 500_000, cleanupRounds: 2}
+		rows: [2]int{1_000, 1_000_000}, expired: 500_000, cleanupRounds: 2,
+		handovers: 200, cliHandovers: 30, idleFor: 60 * time.Second, fairFor: 60 * time.Second}
 	quickRun = options{rounds: 3, roundFor: 250 * time.Millisecond, procRounds: 1, procFor: 2 * time.Second, processes: 4,
-		rows: [2]int{1_000, 50_000}, expired: 50_000, cleanupRounds: 1}
+		rows: [2]int{1_000, 50_000}, expired: 50_000, cleanupRounds: 1,
+		handovers: 50, cliHandovers: 10, idleFor: 10 * time.Second, fairFor: 10 * time.Second}
 	tinyRun = options{rounds: 1, roundFor: 50 * time.Millisecond, procRounds: 1, procFor: 300 * time.Millisecond, processes: 2,
-		rows: [2]int{100, 1_000}, expired: 2_000, cleanupRounds: 1}
+		rows: [2]int{100, 1_000}, expired: 2_000, cleanupRounds: 1,
+		handovers: 5, cliHandovers: 3, idleFor: time.Second, fairFor: time.Second}
 )
 
 func main() {
@@ -63,13 +71,19 @@ func main() {
 	pg := flag.String("postgres", envOr("LOCKS_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
 		"PostgreSQL DSN (default from LOCKS_TEST_POSTGRES_DSN)")
 	redisAddr := flag.String("redis", "127.0.0.1:6379", "Redis address")
+	handover := flag.String("handover", handoverOn, "hand-over between processes (issue 20): "+
+		handoverOn+" (with the rest), "+handoverOff+", or "+handoverOnly+" (the rest is skipped and its section of -out left as it is)")
 	flag.Parse()
 
 	opts := fullRun
 	if *quick {
 		opts = quickRun
 	}
-	opts.out, opts.svg, opts.postgresDSN, opts.redisAddr = *out, *svg, *pg, *redisAddr
+	opts.out, opts.svg, opts.postgresDSN, opts.redisAddr, opts.handover = *out, *svg, *pg, *redisAddr, *handover
+	if h := opts.handover; h != handoverOn && h != handoverOff && h != handoverOnly {
+		fmt.Fprintf(os.Stderr, "bench: -handover is %s, %s or %s, not %q\n", handoverOn, handoverOff, handoverOnly, h)
+		os.Exit(2)
+	}
 	if *only != "" {
 		opts.contenders = strings.Split(*only, ",")
 	}
@@ -103,8 +117,40 @@ func run(ctx context.Context, opts options, stdout, log io.Writer) error {
 
 	r := &report{opts: opts, machine: describeMachine(ctx, env, selected), started: time.Now()}
 	r.loadBefore = loadAverage()
+	if opts.handover != handoverOnly {
+		if err := runConcurrency(ctx, env, selected, opts, r); err != nil {
+			return err
+		}
+	}
+	if opts.handover != handoverOff {
+		fmt.Fprintf(log, "hand-over between processes: %d per case, %d through the CLI; idle waiters %v, fairness %v\n",
+			opts.handovers, opts.cliHandovers, opts.idleFor, opts.fairFor)
+		if r.handover, err = runHandover(ctx, env, selected, opts); err != nil {
+			return fmt.Errorf("hand-over: %w", err)
+		}
+	}
+	r.loadAfter = loadAverage()
+	r.took = time.Since(r.started)
+
+	r.skipped = env.skipped
+	if opts.handover != handoverOnly {
+		fmt.Fprint(stdout, r.text())
+	}
+	if r.handover != nil {
+		fmt.Fprint(stdout, "\n## Hand-over between processes\n\n", r.handoverText())
+	}
+	if opts.out == "" {
+		return nil
+	}
+	return r.write(opts.out, opts.svg)
+}
+
+// runConcurrency runs the cases of the main section: the scenarios in
+// one process, several processes on one file, table size and cleanup.
+func runConcurrency(ctx context.Context, env *environment, selected []contender, opts options, r *report) error {
+	var err error
 	for _, sc := range scenarios {
-		fmt.Fprintf(log, "scenario %s: %d rounds of %v per contender\n", sc.name, opts.rounds, opts.roundFor)
+		fmt.Fprintf(env.log, "scenario %s: %d rounds of %v per contender\n", sc.name, opts.rounds, opts.roundFor)
 		res, err := runScenario(ctx, env, sc, selected, opts)
 		if err != nil {
 			return fmt.Errorf("scenario %s: %w", sc.name, err)
@@ -112,30 +158,22 @@ func run(ctx context.Context, opts options, stdout, log io.Writer) error {
 		r.scenarios = append(r.scenarios, res)
 	}
 	if wants(opts.contenders, "module-sqlite") || wants(opts.contenders, "floor-sqlite") {
-		fmt.Fprintf(log, "%d processes on one file: %d rounds of %v\n", opts.processes, opts.procRounds, opts.procFor)
+		fmt.Fprintf(env.log, "%d processes on one file: %d rounds of %v\n", opts.processes, opts.procRounds, opts.procFor)
 		if r.processes, err = runProcesses(ctx, env, opts); err != nil {
 			return fmt.Errorf("%d processes: %w", opts.processes, err)
 		}
 	}
 	if wants(opts.contenders, "module-sqlite") {
-		fmt.Fprintf(log, "table size: %d against %d rows\n", opts.rows[0], opts.rows[1])
+		fmt.Fprintf(env.log, "table size: %d against %d rows\n", opts.rows[0], opts.rows[1])
 		if r.sizes, err = runTableSizes(ctx, env, opts); err != nil {
 			return fmt.Errorf("table size: %w", err)
 		}
-		fmt.Fprintf(log, "cleanup of %d expired rows, %d rounds\n", opts.expired, opts.cleanupRounds)
+		fmt.Fprintf(env.log, "cleanup of %d expired rows, %d rounds\n", opts.expired, opts.cleanupRounds)
 		if r.cleanup, err = runCleanup(ctx, env, opts); err != nil {
 			return fmt.Errorf("cleanup: %w", err)
 		}
 	}
-	r.loadAfter = loadAverage()
-	r.took = time.Since(r.started)
-
-	r.skipped = env.skipped
-	fmt.Fprint(stdout, r.text())
-	if opts.out == "" {
-		return nil
-	}
-	return r.write(opts.out, opts.svg)
+	return nil
 }
 
 // wants reports whether name is among the selected contenders (all when

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -26,6 +29,7 @@ func TestMain(m *testing.M) {
 // marked section, and only it, is rewritten.
 func TestRun_SQLite(t *testing.T) {
 	opts := tinyRun
+	opts.handover = handoverOff // TestRun_Handover
 	opts.contenders = []string{"module-sqlite", "floor-sqlite"}
 	opts.out = filepath.Join(t.TempDir(), "performance.md")
 	require.NoError(t, os.WriteFile(opts.out, []byte("# Before\n\n"+beginMarker+"\nold figures\n"+endMarker+"\n\n# After\n"), 0o644))
@@ -65,6 +69,7 @@ func TestRun_SQLite(t *testing.T) {
 // Redis or PostgreSQL, each skipped when its server does not answer.
 func TestRun_Servers(t *testing.T) {
 	opts := tinyRun
+	opts.handover = handoverOff // TestRun_Handover
 	opts.postgresDSN = envOr("LOCKS_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	opts.redisAddr = "127.0.0.1:6379"
 	env := &environment{postgresDSN: opts.postgresDSN, redisAddr: opts.redisAddr}
@@ -89,6 +94,62 @@ func TestRun_Servers(t *testing.T) {
 		}
 	}
 	assert.NotContains(t, stdout.String(), "failed:")
+}
+
+// TestRun_Handover runs the tiny hand-over cases alone, on SQLite and on
+// PostgreSQL if it answers, and checks that every case has figures, and
+// that only the hand-over section of the document is rewritten.
+func TestRun_Handover(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the hand-over cases run on Linux only")
+	}
+	opts := tinyRun
+	opts.handover = handoverOnly
+	opts.postgresDSN = envOr("LOCKS_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	opts.contenders = []string{"module-sqlite"}
+	pg := probe(context.Background(), &environment{postgresDSN: opts.postgresDSN}, "postgres") == nil
+	if pg {
+		opts.contenders = append(opts.contenders, "module-postgres")
+	} else {
+		t.Log("PostgreSQL cases skipped: PostgreSQL does not answer at LOCKS_TEST_POSTGRES_DSN")
+	}
+	opts.out = filepath.Join(t.TempDir(), "performance.md")
+	const doc = "# Before\n\n" + beginMarker + "\nold figures\n" + endMarker + "\n\n## Hand-over\n\n" +
+		handoverBegin + "\nold hand-over figures\n" + handoverEnd + "\n\n# After\n"
+	require.NoError(t, os.WriteFile(opts.out, []byte(doc), 0o644))
+	var stdout, log bytes.Buffer
+	require.NoError(t, run(context.Background(), opts, &stdout, &log), "log:\n%s", log.String())
+
+	out := stdout.String()
+	assert.NotContains(t, out, "failed:")
+	assert.NotContains(t, out, "### Callers in one process")
+	// A row of figures: the case, how, n, then p50, p99, worst and mean in
+	// milliseconds. A CLI run may be discarded (its waiter started late):
+	// its n may be smaller.
+	cases := map[string]string{"module-sqlite": fmt.Sprint(tinyRun.handovers), "flock(2)": fmt.Sprint(tinyRun.handovers),
+		"exec alone": "[0-9]+", "agents-sqlite": "[0-9]+", "flock(1)": "[0-9]+"}
+	if pg {
+		cases["module-postgres"], cases["pg_advisory_lock"], cases["agents-postgres"] = fmt.Sprint(tinyRun.handovers), fmt.Sprint(tinyRun.handovers), "[0-9]+"
+	}
+	for name, n := range cases {
+		assert.Regexp(t, `(?m)^\| `+regexp.QuoteMeta(name)+` \| [^|]+ \| `+n+` \| [0-9.]+ ms \| [0-9.]+ ms \| [0-9.]+ ms \| [0-9.]+ ms \|`, out)
+	}
+	assert.Regexp(t, `(?m)^\| module-sqlite( \| [0-9.]+ ms){4} \| [0-9.]+ \|$`, out)                                  // the try that took the lock
+	assert.Regexp(t, `(?m)^\| module-sqlite \| [0-9.]+s \| [0-9.]+ ms \| [0-9.]+ ms/s \| [0-9]+ \| [0-9.]+ \|$`, out) // idle
+	assert.Regexp(t, `(?m)^\| flock\(2\) \| [0-9.]+s \| [0-9.]+ ms \| [0-9.]+ ms/s \| not counted \|`, out)
+	assert.Regexp(t, `(?m)^\| module-sqlite \| [0-9]+ \| [0-9, ]+ \| [0-9]+ \| [0-9]+ \| [0-9.]+ \|$`, out) // fairness
+	assert.Regexp(t, `(?m)^\| module-sqlite: hand-over p50 \| [0-9.]+ ms \| ≤ 2.0 ms \| (met|\*\*not met\*\*) \|$`, out)
+
+	b, err := os.ReadFile(opts.out)
+	require.NoError(t, err)
+	got := string(b)
+	assert.True(t, strings.HasPrefix(got, "# Before\n\n"+beginMarker+"\nold figures\n"+endMarker+"\n\n## Hand-over\n\n"+handoverBegin+"\n"), got)
+	assert.True(t, strings.HasSuffix(got, handoverEnd+"\n\n# After\n"))
+	assert.NotContains(t, got, "old hand-over figures")
+	assert.Contains(t, got, "](performance-handover.svg)")
+	svg, err := os.ReadFile(filepath.Join(filepath.Dir(opts.out), "performance-handover.svg"))
+	require.NoError(t, err)
+	assert.Contains(t, string(svg), "<svg")
 }
 
 // TestSelectContenders_SkipsUnreachable: a server that does not answer

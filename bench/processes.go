@@ -41,6 +41,7 @@ type workerReport struct {
 	ElapsedNS int64   `json:"elapsed_ns"`
 	CyclesNS  []int64 `json:"cycles_ns"` // how long each cycle took, retries included
 	Fatal     string  `json:"fatal,omitempty"`
+	Grants    []int   `json:"grants,omitempty"` // a fairness worker's grants per waiter
 }
 
 // procResult is one contender's multi-process figures over all rounds.
@@ -101,15 +102,6 @@ func runProcesses(ctx context.Context, env *environment, opts options) ([]*procR
 // runWorkers starts n workers of mode on path, waits until each has
 // opened the file, lets them all go for d, and collects their reports.
 func runWorkers(ctx context.Context, env *environment, mode, path string, n int, d time.Duration) ([]workerReport, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	type worker struct {
-		cmd   *exec.Cmd
-		stdin io.WriteCloser
-		out   *bufio.Reader
-	}
 	workers := make([]worker, n)
 	defer func() {
 		for _, w := range workers {
@@ -120,21 +112,11 @@ func runWorkers(ctx context.Context, env *environment, mode, path string, n int,
 		}
 	}()
 	for i := range workers {
-		cmd := exec.CommandContext(ctx, exe)
-		cmd.Env = append(os.Environ(), workerEnv+"="+mode, workerDBEnv+"="+path, workerIDEnv+"="+strconv.Itoa(i))
-		cmd.Stderr = env.log
-		stdin, err := cmd.StdinPipe()
+		w, err := startWorker(ctx, env, mode, path, strconv.Itoa(i))
 		if err != nil {
 			return nil, err
 		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return nil, err
-		}
-		if err := cmd.Start(); err != nil {
-			return nil, err
-		}
-		workers[i] = worker{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+		workers[i] = w
 	}
 	for i, w := range workers {
 		line, err := w.out.ReadString('\n')
@@ -165,9 +147,44 @@ func runWorkers(ctx context.Context, env *environment, mode, path string, n int,
 	return reports, nil
 }
 
+// worker is a copy of the bench binary in a worker mode, spoken to
+// through its standard input and output.
+type worker struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+}
+
+// startWorker starts the worker id of mode on target (a file or a DSN);
+// its standard error goes to the log.
+func startWorker(ctx context.Context, env *environment, mode, target, id string) (worker, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return worker{}, err
+	}
+	cmd := exec.CommandContext(ctx, exe)
+	cmd.Env = append(os.Environ(), workerEnv+"="+mode, workerDBEnv+"="+target, workerIDEnv+"="+id)
+	cmd.Stderr = env.log
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return worker{}, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return worker{}, err
+	}
+	if err := cmd.Start(); err != nil {
+		return worker{}, err
+	}
+	return worker{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}, nil
+}
+
 // workerMain is a worker's life: open the store, say "ready", wait for
 // "go <nanoseconds>", cycle for that long, and report as JSON.
 func workerMain(mode string, stdin io.Reader, stdout io.Writer) int {
+	if strings.HasPrefix(mode, "handover-") || mode == stampMode || mode == fairMode {
+		return handoverWorkerMain(mode, stdin, stdout)
+	}
 	ctx := context.Background()
 	id := os.Getenv(workerIDEnv)
 	acquire, release, closeStore, err := openWorkerStore(ctx, mode, os.Getenv(workerDBEnv), "bench-worker-"+id)

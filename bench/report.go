@@ -21,23 +21,16 @@ type report struct {
 	cleanup    *cleanupResult
 	skipped    []string
 	chart      string // relative link to the chart, if one was drawn
+	// handover is the hand-over part, nil when it did not run.
+	handover      *handoverReport
+	handoverChart string
 }
 
 // text renders the run: how it was made, the tables and the ratios.
 func (r *report) text() string {
 	var b strings.Builder
 	o := r.opts
-	fmt.Fprintf(&b, "Command: `%s`, started %s, took %v.\n\n", strings.TrimSpace(o.command), r.started.UTC().Format("2006-01-02 15:04 MST"), r.took.Round(time.Second))
-	fmt.Fprintf(&b, "Machine: %s. Load average (1, 5, 15 min): %s before the run, %s after.\n\n", r.machine, r.loadBefore, r.loadAfter)
-	for _, s := range r.skipped {
-		fmt.Fprintf(&b, "- %s\n", s)
-	}
-	if len(r.skipped) > 0 {
-		b.WriteString("\n")
-	}
-	if r.chart != "" {
-		fmt.Fprintf(&b, "![cycles per second by contender and scenario](%s)\n\n", r.chart)
-	}
+	r.writeHeader(&b, r.skipped, "cycles per second by contender and scenario", r.chart)
 	r.writeGoals(&b)
 	fmt.Fprintf(&b, "### Callers in one process\n\n%s of %v per contender and scenario, interleaved, after a warm-up; "+
 		"cycles/s is the median of the rounds (their range in brackets), the latencies are over every cycle of every round.\n\n",
@@ -81,6 +74,22 @@ func (r *report) text() string {
 	return b.String()
 }
 
+// writeHeader says how the run was made and where, what it skipped, and
+// links the section's chart (alt, at chart; none if empty).
+func (r *report) writeHeader(b *strings.Builder, skipped []string, alt, chart string) {
+	fmt.Fprintf(b, "Command: `%s`, started %s, took %v.\n\n", strings.TrimSpace(r.opts.command), r.started.UTC().Format("2006-01-02 15:04 MST"), r.took.Round(time.Second))
+	fmt.Fprintf(b, "Machine: %s. Load average (1, 5, 15 min): %s before the run, %s after.\n\n", r.machine, r.loadBefore, r.loadAfter)
+	for _, s := range skipped {
+		fmt.Fprintf(b, "- %s\n", s)
+	}
+	if len(skipped) > 0 {
+		b.WriteString("\n")
+	}
+	if chart != "" {
+		fmt.Fprintf(b, "![%s](%s)\n\n", alt, chart)
+	}
+}
+
 func writeResultRow(b *strings.Builder, scenario string, res *result) {
 	if res.err != nil {
 		fmt.Fprintf(b, "| %s | %s | failed: %s | | | |\n", scenario, res.contender, oneLine(res.err.Error()))
@@ -117,16 +126,7 @@ func (r *report) scenario(name string) scenarioResult {
 func (r *report) writeGoals(b *strings.Builder) {
 	b.WriteString("### Against the goals\n\nRatios of cycles per second are the median over rounds of the ratio within a round.\n\n")
 	b.WriteString("| measure | measured | goal | |\n|---|---:|---:|---|\n")
-	row := func(what, measured string, ok bool, goal string, met bool) {
-		switch {
-		case !ok:
-			fmt.Fprintf(b, "| %s | not measured | %s | |\n", what, goal)
-		case met:
-			fmt.Fprintf(b, "| %s | %s | %s | met |\n", what, measured, goal)
-		default:
-			fmt.Fprintf(b, "| %s | %s | %s | **not met** |\n", what, measured, goal)
-		}
-	}
+	row := goalRow(b)
 	for _, g := range []struct {
 		scenario string
 		goal     float64
