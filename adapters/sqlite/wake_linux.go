@@ -82,6 +82,11 @@ func openWakeFile(path string) *wakeFile {
 	if err != nil {
 		return nil
 	}
+	if w.writable {
+		// The umask may have taken bits the database has: whoever may
+		// write the database must be able to signal its releases.
+		_ = w.f.Chmod(fi.Mode().Perm())
+	}
 	return w
 }
 
