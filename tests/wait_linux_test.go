@@ -16,9 +16,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/tests/testdb"
 )
 
 // reportingClock is a mock clock that reports every timer set on it, so
@@ -116,25 +118,43 @@ func deleteRow(t *testing.T, db string, ref domain.ResourceRef) {
 }
 
 // A release in this process wakes a waiter in another process, whose
-// clock never moves: only the wake-up can hand the lock over.
+// clock never moves: only the wake-up can hand the lock over. On SQLite
+// the wake-up goes through the file beside the database, on PostgreSQL
+// through the server.
 func TestTake_ReleaseWakesWaitingProcess(t *testing.T) {
 	ctx := context.Background()
-	db := filepath.Join(t.TempDir(), "agents.db")
+	t.Run("SQLite", func(t *testing.T) {
+		db := filepath.Join(t.TempDir(), "agents.db")
+		probe, err := sqlite.Open(ctx, db, sqlite.Options{})
+		require.NoError(t, err)
+		defer probe.Close()
+		releaseWakesWaitingProcess(t, db, probe.Wakeups())
+	})
+	t.Run("PostgreSQL", func(t *testing.T) {
+		db := testdb.Postgres(t)
+		probe, err := postgres.Open(ctx, db, postgres.Options{})
+		require.NoError(t, err)
+		defer probe.Close()
+		releaseWakesWaitingProcess(t, db, probe.Wakeups())
+	})
+}
+
+// releaseWakesWaitingProcess holds plan1 on db, starts a process that
+// waits for it and, once probe (a second store on db) says that another
+// process waits, releases, so that the release comes while the worker
+// sleeps.
+func releaseWakesWaitingProcess(t *testing.T, db string, probe application.Wakeups) {
+	ctx := context.Background()
 	holder := MustOpen(t, locks.Config{Database: db, Owner: "A"})
 	held, err := holder.Locks.Take(ctx, "A", plan1, application.AcquireOptions{TTL: time.Hour})
 	require.NoError(t, err)
-	// A second store on the file asks the kernel whether another process
-	// waits for plan1, so that the release comes while the worker sleeps.
-	probe, err := sqlite.Open(ctx, db, sqlite.Options{})
-	require.NoError(t, err)
-	defer probe.Close()
 
 	cmd := startWorker(t, "wait", envDB+"="+db, envOwner+"=B")
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	defer cmd.Process.Kill()
-	require.Eventually(t, func() bool { return probe.Wakeups().Contended(plan1) },
+	require.Eventually(t, func() bool { return probe.Contended(plan1) },
 		time.Minute, time.Millisecond, "the waiting process never watched plan1")
 	_, err = held.Release(ctx)
 	require.NoError(t, err)
