@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/domain"
 )
 
 // WriteTx runs body as a write of the store, through group commit, for
@@ -53,3 +54,7 @@ const (
 
 // NextAfter is how the spacing follows the frames a write adds.
 var NextAfter = nextAfter
+
+// Freed tells the other processes on db's file that the lock on ref came
+// free, as a release through db does after its commit.
+func Freed(db *DB, ref domain.ResourceRef) { db.wake.freed(ref) }

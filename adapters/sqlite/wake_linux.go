@@ -41,7 +41,8 @@ import (
 type wakeFile struct {
 	f        *os.File
 	path     string
-	writable bool // false: this process may watch but not write (another user's file)
+	writable bool   // false: this process may watch but not write (another user's file)
+	dev, ino uint64 // which file f is
 
 	mu       sync.Mutex
 	in       *os.File // the inotify instance, from the first Watch on; nil while it cannot be had
@@ -72,22 +73,36 @@ func openWakeFile(path string) *wakeFile {
 	if err != nil {
 		return nil
 	}
-	name := path + "-wake"
-	w := &wakeFile{path: name, writable: true}
-	w.f, err = os.OpenFile(name, os.O_RDWR|os.O_CREATE, fi.Mode().Perm())
-	if errors.Is(err, fs.ErrPermission) {
-		w.writable = false
-		w.f, err = os.OpenFile(name, os.O_RDONLY, 0)
-	}
-	if err != nil {
+	w := &wakeFile{path: path + "-wake"}
+	if w.f, w.writable, err = openWake(w.path, fi.Mode().Perm()); err != nil {
 		return nil
 	}
-	if w.writable {
+	w.identify()
+	return w
+}
+
+// identify notes which file w.f is, for refresh.
+func (w *wakeFile) identify() {
+	var st unix.Stat_t
+	if unix.Fstat(int(w.f.Fd()), &st) == nil {
+		w.dev, w.ino = st.Dev, st.Ino
+	}
+}
+
+// openWake opens the wake file at name, creating it with perm, or only
+// for reading where this user may not write it.
+func openWake(name string, perm os.FileMode) (f *os.File, writable bool, err error) {
+	f, err = os.OpenFile(name, os.O_RDWR|os.O_CREATE, perm)
+	if errors.Is(err, fs.ErrPermission) {
+		f, err = os.OpenFile(name, os.O_RDONLY, 0)
+		return f, false, err
+	}
+	if err == nil {
 		// The umask may have taken bits the database has: whoever may
 		// write the database must be able to signal its releases.
-		_ = w.f.Chmod(fi.Mode().Perm())
+		_ = f.Chmod(perm)
 	}
-	return w
+	return f, err == nil, err
 }
 
 var _ application.Wakeups = (*wakeFile)(nil)
@@ -122,6 +137,7 @@ func (w *wakeFile) bump(slot int) {
 	binary.LittleEndian.PutUint64(b[:], rand.Uint64()|1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.refresh()
 	if w.writable {
 		_, _ = w.f.WriteAt(b[:], int64(slot)*8)
 	}
@@ -132,6 +148,7 @@ func (w *wakeFile) Contended(ref domain.ResourceRef) bool {
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: wakeWaitersAt + int64(wakeSlot(ref)), Len: 1}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.refresh()
 	if err := unix.FcntlFlock(w.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
 		return false
 	}
@@ -144,6 +161,7 @@ func (w *wakeFile) Watch(ref domain.ResourceRef) (<-chan struct{}, func()) {
 	sub := &wakeSub{c: make(chan struct{}, 1)}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.refresh()
 	if w.in == nil && !w.closed {
 		w.start() // again after a failure: the system may have watches free by now
 	}
@@ -181,7 +199,6 @@ func (w *wakeFile) lockSlot(slot int, typ int16) {
 // start begins watching the file, with w.mu held. It reads the slots
 // first: a release written after that is seen by the watch.
 func (w *wakeFile) start() {
-	w.reopen()
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return // EMFILE: the user's inotify instances are all taken
@@ -205,7 +222,7 @@ func (w *wakeFile) loop(in *os.File, done chan struct{}) {
 		n, err := in.Read(buf)
 		if err != nil {
 			w.mu.Lock()
-			if !w.closed {
+			if !w.closed && w.in == in {
 				// The instance failed: wake everyone, who look at the
 				// store, and let the next Watch start another one.
 				w.in, w.done = nil, nil
@@ -213,7 +230,7 @@ func (w *wakeFile) loop(in *os.File, done chan struct{}) {
 				in.Close()
 			}
 			w.mu.Unlock()
-			return
+			return // closed, or replaced by refresh
 		}
 		all, gone := false, false
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
@@ -229,12 +246,12 @@ func (w *wakeFile) loop(in *os.File, done chan struct{}) {
 			// Nothing will be heard on this instance again: wake
 			// everyone, who look at the store, and let the next Watch
 			// start over on a file of that name.
-			if !w.closed {
+			if !w.closed && w.in == in {
 				w.in, w.done = nil, nil
 				w.wakeAll()
+				in.Close()
 			}
 			w.mu.Unlock()
-			in.Close()
 			return
 		case all:
 			w.readSlots()
@@ -246,30 +263,45 @@ func (w *wakeFile) loop(in *os.File, done chan struct{}) {
 	}
 }
 
-// reopen opens the wake file anew, with w.mu held, if the one this
-// process has open is no longer the one at its path (someone removed
-// it): the marks of the slots watched are taken again on the new one.
-func (w *wakeFile) reopen() {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(w.f.Fd()), &st); err != nil {
-		return
-	}
+// refresh makes sure, with w.mu held, that the wake file this process
+// has open is the one at its path. Someone may have removed it, and
+// another process created a new one since: writing to, marking or
+// watching the removed one would then reach no one, and no inotify event
+// says so while this process keeps it open. So it opens the one at the
+// path (creating it), takes this process's marks there again, and moves
+// the watch over, waking every watcher (a release may have gone to the
+// new file meanwhile). One stat(2) when nothing changed.
+func (w *wakeFile) refresh() {
 	var cur unix.Stat_t
-	if err := unix.Stat(w.path, &cur); err == nil && cur.Dev == st.Dev && cur.Ino == st.Ino {
+	if w.closed {
 		return
 	}
-	f, err := os.OpenFile(w.path, os.O_RDWR|os.O_CREATE, os.FileMode(st.Mode).Perm())
+	if err := unix.Stat(w.path, &cur); err == nil && cur.Dev == w.dev && cur.Ino == w.ino {
+		return
+	}
+	var st unix.Stat_t
+	if unix.Fstat(int(w.f.Fd()), &st) != nil {
+		return
+	}
+	f, writable, err := openWake(w.path, os.FileMode(st.Mode).Perm())
 	if err != nil {
 		return
 	}
 	old := w.f
-	w.f, w.writable = f, true
+	w.f, w.writable = f, writable
+	w.identify()
 	for slot, n := range w.watchers {
 		if n > 0 {
 			w.lockSlot(slot, unix.F_RDLCK)
 		}
 	}
 	old.Close() // another file than the database: closing it drops only our marks there
+	if in := w.in; in != nil {
+		w.in, w.done = nil, nil
+		in.Close() // its loop ends without touching w
+		w.start()
+		w.wakeAll()
+	}
 }
 
 // readSlots reads every slot's value into w.last, with w.mu held, and
