@@ -100,7 +100,11 @@ func TestCLI_DeadHolderWorkOutlivesAgents(t *testing.T) {
 		grandchild := awaitPID(t, pidfile)
 		group := groupOf(t, lock)
 
-		require.NoError(t, syscall.Kill(group, syscall.SIGKILL)) // the group's first process
+		// Both die as one: agents, stopped first, cannot act on its
+		// keeper's death (it would kill the group, as it should when it
+		// outlives the keeper) between the two kills.
+		require.NoError(t, p.cmd.Process.Signal(syscall.SIGSTOP))
+		require.NoError(t, syscall.Kill(group, syscall.SIGKILL)) // the keeper, the group's first process
 		require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
 		<-p.done
 		r := a.run("--owner", "next", "locks", "acquire", "plan", "p1")
