@@ -182,9 +182,9 @@ func Check(events []Event, tables Tables, end time.Time, lim Limits) []Violation
 				break
 			}
 		}
-		if w, ok := writes[r.Attempt]; ok && w.Outcome == Refused {
-			add(VRefusedWrote, "%s: write %s of %s (token %d) was refused, yet it is in the table",
-				r.Resource, r.Attempt, r.Owner, r.Token)
+		if w, ok := writes[r.Attempt]; ok && (w.Outcome == Refused || w.Outcome == Failed) {
+			add(VRefusedWrote, "%s: write %s of %s (token %d) was %s, yet it is in the table",
+				r.Resource, r.Attempt, r.Owner, r.Token, w.Outcome)
 		}
 	}
 	for _, w := range writes {

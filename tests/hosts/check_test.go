@@ -9,8 +9,8 @@ import (
 )
 
 var (
-	t0     = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
-	limits = Limits{LossBound: time.Second, Recovery: 10 * time.Second, PauseSlack: time.Second}
+	t0         = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	testLimits = Limits{LossBound: time.Second, Recovery: 10 * time.Second, PauseSlack: time.Second}
 )
 
 func at(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
@@ -46,7 +46,7 @@ func clean() ([]Event, Tables) {
 
 func TestCheck_CleanHistory(t *testing.T) {
 	ev, tables := clean()
-	assert.Empty(t, Check(ev, tables, at(30), limits))
+	assert.Empty(t, Check(ev, tables, at(30), testLimits))
 }
 
 // Each case plants one violation in the clean history; the checker must
@@ -102,7 +102,7 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ev, tables := clean()
 			ev = tc.plant(ev, &tables)
-			got := Check(ev, tables, at(40), limits)
+			got := Check(ev, tables, at(40), testLimits)
 			require.NotEmpty(t, got, "the checker missed the planted %s", tc.kind)
 			for _, v := range got {
 				assert.Equal(t, tc.kind, v.Kind, v.Detail)
@@ -124,5 +124,5 @@ func TestCheck_Exemptions(t *testing.T) {
 		Event{Kind: KindFault, Host: "h2", Fault: FaultKill, At: at(25), End: at(25.1)},
 		Event{Kind: KindFault, Host: "h2", Fault: FaultBlackhole, At: at(30), End: at(38)},
 	)
-	assert.Empty(t, Check(ev, tables, at(40), limits))
+	assert.Empty(t, Check(ev, tables, at(40), testLimits))
 }

@@ -2,9 +2,12 @@ package hosts
 
 import "time"
 
-// Kinds of Event. A host writes the first six; the harness writes the
+// Kinds of Event. A host writes all but the last; the harness writes the
 // faults it injected.
 const (
+	// KindStarted: a process started; Err says its hostname and pid as it
+	// sees them (its own UTS and PID namespaces: "hostname h1 pid 2").
+	KindStarted = "started"
 	// KindAcquired: the service took a lock for this process (Token,
 	// Expires as stored).
 	KindAcquired = "acquired"
@@ -29,7 +32,8 @@ const (
 const (
 	Committed = "committed" // the commit returned nil
 	Refused   = "refused"   // the fence refused it: nothing was written
-	Unknown   = "unknown"   // the connection failed: it may have committed
+	Unknown   = "unknown"   // the commit failed: it may have committed
+	Failed    = "failed"    // failed before the commit: nothing was written
 )
 
 // Fault kinds.
