@@ -15,6 +15,7 @@ type claim struct {
 	expiries         []Event     // acquired and renewed events, in order of At
 	beliefs          []time.Time // the holder believed it held the lock at or after each
 	lost             time.Time   // zero unless its keep-alive context ended with a loss
+	uncertainty      time.Duration
 }
 
 // expiryAt is the latest expiry the holder had been given by t.
@@ -87,7 +88,7 @@ func Check(events []Event, tables Tables, end time.Time, lim Limits) []Violation
 		case KindLost:
 			c := get(e)
 			if c.lost.IsZero() {
-				c.lost = e.At
+				c.lost, c.uncertainty = e.At, e.Uncertainty
 			}
 		case KindWrite:
 			writes[e.Attempt] = e
@@ -142,9 +143,9 @@ func Check(events []Event, tables Tables, end time.Time, lim Limits) []Violation
 				continue
 			}
 			if !c.lost.IsZero() {
-				if exp := c.expiryAt(c.lost); c.lost.After(exp.Add(lim.LossBound)) {
-					add(VLateLoss, "%s: %s (token %d) learned of its loss at %s, %v after its expiry %s",
-						c.res, c.owner, c.token, stamp(c.lost), c.lost.Sub(exp).Round(time.Millisecond), stamp(exp))
+				if exp := c.expiryAt(c.lost); c.lost.After(exp.Add(lim.LossBound + c.uncertainty)) {
+					add(VLateLoss, "%s: %s (token %d) learned of its loss at %s, %v after its expiry %s (its clock's uncertainty %v)",
+						c.res, c.owner, c.token, stamp(c.lost), c.lost.Sub(exp).Round(time.Millisecond), stamp(exp), c.uncertainty)
 				}
 			}
 			for _, t := range c.beliefs {

@@ -69,6 +69,13 @@ type Event struct {
 	Attempt  string    `json:"attempt,omitempty"` // a write's id, as in Row
 	Fault    string    `json:"fault,omitempty"`
 	Err      string    `json:"err,omitempty"`
+	// Uncertainty is how uncertain the host's estimate of the server's
+	// time was, as its clock said (half the fastest round trip of its last
+	// measurement): the documented error of the expiry it decides on.
+	Uncertainty time.Duration `json:"uncertainty,omitempty"`
+	// Skew is the host's estimate of the server's time minus the real
+	// time, at At.
+	Skew time.Duration `json:"skew,omitempty"`
 }
 
 // Row is a write that the server committed: a row of the writes table,
@@ -110,10 +117,10 @@ const (
 // Limits are the bounds the checker holds the run to.
 type Limits struct {
 	// LossBound: a holder cut off from the server learns of its loss no
-	// later than the lock's expiry plus this. The service decides on its
+	// later than the lock's expiry plus this, plus the uncertainty of its
 	// estimate of the server's time (docs/operations.md: half the fastest
-	// round trip plus a minute's monotonic drift); the rest is the
-	// scheduling of a loaded machine.
+	// round trip of its last measurement), which the host reports with
+	// the loss. LossBound itself is the scheduling of a loaded machine.
 	LossBound time.Duration
 	// Recovery: every host commits a write within this of a fault's end
 	// (unless another fault on it starts first, or the run ends).

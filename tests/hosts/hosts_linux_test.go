@@ -260,6 +260,12 @@ func TestHosts(t *testing.T) {
 	tables := h.readTables()
 	events := h.events()
 	t.Logf("%d hosts, %v: %s", nHosts, end.Sub(begin).Round(time.Second), Summary(events))
+	var skew, uncertainty time.Duration
+	for _, e := range events {
+		skew, uncertainty = max(skew, e.Skew.Abs()), max(uncertainty, e.Uncertainty)
+	}
+	t.Logf("the hosts' estimates of the server's time: off by at most %v, uncertain by at most %v (as their clocks said)",
+		skew.Round(time.Microsecond), uncertainty.Round(time.Microsecond))
 	vs := Check(events, tables, end, limits)
 	for _, v := range vs {
 		t.Errorf("%s: %s", v.Kind, v.Detail)
@@ -286,6 +292,7 @@ func TestHosts(t *testing.T) {
 		}
 	}
 	if t.Failed() {
+		h.saveHistory(events)
 		for _, c := range h.hosts {
 			b, _ := os.ReadFile(filepath.Join(h.logs, hostName(c.i)+".log"))
 			t.Logf("%s's stderr:\n%s", hostName(c.i), b)
@@ -317,4 +324,21 @@ func (h *harness) readTables() Tables {
 	}
 	require.NoError(h.t, prow.Err())
 	return tb
+}
+
+// saveHistory keeps the history of a failed run, for reading after the
+// test has removed its temporary directories.
+func (h *harness) saveHistory(events []Event) {
+	name := filepath.Join(os.TempDir(), fmt.Sprintf("locks-hosts-history-%d.jsonl", h.pid))
+	f, err := os.Create(name)
+	if err != nil {
+		h.t.Logf("history not saved: %v", err)
+		return
+	}
+	defer f.Close()
+	enc := json.NewEncoder(f)
+	for _, e := range events {
+		_ = enc.Encode(e)
+	}
+	h.t.Logf("the history is in %s", name)
 }

@@ -51,9 +51,17 @@ type offsetClock struct{ off atomic.Int64 }
 
 func (c *offsetClock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
 
+// serverClock is the container's clock on PostgreSQL
+// (postgres.ServerClock): its estimate of the server's time.
+type serverClock interface {
+	Now() time.Time
+	Offset() (offset, uncertainty time.Duration, err error)
+}
+
 // recorder writes the history, and is the service's Observer.
 type recorder struct {
 	host, owner string
+	clock       atomic.Value // the container's serverClock, once open
 	mu          sync.Mutex
 	enc         *json.Encoder
 	held        map[string]int64 // resource → token of this process's current lock
@@ -64,6 +72,10 @@ func (r *recorder) emit(e Event) {
 	e.Host, e.Owner = r.host, r.owner
 	if e.At.IsZero() {
 		e.At = time.Now()
+	}
+	if clk, ok := r.clock.Load().(serverClock); ok {
+		e.Skew = clk.Now().Sub(e.At)
+		_, e.Uncertainty, _ = clk.Offset()
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -249,6 +261,9 @@ func workerMain() int {
 		work(ctx, time.Second)
 	}
 	defer c.Close()
+	if clk, ok := c.Clock().(serverClock); ok {
+		rec.clock.Store(clk)
+	}
 	c.Locks.SetObserver(rec)
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
@@ -279,13 +294,23 @@ func workerMain() int {
 			}
 		}
 	})
-	wg.Go(func() { // Do sections appending to a log
+	doSections := func() { // Do sections appending to a log
 		for ctx.Err() == nil {
 			ref := logRefs[rand.N(len(logRefs))]
 			err := c.Locks.Do(ctx, owner, ref, application.AcquireOptions{TTL: ttl, Wait: true, Timeout: 10 * time.Second},
 				func(ctx context.Context, l domain.Lock) error {
 					defer rec.watchLoss(ctx, ref.String(), l.Token)()
-					work(ctx, 2*ttl) // past the TTL, half the time: renewed
+					// Past the TTL, half the time: renewed. One section in
+					// three does not watch its context, as a slow call that
+					// cannot be interrupted: it writes late, after its lock
+					// is lost and perhaps taken by the other goroutine of
+					// this process, with the same owner; only the token
+					// tells the two apart.
+					slow := ctx
+					if rand.N(3) == 0 {
+						slow = context.WithoutCancel(ctx)
+					}
+					work(slow, 2*ttl)
 
 					return rec.fencedWrite(ctx, c, db, "do", ref.String(), l.Token,
 						[]application.Fence{application.FenceOf(l)}, nil)
@@ -294,7 +319,9 @@ func workerMain() int {
 				work(ctx, 200*time.Millisecond)
 			}
 		}
-	})
+	}
+	wg.Go(doSections)
+	wg.Go(doSections)
 	wg.Wait()
 	return 0
 }
