@@ -34,6 +34,9 @@ const (
 	envDuration = "LOCKS_HOSTS_DURATION"
 	// LOCKS_HOSTS_SEED replays the faults of a run: the run prints its seed.
 	envSeed = "LOCKS_HOSTS_SEED"
+	// LOCKS_HOSTS_HISTORY names a file to keep the history in (JSON
+	// lines); a failed run keeps it in the temporary directory anyway.
+	envHistory = "LOCKS_HOSTS_HISTORY"
 
 	nHosts        = 3
 	shortDuration = 60 * time.Second
@@ -291,8 +294,11 @@ func TestHosts(t *testing.T) {
 			}
 		}
 	}
+	if name := os.Getenv(envHistory); name != "" {
+		h.saveHistory(name, events)
+	}
 	if t.Failed() {
-		h.saveHistory(events)
+		h.saveHistory(filepath.Join(os.TempDir(), fmt.Sprintf("locks-hosts-history-%d.jsonl", h.pid)), events)
 		for _, c := range h.hosts {
 			b, _ := os.ReadFile(filepath.Join(h.logs, hostName(c.i)+".log"))
 			t.Logf("%s's stderr:\n%s", hostName(c.i), b)
@@ -328,8 +334,7 @@ func (h *harness) readTables() Tables {
 
 // saveHistory keeps the history of a failed run, for reading after the
 // test has removed its temporary directories.
-func (h *harness) saveHistory(events []Event) {
-	name := filepath.Join(os.TempDir(), fmt.Sprintf("locks-hosts-history-%d.jsonl", h.pid))
+func (h *harness) saveHistory(name string, events []Event) {
 	f, err := os.Create(name)
 	if err != nil {
 		h.t.Logf("history not saved: %v", err)
