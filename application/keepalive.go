@@ -85,7 +85,9 @@ func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 		h.noteLost(&domain.LockLostError{Lock: h.Lock(), Reason: domain.LostClosed, At: h.svc.Now()})
 		k.end(h.Err())
 	default:
-		go k.loop()
+		// The first wait is decided now, on the caller's clock reading,
+		// not whenever the goroutine gets to run.
+		go k.loop(k.nextRenewal())
 	}
 	return k.held
 }
@@ -154,13 +156,13 @@ func (k *keeper) stop() {
 	<-k.done
 }
 
-func (k *keeper) loop() {
+func (k *keeper) loop(wait time.Duration) {
 	svc := k.h.svc
 	defer svc.gate.unkeep()
 	defer close(k.done)
-	for {
+	for ; ; wait = k.nextRenewal() {
 		select {
-		case <-svc.timers.After(domain.RenewInterval(k.h.ttl)):
+		case <-svc.timers.After(wait):
 		case <-k.run.Done():
 			return
 		case <-k.held.Done():
@@ -173,6 +175,22 @@ func (k *keeper) loop() {
 			return
 		}
 	}
+}
+
+// nextRenewal is how long to wait before the next renewal: TTL/2, or
+// half of what is left when the lock has less than that, so that a
+// renewal, and with it the guard that declares the loss at the expiry,
+// always starts before the lock expires. A lock normally has its whole
+// TTL left when its keep-alive starts or renews it; one whose acquisition
+// was answered late (a slow link: the lock is dated when the statement
+// began) may not, and waiting TTL/2 then told its holder of the loss
+// after the expiry.
+func (k *keeper) nextRenewal() time.Duration {
+	wait := domain.RenewInterval(k.h.ttl)
+	if left := k.h.Lock().ExpiresAt.Sub(k.h.svc.Now()); left < wait {
+		wait = max(left/2, 0)
+	}
+	return wait
 }
 
 // renew renews the lock, retrying transient failures until its expiry,

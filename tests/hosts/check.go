@@ -1,0 +1,278 @@
+package hosts
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// claim is one acquisition as the history shows it.
+type claim struct {
+	res, owner, host string
+	token            int64
+	acquired         time.Time   // recorded after the acquisition committed
+	expiries         []Event     // acquired and renewed events, in order of At
+	beliefs          []time.Time // the holder believed it held the lock at or after each
+	lost             time.Time   // zero unless its keep-alive context ended with a loss
+	uncertainty      time.Duration
+}
+
+// expiryAt is the latest expiry the holder had been given by t.
+func (c *claim) expiryAt(t time.Time) time.Time {
+	var e time.Time
+	for _, ev := range c.expiries {
+		if !ev.At.After(t) && ev.Expires.After(e) {
+			e = ev.Expires
+		}
+	}
+	return e
+}
+
+// last is the last time the history mentions the claim.
+func (c *claim) last() time.Time {
+	l := c.acquired
+	for _, b := range c.beliefs {
+		if b.After(l) {
+			l = b
+		}
+	}
+	if c.lost.After(l) {
+		l = c.lost
+	}
+	return l
+}
+
+type claimKey struct {
+	res   string
+	token int64
+}
+
+// Check reads the history of a run that ended at end, and the tables, and
+// returns every violation, in a stable order.
+func Check(events []Event, tables Tables, end time.Time, lim Limits) []Violation {
+	var out []Violation
+	add := func(kind, format string, args ...any) {
+		out = append(out, Violation{Kind: kind, Detail: fmt.Sprintf(format, args...)})
+	}
+	claims := map[claimKey]*claim{}
+	get := func(e Event) *claim {
+		k := claimKey{e.Resource, e.Token}
+		c := claims[k]
+		if c == nil {
+			c = &claim{res: e.Resource, owner: e.Owner, host: e.Host, token: e.Token}
+			claims[k] = c
+		} else if c.owner != e.Owner {
+			add(VTokenOrder, "%s token %d given to two owners, %s and %s", e.Resource, e.Token, c.owner, e.Owner)
+		}
+		return c
+	}
+	var faults []Event
+	writes := map[string]Event{}
+	sorted := append([]Event(nil), events...)
+	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].At.Before(sorted[j].At) })
+	for _, e := range sorted {
+		switch e.Kind {
+		case KindAcquired:
+			c := get(e)
+			if c.acquired.IsZero() {
+				c.acquired = e.At
+			}
+			c.expiries = append(c.expiries, e)
+		case KindRenewed:
+			c := get(e)
+			c.expiries = append(c.expiries, e)
+		case KindBelief:
+			c := get(e)
+			c.beliefs = append(c.beliefs, e.At)
+		case KindLost:
+			c := get(e)
+			if c.lost.IsZero() {
+				c.lost, c.uncertainty = e.At, e.Uncertainty
+			}
+		case KindWrite:
+			writes[e.Attempt] = e
+		case KindFault:
+			faults = append(faults, e)
+		}
+	}
+	paused := func(c *claim) bool {
+		for _, f := range faults {
+			if f.Fault == FaultPause && f.Host == c.host &&
+				!f.At.Add(-lim.PauseSlack).After(c.last()) && !f.End.Add(lim.PauseSlack).Before(c.acquired) {
+				return true
+			}
+		}
+		return false
+	}
+	byRes := map[string][]*claim{}
+	for _, c := range claims {
+		byRes[c.res] = append(byRes[c.res], c)
+	}
+	for _, cs := range byRes {
+		sort.Slice(cs, func(i, j int) bool { return cs[i].token < cs[j].token })
+	}
+
+	// Two holders at once: a newer token acquired before an older holder
+	// last believed it still held the lock.
+	for _, cs := range byRes {
+		for i, a := range cs {
+			if paused(a) || a.acquired.IsZero() {
+				continue
+			}
+			for _, b := range cs[i+1:] {
+				if b.acquired.IsZero() {
+					continue
+				}
+				for _, t := range a.beliefs {
+					if b.acquired.Before(t) {
+						add(VOverlap, "%s: %s (token %d) took it at %s while %s (token %d) still held it at %s",
+							a.res, b.owner, b.token, stamp(b.acquired), a.owner, a.token, stamp(t))
+						break
+					}
+				}
+			}
+		}
+	}
+
+	// Told of the loss late: the loss, or a belief, more than the bound
+	// after the expiry the holder had been given.
+	for _, cs := range byRes {
+		for _, c := range cs {
+			if paused(c) || len(c.expiries) == 0 {
+				continue
+			}
+			if !c.lost.IsZero() {
+				if exp := c.expiryAt(c.lost); c.lost.After(exp.Add(lim.LossBound + c.uncertainty)) {
+					add(VLateLoss, "%s: %s (token %d) learned of its loss at %s, %v after its expiry %s (its clock's uncertainty %v)",
+						c.res, c.owner, c.token, stamp(c.lost), c.lost.Sub(exp).Round(time.Millisecond), stamp(exp), c.uncertainty)
+				}
+			}
+			for _, t := range c.beliefs {
+				if exp := c.expiryAt(t); t.After(exp.Add(lim.LossBound)) {
+					add(VLateLoss, "%s: %s (token %d) still believed it held the lock at %s, %v after its expiry %s",
+						c.res, c.owner, c.token, stamp(t), t.Sub(exp).Round(time.Millisecond), stamp(exp))
+					break
+				}
+			}
+		}
+	}
+
+	// The tables: tokens strictly increasing per resource in the order of
+	// the inserts, no write landing after a newer token was acquired, and
+	// every write where its host was told it is.
+	rows := append([]Row(nil), tables.Rows...)
+	sort.Slice(rows, func(i, j int) bool { return rows[i].ID < rows[j].ID })
+	lastRow := map[string]Row{}
+	transitions := map[string]int64{}
+	inTable := map[string]bool{}
+	for _, r := range rows {
+		inTable[r.Attempt] = true
+		if p, ok := lastRow[r.Resource]; ok && r.Token <= p.Token {
+			add(VTokenOrder, "%s: write %s with token %d committed after write %s with token %d",
+				r.Resource, r.Attempt, r.Token, p.Attempt, p.Token)
+		}
+		lastRow[r.Resource] = r
+		if r.Kind == "transition" {
+			transitions[r.Resource]++
+		}
+		for _, b := range byRes[r.Resource] {
+			if b.token > r.Token && !b.acquired.IsZero() && b.acquired.Before(r.At) {
+				add(VStaleWrite, "%s: write %s of %s with token %d ran at %s, after %s took token %d at %s",
+					r.Resource, r.Attempt, r.Owner, r.Token, stamp(r.At), b.owner, b.token, stamp(b.acquired))
+				break
+			}
+		}
+		if w, ok := writes[r.Attempt]; ok && (w.Outcome == Refused || w.Outcome == Failed) {
+			add(VRefusedWrote, "%s: write %s of %s (token %d) was %s, yet it is in the table",
+				r.Resource, r.Attempt, r.Owner, r.Token, w.Outcome)
+		}
+	}
+	for _, w := range writes {
+		if w.Outcome == Committed && !inTable[w.Attempt] {
+			add(VLostWrite, "%s: write %s of %s (token %d) committed, yet it is not in the table",
+				w.Resource, w.Attempt, w.Owner, w.Token)
+		}
+	}
+	for plan, n := range tables.Counters {
+		if n != transitions[plan] {
+			add(VCounter, "%s: counter %d, but %d transitions committed", plan, n, transitions[plan])
+		}
+	}
+
+	// Recovery: after every fault, each host it touched commits a write
+	// within the limit, unless another fault on it starts first or the
+	// run ends.
+	hosts := map[string]bool{}
+	for _, e := range events {
+		if e.Host != "" && e.Kind != KindFault {
+			hosts[e.Host] = true
+		}
+	}
+	for _, f := range faults {
+		for h := range hosts {
+			if f.Host != "" && f.Host != h {
+				continue
+			}
+			deadline := f.End.Add(lim.Recovery)
+			if deadline.After(end) {
+				continue
+			}
+			interrupted := false
+			for _, g := range faults {
+				if (g.Host == "" || g.Host == h) && g.At.After(f.End) && g.At.Before(deadline) {
+					interrupted = true
+				}
+			}
+			if interrupted || committedBetween(sorted, h, f.End, deadline) {
+				continue
+			}
+			add(VNoRecovery, "%s committed nothing within %v of the end of %s at %s",
+				h, lim.Recovery, f.Fault, stamp(f.End))
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		return out[i].Kind+out[i].Detail < out[j].Kind+out[j].Detail
+	})
+	return out
+}
+
+func committedBetween(sorted []Event, host string, from, to time.Time) bool {
+	for _, e := range sorted {
+		if e.Kind == KindWrite && e.Host == host && e.Outcome == Committed && e.At.After(from) && !e.At.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+func stamp(t time.Time) string { return t.UTC().Format("15:04:05.000") }
+
+// Summary counts the history: operations by kind and outcome, faults by
+// kind.
+func Summary(events []Event) string {
+	ops := map[string]int{}
+	for _, e := range events {
+		switch e.Kind {
+		case KindWrite:
+			ops["write "+e.Outcome]++
+		case KindFault:
+			ops["fault "+e.Fault]++
+		default:
+			ops[e.Kind]++
+		}
+	}
+	keys := make([]string, 0, len(ops))
+	for k := range ops {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %d", k, ops[k])
+	}
+	return b.String()
+}

@@ -1,0 +1,333 @@
+//go:build linux
+
+package hosts
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// The worker: one client host, run as the test binary re-executed inside
+// the host's namespaces with envWorker set. It reads commands on stdin
+// ("clock <offset>", "stop"; EOF stops it too, so a harness that dies takes
+// its hosts with it) and writes its history as JSON lines on stdout.
+const (
+	envWorker = "LOCKS_HOSTS_WORKER"
+	envDSN    = "LOCKS_HOSTS_DSN"
+	envHost   = "LOCKS_HOSTS_HOST"
+	envOwner  = "LOCKS_HOSTS_OWNER"
+)
+
+// ttl is the locks' TTL: the shortest the module accepts, so that faults
+// past it stay short.
+const ttl = domain.MinLockTTL
+
+var (
+	plans   = []string{"p1", "p2", "p3"}
+	logRefs = []domain.ResourceRef{{Type: domain.ResourceProject, ID: "log1"}, {Type: domain.ResourceProject, ID: "log2"}}
+)
+
+// offsetClock is the host's wall clock: the real one plus an offset that
+// the harness steps. It has no timers and no monotonic reading of its own,
+// as a production clock: the service measures elapsed time on the host's
+// monotonic clock (docs/operations.md), so a step must change no decision.
+type offsetClock struct{ off atomic.Int64 }
+
+func (c *offsetClock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
+
+// serverClock is the container's clock on PostgreSQL
+// (postgres.ServerClock): its estimate of the server's time.
+type serverClock interface {
+	Now() time.Time
+	Offset() (offset, uncertainty time.Duration, err error)
+}
+
+// recorder writes the history, and is the service's Observer.
+type recorder struct {
+	host, owner string
+	clock       atomic.Value // the container's serverClock, once open
+	mu          sync.Mutex
+	enc         *json.Encoder
+	held        map[string]int64 // resource → token of this process's current lock
+	seq         atomic.Int64
+}
+
+func (r *recorder) emit(e Event) {
+	e.Host, e.Owner = r.host, r.owner
+	if e.At.IsZero() {
+		e.At = time.Now()
+	}
+	if clk, ok := r.clock.Load().(serverClock); ok {
+		e.Skew = clk.Now().Sub(e.At)
+		_, e.Uncertainty, _ = clk.Offset()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_ = r.enc.Encode(e)
+}
+
+// Observe implements application.Observer: acquisitions, renewals and
+// releases of this process's locks, stamped when the service reports them
+// (after the commit).
+func (r *recorder) Observe(_ context.Context, e application.Event) {
+	res := e.Resource.String()
+	switch e.Kind {
+	case application.EventAcquired, application.EventTakenOver:
+		r.mu.Lock()
+		r.held[res] = e.Lock.Token
+		r.mu.Unlock()
+		r.emit(Event{Kind: KindAcquired, Resource: res, Token: e.Lock.Token, Expires: e.Lock.ExpiresAt})
+	case application.EventRenewed:
+		r.emit(Event{Kind: KindRenewed, Resource: res, Token: e.Lock.Token, Expires: e.Lock.ExpiresAt})
+	case application.EventReleased:
+		r.emit(Event{Kind: KindReleased, Resource: res, Token: e.Lock.Token})
+	}
+}
+
+func (r *recorder) token(res string) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held[res]
+}
+
+// watchLoss records the loss that ends a keep-alive context while the
+// work still runs; the returned function marks the work done.
+func (r *recorder) watchLoss(ctx context.Context, res string, token int64) (done func()) {
+	var finished atomic.Bool
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-stop:
+			return
+		}
+		at := time.Now()
+		var lost *domain.LockLostError
+		if errors.As(context.Cause(ctx), &lost) && !finished.Load() {
+			r.emit(Event{Kind: KindLost, Resource: res, Token: token, At: at, Err: lost.Error()})
+		}
+	}()
+	return func() { finished.Store(true); close(stop) }
+}
+
+// fencedWrite appends the write's row inside a transaction that checks
+// fences first, and records the outcome.
+func (r *recorder) fencedWrite(ctx context.Context, c *locks.Container, db *sql.DB, kind, res string, token int64,
+	fences []application.Fence, more func(tx *sql.Tx) error) error {
+	attempt := fmt.Sprintf("%s-%d", r.owner, r.seq.Add(1))
+	if at := time.Now(); ctx.Err() == nil {
+		r.emit(Event{Kind: KindBelief, Resource: res, Token: token, At: at})
+	}
+	// The write runs on a context of its own, not the lock's: a holder
+	// that learns of its loss late, or never, still sends it, and only the
+	// fence may keep it out.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	ctx = wctx
+	outcome, err := Failed, error(nil)
+	defer func() {
+		e := Event{Kind: KindWrite, Resource: res, Token: token, Outcome: outcome, Attempt: attempt}
+		if err != nil {
+			e.Err = err.Error()
+		}
+		r.emit(e)
+	}()
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return err
+	}
+	for _, f := range fences {
+		if err = c.CheckFence(ctx, tx, f); err != nil {
+			_ = tx.Rollback()
+			var lost *domain.LockLostError
+			if errors.As(err, &lost) {
+				outcome = Refused
+			}
+			return err
+		}
+	}
+	if more != nil {
+		if err = more(tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+	}
+	if _, err = tx.ExecContext(ctx, `INSERT INTO writes (kind, resource, token, owner, attempt) VALUES ($1, $2, $3, $4, $5)`,
+		kind, res, token, r.owner, attempt); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err = tx.Commit(); err != nil {
+		outcome = Unknown
+		return err
+	}
+	outcome = Committed
+	return nil
+}
+
+// plan is the application's plan: a counter that every transition
+// increments, read and written back (a lost update shows).
+type plan struct{ Counter int64 }
+
+// planStore is the workload's PlanStore: Persist fences, writes the
+// counter and appends the transition's row, in one transaction.
+type planStore struct {
+	c   *locks.Container
+	db  *sql.DB
+	rec *recorder
+}
+
+func (s *planStore) Load(ctx context.Context, id string) (plan, error) {
+	var p plan
+	err := s.db.QueryRowContext(ctx, `SELECT counter FROM plans WHERE id = $1`, id).Scan(&p.Counter)
+	return p, err
+}
+
+func (s *planStore) Persist(ctx context.Context, id string, p plan, fences []application.Fence) error {
+	ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: id}
+	var token int64
+	for _, f := range fences {
+		if f.Resource == ref {
+			token = f.Token
+		}
+	}
+	return s.rec.fencedWrite(ctx, s.c, s.db, "transition", ref.String(), token, fences, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE plans SET counter = $1, token = $2 WHERE id = $3`, p.Counter, token, id)
+		return err
+	})
+}
+
+// work stands for the slow part of a holder's work: up to max, or until
+// the lock is lost.
+func work(ctx context.Context, max time.Duration) {
+	t := time.NewTimer(rand.N(max))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+func workerMain() int {
+	host, owner, dsn := os.Getenv(envHost), os.Getenv(envOwner), os.Getenv(envDSN)
+	rec := &recorder{host: host, owner: owner, enc: json.NewEncoder(os.Stdout), held: map[string]int64{}}
+	hn, _ := os.Hostname()
+	rec.emit(Event{Kind: KindStarted, Err: fmt.Sprintf("hostname %s pid %d", hn, os.Getpid())})
+	clk := &offsetClock{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // the harness's commands
+		in := bufio.NewScanner(os.Stdin)
+		for in.Scan() {
+			f := strings.Fields(in.Text())
+			switch {
+			case len(f) == 2 && f[0] == "clock":
+				if d, err := time.ParseDuration(f[1]); err == nil {
+					clk.off.Store(int64(d))
+				}
+			case len(f) == 1 && f[0] == "stop":
+				cancel()
+			}
+		}
+		cancel()
+	}()
+	var c *locks.Container
+	for { // a host may start while its network or the server is down
+		var err error
+		c, err = locks.Open(ctx, locks.Config{Database: dsn, Owner: owner, Clock: clk, DefaultTTL: ttl})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return 0
+		}
+		fmt.Fprintln(os.Stderr, host, "open:", err)
+		work(ctx, time.Second)
+	}
+	defer c.Close()
+	if clk, ok := c.Clock().(serverClock); ok {
+		rec.clock.Store(clk)
+	}
+	c.Locks.SetObserver(rec)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, host, err)
+		return 1
+	}
+	defer db.Close()
+	store := &planStore{c: c, db: db, rec: rec}
+	svc, err := application.NewPlanLifecycleService[plan](c.Locks, store, owner,
+		application.PlanLockOptions{TTL: ttl, WaitTimeout: 10 * time.Second})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, host, err)
+		return 1
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { // transitions of the plans
+		for ctx.Err() == nil {
+			id := plans[rand.N(len(plans))]
+			res := domain.ResourceRef{Type: domain.ResourcePlan, ID: id}.String()
+			_, err := svc.Transition(ctx, id, func(ctx context.Context, p plan) (plan, error) {
+				defer rec.watchLoss(ctx, res, rec.token(res))()
+				work(ctx, 1500*time.Millisecond)
+				p.Counter++
+				return p, nil
+			})
+			if err != nil {
+				work(ctx, 200*time.Millisecond) // a failing store is not hammered
+			}
+		}
+	})
+	// The host's own resource, which only its two goroutines take: after
+	// a loss, the sibling takes it next, with the same owner, while a slow
+	// section of the other may still be about to write.
+	own := domain.ResourceRef{Type: domain.ResourceProject, ID: host}
+	doSections := func() { // Do sections appending to a log
+		for ctx.Err() == nil {
+			ref := own
+			if rand.N(3) == 0 {
+				ref = logRefs[rand.N(len(logRefs))]
+			}
+			err := c.Locks.Do(ctx, owner, ref, application.AcquireOptions{TTL: ttl, Wait: true, Timeout: 10 * time.Second},
+				func(ctx context.Context, l domain.Lock) error {
+					defer rec.watchLoss(ctx, ref.String(), l.Token)()
+					// Past the TTL, half the time: renewed. One section in
+					// two is slow to hear of a loss, as a call that cannot
+					// be interrupted: it writes up to two TTLs after its
+					// lock is lost, when the other goroutine of this
+					// process may hold it, with the same owner: only the
+					// token tells the two apart.
+					work(ctx, 2*ttl)
+					if ctx.Err() != nil && rand.N(2) == 0 {
+						work(context.WithoutCancel(ctx), 2*ttl)
+					}
+
+					return rec.fencedWrite(ctx, c, db, "do", ref.String(), l.Token,
+						[]application.Fence{application.FenceOf(l)}, nil)
+				})
+			if err != nil {
+				work(ctx, 200*time.Millisecond)
+			}
+		}
+	}
+	wg.Go(doSections)
+	wg.Go(doSections)
+	wg.Wait()
+	return 0
+}
