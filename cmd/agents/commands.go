@@ -30,7 +30,7 @@ var commands = []command{
 			fs.Var(&c.ttl, "ttl", ttlUsage)
 			c.wait.register(fs)
 		}, (*invocation).acquire},
-	{"locks run", "TYPE ID [--owner ID] [--ttl D] [--wait [--timeout D]] [--grace D] -- CMD [ARGS...]", "Take the lock, run CMD while keeping it alive, and release it when CMD ends; exit with CMD's status.",
+	{"locks run", "TYPE ID [--owner ID] [--ttl D] [--wait [--timeout D]] [--grace D] [--conflict-exit-code N] [--lost-exit-code N] -- CMD [ARGS...]", "Take the lock, run CMD while keeping it alive, and release it when CMD ends; exit with CMD's status.",
 		func(c *invocation, fs *pflag.FlagSet) {
 			c.g.registerOwner(fs, ownerUsage+"; default: an id of this agents process")
 			fs.Var(&c.ttl, "ttl", ttlUsage+"; renewed every half of it while CMD runs")
@@ -43,6 +43,11 @@ var commands = []command{
 					}
 					return err
 				})
+			c.conflictExit, c.lostExit = exitConflict, exitExpired
+			fs.Func("conflict-exit-code", "exit with `N` instead of 3 when another owner holds the lock (or --wait gives up): 0 to 255, but not 1, 2, 126 or 127, which agents uses for other failures",
+				func(s string) (err error) { c.conflictExit, err = parseExitCode(s, true); return err })
+			fs.Func("lost-exit-code", "exit with `N` instead of 4 when the lock is lost while CMD runs: 3 to 255, but not 126 or 127, which agents uses for other failures, nor --conflict-exit-code",
+				func(s string) (err error) { c.lostExit, err = parseExitCode(s, false); return err })
 		}, (*invocation).lockRun},
 	{"locks renew", "TYPE ID [--owner ID] [--ttl D]", "Extend the lock that --owner holds on a resource.",
 		func(c *invocation, fs *pflag.FlagSet) {
@@ -154,7 +159,8 @@ func (c *invocation) lookup(cmd *cobra.Command) *command {
 
 // valueFlags are the flags that take a value, whose value normalizeArgs
 // leaves alone.
-var valueFlags = map[string]bool{"db": true, "owner": true, "ttl": true, "timeout": true, "grace": true, "type": true}
+var valueFlags = map[string]bool{"db": true, "owner": true, "ttl": true, "timeout": true, "grace": true, "type": true,
+	"conflict-exit-code": true, "lost-exit-code": true}
 
 // normalizeArgs spells "-flag" as "--flag", up to "--": agents has always
 // taken both, and pflag would read "-db" as the shorthands d and b. "-h"

@@ -94,6 +94,8 @@ type invocation struct {
 	grace    time.Duration
 	listType string
 	listAll  bool
+	// The exit codes of "locks run" for a conflict and a lost lock.
+	conflictExit, lostExit int
 	// emitted is set once the command's JSON document is out, so that no
 	// second one follows it.
 	emitted bool
@@ -132,6 +134,9 @@ func (c *invocation) finish(err error) int {
 		err = c.stdout.err
 	}
 	exit, code := exitCode(err)
+	if coded := (*codedError)(nil); errors.As(err, &coded) {
+		exit = coded.exit
+	}
 	msg := c.redact(oneLine(err.Error()))
 	if db, _, dberr := c.database(); dberr == nil && errors.Is(err, domain.ErrUnavailable) {
 		// Say which, when the store did not. Compared redacted: the store
@@ -218,7 +223,7 @@ error, 3 held by another owner, 4 renew: the lock expired or is not held
 (locks run: the lock was lost while CMD ran; release of a lock not held
 exits 0). locks run otherwise exits with CMD's status (128+N when signal
 N killed it), 126 when CMD could not be started and 127 when it was not
-found.
+found; its --conflict-exit-code N and --lost-exit-code N replace 3 and 4.
 Run 'agents COMMAND -h' for the flags of a command.
 `)
 	return b.String()
