@@ -106,3 +106,15 @@ type codedError struct {
 }
 
 func (e *codedError) Unwrap() error { return e.error }
+
+// cobraError is an error in the command line that cobra or pflag found (an
+// unknown command or flag, a flag without its value, a value that its flag
+// refused): a usage error, in their words.
+type cobraError struct{ err error }
+
+func (e *cobraError) Error() string { return e.err.Error() }
+
+func (e *cobraError) Unwrap() error { return e.err }
+
+// Is makes errors.Is(err, errUsage) true.
+func (e *cobraError) Is(target error) bool { return target == errUsage }
