@@ -96,7 +96,7 @@ func (c *invocation) rootCommand() *cobra.Command {
 	}
 	// --version is agents' own rather than cobra's, whose template cannot
 	// see --json.
-	root.Flags().BoolVar(&c.showVersion, "version", false, "print the version of agents and the revision it was built from")
+	root.Flags().BoolVarP(&c.showVersion, "version", "v", false, "print the version of agents and the revision it was built from")
 	root.SetOut(c.stdout)
 	root.SetErr(c.stderr)
 	root.SetArgs(normalizeArgs(c.args))

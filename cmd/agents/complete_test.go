@@ -1,9 +1,11 @@
 package main
 
 import (
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -61,8 +63,10 @@ func TestMain_CobraWay(t *testing.T) {
 		assert.ElementsMatch(t, []string{"version", "revision", "modified", "go"}, keys(doc))
 		assert.Regexp(t, `^go\S+$`, doc["go"])
 		assert.Empty(t, r.stderr)
-		r = newHarness(t).mustRun("--json", "--version")
+		r = newHarness(t).mustRun("--json", "-v")
 		r.decode(t, &doc)
+		r = newHarness(t).mustRun("-v")
+		assert.Regexp(t, `^agents \S+(, revision [0-9a-f]+( \(modified\))?)?, go\S+\n$`, r.stdout, "-v, as cobra's own flag had it")
 	})
 }
 
@@ -120,4 +124,33 @@ func TestMain_Completion_TypeAndID(t *testing.T) {
 		r := h.mustRun("locks", "acquire", "-h")
 		assert.Contains(t, r.stdout, "--owner ID")
 	})
+}
+
+// TestMain_Completion_SilentServer: a PostgreSQL server that accepts the
+// connection and never answers holds completion up for completionDeadline
+// at most, and offers no ids.
+func TestMain_Completion_SilentServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var held []net.Conn // open, never answered
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				for _, c := range held {
+					_ = c.Close()
+				}
+				return
+			}
+			held = append(held, conn)
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close(); <-done })
+	h := newHarness(t)
+	h.env["AGENTS_DB"] = "postgres://agents@" + ln.Addr().String() + "/locks"
+	began := time.Now()
+	assert.Empty(t, h.complete("locks", "release", "plan", ""))
+	assert.Less(t, time.Since(began), completionDeadline+5*time.Second, "completion waited past its deadline")
 }
