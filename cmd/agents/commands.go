@@ -75,9 +75,11 @@ const ownerUsage = "the owner `ID` to act for (env AGENTS_OWNER)"
 const locksSubcommands = "acquire, run, renew, release, release-all, list or cleanup"
 
 // rootCommand builds the cobra command tree of one Run. Cobra parses the
-// flags (pflag: before, between or after the arguments) and dispatches;
-// the messages, the help and the exit codes stay agents' own: errors come
-// back from Execute to finish, and the help is usage's.
+// flags (pflag: before, between or after the arguments), refuses unknown
+// commands and flags in its own words, and dispatches; the help and the
+// exit codes stay agents' own: errors come back from Execute to finish
+// (cobra's and pflag's as usage errors, their text unchanged), and the
+// help is usage's.
 func (c *invocation) rootCommand() *cobra.Command {
 	// Args is left nil: cobra then refuses an unknown command itself, with
 	// its suggestions ("Did you mean this?").
