@@ -32,7 +32,7 @@ func TestMain_Flags(t *testing.T) {
 		} {
 			r := h.run(args...)
 			assert.Equal(t, exitUsage, r.code, "%v: %s", args, r.stderr)
-			assert.Contains(t, r.stderr, "flag provided but not defined: -owner", "%v", args)
+			assert.Contains(t, r.stderr, "unknown flag: --owner", "%v", args)
 		}
 		r := h.mustRun("locks", "cleanup", "-h")
 		assert.NotContains(t, r.stdout, "--owner")
@@ -50,7 +50,7 @@ func TestMain_Flags(t *testing.T) {
 		h.createStore()
 		r := h.run("--owner", "alice", "locks", "release", "plan", "p1", "--ttl", "60")
 		assert.Equal(t, exitUsage, r.code)
-		assert.Contains(t, r.stderr, "flag provided but not defined: -ttl")
+		assert.Contains(t, r.stderr, "unknown flag: --ttl")
 	})
 }
 

@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
+	"io"
+	"runtime"
 	"runtime/debug"
 	"strings"
 
@@ -30,7 +31,7 @@ var commands = []command{
 			fs.Var(&c.ttl, "ttl", ttlUsage)
 			c.wait.register(fs)
 		}, (*invocation).acquire},
-	{"locks run", "TYPE ID [--owner ID] [--ttl D] [--wait [--timeout D]] [--grace D] -- CMD [ARGS...]", "Take the lock, run CMD while keeping it alive, and release it when CMD ends; exit with CMD's status.",
+	{"locks run", "TYPE ID [--owner ID] [--ttl D] [--wait [--timeout D]] [--grace D] [--conflict-exit-code N] [--lost-exit-code N] -- CMD [ARGS...]", "Take the lock, run CMD while keeping it alive, and release it when CMD ends; exit with CMD's status.",
 		func(c *invocation, fs *pflag.FlagSet) {
 			c.g.registerOwner(fs, ownerUsage+"; default: an id of this agents process")
 			fs.Var(&c.ttl, "ttl", ttlUsage+"; renewed every half of it while CMD runs")
@@ -43,6 +44,11 @@ var commands = []command{
 					}
 					return err
 				})
+			c.conflictExit, c.lostExit = exitConflict, exitExpired
+			fs.Func("conflict-exit-code", "exit with `N` instead of 3 when another owner holds the lock (or --wait gives up): 0 to 255, but not 1, 2, 126 or 127, which agents uses for other failures",
+				func(s string) (err error) { c.conflictExit, err = parseExitCode(s, true); return err })
+			fs.Func("lost-exit-code", "exit with `N` instead of 4 when the lock is lost while CMD runs: 3 to 255, but not 126 or 127, which agents uses for other failures, nor --conflict-exit-code",
+				func(s string) (err error) { c.lostExit, err = parseExitCode(s, false); return err })
 		}, (*invocation).lockRun},
 	{"locks renew", "TYPE ID [--owner ID] [--ttl D]", "Extend the lock that --owner holds on a resource.",
 		func(c *invocation, fs *pflag.FlagSet) {
@@ -69,31 +75,37 @@ const ownerUsage = "the owner `ID` to act for (env AGENTS_OWNER)"
 const locksSubcommands = "acquire, run, renew, release, release-all, list or cleanup"
 
 // rootCommand builds the cobra command tree of one Run. Cobra parses the
-// flags (pflag: before, between or after the arguments) and dispatches;
-// the messages, the help and the exit codes stay agents' own: errors come
-// back from Execute to finish, and the help is usage's.
+// flags (pflag: before, between or after the arguments), refuses unknown
+// commands and flags in its own words, and dispatches; the help and the
+// exit codes stay agents' own: errors come back from Execute to finish
+// (cobra's and pflag's as usage errors, their text unchanged), and the
+// help is usage's.
 func (c *invocation) rootCommand() *cobra.Command {
+	// Args is left nil: cobra then refuses an unknown command itself, with
+	// its suggestions ("Did you mean this?").
 	root := &cobra.Command{
-		Use:           "agents",
-		Version:       version(),
-		SilenceErrors: true,
-		SilenceUsage:  true,
-		Args:          cobra.ArbitraryArgs,
-		RunE: func(_ *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return usagef("no command given")
+		Use:                        "agents",
+		SilenceErrors:              true,
+		SilenceUsage:               true,
+		SuggestionsMinimumDistance: 2,
+		RunE: func(_ *cobra.Command, _ []string) error {
+			c.ran = true
+			if c.showVersion {
+				return c.version()
 			}
-			return usagef("unknown command %q", args[0])
+			return usagef("no command given")
 		},
 	}
-	root.SetVersionTemplate("{{.Version}}\n")
+	// --version is agents' own rather than cobra's, whose template cannot
+	// see --json.
+	root.Flags().BoolVarP(&c.showVersion, "version", "v", false, "print the version of agents and the revision it was built from")
 	root.SetOut(c.stdout)
 	root.SetErr(c.stderr)
 	root.SetArgs(normalizeArgs(c.args))
 	c.g.register(root.PersistentFlags())
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		c.cmd = c.lookup(cmd)
-		return flagError(err)
+		return &cobraError{err: err}
 	})
 	cobraHelp := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
@@ -105,14 +117,13 @@ func (c *invocation) rootCommand() *cobra.Command {
 		c.usage(c.stdout, cmd)
 	})
 	locksCmd := &cobra.Command{
-		Use:   "locks",
-		Short: "Operate the locks",
-		Args:  cobra.ArbitraryArgs,
-		RunE: func(_ *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return usagef("locks needs a subcommand: %s", locksSubcommands)
-			}
-			return usagef("unknown command %q", "locks "+args[0])
+		Use:                        "locks",
+		Short:                      "Operate the locks",
+		SuggestionsMinimumDistance: 2,
+		Args:                       unknownSubcommand,
+		RunE: func(_ *cobra.Command, _ []string) error {
+			c.ran = true
+			return usagef("locks needs a subcommand: %s", locksSubcommands)
 		},
 	}
 	root.AddCommand(locksCmd)
@@ -127,6 +138,7 @@ func (c *invocation) rootCommand() *cobra.Command {
 			Short: cmd.summary,
 			Args:  cobra.ArbitraryArgs,
 			RunE: func(cc *cobra.Command, args []string) error {
+				c.ran = true
 				c.cmd = cmd
 				c.dash = cc.ArgsLenAtDash()
 				return cmd.run(c, cc.Context(), args)
@@ -135,9 +147,30 @@ func (c *invocation) rootCommand() *cobra.Command {
 		if cmd.flags != nil {
 			cmd.flags(c, cc.Flags())
 		}
+		c.completions(cc)
 		parent.AddCommand(cc)
 	}
+	if len(c.args) > 0 && (c.args[0] == cobra.ShellCompRequestCmd || c.args[0] == cobra.ShellCompNoDescRequestCmd) {
+		plainUsages(root)
+	}
 	return root
+}
+
+// unknownSubcommand refuses an argument of "locks" as cobra refuses one of
+// agents (which it checks itself: the root's Args is nil), with its words
+// and suggestions; cobra checks the subcommands of the root only.
+func unknownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	var did strings.Builder
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		did.WriteString("\n\nDid you mean this?\n")
+		for _, name := range s {
+			fmt.Fprintf(&did, "\t%v\n", name)
+		}
+	}
+	return fmt.Errorf("unknown command %q for %q%s", args[0], cmd.CommandPath(), did.String())
 }
 
 // lookup returns the command of agents that cmd is, or nil for agents
@@ -154,7 +187,8 @@ func (c *invocation) lookup(cmd *cobra.Command) *command {
 
 // valueFlags are the flags that take a value, whose value normalizeArgs
 // leaves alone.
-var valueFlags = map[string]bool{"db": true, "owner": true, "ttl": true, "timeout": true, "grace": true, "type": true}
+var valueFlags = map[string]bool{"db": true, "owner": true, "ttl": true, "timeout": true, "grace": true, "type": true,
+	"conflict-exit-code": true, "lost-exit-code": true}
 
 // normalizeArgs spells "-flag" as "--flag", up to "--": agents has always
 // taken both, and pflag would read "-db" as the shorthands d and b. "-h"
@@ -178,52 +212,55 @@ func normalizeArgs(args []string) []string {
 	return out
 }
 
-// pflag's messages, and the words agents has always used for them: scripts
-// and the docs quote them.
-var (
-	unknownFlag  = regexp.MustCompile(`^unknown (?:shorthand )?flag: (?:'\w' in )?-{1,2}(\S+)$`)
-	invalidValue = regexp.MustCompile(`^invalid argument (".*") for "(?:-\w, )?--(\S+)" flag: (.*)$`)
-	needsValue   = regexp.MustCompile(`^flag needs an argument: (?:'\w' in )?-{1,2}(\S+)$`)
-)
-
-// flagError turns an error of pflag into a usage error, in agents' words.
-func flagError(err error) error {
-	if errors.Is(err, pflag.ErrHelp) {
-		return err
-	}
-	msg := err.Error()
-	if m := unknownFlag.FindStringSubmatch(msg); m != nil {
-		msg = "flag provided but not defined: -" + m[1]
-	} else if m := invalidValue.FindStringSubmatch(msg); m != nil {
-		msg = fmt.Sprintf("invalid value %s for flag -%s: %s", m[1], m[2], m[3])
-	} else if m := needsValue.FindStringSubmatch(msg); m != nil {
-		msg = "flag needs an argument: -" + m[1]
-	}
-	return &usageError{msg: msg}
+// versionDoc is what "agents --version --json" prints: the module's
+// version ("(devel)" for a build in a work tree), the VCS revision it was
+// built from (null when the toolchain recorded none), whether the work
+// tree had changes, and the Go version.
+type versionDoc struct {
+	Version  string  `json:"version"`
+	Revision *string `json:"revision"`
+	Modified bool    `json:"modified"`
+	Go       string  `json:"go"`
 }
 
-// version is what "agents --version" prints: the module's version and the
-// VCS revision it was built from, as the Go toolchain recorded them.
-func version() string {
+// buildVersion reads the version of agents as the Go toolchain recorded it.
+func buildVersion() (versionDoc, bool) {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "agents (unknown version: built without module information)"
+		return versionDoc{Version: "unknown", Go: runtime.Version()}, false
 	}
-	v := "agents " + info.Main.Version
-	var rev, modified string
+	v := versionDoc{Version: info.Main.Version, Go: info.GoVersion}
 	for _, s := range info.Settings {
 		switch s.Key {
 		case "vcs.revision":
-			rev = s.Value
+			v.Revision = &s.Value
 		case "vcs.modified":
-			modified = s.Value
+			v.Modified = s.Value == "true"
 		}
 	}
-	if rev != "" {
-		v += ", revision " + rev
-		if modified == "true" {
-			v += " (modified)"
-		}
+	return v, true
+}
+
+// version prints the version of agents: one line, or with --json the
+// versionDoc. The line names the module version and the VCS revision it
+// was built from.
+func (c *invocation) version() error {
+	v, ok := buildVersion()
+	if c.g.json {
+		return c.writeJSON(v)
 	}
-	return v + ", " + info.GoVersion
+	return c.emit(nil, func(w io.Writer) {
+		if !ok {
+			fmt.Fprintln(w, "agents (unknown version: built without module information)")
+			return
+		}
+		line := "agents " + v.Version
+		if v.Revision != nil {
+			line += ", revision " + *v.Revision
+			if v.Modified {
+				line += " (modified)"
+			}
+		}
+		fmt.Fprintln(w, line+", "+v.Go)
+	})
 }

@@ -180,7 +180,7 @@ func (c *invocation) inspectSQLite(ctx context.Context, path string) (check, *in
 }
 
 // notChecked completes a failed database check with the checks that
-// could not run, so that every report names all four.
+// could not run, so that every report names all five.
 func notChecked(database check) []check {
 	const skipped = "not checked: the database could not be opened"
 	return []check{

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/cleveragents/locks/domain"
 )
@@ -76,3 +77,44 @@ var (
 type exitStatus int
 
 func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// parseExitCode reads the value of --conflict-exit-code (conflict) or
+// --lost-exit-code. The codes that agents gives other outcomes of "locks
+// run" are refused, so that a script can still tell them apart: 1 and 2
+// (a failure, a usage error), 126 and 127 (CMD could not be started, was
+// not found). 0 is allowed for a conflict only (flock -E 0: skip the run
+// quietly when another one holds the lock); a lost lock must never look
+// like success.
+func parseExitCode(s string, conflict bool) (int, error) {
+	n, err := strconv.Atoi(s)
+	switch {
+	case err != nil || n < 0 || n > 255:
+		return 0, errors.New("an exit code is a whole number from 0 to 255")
+	case n == 0 && !conflict:
+		return 0, errors.New("a lost lock must not exit 0, which says that all went well")
+	case n == exitFailure || n == exitUsage || n == exitCannotRun || n == exitNotFound:
+		return 0, fmt.Errorf("agents exits %d for another failure already (see agents -h)", n)
+	}
+	return n, nil
+}
+
+// codedError is an error for which "locks run" exits with a code of the
+// user's choosing (--conflict-exit-code) rather than the table's.
+type codedError struct {
+	error
+	exit int
+}
+
+func (e *codedError) Unwrap() error { return e.error }
+
+// cobraError is an error in the command line that cobra or pflag found (an
+// unknown command or flag, a flag without its value, a value that its flag
+// refused): a usage error, in their words.
+type cobraError struct{ err error }
+
+func (e *cobraError) Error() string { return e.err.Error() }
+
+func (e *cobraError) Unwrap() error { return e.err }
+
+// Is makes errors.Is(err, errUsage) true.
+func (e *cobraError) Is(target error) bool { return target == errUsage }

@@ -76,8 +76,8 @@ func newLostDoc(e *domain.LockLostError) *lostDoc {
 // (waiting for it with --wait), start CMD with the lock in its environment,
 // keep the lock alive while CMD runs, release it when CMD ends, and exit
 // with CMD's status. If the lock is lost meanwhile, CMD's process group
-// gets SIGTERM, then SIGKILL after --grace, and agents exits 4 without
-// releasing anything: the resource may be another owner's by then.
+// gets SIGTERM, then SIGKILL after --grace, and agents exits 4 (or
+// --lost-exit-code) without releasing anything: the resource may be another owner's by then.
 func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	ttl, grace := c.ttl, c.grace
 	ref, owner, argv, err := c.runTarget(args)
@@ -87,6 +87,9 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	opts, err := c.wait.options(ttl)
 	if err != nil {
 		return err
+	}
+	if c.conflictExit == c.lostExit {
+		return usagef("--conflict-exit-code and --lost-exit-code must differ: both are %d", c.lostExit)
 	}
 	// Find CMD before the lock is taken, or the database even opened: a
 	// typo must not leave a lock, or a new database, behind.
@@ -119,6 +122,9 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	}
 	defer c.close(ctr)
 	h, err := ctr.Locks.Take(ctx, owner, ref, opts)
+	if errors.Is(err, domain.ErrConflict) {
+		return &codedError{error: err, exit: c.conflictExit}
+	}
 	if err != nil {
 		return err
 	}
@@ -176,7 +182,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		}
 	}
 	if lost != nil || p.unguarded != "" {
-		return exitStatus(exitExpired)
+		return exitStatus(c.lostExit)
 	}
 	return exitStatus(doc.Command.ExitCode)
 }

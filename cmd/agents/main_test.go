@@ -85,9 +85,9 @@ func TestMain_Usage(t *testing.T) {
 	}{
 		{"NoCommand", nil, "no command given"},
 		{"UnknownCommand", []string{"frob"}, `unknown command "frob"`},
-		{"UnknownLocksCommand", []string{"locks", "frob"}, `unknown command "locks frob"`},
+		{"UnknownLocksCommand", []string{"locks", "frob"}, `unknown command "frob" for "agents locks"`},
 		{"LocksWithoutSubcommand", []string{"locks"}, "locks needs a subcommand"},
-		{"UnknownFlag", []string{"locks", "list", "--bogus"}, "flag provided but not defined: -bogus"},
+		{"UnknownFlag", []string{"locks", "list", "--bogus"}, "unknown flag: --bogus"},
 		{"MissingArgument", []string{"locks", "acquire", "plan", "--owner", "a"}, "expected TYPE and ID, got 1 argument"},
 		{"ExtraArgument", []string{"locks", "cleanup", "now"}, `expected no arguments, got "now"`},
 		{"MissingOwner", []string{"locks", "acquire", "plan", "p1"}, "missing owner: pass --owner ID or set AGENTS_OWNER"},

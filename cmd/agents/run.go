@@ -94,13 +94,23 @@ type invocation struct {
 	grace    time.Duration
 	listType string
 	listAll  bool
+	// The exit codes of "locks run" for a conflict and a lost lock.
+	conflictExit, lostExit int
 	// emitted is set once the command's JSON document is out, so that no
 	// second one follows it.
 	emitted bool
+	// ran is set once cobra has handed the command line to a command of
+	// agents: an error before that is cobra's own (an unknown command).
+	ran         bool
+	showVersion bool
 }
 
 func (c *invocation) run(ctx context.Context) error {
-	return c.rootCommand().ExecuteContext(ctx)
+	err := c.rootCommand().ExecuteContext(ctx)
+	if err != nil && !c.ran && !errors.Is(err, errUsage) {
+		err = &cobraError{err: err}
+	}
+	return err
 }
 
 // prog names the running command in messages: "agents locks acquire".
@@ -132,6 +142,9 @@ func (c *invocation) finish(err error) int {
 		err = c.stdout.err
 	}
 	exit, code := exitCode(err)
+	if coded := (*codedError)(nil); errors.As(err, &coded) {
+		exit = coded.exit
+	}
 	msg := c.redact(oneLine(err.Error()))
 	if db, _, dberr := c.database(); dberr == nil && errors.Is(err, domain.ErrUnavailable) {
 		// Say which, when the store did not. Compared redacted: the store
@@ -147,7 +160,13 @@ func (c *invocation) finish(err error) int {
 	if errors.As(err, &conflict) {
 		c.printConflict(conflict)
 	} else {
-		fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), msg)
+		text := msg
+		if ce := (*cobraError)(nil); errors.As(err, &ce) {
+			// cobra's own message, over its lines as cobra writes it:
+			// "Did you mean this?" and its suggestions.
+			text = c.redact(strings.TrimRight(err.Error(), "\n"))
+		}
+		fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), text)
 	}
 	if errors.Is(err, errUsage) {
 		fmt.Fprintf(c.stderr, "Run '%s -h' for usage.\n", c.prog())
@@ -174,6 +193,10 @@ func (c *invocation) finish(err error) int {
 
 // usage writes the help of the command, or of agents.
 func (c *invocation) usage(w io.Writer, cc *cobra.Command) {
+	if c.cmd == nil && cc != nil && cc.Name() == "locks" {
+		fmt.Fprint(w, locksUsageText())
+		return
+	}
 	if c.cmd == nil || cc == nil {
 		fmt.Fprint(w, usageText())
 		return
@@ -183,6 +206,27 @@ func (c *invocation) usage(w io.Writer, cc *cobra.Command) {
 	fs.AddFlagSet(cc.InheritedFlags())
 	fmt.Fprintf(w, "Usage: %s %s\n\n%s\n\nFlags (--db and --json may also come before the command):\n%s", c.prog(), c.cmd.args, c.cmd.summary,
 		fs.FlagUsages())
+}
+
+// locksUsageText is the help of "agents locks": its subcommands.
+func locksUsageText() string {
+	var b strings.Builder
+	b.WriteString(`Usage: agents locks COMMAND [ARGS] [FLAGS]
+
+Operate the locks: take, hold, renew, release, list and purge them.
+
+Commands:
+`)
+	for _, cmd := range commands {
+		if name, ok := strings.CutPrefix(cmd.name, "locks "); ok {
+			fmt.Fprintf(&b, "  %s\n      %s\n", strings.TrimSpace(name+" "+cmd.args), cmd.summary)
+		}
+	}
+	b.WriteString(`
+Run 'agents locks COMMAND -h' for the flags of a command, and 'agents -h'
+for the global flags (--db, --json), TYPE, D and the exit codes.
+`)
+	return b.String()
 }
 
 func usageText() string {
@@ -205,6 +249,7 @@ Global flags (before or after the command):
                ~/.local/share/...)
   --json       print exactly one JSON document on stdout
   --version    print the version of agents and the revision it was built from
+               (with --json: as a JSON document)
 
 The commands that act for an owner take --owner ID (env AGENTS_OWNER);
 locks list takes it to show only that owner's locks.
@@ -218,7 +263,7 @@ error, 3 held by another owner, 4 renew: the lock expired or is not held
 (locks run: the lock was lost while CMD ran; release of a lock not held
 exits 0). locks run otherwise exits with CMD's status (128+N when signal
 N killed it), 126 when CMD could not be started and 127 when it was not
-found.
+found; its --conflict-exit-code N and --lost-exit-code N replace 3 and 4.
 Run 'agents COMMAND -h' for the flags of a command.
 `)
 	return b.String()

@@ -113,7 +113,7 @@ func TestMain_OutputWriteFailsKeepsExitCodes(t *testing.T) {
 		h := newHarness(t)
 		var stderr bytes.Buffer
 		assert.Equal(t, exitUsage, h.runTo(&failingWriter{}, &stderr, "--json", "locks", "frob"))
-		assert.Contains(t, stderr.String(), `unknown command "locks frob"`)
+		assert.Contains(t, stderr.String(), `unknown command "frob" for "agents locks"`)
 	})
 	t.Run("StderrFailsToo", func(t *testing.T) {
 		h := newHarness(t)

@@ -32,15 +32,15 @@ func TestCLI_BadInput(t *testing.T) {
 		{"ID256Bytes", []string{"--owner", "A", "locks", "acquire", "plan", strings.Repeat("x", 256)},
 			"invalid resource_id: is 256 bytes long; the limit is 255 bytes"},
 		{"TTL4s", []string{"--owner", "A", "locks", "acquire", "plan", "p1", "--ttl", "4s"},
-			`invalid value "4s" for flag -ttl: the TTL must be from 5s to 1h; omit --ttl for the default 5m`},
+			`invalid argument "4s" for "--ttl" flag: the TTL must be from 5s to 1h; omit --ttl for the default 5m`},
 		{"TTL2h", []string{"--owner", "A", "locks", "renew", "plan", "live", "--ttl", "2h"},
-			`invalid value "2h" for flag -ttl: the TTL must be from 5s to 1h`},
+			`invalid argument "2h" for "--ttl" flag: the TTL must be from 5s to 1h`},
 		{"MissingOwner", []string{"locks", "acquire", "plan", "p1"},
 			"missing owner: pass --owner ID or set AGENTS_OWNER"},
 		{"MissingOwnerReleaseAll", []string{"locks", "release-all"},
 			"missing owner: pass --owner ID or set AGENTS_OWNER"},
 		{"UnknownFlag", []string{"locks", "list", "--since", "1h"},
-			"flag provided but not defined: -since"},
+			"unknown flag: --since"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
