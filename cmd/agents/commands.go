@@ -29,12 +29,14 @@ var commands = []command{
 			c.g.registerOwner(fs, ownerUsage)
 			fs.Var(&c.ttl, "ttl", ttlUsage)
 			c.wait.register(fs)
+			c.registerCreate(fs)
 		}, (*invocation).acquire},
 	{"locks run", "TYPE ID [--owner ID] [--ttl D] [--wait [--timeout D]] [--grace D] -- CMD [ARGS...]", "Take the lock, run CMD while keeping it alive, and release it when CMD ends; exit with CMD's status.",
 		func(c *invocation, fs *pflag.FlagSet) {
 			c.g.registerOwner(fs, ownerUsage+"; default: an id of this agents process")
 			fs.Var(&c.ttl, "ttl", ttlUsage+"; renewed every half of it while CMD runs")
 			c.wait.register(fs)
+			c.registerCreate(fs)
 			c.grace = defaultGrace
 			fs.Func("grace", "how long CMD has to exit after SIGTERM, once the lock is lost, before SIGKILL: a duration `D` or whole seconds; default 10s",
 				func(s string) (err error) {

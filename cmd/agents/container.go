@@ -21,15 +21,16 @@ import (
 //     expired locks (list --all, and cleanup, which counts what it purges).
 //
 // access says whether the command may create the database (see
-// checkStore). The default database gets its directory, private to the
-// user, when a command that may create it runs first; any other must be in
-// a directory that exists.
+// checkStore): the default database, or with --create the one that --db
+// names. The default database gets its directory, private to the user,
+// when a command that may create it runs first; any other must be in a
+// directory that exists.
 func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool, access storeAccess) (*locks.Container, error) {
 	db, isDefault, err := c.database()
 	if err != nil {
 		return nil, err
 	}
-	if err := c.checkStore(ctx, db, access); err != nil {
+	if err := c.checkStore(ctx, db, isDefault, access); err != nil {
 		return nil, err
 	}
 	if isDefault && access == mayCreate {

@@ -94,6 +94,7 @@ type invocation struct {
 	grace    time.Duration
 	listType string
 	listAll  bool
+	create   bool
 	// emitted is set once the command's JSON document is out, so that no
 	// second one follows it.
 	emitted bool
@@ -212,8 +213,8 @@ locks list takes it to show only that owner's locks.
 TYPE is plan or project. D is a duration (90s, 5m) or whole seconds (300),
 from 5s to 1h; the default is 5m.
 
-Exit codes: 0 success, 1 failure (diagnostics: a check failed; any command
-but acquire and run: --db names no lock database), 2 usage or validation
+Exit codes: 0 success, 1 failure (diagnostics: a check failed; --db names
+no lock database, and acquire or run was not given --create), 2 usage or validation
 error, 3 held by another owner, 4 renew: the lock expired or is not held
 (locks run: the lock was lost while CMD ran; release of a lock not held
 exits 0). locks run otherwise exits with CMD's status (128+N when signal

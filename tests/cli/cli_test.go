@@ -57,7 +57,9 @@ var lockKeys = []string{"token", "owner_id", "resource_type", "resource_id", "ac
 
 // agents runs the binary with an environment of its own: a home, a data
 // directory, a time zone and the PATH in which "locks run" finds its
-// commands, and nothing of the test process's AGENTS_*.
+// commands, and nothing of the test process's AGENTS_*. AGENTS_CREATE=1
+// lets acquire and run create the test's database, as most tests need;
+// TestCLI_CreateOnlyWhenAsked runs without it.
 type agents struct {
 	t   *testing.T
 	dir string
@@ -72,6 +74,7 @@ func newAgents(t *testing.T) *agents {
 		"XDG_DATA_HOME=" + filepath.Join(dir, "data"),
 		"TZ=UTC",
 		"PATH=" + os.Getenv("PATH"),
+		"AGENTS_CREATE=1",
 	}}
 }
 
