@@ -92,9 +92,17 @@ func (a *agents) run(args ...string) result {
 // runEnv runs agents with extra environment variables and no --db.
 func (a *agents) runEnv(env []string, args ...string) result {
 	a.t.Helper()
+	r := a.runProgram(env, agentsBin, args...)
+	assert.NotContains(a.t, r.stderr, "goroutine ", "no stack trace, ever")
+	return r
+}
+
+// runProgram runs a program in the test's environment and env.
+func (a *agents) runProgram(env []string, name string, args ...string) result {
+	a.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, agentsBin, args...)
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(slices.Clone(a.env), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -103,9 +111,7 @@ func (a *agents) runEnv(env []string, args ...string) result {
 	if err != nil && !errors.As(err, &exit) {
 		require.NoError(a.t, err)
 	}
-	r := result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
-	assert.NotContains(a.t, r.stderr, "goroutine ", "no stack trace, ever")
-	return r
+	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
 }
 
 // mustRun runs a command that must exit 0.
