@@ -131,7 +131,7 @@ func (c *invocation) rootCommand() *cobra.Command {
 			RunE: func(cc *cobra.Command, args []string) error {
 				c.cmd = cmd
 				c.dash = cc.ArgsLenAtDash()
-				return cmd.run(c, cc.Context(), args)
+				return c.runBounded(cc.Context(), cmd, args)
 			},
 		}
 		if cmd.flags != nil {
@@ -156,7 +156,7 @@ func (c *invocation) lookup(cmd *cobra.Command) *command {
 
 // valueFlags are the flags that take a value, whose value normalizeArgs
 // leaves alone.
-var valueFlags = map[string]bool{"db": true, "owner": true, "ttl": true, "timeout": true, "grace": true, "type": true}
+var valueFlags = map[string]bool{"db": true, "deadline": true, "owner": true, "ttl": true, "timeout": true, "grace": true, "type": true}
 
 // normalizeArgs spells "-flag" as "--flag", up to "--": agents has always
 // taken both, and pflag would read "-db" as the shorthands d and b. "-h"

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/sqlite"
 )
 
 // open builds the same container as an application that embeds the lock
@@ -38,7 +39,17 @@ func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool, a
 			return nil, fmt.Errorf("creating the data directory: %w", err)
 		}
 	}
+	// Opening is bounded even for a command whose wait is not (waits).
+	ctx, cancel, err := c.bound(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	// SQLite waits for another process's write lock in C, where the
+	// context does not reach: a shorter deadline shortens that wait too.
+	deadline, _ := c.deadline()
 	return locks.Open(ctx, locks.Config{
+		BusyTimeout:        min(deadline, sqlite.DefaultBusyTimeout),
 		Database:           db,
 		Owner:              owner,
 		Clock:              c.clock,

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -21,6 +22,7 @@ type globals struct {
 	owner    string
 	ownerSet bool
 	json     bool
+	deadline time.Duration
 }
 
 func (g *globals) register(fs *pflag.FlagSet) {
@@ -28,6 +30,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 		func(s string) error { g.db, g.dbSet = s, true; return nil })
 	fs.BoolFunc("json", "print exactly one JSON document on stdout",
 		func(s string) (err error) { g.json, err = strconv.ParseBool(s); return err })
+	g.registerDeadline(fs)
 }
 
 func (g *globals) registerOwner(fs *pflag.FlagSet, usage string) {

@@ -95,6 +95,8 @@ type invocation struct {
 	listType string
 	listAll  bool
 	create   bool
+	// bounded are the contexts that the deadline bounds (deadline.go).
+	bounded []context.Context
 	// emitted is set once the command's JSON document is out, so that no
 	// second one follows it.
 	emitted bool
@@ -132,6 +134,7 @@ func (c *invocation) finish(err error) int {
 		}
 		err = c.stdout.err
 	}
+	err = c.deadlineError(err)
 	exit, code := exitCode(err)
 	msg := c.redact(oneLine(err.Error()))
 	if db, _, dberr := c.database(); dberr == nil && errors.Is(err, domain.ErrUnavailable) {
@@ -205,6 +208,8 @@ Global flags (before or after the command):
                AGENTS_DB; default $XDG_DATA_HOME/cleveragents/agents.db, or
                ~/.local/share/...)
   --json       print exactly one JSON document on stdout
+  --deadline D how long the command may wait for the database to answer (env
+               AGENTS_TIMEOUT; default 30s); a --wait is not bounded by it
   --version    print the version of agents and the revision it was built from
 
 The commands that act for an owner take --owner ID (env AGENTS_OWNER);
