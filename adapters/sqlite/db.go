@@ -78,6 +78,9 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		return nil, err // a *domain.ValidationError, before anything is created
 	}
 	path := filePath(dsn)
+	if readOnlyMode(dsn) {
+		return nil, readOnlyModeError("open lock store " + path) // before anything is created
+	}
 	if err := createPrivate(path); err != nil {
 		return nil, FormatError("open lock store "+path, err)
 	}

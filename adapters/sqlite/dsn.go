@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -109,6 +110,21 @@ func uriPath(base string) string {
 		return p
 	}
 	return path
+}
+
+// readOnlyMode reports whether a DSN made by DSN asks SQLite to open the
+// database read-only (mode=ro): the store could not write through it, and
+// SQLite would still leave -wal and -shm files behind.
+func readOnlyMode(dsn string) bool {
+	_, query, _ := strings.Cut(dsn, "?")
+	q, _ := url.ParseQuery(query)
+	return slices.Contains(q["mode"], "ro")
+}
+
+// readOnlyModeError refuses a DSN with mode=ro for the operation op.
+func readOnlyModeError(op string) error {
+	return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: errors.New("the file: URI asks for mode=ro"),
+		Advice: "drop mode=ro from the URI: the lock store writes to acquire, renew, release and clean up locks (OpenReadOnly reads without writing)"}
 }
 
 // filePath returns the file a DSN made by DSN names, or "" for an in-memory

@@ -333,6 +333,9 @@ func CheckWritable(pathOrURI string) error {
 	if _, err := os.Stat(path); err != nil {
 		return FormatError(op, err)
 	}
+	if readOnlyMode(dsn) {
+		return readOnlyModeError(op)
+	}
 	if err := fileWritable(path); err != nil {
 		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: err}
 	}

@@ -30,12 +30,14 @@ var commands = []command{
 			c.g.registerOwner(fs, ownerUsage)
 			fs.Var(&c.ttl, "ttl", ttlUsage)
 			c.wait.register(fs)
+			c.registerCreate(fs)
 		}, (*invocation).acquire},
 	{"locks run", "TYPE ID [--owner ID] [--ttl D] [--wait [--timeout D]] [--grace D] [--conflict-exit-code N] [--lost-exit-code N] -- CMD [ARGS...]", "Take the lock, run CMD while keeping it alive, and release it when CMD ends; exit with CMD's status.",
 		func(c *invocation, fs *pflag.FlagSet) {
 			c.g.registerOwner(fs, ownerUsage+"; default: an id of this agents process")
 			fs.Var(&c.ttl, "ttl", ttlUsage+"; renewed every half of it while CMD runs")
 			c.wait.register(fs)
+			c.registerCreate(fs)
 			c.grace = defaultGrace
 			fs.Func("grace", "how long CMD has to exit after SIGTERM, once the lock is lost, before SIGKILL: a duration `D` or whole seconds; default 10s",
 				func(s string) (err error) {
@@ -141,7 +143,7 @@ func (c *invocation) rootCommand() *cobra.Command {
 				c.ran = true
 				c.cmd = cmd
 				c.dash = cc.ArgsLenAtDash()
-				return cmd.run(c, cc.Context(), args)
+				return c.runBounded(cc.Context(), cmd, args)
 			},
 		}
 		if cmd.flags != nil {
@@ -187,7 +189,7 @@ func (c *invocation) lookup(cmd *cobra.Command) *command {
 
 // valueFlags are the flags that take a value, whose value normalizeArgs
 // leaves alone.
-var valueFlags = map[string]bool{"db": true, "owner": true, "ttl": true, "timeout": true, "grace": true, "type": true,
+var valueFlags = map[string]bool{"db": true, "deadline": true, "owner": true, "ttl": true, "timeout": true, "grace": true, "type": true,
 	"conflict-exit-code": true, "lost-exit-code": true}
 
 // normalizeArgs spells "-flag" as "--flag", up to "--": agents has always

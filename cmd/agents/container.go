@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/sqlite"
 )
 
 // open builds the same container as an application that embeds the lock
@@ -21,15 +22,16 @@ import (
 //     expired locks (list --all, and cleanup, which counts what it purges).
 //
 // access says whether the command may create the database (see
-// checkStore). The default database gets its directory, private to the
-// user, when a command that may create it runs first; any other must be in
-// a directory that exists.
+// checkStore): the default database, or with --create the one that --db
+// names. The default database gets its directory, private to the user,
+// when a command that may create it runs first; any other must be in a
+// directory that exists.
 func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool, access storeAccess) (*locks.Container, error) {
 	db, isDefault, err := c.database()
 	if err != nil {
 		return nil, err
 	}
-	if err := c.checkStore(ctx, db, access); err != nil {
+	if err := c.checkStore(ctx, db, isDefault, access); err != nil {
 		return nil, err
 	}
 	if isDefault && access == mayCreate {
@@ -37,7 +39,17 @@ func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool, a
 			return nil, fmt.Errorf("creating the data directory: %w", err)
 		}
 	}
+	// Opening is bounded even for a command whose wait is not (waits).
+	ctx, cancel, err := c.bound(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	// SQLite waits for another process's write lock in C, where the
+	// context does not reach: a shorter deadline shortens that wait too.
+	deadline, _ := c.deadline()
 	return locks.Open(ctx, locks.Config{
+		BusyTimeout:        min(deadline, sqlite.DefaultBusyTimeout),
 		Database:           db,
 		Owner:              owner,
 		Clock:              c.clock,

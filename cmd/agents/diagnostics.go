@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -170,7 +171,7 @@ func (c *invocation) inspectSQLite(ctx context.Context, path string) (check, *in
 	writable := sqlite.CheckWritable(path)
 	db, err := sqlite.OpenReadOnly(ctx, path, sqlite.Options{})
 	if err != nil {
-		return check{Name: "database", Status: statusFail, Detail: openAdvice(path, err)}, nil
+		return check{Name: "database", Status: statusFail, Detail: c.openAdvice(path, err)}, nil
 	}
 	database := check{Name: "database", Status: statusOK, Detail: path + " opens, and this user can write it"}
 	if writable != nil {
@@ -193,16 +194,38 @@ func notChecked(database check) []check {
 }
 
 // openAdvice says why the database did not open and what to do.
-func openAdvice(path string, err error) string {
+func (c *invocation) openAdvice(path string, err error) string {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Sprintf("there is no database at %s: run 'agents locks acquire' (or 'agents locks run') with the same --db, "+
-			"or start the application, to create it (diagnostics never creates one)", path)
+		_, isDefault, _ := c.database()
+		if dir := filepath.Dir(sqliteFile(path)); !isDefault && !isDir(dir) {
+			return fmt.Sprintf("there is no database at %s, nor a directory %s: check --db (or AGENTS_DB); to create a lock database there, "+
+				"create the directory, then run '%s', or start the application (diagnostics never creates one)", path, dir, c.setupCommand(true))
+		}
+		return fmt.Sprintf("there is no database at %s: check --db (or AGENTS_DB); to create a lock database there, run '%s', "+
+			"or start the application (diagnostics never creates one)", path, c.setupCommand(true))
 	case domain.IsStoreKind(err, domain.StoreCorrupt):
 		return fmt.Sprintf("%s is not a SQLite database, or is damaged (%v): point --db (or AGENTS_DB) at the lock database, "+
-			"or move this file away so that a new one can be created", path, errors.Unwrap(err))
+			"or move this file away and run '%s' to create a new one", path, errors.Unwrap(err), c.setupCommand(true))
 	}
 	return err.Error()
+}
+
+// setupCommand is a command that creates the lock database of --db (with
+// create, the --create that a --db file needs) or applies its migrations,
+// and leaves no lock behind: it takes one on a resource of a store that
+// holds none yet, runs true, and releases it.
+func (c *invocation) setupCommand(create bool) string {
+	cmd := "agents"
+	db, isDefault, _ := c.database()
+	if !isDefault {
+		cmd += " --db " + shellQuote(db)
+	}
+	cmd += " locks run"
+	if create && !isDefault && !locks.IsPostgres(db) {
+		cmd += " --create"
+	}
+	return cmd + " plan setup -- true"
 }
 
 // checkSchema checks that the migration is applied; it also returns what it
@@ -220,7 +243,7 @@ func (c *invocation) checkSchema(ctx context.Context, db *inspection) (check, sc
 	case st.server && st.schema == "":
 		return check{Name: "schema", Status: statusFail, Detail: migration + " is not applied: the search_path of the URL " +
 			"names no schema that exists and that this user may use; create the schema or fix search_path, " +
-			"then run 'agents locks acquire' (or 'agents locks run') with the same --db, or start the application, so that the migrations run"}, st
+			"then run '" + c.setupCommand(false) + "' (with the same --db or AGENTS_DB), or start the application, so that the migrations run"}, st
 	case st.server && st.migrationApplied:
 		return check{Name: "schema", Status: statusOK, Detail: fmt.Sprintf("%s is applied in schema %q", migration, st.schema)}, st
 	case st.server && st.locksTable:
@@ -229,18 +252,23 @@ func (c *invocation) checkSchema(ctx context.Context, db *inspection) (check, sc
 			"and let the service create it", migration, st.schema)}, st
 	case st.server:
 		return check{Name: "schema", Status: statusFail, Detail: fmt.Sprintf("%s is not applied in schema %q and there is no locks table there: "+
-			"if this is the lock database, run 'agents locks acquire' (or 'agents locks run') with the same --db, or start the application, "+
-			"so that the migrations run", migration, st.schema)}, st
+			"if this is the lock database, run '%s' (with the same --db or AGENTS_DB), or start the application, "+
+			"so that the migrations run", migration, st.schema, c.setupCommand(false))}, st
 	case st.migrationApplied:
 		return check{Name: "schema", Status: statusOK, Detail: migration + " is applied"}, st
 	case st.locksTable:
 		return check{Name: "schema", Status: statusFail, Detail: migration +
 			" is not applied, yet a locks table exists: it was made by hand and may not be what the service expects; " +
 			"move the file away and let the service create a new database"}, st
+	case len(st.otherTables) > 0:
+		return check{Name: "schema", Status: statusFail, Detail: fmt.Sprintf("%s is not applied and there is no locks table: "+
+			"the file holds another application's tables (%s); point --db (or AGENTS_DB) at the lock database: "+
+			"the lock commands add no tables to a database that the application embedding the lock module has not set up",
+			migration, strings.Join(st.otherTables, ", "))}, st
 	}
 	return check{Name: "schema", Status: statusFail, Detail: migration +
-		" is not applied and there is no locks table: if this is the lock database, run 'agents locks acquire' (or 'agents locks run') " +
-		"with the same --db, or start the application, so that the migrations run"}, st
+		" is not applied and there is no locks table: if this is the lock database, run '" + c.setupCommand(false) +
+		"', or start the application, so that the migrations run"}, st
 }
 
 func (c *invocation) checkStale(ctx context.Context, svc *application.LockService, path string, isDefault bool) check {

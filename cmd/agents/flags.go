@@ -1,9 +1,11 @@
 package main
 
 import (
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -20,6 +22,7 @@ type globals struct {
 	owner    string
 	ownerSet bool
 	json     bool
+	deadline time.Duration
 }
 
 func (g *globals) register(fs *pflag.FlagSet) {
@@ -27,6 +30,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 		func(s string) error { g.db, g.dbSet = s, true; return nil })
 	fs.BoolFunc("json", "print exactly one JSON document on stdout",
 		func(s string) (err error) { g.json, err = strconv.ParseBool(s); return err })
+	g.registerDeadline(fs)
 }
 
 func (g *globals) registerOwner(fs *pflag.FlagSet, usage string) {
@@ -76,7 +80,7 @@ func (c *invocation) database() (db string, isDefault bool, err error) {
 		if err != nil {
 			return "", false, err
 		}
-		return filepath.Join(dir, "cleveragents", "agents.db"), true, nil
+		return filepath.Join(dir, "cleveragents", defaultFile), true, nil
 	}
 	switch db {
 	case "":
@@ -88,8 +92,36 @@ func (c *invocation) database() (db string, isDefault bool, err error) {
 		if err := checkPostgresURL(db); err != nil {
 			return "", false, err
 		}
+		return db, false, nil
+	}
+	if scheme, ok := urlScheme(db); ok && scheme != "file" {
+		return "", false, usagef("--db: a URL of scheme %q names no database that agents can use; "+
+			"pass a SQLite file path, a file: URI (file:/path/agents.db?_busy_timeout=5000) or a postgres:// (or postgresql://) URL", scheme)
+	}
+	if isDir(sqliteFile(db)) {
+		return "", false, &noStoreError{msg: fmt.Sprintf("%s is a directory, not a lock database: "+
+			"check --db (or AGENTS_DB) and name the database file in it (the default is %s)", db, defaultFile)}
 	}
 	return db, false, nil
+}
+
+// defaultFile is the name of the default database in its directory.
+const defaultFile = "agents.db"
+
+// urlScheme returns the scheme of db when it is a URL (scheme://...),
+// lower-cased.
+func urlScheme(db string) (string, bool) {
+	scheme, _, ok := strings.Cut(db, "://")
+	if !ok || scheme == "" {
+		return "", false
+	}
+	for i, r := range scheme {
+		letter := 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z'
+		if !letter && (i == 0 || !strings.ContainsRune("0123456789+.-", r)) {
+			return "", false
+		}
+	}
+	return strings.ToLower(scheme), true
 }
 
 // dataDir is the user's XDG data directory. A relative XDG_DATA_HOME is

@@ -28,7 +28,7 @@ func startKeeperRun(t *testing.T, dir, db string) (*exec.Cmd, *bytes.Buffer, int
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	pidFile := filepath.Join(dir, "child.pid")
-	run := exec.Command(bin, "--db", db, "locks", "run", "plan", "p5", "--ttl", "5s", "--",
+	run := exec.Command(bin, "--db", db, "locks", "run", "--create", "plan", "p5", "--ttl", "5s", "--",
 		"sh", "-c", "sleep 1000 & echo $! > "+pidFile+"; wait")
 	var stderr bytes.Buffer
 	run.Stderr = &stderr

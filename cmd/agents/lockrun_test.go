@@ -130,7 +130,7 @@ func newStepHarness(t *testing.T) *stepHarness {
 	dir := t.TempDir()
 	db := filepath.Join(dir, "agents.db")
 	return &stepHarness{t: t, clk: newStepClock(), dir: dir, db: db,
-		env: map[string]string{"AGENTS_DB": db}, sigs: make(chan chan<- os.Signal, 16)}
+		env: map[string]string{"AGENTS_DB": db, "AGENTS_CREATE": "1"}, sigs: make(chan chan<- os.Signal, 16)}
 }
 
 // running is a command started by start.

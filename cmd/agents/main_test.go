@@ -37,7 +37,9 @@ func newHarness(t *testing.T) *harness {
 	clk := clock.NewMock()
 	clk.Set(start)
 	db := filepath.Join(t.TempDir(), "agents.db")
-	return &harness{t: t, clk: clk, db: db, env: map[string]string{"AGENTS_DB": db}}
+	// AGENTS_CREATE: the tests begin with a database that acquire creates;
+	// TestMain_CreateOnlyWhenAsked tests without it.
+	return &harness{t: t, clk: clk, db: db, env: map[string]string{"AGENTS_DB": db, "AGENTS_CREATE": "1"}}
 }
 
 type result struct {

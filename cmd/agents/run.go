@@ -96,6 +96,9 @@ type invocation struct {
 	listAll  bool
 	// The exit codes of "locks run" for a conflict and a lost lock.
 	conflictExit, lostExit int
+	create                 bool
+	// bounded are the contexts that the deadline bounds (deadline.go).
+	bounded []context.Context
 	// emitted is set once the command's JSON document is out, so that no
 	// second one follows it.
 	emitted bool
@@ -141,6 +144,7 @@ func (c *invocation) finish(err error) int {
 		}
 		err = c.stdout.err
 	}
+	err = c.deadlineError(err)
 	exit, code := exitCode(err)
 	if coded := (*codedError)(nil); errors.As(err, &coded) {
 		exit = coded.exit
@@ -248,6 +252,8 @@ Global flags (before or after the command):
                AGENTS_DB; default $XDG_DATA_HOME/cleveragents/agents.db, or
                ~/.local/share/...)
   --json       print exactly one JSON document on stdout
+  --deadline D how long the command may wait for the database to answer (env
+               AGENTS_TIMEOUT; default 30s); a --wait is not bounded by it
   --version    print the version of agents and the revision it was built from
                (with --json: as a JSON document)
 
@@ -257,8 +263,8 @@ locks list takes it to show only that owner's locks.
 TYPE is plan or project. D is a duration (90s, 5m) or whole seconds (300),
 from 5s to 1h; the default is 5m.
 
-Exit codes: 0 success, 1 failure (diagnostics: a check failed; any command
-but acquire and run: --db names no lock database), 2 usage or validation
+Exit codes: 0 success, 1 failure (diagnostics: a check failed; --db names
+no lock database, and acquire or run was not given --create), 2 usage or validation
 error, 3 held by another owner, 4 renew: the lock expired or is not held
 (locks run: the lock was lost while CMD ran; release of a lock not held
 exits 0). locks run otherwise exits with CMD's status (128+N when signal

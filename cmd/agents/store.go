@@ -5,7 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/adapters/postgres"
@@ -43,15 +49,84 @@ func (e *noStoreError) Error() string { return e.msg }
 func (e *noStoreError) Is(target error) bool { return target == errNoStore }
 
 // onlyCreators ends the advice of a refusal.
-const onlyCreators = "only 'agents locks acquire' and 'agents locks run' create a lock database"
+const onlyCreators = "only 'agents locks acquire' and 'agents locks run' create a lock database, " +
+	"and only at the default path or with --create"
+
+// registerCreate adds --create to the commands that may create a database.
+func (c *invocation) registerCreate(fs *pflag.FlagSet) {
+	fs.BoolVar(&c.create, "create", false, "create the lock database that --db names if there is none yet (env AGENTS_CREATE=1); "+
+		"without it, only the default database is created")
+}
+
+// createAsked reports whether --create or AGENTS_CREATE asks acquire and
+// run to create a database that --db (or AGENTS_DB) names: a mistyped
+// path must not become a second lock database in which a second party
+// "holds" a lock that the first holds in the real one.
+func (c *invocation) createAsked() (bool, error) {
+	if c.create {
+		return true, nil
+	}
+	v := c.env("AGENTS_CREATE")
+	if v == "" {
+		return false, nil
+	}
+	create, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, usagef("AGENTS_CREATE=%q: set it to 1 to create a missing lock database, or to 0 (or unset it) not to", v)
+	}
+	return create, nil
+}
+
+// checkMissing refuses a SQLite database that does not exist yet, unless
+// it is the default one or its creation was asked for.
+func (c *invocation) checkMissing(db string, isDefault bool) error {
+	create, err := c.createAsked()
+	if err != nil || isDefault || create {
+		return err
+	}
+	file := sqliteFile(db)
+	if _, err := os.Stat(file); !errors.Is(err, fs.ErrNotExist) {
+		return nil // there, or unreadable: locks.Open says which
+	}
+	if dir := filepath.Dir(file); !isDir(dir) {
+		return &noStoreError{msg: fmt.Sprintf("there is no lock database at %s, nor a directory %s: check the path (--db or AGENTS_DB); "+
+			"to create a new lock database there, create the directory, then pass --create (or set AGENTS_CREATE=1)", db, dir)}
+	}
+	return &noStoreError{msg: fmt.Sprintf("there is no lock database at %s: check the path (--db or AGENTS_DB), "+
+		"or pass --create (or set AGENTS_CREATE=1) to create a new lock database there", db)}
+}
+
+// sqliteFile is the file that a SQLite path or file: URI names.
+func sqliteFile(db string) string {
+	if !strings.HasPrefix(db, "file:") {
+		return db
+	}
+	u, err := url.Parse(db)
+	if err != nil {
+		return db
+	}
+	if u.Opaque != "" {
+		return u.Opaque
+	}
+	return u.Path
+}
+
+// isDir reports whether path is a directory.
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
+}
 
 // checkStore refuses, before the container is built, a database that the
 // command must not create or migrate. It opens the database read-only, as
 // diagnostics does, so the check itself changes nothing.
-func (c *invocation) checkStore(ctx context.Context, db string, access storeAccess) error {
+func (c *invocation) checkStore(ctx context.Context, db string, isDefault bool, access storeAccess) error {
 	if access == mayCreate {
 		if locks.IsPostgres(db) {
 			return nil // a schema is shared by design: the migrations add the locks table beside the others
+		}
+		if err := c.checkMissing(db, isDefault); err != nil {
+			return err
 		}
 		ro, err := c.openReadOnly(ctx, db)
 		if err != nil {

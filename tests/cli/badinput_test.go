@@ -108,7 +108,7 @@ func TestCLI_BadInput(t *testing.T) {
 // created under the XDG data directory, private to the user.
 func TestCLI_DefaultDatabase(t *testing.T) {
 	t.Parallel()
-	a := newAgents(t)
+	a := newAgents(t).unasked()
 	data := filepath.Join(a.dir, "data")
 
 	r := a.runEnv(nil, "diagnostics")

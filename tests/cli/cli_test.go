@@ -57,7 +57,9 @@ var lockKeys = []string{"token", "owner_id", "resource_type", "resource_id", "ac
 
 // agents runs the binary with an environment of its own: a home, a data
 // directory, a time zone and the PATH in which "locks run" finds its
-// commands, and nothing of the test process's AGENTS_*.
+// commands, and nothing of the test process's AGENTS_*. AGENTS_CREATE=1
+// lets acquire and run create the test's database, as most tests need;
+// TestCLI_CreateOnlyWhenAsked runs without it.
 type agents struct {
 	t   *testing.T
 	dir string
@@ -72,6 +74,7 @@ func newAgents(t *testing.T) *agents {
 		"XDG_DATA_HOME=" + filepath.Join(dir, "data"),
 		"TZ=UTC",
 		"PATH=" + os.Getenv("PATH"),
+		"AGENTS_CREATE=1",
 	}}
 }
 
@@ -89,9 +92,17 @@ func (a *agents) run(args ...string) result {
 // runEnv runs agents with extra environment variables and no --db.
 func (a *agents) runEnv(env []string, args ...string) result {
 	a.t.Helper()
+	r := a.runProgram(env, agentsBin, args...)
+	assert.NotContains(a.t, r.stderr, "goroutine ", "no stack trace, ever")
+	return r
+}
+
+// runProgram runs a program in the test's environment and env.
+func (a *agents) runProgram(env []string, name string, args ...string) result {
+	a.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, agentsBin, args...)
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(slices.Clone(a.env), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -100,9 +111,7 @@ func (a *agents) runEnv(env []string, args ...string) result {
 	if err != nil && !errors.As(err, &exit) {
 		require.NoError(a.t, err)
 	}
-	r := result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
-	assert.NotContains(a.t, r.stderr, "goroutine ", "no stack trace, ever")
-	return r
+	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
 }
 
 // mustRun runs a command that must exit 0.

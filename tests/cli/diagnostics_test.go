@@ -85,7 +85,7 @@ func TestCLI_Diagnostics(t *testing.T) {
 		writeFile(t, a.db, "")
 		r := a.run("diagnostics")
 		assert.Equal(t, 1, r.code)
-		assert.Regexp(t, `(?m)^  fail +schema +migration m4_001_concurrency_locks is not applied and there is no locks table: .*run 'agents locks acquire' \(or 'agents locks run'\) with the same --db`, r.stdout)
+		assert.Regexp(t, `(?m)^  fail +schema +migration m4_001_concurrency_locks is not applied and there is no locks table: .*run 'agents --db \S+ locks run plan setup -- true'`, r.stdout)
 		assert.Regexp(t, `(?m)^  fail +stale_locks +not checked: no locks table to read \(see the schema check\)$`, r.stdout)
 		assert.Contains(t, r.stdout, "4 checks failed.")
 		assert.Contains(t, r.stderr, "a check failed")

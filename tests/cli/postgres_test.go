@@ -214,7 +214,7 @@ func TestCLI_Postgres_Diagnostics(t *testing.T) {
 		assert.Equal(t, "fail", schema.Status)
 		assert.Contains(t, schema.Detail, "m4_001_concurrency_locks is not applied in schema")
 		assert.Contains(t, schema.Detail, "there is no locks table there")
-		assert.Contains(t, schema.Detail, "run 'agents locks acquire' (or 'agents locks run') with the same --db")
+		assert.Contains(t, schema.Detail, "run 'agents --db ")
 		for _, name := range []string{"stale_locks", "active_locks"} {
 			assert.Equal(t, "not checked: no locks table to read (see the schema check)", rep.check(name).Detail)
 		}
@@ -224,6 +224,10 @@ func TestCLI_Postgres_Diagnostics(t *testing.T) {
 
 		assert.Empty(t, pgState(t, a.db), "diagnostics created nothing: no version table, no locks table")
 		assertNothingCreated(t, a)
+
+		r = a.runAdvice(schema.Detail)
+		require.Equal(t, 0, r.code, "the advised command fails: %s", r.stderr)
+		a.mustRun("diagnostics")
 	})
 
 	t.Run("HandMadeTableFailsSchema", func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,7 +93,7 @@ func timedRun(t *testing.T, bin string, cred *syscall.Credential, args ...string
 // must not damage: a missing path, another application's SQLite file, a
 // read-only lock database as a user who cannot write it, and a lock
 // database whose write lock another process holds. Only acquire and run
-// create a database; list and diagnostics read, at once, whatever a
+// create a database, and only with --create; list and diagnostics read, at once, whatever a
 // writer does; and no file changes or appears.
 func TestCLI_WritesOnlyWhereAsked(t *testing.T) {
 	t.Parallel()
@@ -133,15 +134,19 @@ func TestCLI_WritesOnlyWhereAsked(t *testing.T) {
 				dir := t.TempDir()
 				db := filepath.Join(dir, "agents.db")
 				r, _ := timedRun(t, agentsBin, nil, append([]string{"--db", db}, cmd.args...)...)
-				if cmd.creates {
+				assert.Equal(t, 1, r.code, r.stderr)
+				assert.NoFileExists(t, db, "no command creates a database that --db names unless asked")
+				assert.Empty(t, snapshot(t, dir))
+				switch {
+				case cmd.creates:
+					assert.Contains(t, r.stderr, "there is no lock database at "+db)
+					assert.Contains(t, r.stderr, "pass --create")
+					// --create comes after the command's name: it is acquire's and run's own.
+					create := slices.Insert(slices.Clone(cmd.args), 4, "--create")
+					r, _ = timedRun(t, agentsBin, nil, append([]string{"--db", db}, create...)...)
 					assert.Equal(t, 0, r.code, r.stderr)
 					assert.FileExists(t, db)
-					return
-				}
-				assert.Equal(t, 1, r.code, r.stderr)
-				assert.NoFileExists(t, db, "only acquire and run create a database")
-				assert.Empty(t, snapshot(t, dir))
-				if cmd.name != "diagnostics" {
+				case cmd.name != "diagnostics":
 					assert.Contains(t, r.stderr, "there is no lock database at "+db)
 					assert.Contains(t, r.stderr, "check --db")
 				}

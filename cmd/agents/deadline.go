@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/domain"
+)
+
+// Every command has a deadline: no connection or statement may wait
+// forever on a server that accepted the connection and went silent (a
+// firewall that drops packets, a hung proxy). --deadline bounds what a
+// command does with the store; it is not --timeout, which bounds a wait
+// for a lock that another owner holds: a wait, and the command that
+// "locks run" runs, are not bounded by it, but opening the store before
+// them is.
+
+// defaultDeadline is the bound when neither --deadline nor AGENTS_TIMEOUT
+// sets one: long enough for a slow server, short enough for a script.
+const defaultDeadline = 30 * time.Second
+
+// registerDeadline adds --deadline to the flags of agents itself.
+func (g *globals) registerDeadline(fs *pflag.FlagSet) {
+	fs.Func("deadline", "how long a command may wait for the database to answer: a duration `D` or whole seconds "+
+		"(env AGENTS_TIMEOUT; default 30s); a --wait is not bounded by it",
+		func(s string) (err error) { g.deadline, err = parseDeadline(s); return err })
+}
+
+// parseDeadline reads a deadline: a positive duration or whole seconds.
+func parseDeadline(s string) (time.Duration, error) {
+	d, err := parseDuration(s)
+	if err == nil && d <= 0 {
+		err = errors.New("the deadline must be positive")
+	}
+	return d, err
+}
+
+// deadline is the bound of the store's work: --deadline, AGENTS_TIMEOUT or
+// the default.
+func (c *invocation) deadline() (time.Duration, error) {
+	if c.g.deadline > 0 {
+		return c.g.deadline, nil
+	}
+	if s := c.env("AGENTS_TIMEOUT"); s != "" {
+		d, err := parseDeadline(s)
+		if err != nil {
+			return 0, usagef("AGENTS_TIMEOUT=%q: %v", s, err)
+		}
+		return d, nil
+	}
+	return defaultDeadline, nil
+}
+
+// bound returns ctx ended at the deadline, and remembers it, so that
+// finish can tell the deadline from another end.
+func (c *invocation) bound(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	d, err := c.deadline()
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, d, errDeadline)
+	c.bounded = append(c.bounded, ctx)
+	return ctx, cancel, nil
+}
+
+// errDeadline is the cause of a context that the deadline ended.
+var errDeadline = errors.New("the deadline passed")
+
+// deadlineError reports a command that the deadline ended: a
+// *domain.StoreError of kind StoreUnreachable, which names the server,
+// what was waited for, and what to check.
+func (c *invocation) deadlineError(err error) error {
+	hit := false
+	for _, ctx := range c.bounded {
+		hit = hit || errors.Is(context.Cause(ctx), errDeadline)
+	}
+	if !hit || err == nil || errors.Is(err, errUsage) {
+		return err
+	}
+	d, _ := c.deadline()
+	db, _, _ := c.database()
+	check := "check that the server is up, reachable from this host (no firewall or proxy that drops packets) and not overloaded"
+	if !locks.IsPostgres(db) {
+		check = "the file stayed busy or its file system did not answer: check that no other process holds its write lock for long"
+	}
+	return &domain.StoreError{Op: fmt.Sprintf("database %s: no answer within %s", db, d), Kind: domain.StoreUnreachable,
+		Advice: fmt.Sprintf("%s waited that long to connect to it or for a statement to finish; %s, or set a longer --deadline (or AGENTS_TIMEOUT)",
+			c.prog(), check),
+		Err: err}
+}
+
+// waits reports whether the command waits for as long as it takes: run,
+// while its command runs, and acquire --wait. Their deadline bounds
+// opening the store (see open), not the whole command.
+func (c *invocation) waits() bool {
+	return c.cmd.name == "locks run" || (c.cmd.name == "locks acquire" && c.wait.wait)
+}
+
+// runBounded runs cmd within the deadline, unless it waits.
+func (c *invocation) runBounded(ctx context.Context, cmd *command, args []string) error {
+	if c.waits() {
+		return cmd.run(c, ctx, args)
+	}
+	ctx, cancel, err := c.bound(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	return cmd.run(c, ctx, args)
+}
