@@ -163,13 +163,15 @@ func TestPlanLifecycleService_Transition(t *testing.T) {
 		ttl := 10 * time.Second
 		s := f.lifecycle(t, "A", application.PlanLockOptions{TTL: ttl})
 		got, err := s.Transition(ctx, "p1", func(ctx context.Context, p testPlan) (testPlan, error) {
+			// Each cycle sets two timers of TTL/2, in this order: the wait
+			// for the renewal, then the renewal's guard (the lock's expiry,
+			// TTL/2 away when it starts). Reading both before moving on
+			// means the clock moves only once the next wait is set; a test
+			// that took the guard for the next wait raced the keep-alive.
 			for i := 1; i <= 8; i++ { // four TTLs of work
-				for {
-					if d := clk.awaitTimer(t); d == ttl/2 {
-						break // the renewal timer, not a renewal's guard
-					}
-				}
+				require.Equal(t, ttl/2, clk.awaitTimer(t), "the wait for renewal %d", i)
 				clk.Add(ttl / 2)
+				require.Equal(t, ttl/2, clk.awaitTimer(t), "renewal %d's guard", i)
 				require.Eventually(t, func() bool {
 					l, err := f.locks.Get(ctx, planRef)
 					return err == nil && l.ExpiresAt.Equal(holdStart.Add(time.Duration(i)*ttl/2+ttl))
