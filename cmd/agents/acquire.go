@@ -32,7 +32,9 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 	ctr.Locks.SetObserver(&seen)
 	// Owner-scoped, as the spec has it: a second acquire by the holder
 	// re-enters its lock, which a Take (a handle) would refuse.
-	l, err := ctr.Locks.AcquireWait(ctx, owner, ref, opts)
+	l, err := waitRounds(c, ctx, opts, func(ctx context.Context, opts application.AcquireOptions) (domain.Lock, error) {
+		return ctr.Locks.AcquireWait(ctx, owner, ref, opts)
+	})
 	if err != nil {
 		return err
 	}

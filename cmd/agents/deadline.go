@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -17,8 +18,8 @@ import (
 // firewall that drops packets, a hung proxy). --deadline bounds what a
 // command does with the store; it is not --timeout, which bounds a wait
 // for a lock that another owner holds: a wait, and the command that
-// "locks run" runs, are not bounded by it, but opening the store before
-// them is.
+// "locks run" runs, are not bounded by it, but every statement before,
+// during (waitRounds) and after them (boundAfter) is.
 
 // defaultDeadline is the bound when neither --deadline nor AGENTS_TIMEOUT
 // sets one: long enough for a slow server, short enough for a script.
@@ -96,7 +97,8 @@ func (c *invocation) deadlineError(err error) error {
 
 // waits reports whether the command waits for as long as it takes: run,
 // while its command runs, and acquire --wait. Their deadline bounds
-// opening the store (see open), not the whole command.
+// opening the store (see open), each round of the wait (waitRounds) and
+// each call after the command (lockRun), not the whole command.
 func (c *invocation) waits() bool {
 	return c.cmd.name == "locks run" || (c.cmd.name == "locks acquire" && c.wait.wait)
 }
@@ -112,4 +114,69 @@ func (c *invocation) runBounded(ctx context.Context, cmd *command, args []string
 	}
 	defer cancel()
 	return cmd.run(c, ctx, args)
+}
+
+// waitRounds takes a lock with take (AcquireWait or Take) so that no
+// statement of it waits forever on a silent server. Without --wait, take
+// is bounded by the deadline. A wait runs in rounds: each waits at most
+// the deadline (or what is left of --timeout) on the service's clock, and
+// its context ends one deadline after that, which bounds the statement in
+// flight when the round ends; a wait without --timeout runs as many
+// rounds as it takes. A round ended by its context ends the command with
+// the deadline's error.
+func waitRounds[T any](c *invocation, ctx context.Context, opts application.AcquireOptions, take func(context.Context, application.AcquireOptions) (T, error)) (T, error) {
+	var zero T
+	d, err := c.deadline()
+	if err != nil {
+		return zero, err
+	}
+	if !opts.Wait {
+		ctx, cancel, err := c.bound(ctx)
+		if err != nil {
+			return zero, err
+		}
+		defer cancel()
+		return take(ctx, opts)
+	}
+	start := c.clock.Now()
+	for {
+		round := opts
+		round.Timeout = d
+		if opts.Timeout > 0 {
+			round.Timeout = min(d, opts.Timeout-c.clock.Now().Sub(start))
+		}
+		rctx, cancel := context.WithTimeoutCause(ctx, round.Timeout+d, errDeadline)
+		c.bounded = append(c.bounded, rctx)
+		v, err := take(rctx, round)
+		hit := errors.Is(context.Cause(rctx), errDeadline)
+		cancel()
+		var conflict *domain.LockConflictError
+		switch {
+		case !errors.As(err, &conflict):
+			return v, err
+		case hit:
+			// The deadline ended the round, not its wait: a statement got
+			// no answer in time. That is the error, not the lock's holder
+			// as the wait last saw it.
+			if conflict.Cause != nil && !errors.Is(conflict.Cause, context.DeadlineExceeded) {
+				return zero, conflict.Cause
+			}
+			return zero, context.Cause(rctx)
+		}
+		conflict.Waited = c.clock.Now().Sub(start) // the whole wait's, not the round's
+		if !errors.Is(err, context.DeadlineExceeded) || (opts.Timeout > 0 && conflict.Waited >= opts.Timeout) {
+			return v, err
+		}
+		// The round ended with the lock still held: wait on.
+	}
+}
+
+// boundAfter returns a context for a call that must be made whatever
+// happened to ctx (the release after run's command), ended by the
+// deadline.
+func (c *invocation) boundAfter(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, _ := c.deadline() // checked when the store was opened
+	ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), d, errDeadline)
+	c.bounded = append(c.bounded, ctx)
+	return ctx, cancel
 }

@@ -121,7 +121,9 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.close(ctr)
-	h, err := ctr.Locks.Take(ctx, owner, ref, opts)
+	h, err := waitRounds(c, ctx, opts, func(ctx context.Context, opts application.AcquireOptions) (*application.Handle, error) {
+		return ctr.Locks.Take(ctx, owner, ref, opts)
+	})
 	if errors.Is(err, domain.ErrConflict) {
 		return &codedError{error: err, exit: c.conflictExit}
 	}
@@ -350,6 +352,8 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 // meanwhile, whose renewal the keep-alive had not yet attempted (agents was
 // stopped, say), is lost too.
 func (c *invocation) lossAtEnd(ctx context.Context, h *application.Handle) *domain.LockLostError {
+	ctx, cancel := c.boundAfter(ctx)
+	defer cancel()
 	var lost *domain.LockLostError
 	if errors.As(h.Lost(ctx), &lost) {
 		return lost
@@ -361,6 +365,8 @@ func (c *invocation) lossAtEnd(ctx context.Context, h *application.Handle) *doma
 // the lock to expire with its TTL: it is warned about here, and does not
 // change the exit status, since CMD's is what the caller waits for.
 func (c *invocation) releaseHandle(ctx context.Context, h *application.Handle) (bool, error) {
+	ctx, cancel := c.boundAfter(ctx)
+	defer cancel()
 	released, err := h.Release(ctx)
 	if err != nil && !errors.Is(err, domain.ErrExpired) { // a loss is not a failure to release
 		fmt.Fprintf(c.stderr, "%s: warning: the lock could not be released, and expires at %s: %s\n",

@@ -19,6 +19,13 @@ import (
 // PostgreSQL URL of it.
 func silentServer(t *testing.T, serve func(net.Conn)) string {
 	t.Helper()
+	return "postgres://postgres@" + listen(t, serve) + "/test?sslmode=disable"
+}
+
+// listen accepts every connection on a local port and hands each to serve;
+// it returns the port's address.
+func listen(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
@@ -32,7 +39,7 @@ func silentServer(t *testing.T, serve func(net.Conn)) string {
 			go serve(conn)
 		}
 	}()
-	return "postgres://postgres@" + ln.Addr().String() + "/test?sslmode=disable"
+	return ln.Addr().String()
 }
 
 // readsForever reads what the client sends and never replies.

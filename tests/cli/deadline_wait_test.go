@@ -1,0 +1,206 @@
+package cli
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// muteProxy forwards connections to a PostgreSQL server until mute is
+// called; from then on it forwards nothing either way and keeps every
+// connection open: a server that goes silent after a command has opened
+// its store, while it waits for a lock or runs its command.
+type muteProxy struct {
+	mu        sync.Mutex
+	muted     bool
+	gate      chan struct{} // closed by mute
+	listened  bool
+	listening chan struct{} // closed once a client has sent LISTEN
+}
+
+// newMuteProxy starts a proxy to the server of dsn and returns dsn with
+// the proxy's address.
+func newMuteProxy(t *testing.T, dsn string) (string, *muteProxy) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	p := &muteProxy{gate: make(chan struct{}), listening: make(chan struct{})}
+	server := u.Host
+	u.Host = listen(t, func(client net.Conn) {
+		conn, err := net.Dial("tcp", server)
+		if err != nil {
+			client.Close()
+			return
+		}
+		t.Cleanup(func() { conn.Close() })
+		go p.forward(conn, client, true)
+		p.forward(client, conn, false)
+	})
+	return u.String(), p
+}
+
+// forward copies from src to dst until the proxy is muted, then reads src
+// and drops what it reads.
+func (p *muteProxy) forward(dst, src net.Conn, fromClient bool) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		select {
+		case <-p.gate:
+			_, _ = io.Copy(io.Discard, src)
+			return
+		default:
+		}
+		if fromClient && bytes.Contains(buf[:n], []byte("LISTEN ")) {
+			p.mu.Lock()
+			if !p.listened {
+				p.listened = true
+				close(p.listening)
+			}
+			p.mu.Unlock()
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+func (p *muteProxy) mute() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.muted {
+		p.muted = true
+		close(p.gate)
+	}
+}
+
+// awaitListener waits until a process of agents watches for releases
+// through the proxy: it sends LISTEN once a wait has found the lock held
+// by another process.
+func (p *muteProxy) awaitListener(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.listening:
+	case <-time.After(15 * time.Second):
+		require.FailNow(t, "the waiter never watched")
+	}
+}
+
+// TestCLI_DeadlineAfterOpen: a server that goes silent after the command
+// opened its store, while acquire --wait or run --wait waits, or while
+// run's command runs. Each statement after the open is bounded too: the
+// command ends within about twice the deadline, where it used to wait
+// forever (a wait) or after its command (the release).
+func TestCLI_DeadlineAfterOpen(t *testing.T) {
+	t.Parallel()
+	const deadline = 2 * time.Second
+	env := []string{"AGENTS_TIMEOUT=2s"}
+	for _, name := range []string{"AcquireWait", "RunWait"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			a := newPGAgents(t)
+			a.mustRun("--owner", "holder", "locks", "acquire", "plan", "p1", "--ttl", "1h")
+			real := a.db
+			proxied, proxy := newMuteProxy(t, real)
+			a.db = proxied
+			args := []string{"--owner", "op", "--json", "locks", "acquire", "--wait", "plan", "p1"}
+			if name == "RunWait" {
+				args = []string{"--owner", "op", "--json", "locks", "run", "--wait", "plan", "p1", "--", "true"}
+			}
+			a.env = append(a.env, env...)
+			p := a.start(args...)
+			proxy.awaitListener(t)
+			proxy.mute()
+			start := time.Now()
+			r := p.wait()
+			took := time.Since(start)
+			assert.Equal(t, 1, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+			assert.Less(t, took, 2*deadline+5*time.Second, "the deadline is %s", deadline)
+			assert.Contains(t, r.stderr, "no answer within 2s")
+			var doc map[string]map[string]any
+			r.decode(t, &doc)
+			assert.Equal(t, "internal", doc["error"]["code"])
+		})
+	}
+
+	t.Run("RunRelease", func(t *testing.T) {
+		t.Parallel()
+		a := newPGAgents(t)
+		real := a.db
+		proxied, proxy := newMuteProxy(t, real)
+		a.db = proxied
+		a.env = append(a.env, env...)
+		ready, goOn := filepath.Join(a.dir, "ready"), filepath.Join(a.dir, "go")
+		p := a.start("--owner", "op", "--json", "locks", "run", "plan", "p1", "--",
+			"sh", "-c", `echo $$ >"$1"; while [ ! -e "$2" ]; do sleep 0.02; done`, "sh", ready, goOn)
+		awaitPID(t, ready)
+		proxy.mute()
+		start := time.Now()
+		require.NoError(t, os.WriteFile(goOn, nil, 0o600))
+		r := p.wait()
+		took := time.Since(start)
+		// The command succeeded: its status stands, and the lock that
+		// could not be released is left to expire, with a warning.
+		assert.Equal(t, 0, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+		assert.Less(t, took, 3*deadline+5*time.Second, "the deadline is %s", deadline)
+		assert.Contains(t, r.stderr, "the lock could not be released")
+		var doc struct {
+			Released bool `json:"released"`
+		}
+		r.decode(t, &doc)
+		assert.False(t, doc.Released)
+	})
+}
+
+// TestCLI_WaitLongerThanTheDeadline: a wait runs in rounds of at most the
+// deadline, which neither ends it nor shows: a wait that outlasts several
+// deadlines still gets the lock when it is released, and one that gives
+// up at --timeout reports the whole wait.
+func TestCLI_WaitLongerThanTheDeadline(t *testing.T) {
+	t.Parallel()
+	env := []string{"AGENTS_TIMEOUT=1s"}
+
+	t.Run("GetsTheLock", func(t *testing.T) {
+		t.Parallel()
+		a := newAgents(t)
+		a.env = append(a.env, env...)
+		a.mustRun("--owner", "holder", "locks", "acquire", "plan", "p1")
+		p := a.start("--owner", "op", "--json", "locks", "acquire", "--wait", "plan", "p1")
+		time.Sleep(3500 * time.Millisecond) // three rounds and a half: not an expiry
+		a.mustRun("--owner", "holder", "locks", "release", "plan", "p1")
+		r := p.wait()
+		require.Equal(t, 0, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+		assert.Equal(t, map[string]string{"p1": "op"}, a.holders())
+	})
+
+	t.Run("GivesUpAtTimeout", func(t *testing.T) {
+		t.Parallel()
+		a := newAgents(t)
+		a.env = append(a.env, env...)
+		a.mustRun("--owner", "holder", "locks", "acquire", "plan", "p1")
+		r := a.run("--owner", "op", "--json", "locks", "acquire", "--wait", "--timeout", "2500ms", "plan", "p1")
+		require.Equal(t, 3, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+		assert.Regexp(t, `Gave up after waiting [23]s \(--timeout\)\.`, r.stderr)
+		var doc struct {
+			Error struct {
+				Code   string  `json:"code"`
+				Waited float64 `json:"waited_seconds"`
+			} `json:"error"`
+		}
+		r.decode(t, &doc)
+		assert.Equal(t, "conflict", doc.Error.Code)
+		assert.InDelta(t, 2.5, doc.Error.Waited, 0.5, "the whole wait, not its last round")
+	})
+}
