@@ -60,8 +60,9 @@ type Event struct {
 	Resource domain.ResourceRef
 	// Lock is the lock as stored after the event, when there is one.
 	Lock domain.Lock
-	// Previous is the holder that refused the caller, or the expired lock
-	// that was taken over.
+	// Previous is the holder that refused the caller, the expired lock
+	// that was taken over, or the acquisition that a release through a
+	// Handle removed (its token says which).
 	Previous *domain.Lock
 	// Count is how many locks a release-all or a cleanup removed.
 	Count int

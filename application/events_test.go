@@ -39,3 +39,25 @@ func TestLockService_WaitedEvent(t *testing.T) {
 	assert.Equal(t, 5*time.Minute, last.Took, "the whole wait")
 	require.ErrorIs(t, last.Err, domain.ErrConflict, "and why it ended without the lock")
 }
+
+// A release through a handle names the acquisition it removed, so that an
+// observer can tell two acquisitions of one owner apart.
+func TestLockService_ReleasedEventNamesTheAcquisition(t *testing.T) {
+	ctx := context.Background()
+	clk := newTimerClock(holdStart)
+	svc := newHoldService(t, memory.NewLockRepository(), clk)
+	rec := &recorder{}
+	svc.SetObserver(rec)
+	h, err := svc.Take(ctx, "A", plan, application.AcquireOptions{})
+	require.NoError(t, err)
+	clk.Add(time.Second)
+	released, err := h.Release(ctx)
+	require.NoError(t, err)
+	require.True(t, released)
+
+	last := rec.events[len(rec.events)-1]
+	assert.Equal(t, application.EventReleased, last.Kind)
+	require.NotNil(t, last.Previous, "the released acquisition")
+	assert.Equal(t, h.Lock(), *last.Previous)
+	assert.Equal(t, time.Second, last.HeldFor)
+}

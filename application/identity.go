@@ -79,7 +79,7 @@ func (s *LockService) releaseToken(ctx context.Context, held domain.Lock) (bool,
 	}
 	if ok {
 		s.freed(held.Resource)
-		e := Event{Kind: EventReleased, Owner: held.Owner, Resource: held.Resource}
+		e := Event{Kind: EventReleased, Owner: held.Owner, Resource: held.Resource, Previous: &held}
 		if s.observer != nil {
 			e.HeldFor = now.Sub(held.AcquiredAt)
 		}

@@ -57,8 +57,11 @@ func (l *Logger) Observe(ctx context.Context, e application.Event) {
 	}
 	if p := e.Previous; p != nil {
 		prefix := "previous_"
-		if e.Kind == application.EventRefused {
+		switch e.Kind {
+		case application.EventRefused:
 			prefix = "holder_"
+		case application.EventReleased:
+			prefix = "" // the acquisition released: its token
 		}
 		attrs = append(attrs, slog.String(prefix+"owner", p.Owner), slog.Int64(prefix+"token", p.Token),
 			slog.Time(prefix+"expires_at", p.ExpiresAt))

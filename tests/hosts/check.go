@@ -16,6 +16,11 @@ type claim struct {
 	beliefs          []time.Time // the holder believed it held the lock at or after each
 	lost             time.Time   // zero unless its keep-alive context ended with a loss
 	uncertainty      time.Duration
+	stored           time.Time // the acquisition time the store wrote: its decision's now
+	storedSkew       time.Duration
+	storedUncert     time.Duration
+	deadHolder       bool
+	released         bool
 }
 
 // expiryAt is the latest expiry the holder had been given by t.
@@ -77,11 +82,14 @@ func Check(events []Event, tables Tables, end time.Time, lim Limits) []Violation
 			c := get(e)
 			if c.acquired.IsZero() {
 				c.acquired = e.At
+				c.stored, c.storedSkew, c.storedUncert, c.deadHolder = e.Stored, e.Skew, e.Uncertainty, e.DeadHolder
 			}
 			c.expiries = append(c.expiries, e)
 		case KindRenewed:
 			c := get(e)
 			c.expiries = append(c.expiries, e)
+		case KindReleased:
+			get(e).released = true
 		case KindBelief:
 			c := get(e)
 			c.beliefs = append(c.beliefs, e.At)
@@ -130,6 +138,39 @@ func Check(events []Event, tables Tables, end time.Time, lim Limits) []Violation
 							a.res, b.owner, b.token, stamp(b.acquired), a.owner, a.token, stamp(t))
 						break
 					}
+				}
+			}
+		}
+	}
+
+	// Granted before the previous lock expired on the server's clock: a
+	// newer token whose stored acquisition time (the now of the decision
+	// to grant it) is before an expiry that the older holder's lock had
+	// been given by a renewal (or its acquisition) that had committed
+	// before the newer acquisition began. "Before it began" is judged on
+	// the real clock, from the newer host's estimate less its skew and
+	// uncertainty, so a renewal that may have come after the decision is
+	// never held against it. A lock its holder released, or a dead
+	// process's lock taken over on its own host, may go earlier.
+	for _, cs := range byRes {
+		for i, a := range cs {
+			if a.released {
+				continue
+			}
+			for _, b := range cs[i+1:] {
+				if b.stored.IsZero() || b.deadHolder {
+					continue
+				}
+				began := b.stored.Add(-b.storedSkew - b.storedUncert - lim.EventSlack)
+				var exp time.Time
+				for _, ev := range a.expiries {
+					if ev.At.Before(began) && ev.Expires.After(exp) {
+						exp = ev.Expires
+					}
+				}
+				if b.stored.Before(exp) {
+					add(VEarlyTakeover, "%s: %s was granted token %d at %s (server time), %v before %s's token %d expired at %s",
+						a.res, b.owner, b.token, stamp(b.stored), exp.Sub(b.stored).Round(time.Millisecond), a.owner, a.token, stamp(exp))
 				}
 			}
 		}

@@ -1,6 +1,7 @@
 package hosts
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -10,7 +11,7 @@ import (
 
 var (
 	t0         = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
-	testLimits = Limits{LossBound: time.Second, Recovery: 10 * time.Second, PauseSlack: time.Second}
+	testLimits = Limits{LossBound: time.Second, Recovery: 10 * time.Second, PauseSlack: time.Second, EventSlack: 50 * time.Millisecond}
 )
 
 func at(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
@@ -25,7 +26,7 @@ func clean() ([]Event, Tables) {
 		{Kind: KindBelief, Host: "h1", Owner: "h1-1", Resource: "plan/p1", Token: 1, At: at(1.5)},
 		{Kind: KindWrite, Host: "h1", Owner: "h1-1", Resource: "plan/p1", Token: 1, At: at(1.6), Outcome: Committed, Attempt: "a1"},
 		{Kind: KindReleased, Host: "h1", Owner: "h1-1", Resource: "plan/p1", Token: 1, At: at(1.7)},
-		{Kind: KindAcquired, Host: "h2", Owner: "h2-1", Resource: "plan/p1", Token: 2, At: at(1.8), Expires: at(3.8)},
+		{Kind: KindAcquired, Host: "h2", Owner: "h2-1", Resource: "plan/p1", Token: 2, At: at(1.8), Expires: at(3.8), Stored: at(1.79)},
 		{Kind: KindBelief, Host: "h2", Owner: "h2-1", Resource: "plan/p1", Token: 2, At: at(2)},
 		{Kind: KindWrite, Host: "h2", Owner: "h2-1", Resource: "plan/p1", Token: 2, At: at(2.1), Outcome: Committed, Attempt: "a2"},
 		{Kind: KindFault, Host: "h1", Fault: FaultPartition, At: at(10), End: at(14)},
@@ -60,6 +61,19 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 		{"OverlappingHolders", VOverlap, func(ev []Event, tb *Tables) []Event {
 			// h1 still believed it held token 1 after h2 took token 2.
 			return append(ev, Event{Kind: KindBelief, Host: "h1", Owner: "h1-1", Resource: "plan/p1", Token: 1, At: at(1.9)})
+		}},
+		{"EarlyTakeover", VEarlyTakeover, func(ev []Event, tb *Tables) []Event {
+			// h1 never released token 1, renewed to 3 s at 1 s: h2 was
+			// granted token 2 at 1.79 s on the server's clock.
+			return slices.DeleteFunc(ev, func(e Event) bool { return e.Kind == KindReleased })
+		}},
+		{"EarlyTakeoverOfARenewalCommittedBefore", VEarlyTakeover, func(ev []Event, tb *Tables) []Event {
+			// The renewal recorded just before the grant began counts; one
+			// recorded after it may have committed after the decision.
+			ev = slices.DeleteFunc(ev, func(e Event) bool { return e.Kind == KindReleased || e.Kind == KindRenewed })
+			return append(ev,
+				Event{Kind: KindRenewed, Host: "h1", Owner: "h1-1", Resource: "plan/p1", Token: 1, At: at(1.7), Expires: at(3.7)},
+				Event{Kind: KindRenewed, Host: "h1", Owner: "h1-1", Resource: "plan/p1", Token: 1, At: at(1.78), Expires: at(9)})
 		}},
 		{"WriteAfterTakeover", VStaleWrite, func(ev []Event, tb *Tables) []Event {
 			// A write with token 1 ran after token 2 was acquired: the

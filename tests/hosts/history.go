@@ -65,10 +65,16 @@ type Event struct {
 	At       time.Time `json:"at"`
 	End      time.Time `json:"end,omitzero"`     // a fault's end
 	Expires  time.Time `json:"expires,omitzero"` // the lock's expiry as stored
-	Outcome  string    `json:"outcome,omitempty"`
-	Attempt  string    `json:"attempt,omitempty"` // a write's id, as in Row
-	Fault    string    `json:"fault,omitempty"`
-	Err      string    `json:"err,omitempty"`
+	// Stored is the acquisition time that the store wrote with an
+	// acquired lock: the server's time of the decision to grant it.
+	Stored time.Time `json:"stored,omitzero"`
+	// DeadHolder: the acquisition took over the active lock of a process
+	// of the same host that was gone (a killed process), as it may.
+	DeadHolder bool   `json:"dead_holder,omitempty"`
+	Outcome    string `json:"outcome,omitempty"`
+	Attempt    string `json:"attempt,omitempty"` // a write's id, as in Row
+	Fault      string `json:"fault,omitempty"`
+	Err        string `json:"err,omitempty"`
 	// Uncertainty is how uncertain the host's estimate of the server's
 	// time was, as its clock said (half the fastest round trip of its last
 	// measurement): the documented error of the expiry it decides on.
@@ -104,14 +110,15 @@ type Violation struct {
 
 // The kinds of Violation.
 const (
-	VOverlap      = "overlap"              // two holders of one resource at once
-	VStaleWrite   = "write-after-takeover" // a fenced write landed after a newer token's acquisition
-	VCounter      = "counter"              // a plan's counter is not its committed transitions
-	VRefusedWrote = "refused-but-written"  // a write the host was told was refused is in the table
-	VLostWrite    = "committed-but-absent" // a write the host was told committed is not
-	VTokenOrder   = "token-order"          // tokens not strictly increasing per resource
-	VLateLoss     = "late-loss"            // a holder told of its loss after expiry + bound
-	VNoRecovery   = "no-recovery"          // a host that did not commit again after a fault
+	VOverlap       = "overlap"              // two holders of one resource at once
+	VEarlyTakeover = "early-takeover"       // a lock granted before the previous one expired on the server
+	VStaleWrite    = "write-after-takeover" // a fenced write landed after a newer token's acquisition
+	VCounter       = "counter"              // a plan's counter is not its committed transitions
+	VRefusedWrote  = "refused-but-written"  // a write the host was told was refused is in the table
+	VLostWrite     = "committed-but-absent" // a write the host was told committed is not
+	VTokenOrder    = "token-order"          // tokens not strictly increasing per resource
+	VLateLoss      = "late-loss"            // a holder told of its loss after expiry + bound
+	VNoRecovery    = "no-recovery"          // a host that did not commit again after a fault
 )
 
 // Limits are the bounds the checker holds the run to.
@@ -129,4 +136,8 @@ type Limits struct {
 	// not held to the overlap and loss rules, which a stopped process
 	// cannot keep (its fenced writes still can, and are checked).
 	PauseSlack time.Duration
+	// EventSlack is how long after a commit its event may be recorded at
+	// most, and so how much earlier than its record a decision is taken
+	// to have begun when the checker needs one before it.
+	EventSlack time.Duration
 }

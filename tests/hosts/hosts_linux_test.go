@@ -42,7 +42,7 @@ const (
 	shortDuration = 60 * time.Second
 )
 
-var limits = Limits{LossBound: time.Second, Recovery: 15 * time.Second, PauseSlack: time.Second}
+var limits = Limits{LossBound: time.Second, Recovery: 15 * time.Second, PauseSlack: time.Second, EventSlack: 50 * time.Millisecond}
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envWorker) != "" {

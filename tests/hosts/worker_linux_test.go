@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -92,11 +93,22 @@ func (r *recorder) Observe(_ context.Context, e application.Event) {
 		r.mu.Lock()
 		r.held[res] = e.Lock.Token
 		r.mu.Unlock()
-		r.emit(Event{Kind: KindAcquired, Resource: res, Token: e.Lock.Token, Expires: e.Lock.ExpiresAt})
+		r.emit(Event{Kind: KindAcquired, Resource: res, Token: e.Lock.Token, Expires: e.Lock.ExpiresAt,
+			Stored: e.Lock.AcquiredAt, DeadHolder: e.DeadHolder})
 	case application.EventRenewed:
 		r.emit(Event{Kind: KindRenewed, Resource: res, Token: e.Lock.Token, Expires: e.Lock.ExpiresAt})
 	case application.EventReleased:
-		r.emit(Event{Kind: KindReleased, Resource: res, Token: e.Lock.Token})
+		if e.Previous != nil { // a handle's release: the token it removed
+			r.emit(Event{Kind: KindReleased, Resource: res, Token: e.Previous.Token})
+		}
+	case application.EventReleasedAll:
+		// The container's Close: every lock this process held may be gone.
+		r.mu.Lock()
+		held := maps.Clone(r.held)
+		r.mu.Unlock()
+		for res, token := range held {
+			r.emit(Event{Kind: KindReleased, Resource: res, Token: token})
+		}
 	}
 }
 
