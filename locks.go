@@ -76,7 +76,9 @@ type Config struct {
 	// process is alive, and explicit owner ids are never taken early.
 	DisableDeadHolderTakeover bool
 	// LocalTime, on PostgreSQL, decides expiry on Clock as it is rather
-	// than on the server's time: for tests that drive a mock clock. Hosts
+	// than on the server's time, and does not also require a lock to have
+	// expired on the server's clock before it changes hands: for tests
+	// that drive a mock clock, ahead of the server's if they like. Hosts
 	// that share locks must not set it unless their clocks agree.
 	LocalTime bool
 	// BusyTimeout is how long a SQLite statement waits for another

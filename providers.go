@@ -95,7 +95,7 @@ func provideSQLite(ctx context.Context, cfg Config, sd *shutdown) (*sqlite.DB, f
 // providePostgres connects to the server; its cleanup closes the pool,
 // after the container's cleanup, like provideSQLite's.
 func providePostgres(ctx context.Context, cfg Config, sd *shutdown) (*postgres.DB, func(), error) {
-	db, err := postgres.Open(ctx, cfg.Database, postgres.Options{})
+	db, err := postgres.Open(ctx, cfg.Database, postgres.Options{LocalTime: cfg.LocalTime})
 	if err != nil {
 		return nil, nil, err
 	}

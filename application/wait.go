@@ -185,6 +185,20 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			}
 		}
 		h, err := try()
+		if late := (*domain.LockExpiredError)(nil); errors.As(err, &late) && !late.WrittenAt.IsZero() && ctx.Err() == nil {
+			// The store took longer than the TTL to write the lock (it
+			// waited for a row, or for a server that was cut off): that
+			// acquisition lapsed unused. The wait is not over: try again,
+			// unless it has timed out or the service is closing.
+			select {
+			case <-expired:
+				return gaveUp(context.DeadlineExceeded)
+			case <-s.gate.done():
+				return nil, domain.ErrClosed
+			default:
+				continue
+			}
+		}
 		if !errors.As(err, &last) {
 			if err != nil && ctx.Err() != nil {
 				return gaveUp(err)

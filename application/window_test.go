@@ -166,3 +166,34 @@ func TestLockService_Close(t *testing.T) {
 		close(repo.proceed)
 	})
 }
+
+// A wait goes on after a try whose write took longer than the TTL (the
+// lock it wrote had lapsed before the caller could use it): it takes the
+// lock again, where it used to end with the LockExpiredError.
+func TestLockService_WaitOutlastsASlowWrite(t *testing.T) {
+	ctx := context.Background()
+	start := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	repo := newStallingRepo()
+	close(repo.proceed)
+	mc := clock.NewMock()
+	mc.Set(start)
+	svc, err := application.NewLockService(repo, mc, 0)
+	require.NoError(t, err)
+	slow := true
+	repo.after = func() {
+		if slow {
+			slow = false
+			mc.Add(6 * time.Second) // the first write took 6 s
+		}
+	}
+	go func() {
+		for range repo.entered {
+		}
+	}()
+	defer close(repo.entered)
+
+	h, err := svc.Take(ctx, "A", plan, application.AcquireOptions{TTL: 5 * time.Second, Wait: true, Timeout: time.Minute})
+	require.NoError(t, err)
+	assert.False(t, h.Lock().ExpiredAt(mc.Now()), "the lock of the second try, active")
+	assert.Equal(t, start.Add(6*time.Second), h.Lock().AcquiredAt)
+}

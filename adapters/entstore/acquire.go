@@ -48,8 +48,32 @@ var pgStatement = strings.NewReplacer(
 	"{locks}", entlock.Table, "{id}", entlock.FieldID, "{owner}", entlock.FieldOwnerID,
 	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
 	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
+	"{serverNow}", `to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`,
 	"{layout}", `'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'`,
 ).Replace
+
+// serverExpired is the condition that a lock row has expired on the
+// server's clock.
+var serverExpired = pgStatement("{expires} <= {serverNow}")
+
+// pgStatements writes a statement that changes hands twice, as
+// pgStatement does: [0] with {expiredOnServer} the test of the server's
+// clock, [1] without it (Backend.LocalTime).
+func pgStatements(src string) [2]string {
+	return [2]string{
+		pgStatement(strings.ReplaceAll(src, "{expiredOnServer}", serverExpired)),
+		pgStatement(strings.ReplaceAll(src, "{expiredOnServer}", "true")),
+	}
+}
+
+// pick returns the version of a statement of pgStatements that this store
+// runs.
+func (s *PostgresStore) pick(st [2]string) string {
+	if s.b.LocalTime {
+		return st[1]
+	}
+	return st[0]
+}
 
 // acquireFreeSQL acquires a free resource, the common case, in one
 // statement that costs the server about what a plain insert does, and
@@ -91,7 +115,11 @@ RETURNING {id}`)
 //     row and then inserts can never meet a row this statement inserted
 //     meanwhile (a unique violation).
 //   - old deletes a lock that has expired at now, whoever held it: a
-//     change of hands.
+//     change of hands. It must have expired on the server's clock too
+//     ({serverNow}, read when the row is tested): now is this host's
+//     estimate of the server's time, which a link slower one way than the
+//     other can put seconds ahead (postgres.ServerClock), and a lock must
+//     never change hands before it has expired on the server.
 //   - re extends the caller's own lock if it is still active: a re-entry
 //     keeps the token and the acquisition time. Active is checked at the
 //     time of the check, not at now: now plus how long the statement has
@@ -117,11 +145,11 @@ RETURNING {id}`)
 // no longer expired, and is spared); ins's conflict check sees committed
 // rows whatever the snapshot. The first row says what happened: re-entered,
 // or inserted with the lock it replaced, if any.
-var acquireSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
+var acquireSQL = pgStatements(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
 old AS (
   DELETE FROM {locks}
   WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {expires} <= $5::varchar
-    AND EXISTS (SELECT FROM held)
+    AND EXISTS (SELECT FROM held) AND {expiredOnServer}
   RETURNING {id}, {owner}, {acquired}, {expires}),
 re AS (
   UPDATE {locks} SET {expires} = $6::varchar
@@ -146,11 +174,11 @@ FROM ins LEFT JOIN old ON true`)
 // held it; an active one, the caller's own included, is left alone (no
 // row comes back, and the read that follows names it). Parameters and
 // result as acquireSQL's; the first column is always false.
-var takeSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
+var takeSQL = pgStatements(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
 old AS (
   DELETE FROM {locks}
   WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {expires} <= $5::varchar
-    AND EXISTS (SELECT FROM held)
+    AND EXISTS (SELECT FROM held) AND {expiredOnServer}
   RETURNING {id}, {owner}, {acquired}, {expires}),
 ins AS (
   INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
@@ -167,7 +195,7 @@ var _ application.Taker = (*PostgresStore)(nil)
 // TakeAt implements application.Taker as AcquireAt does Acquirer, with
 // takeSQL: it never re-enters the caller's own active lock.
 func (s *PostgresStore) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
-	return s.acquireBy(ctx, ref, owner, at, takeSQL, application.DecideTake)
+	return s.acquireBy(ctx, ref, owner, at, s.pick(takeSQL), application.DecideTake)
 }
 
 // AcquireAt implements application.Acquirer with acquireFreeSQL, then, if
@@ -197,7 +225,7 @@ func (s *PostgresStore) TakeAt(ctx context.Context, ref domain.ResourceRef, owne
 // round trip; when it finds a row anyway, acquireSQL follows. Either way
 // one statement decides, on the row as it is when that statement runs.
 func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
-	return s.acquireBy(ctx, ref, owner, at, acquireSQL, application.DecideAcquire)
+	return s.acquireBy(ctx, ref, owner, at, s.pick(acquireSQL), application.DecideAcquire)
 }
 
 // acquireBy is AcquireAt with statement, acquireSQL or takeSQL, and the
@@ -250,10 +278,44 @@ func (s *PostgresStore) acquireBy(ctx context.Context, ref domain.ResourceRef, o
 		s.occupied.note(ref, true)
 		return m.a, nil
 	}
-	if _, err := s.refusal(ctx, ref, owner, now, expires, decide); err != nil {
+	if err := s.refusalOnServer(ctx, ref, owner, now, expires, decide); err != nil {
 		return application.Acquisition{}, err
 	}
 	return application.Acquisition{}, application.ErrUndecided
+}
+
+// refusalOnServer explains a statement that left the resource alone: the
+// lock that refuses the caller, if one does. A lock that has expired at
+// now but not yet on the server's clock refuses it too: the statement
+// tested both (old, in acquireSQL), and Update, which decides on now
+// alone, must not take over what the statement would not. now is this
+// host's estimate of the server's time, which a link slower one way than
+// the other can put seconds ahead; the server's clock is read only then.
+func (s *PostgresStore) refusalOnServer(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time,
+	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) error {
+	cur, err := s.readLock(ctx, ref)
+	if err != nil {
+		return s.explain(ctx, err, "read lock on "+ref.String())
+	}
+	_, err = decide(cur, owner, ref, now, expires)
+	if err == nil && cur != nil && cur.ExpiredAt(now) && !s.b.LocalTime {
+		var at string
+		if err := s.read.QueryRowContext(ctx, "SELECT "+pgStatement("{serverNow}")).Scan(&at); err != nil {
+			return s.explain(ctx, err, "read the server's time")
+		}
+		server, perr := parseTime("clock_timestamp()", at)
+		if perr != nil {
+			return &domain.StoreError{Op: "read the server's time", Kind: domain.StoreCorrupt, Err: perr}
+		}
+		if !cur.ExpiredAt(server) {
+			_, err = decide(cur, owner, ref, server, expires)
+		}
+	}
+	if errors.Is(err, domain.ErrConflict) {
+		s.contended.note(ref, true)
+		return err
+	}
+	return nil
 }
 
 // acquireFree runs acquireFreeSQL; ok says whether it inserted the lock.

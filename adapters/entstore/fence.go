@@ -48,7 +48,14 @@ type Querier interface {
 //     DELETE re-reads the row and goes ahead on the lock as it is then.
 //     The holder's renewal, an UPDATE of expires_at only, which is not a
 //     key column, does not wait. Run q at READ COMMITTED too, so that
-//     the check and its explanation read the lock as it is now. At
+//     the check and its explanation read the lock as it is now. The
+//     check also sets idle_in_transaction_session_timeout for the rest of
+//     q: q may idle between its statements for the lock's time left at
+//     now plus a second, after
+//     which the server ends q's session and rolls q back, so that a
+//     holder stopped or cut off inside q keeps its resource from others
+//     no longer than its lock lasts. Check the fence again to extend it
+//     (after a renewal), and keep q busy or short. At
 //     REPEATABLE READ or SERIALIZABLE the check still never succeeds on a
 //     lock removed since q's snapshot (PostgreSQL fails the locking read
 //     with a serialization failure, to be retried in a new transaction),
@@ -124,12 +131,7 @@ func fenceHolds(ctx context.Context, q Querier, dialectName string, f applicatio
 		n, err := res.RowsAffected()
 		return n == 1, err
 	case dialect.Postgres:
-		query, args := b.Select(entlock.FieldID).
-			From(b.Table(entlock.Table)).
-			Where(thisLock).
-			For(entsql.LockKeyShare).
-			Query()
-		rows, err := q.QueryContext(ctx, query, args...)
+		rows, err := q.QueryContext(ctx, fenceSQL, f.Token, f.Owner, string(f.Resource.Type), f.Resource.ID, now)
 		if err != nil {
 			return false, err
 		}
@@ -142,6 +144,27 @@ func fenceHolds(ctx context.Context, q Querier, dialectName string, f applicatio
 	}
 	return false, fmt.Errorf("fencing is not supported on %q: the locks must live in a SQLite or PostgreSQL database", dialectName)
 }
+
+// fenceSQL is the check on PostgreSQL: the lock row, held FOR KEY SHARE
+// until the caller's transaction ends, if it is the fence's lock and
+// active at now ($1 the token, $2 the owner, $3 and $4 the resource, $5
+// now as stored). A row lock held by a transaction whose client stopped
+// (SIGSTOP, a cut link: the server sees an idle transaction) would keep
+// every takeover, release and cleanup of the resource waiting for as long
+// as the server takes to notice, hours with TCP's default keepalives: so
+// the check also sets idle_in_transaction_session_timeout for the rest of
+// the transaction to the lock's time left at now (the service's estimate
+// of the server's time) plus a second (fenceIdleMargin). A transaction that idles longer than that is
+// ended by the server, and rolled back; one that runs statements is not.
+var fenceSQL = pgStatement(`SELECT {id}, set_config('idle_in_transaction_session_timeout',
+  (GREATEST(1, CEIL(EXTRACT(EPOCH FROM ({expires}::timestamp - $5::varchar::timestamp)) * 1000)) + ` + fmt.Sprint(fenceIdleMargin.Milliseconds()) + `)::bigint::text, true)
+FROM {locks}
+WHERE {id} = $1::bigint AND {owner} = $2::varchar AND {type} = $3::varchar AND {rid} = $4::varchar AND {expires} > $5::varchar
+FOR KEY SHARE`)
+
+// fenceIdleMargin is how much longer than its lock's time left a fenced
+// transaction on PostgreSQL may idle before the server ends it (fenceSQL).
+const fenceIdleMargin = time.Second
 
 // lostFence explains a fence that does not hold, reading the resource's
 // lock as it is now in the same transaction: another lock (a new token)

@@ -267,7 +267,7 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 // that removes at most limit expired rows, found through the expires_at
 // index.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
-	query, args := deleteExpired(s.b.Dialect, now, limit)
+	query, args := deleteExpired(s.b.Dialect, now, limit, !s.b.LocalTime)
 	n, err := s.deleteRows(ctx, Cleanup, query, args)
 	if err != nil {
 		return n, s.explain(ctx, err, "clean up expired locks")
@@ -330,15 +330,31 @@ func expiredAt(now time.Time) predicate.Lock {
 // commit re-checks its own WHERE against the renewed row, but not the
 // subquery that chose it: with "id IN (...)" alone, a lock renewed a moment
 // before its expiry was deleted after its holder had been told it held it.
-func deleteExpired(dialectName string, now time.Time, limit int) (string, []any) {
+//
+// On PostgreSQL a row must have expired on the server's clock too (unless
+// Backend.LocalTime): now is
+// the host's estimate of the server's time, which a link slower one way
+// than the other can put seconds ahead, and a cleanup must never purge a
+// lock that is still active on the server (another host would then take
+// it before its expiry).
+func deleteExpired(dialectName string, now time.Time, limit int, onServer bool) (string, []any) {
 	b := entsql.Dialect(dialectName)
+	expired := func() *entsql.Predicate {
+		p := entsql.LTE(entlock.FieldExpiresAt, formatTime(now))
+		if dialectName == dialect.Postgres && onServer {
+			p = entsql.And(p, entsql.P(func(b *entsql.Builder) {
+				b.WriteString(serverExpired)
+			}))
+		}
+		return p
+	}
 	batch := b.Select(entlock.FieldID).
 		From(b.Table(entlock.Table)).
-		Where(entsql.LTE(entlock.FieldExpiresAt, formatTime(now))).
+		Where(expired()).
 		OrderBy(entlock.FieldExpiresAt).
 		Limit(limit)
 	return b.Delete(entlock.Table).Where(entsql.And(
-		entsql.LTE(entlock.FieldExpiresAt, formatTime(now)),
+		expired(),
 		entsql.In(entlock.FieldID, batch),
 	)).Query()
 }

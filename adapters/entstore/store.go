@@ -60,6 +60,12 @@ type Backend struct {
 	TxOptions *sql.TxOptions
 	// FormatError translates the database's errors into domain errors.
 	FormatError func(op string, err error) error
+	// LocalTime, on PostgreSQL, decides expiry on the callers' now alone.
+	// Otherwise a lock changes hands, and is purged, only once it has
+	// expired on the server's clock (clock_timestamp()) as well as at
+	// now, which is a host's estimate of the server's time and may run
+	// ahead of it. For stores whose times come from a test's mock clock.
+	LocalTime bool
 	// Released, when set, is told after the commit of every write that
 	// removed locks which may have been active: the lock on each of refs,
 	// or, with none, any lock. It must not block. A database that sends

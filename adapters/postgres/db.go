@@ -34,6 +34,13 @@ type DB struct {
 type Options struct {
 	// MaxConns bounds the connections of the pool; zero means 10.
 	MaxConns int
+	// LocalTime decides expiry on the service's clock alone, for a
+	// service whose clock is not an estimate of the server's time (a
+	// test's mock clock that moves ahead of it). By default a lock
+	// changes hands, and is purged, only once it has expired on the
+	// server's own clock too: an estimate (ServerClock) can run ahead of
+	// the server, over a link slower one way than the other.
+	LocalTime bool
 }
 
 // Open connects to the database that dsn names (a postgres:// URL or a
@@ -86,6 +93,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		LockResource: lockResource,
 		TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 		FormatError:  FormatError,
+		LocalTime:    opts.LocalTime,
 		// Releases notify inside their statement (wake.go), so Released
 		// stays nil.
 		ReleaseStatement: releaseStatement(channel),

@@ -1,0 +1,86 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"entgo.io/ent/dialect"
+
+	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/tests/testdb"
+)
+
+// TestTakeover_OnTheServersClock: a host whose estimate of the server's
+// time runs ahead (a link slower one way than the other moves the midpoint
+// of the fastest round trip that postgres.ServerClock keeps) must neither
+// take over nor purge a lock that is still active on the server's clock.
+// The services' clocks are mocks set from the real time, which is the
+// server's: it runs on this machine.
+func TestTakeover_OnTheServersClock(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	ctx := context.Background()
+	now := time.Now()
+	a := mustService(t, dsn, mockAt(now))
+	held, err := a.Acquire(ctx, "A", plan1, time.Minute)
+	require.NoError(t, err)
+	// A minute and a second ahead: A's lock has expired, by this host's
+	// reckoning, and has a minute left on the server.
+	b := mustService(t, dsn, mockAt(now.Add(time.Minute+time.Second)))
+
+	_, err = b.Acquire(ctx, "B", plan1, 0)
+	var conflict *domain.LockConflictError
+	require.ErrorAs(t, err, &conflict, "Acquire")
+	assert.Equal(t, held, conflict.Holder)
+	_, err = b.Take(ctx, "B", plan1, application.AcquireOptions{})
+	require.ErrorIs(t, err, domain.ErrConflict, "Take")
+	n, err := b.CleanupExpired(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, n, "cleanup purged an active lock")
+
+	got, err := a.Get(ctx, plan1)
+	require.NoError(t, err)
+	assert.Equal(t, held, got, "A still holds its lock, as stored")
+}
+
+// TestFence_StoppedHolderDoesNotKeepTheLock: a holder that checked its
+// fence and then stopped inside its transaction (SIGSTOP, a cut link: to
+// the server, a transaction left idle) holds the lock row FOR KEY SHARE,
+// which makes every takeover wait. The check sets the transaction's idle
+// timeout to the lock's time left plus a second: the server then ends the
+// holder's session and the takeover goes ahead, where it used to wait
+// until the server noticed the client gone (hours, with TCP's keepalives).
+func TestFence_StoppedHolderDoesNotKeepTheLock(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	ctx := context.Background()
+	now := time.Now() // the server's clock: it runs on this machine
+	// Acquired 4.5 s ago with the shortest TTL: half a second left.
+	a := mustService(t, dsn, mockAt(now.Add(-4500*time.Millisecond)))
+	held, err := a.Acquire(ctx, "A", plan1, 5*time.Second)
+	require.NoError(t, err)
+
+	raw := rawPG(t, dsn)
+	tx, err := raw.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(held), now))
+	// The holder stops here: its transaction stays open, idle.
+
+	// B's clock is past the expiry; the server's gets there in half a
+	// second, and B tries until then and a little after, each try bounded.
+	b := mustService(t, dsn, mockAt(now.Add(5*time.Second)))
+	var h *application.Handle
+	require.Eventually(t, func() bool {
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		h, err = b.Take(tctx, "B", plan1, application.AcquireOptions{})
+		return err == nil
+	}, 20*time.Second, 50*time.Millisecond, "the takeover still waited for the stopped holder's transaction")
+	assert.Greater(t, h.Lock().Token, held.Token)
+	require.Error(t, tx.Commit(), "the server ended the holder's transaction: its write never lands")
+}
