@@ -1,6 +1,7 @@
 package main
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -17,6 +18,18 @@ func TestMain_Flags(t *testing.T) {
 		h.mustRun("locks", "acquire", "plan", "--ttl", "90s", "p1", "--owner", "alice", "--json").decode(t, &l)
 		assert.Equal(t, "alice", l.OwnerID)
 		assert.Equal(t, "2026-11-29T19:01:30.000000Z", l.ExpiresAt)
+	})
+	t.Run("SwitchesBeforeTheCommand", func(t *testing.T) {
+		// A flag that takes no value, before the command, must not take
+		// the argument after it for its value: cobra, looking for the
+		// command, knows only the flags of agents itself.
+		h := newHarness(t)
+		delete(h.env, "AGENTS_CREATE")
+		db := filepath.Join(t.TempDir(), "other.db")
+		h.mustRun("--create", "--db", db, "--owner", "alice", "locks", "acquire", "plan", "p1")
+		h.mustRun("--wait", "--timeout", "1s", "--db", db, "--owner", "alice", "locks", "acquire", "plan", "p1")
+		r := h.mustRun("--json", "--all", "--db", db, "locks", "list")
+		assert.Contains(t, r.stdout, `"owner_id": "alice"`)
 	})
 	t.Run("SingleDashStillWorks", func(t *testing.T) {
 		h := newHarness(t)

@@ -105,6 +105,7 @@ func (c *invocation) rootCommand() *cobra.Command {
 	root.SetErr(c.stderr)
 	root.SetArgs(normalizeArgs(c.args))
 	c.g.register(root.PersistentFlags())
+	knowSwitches(root)
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		c.cmd = c.lookup(cmd)
 		return &cobraError{err: err}
@@ -128,6 +129,7 @@ func (c *invocation) rootCommand() *cobra.Command {
 			return usagef("locks needs a subcommand: %s", locksSubcommands)
 		},
 	}
+	knowSwitches(locksCmd)
 	root.AddCommand(locksCmd)
 	for i := range commands {
 		cmd := &commands[i]
@@ -185,6 +187,19 @@ func (c *invocation) lookup(cmd *cobra.Command) *command {
 		}
 	}
 	return nil
+}
+
+// knowSwitches makes the switches of the commands (flags that take no
+// value) known to cmd, agents itself or "locks", hidden: cobra, looking
+// for the command among the arguments, takes any flag that the commands
+// on the way do not know for one with a value, and "agents --create --db
+// X locks acquire" ran a command "X". The command that cobra finds parses
+// them as its own, or refuses those it does not take.
+func knowSwitches(cmd *cobra.Command) {
+	for _, name := range []string{"all", "create", "wait"} {
+		cmd.Flags().Bool(name, false, "")
+		_ = cmd.Flags().MarkHidden(name)
+	}
 }
 
 // valueFlags are the flags that take a value, whose value normalizeArgs
