@@ -48,6 +48,13 @@ func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 		base = "file:" + path
 	} else {
 		q = url.Values{}
+		// A path that begins with two slashes or more names the same file
+		// as with one (on the systems SQLite's unix VFS runs on), but in a
+		// URI "file://tmp/x.db" makes tmp an authority, which SQLite
+		// refuses after creating "/x.db".
+		if strings.HasPrefix(pathOrURI, "//") {
+			pathOrURI = "/" + strings.TrimLeft(pathOrURI, "/")
+		}
 		base = "file:" + (&url.URL{Path: pathOrURI}).EscapedPath()
 	}
 	if inMemory(base, q) {

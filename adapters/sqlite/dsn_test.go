@@ -102,3 +102,16 @@ func TestDSN_Files(t *testing.T) {
 		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 	})
 }
+
+// A path with two leading slashes or more is the file of one, not a URI
+// authority ("file://tmp/x.db"), which SQLite refused after creating
+// "/x.db".
+func TestDSN_LeadingSlashes(t *testing.T) {
+	want, err := sqlite.DSN("/tmp/x.db", 0)
+	require.NoError(t, err)
+	for _, p := range []string{"//tmp/x.db", "///tmp/x.db"} {
+		got, err := sqlite.DSN(p, 0)
+		require.NoError(t, err)
+		assert.Equal(t, want, got, p)
+	}
+}
