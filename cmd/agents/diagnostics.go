@@ -256,6 +256,12 @@ func (c *invocation) checkSchema(ctx context.Context, db *inspection) (check, sc
 			"so that the migrations run", migration, st.schema, c.setupCommand(false))}, st
 	case st.migrationApplied:
 		return check{Name: "schema", Status: statusOK, Detail: migration + " is applied"}, st
+	case st.locksTable && len(st.otherTables) > 0:
+		return check{Name: "schema", Status: statusFail, Detail: fmt.Sprintf("%s is not applied: "+
+			"the file holds another application's tables (%s) and a locks table that the lock module did not create; "+
+			"point --db (or AGENTS_DB) at the lock database: "+
+			"the lock commands add no tables to a database that the application embedding the lock module has not set up",
+			migration, strings.Join(st.otherTables, ", "))}, st
 	case st.locksTable:
 		return check{Name: "schema", Status: statusFail, Detail: migration +
 			" is not applied, yet a locks table exists: it was made by hand and may not be what the service expects; " +

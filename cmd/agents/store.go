@@ -139,10 +139,16 @@ func (c *invocation) checkStore(ctx context.Context, db string, isDefault bool, 
 		if err != nil {
 			return err
 		}
-		if !st.locksTable && !st.migrationApplied && len(st.otherTables) > 0 {
-			return &noStoreError{msg: fmt.Sprintf("%s is a database of another application (tables %s) with no locks table: "+
+		if !st.migrationApplied && len(st.otherTables) > 0 {
+			// Another application's file, even one with a locks table of
+			// its own: the migration would add its tables, then fail.
+			tables := strings.Join(st.otherTables, ", ")
+			if st.locksTable {
+				tables += ", and a locks table that the lock module did not create"
+			}
+			return &noStoreError{msg: fmt.Sprintf("%s is a database of another application (tables %s): "+
 				"check --db (or AGENTS_DB); the lock commands add no tables to a database that the application embedding the lock module has not set up",
-				db, strings.Join(st.otherTables, ", "))}
+				db, tables)}
 		}
 		return nil
 	}

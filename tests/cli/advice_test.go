@@ -108,6 +108,54 @@ func TestCLI_AdviceWorks(t *testing.T) {
 		assert.Equal(t, 1, r.code, "diagnostics fails a check on a file that is not a lock database")
 		assert.Contains(t, r.stdout, "another application's tables (notes)")
 	})
+
+	// A file of another application with a locks table of its own: acquire
+	// and run add nothing to it (they used to add the migration's tables,
+	// then fail), and diagnostics does not advise moving it away.
+	t.Run("ForeignFileWithItsOwnLocksTable", func(t *testing.T) {
+		t.Parallel()
+		a := newAgents(t)
+		db := filepath.Join(a.dir, "app.sqlite")
+		makeSQLite(t, db, "CREATE TABLE users (name TEXT); CREATE TABLE locks (name TEXT, holder TEXT)")
+		before := sqliteTables(t, db)
+
+		for _, args := range [][]string{
+			{"locks", "acquire", "plan", "p1"},
+			{"locks", "run", "plan", "p1", "--", "true"},
+		} {
+			r := a.runEnv(nil, append([]string{"--db", db, "--owner", "op", "--json"}, args...)...)
+			assert.Equal(t, 1, r.code, "%v: %s", args, r.stderr)
+			var doc map[string]map[string]any
+			r.decode(t, &doc)
+			assert.Equal(t, "no_database", doc["error"]["code"], "%v", args)
+			assert.Contains(t, r.stderr, "another application (tables users, and a locks table")
+			assert.Equal(t, before, sqliteTables(t, db), "%v added tables", args)
+		}
+		r := a.runEnv(nil, "--db", db, "diagnostics")
+		assert.Equal(t, 1, r.code)
+		assert.Regexp(t, `(?m)^  fail +schema +.*another application's tables \(users\) and a locks table`, r.stdout)
+		assert.NotContains(t, r.stdout, "move the file away")
+		assert.NotRegexp(t, advised, r.stdout, "no command to run: none would succeed")
+	})
+}
+
+// sqliteTables lists the tables of the SQLite file at path.
+func sqliteTables(t *testing.T, path string) []string {
+	t.Helper()
+	sdb, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	require.NoError(t, err)
+	defer sdb.Close()
+	rows, err := sdb.Query("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var name string
+		require.NoError(t, rows.Scan(&name))
+		out = append(out, name)
+	}
+	require.NoError(t, rows.Err())
+	return out
 }
 
 // makeSQLite makes a SQLite file at path with what the statements leave.
