@@ -64,7 +64,14 @@ func (c *invocation) printConflict(e *domain.LockConflictError) {
 		// ago.
 		now = c.clock.Now()
 	}
-	fmt.Fprintf(c.stderr, "%s: %s is held by another owner: %q (token %d)\n", c.prog(), printable(h.Resource.String()), h.Owner, h.Token)
+	if e.SameOwner {
+		// locks run holds its lock as one acquisition, which never shares
+		// it, not even with its own owner's other acquisitions.
+		fmt.Fprintf(c.stderr, "%s: %s is held by another acquisition of the same owner %q (token %d)\n",
+			c.prog(), printable(h.Resource.String()), h.Owner, h.Token)
+	} else {
+		fmt.Fprintf(c.stderr, "%s: %s is held by another owner: %q (token %d)\n", c.prog(), printable(h.Resource.String()), h.Owner, h.Token)
+	}
 	c.printTimes(c.stderr, h, now)
 	// A wait is told to the second, or to the millisecond below one.
 	waited := e.Waited.Round(time.Second)

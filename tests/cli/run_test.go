@@ -381,3 +381,17 @@ func TestCLI_Wait(t *testing.T) {
 		assert.GreaterOrEqual(t, doc.Error.WaitedSeconds, 1.0)
 	})
 }
+
+// TestCLI_RunDoesNotReenter: locks run holds its lock as one acquisition;
+// the same owner's earlier acquire is another one, which run refuses as a
+// conflict that names the same owner (its message used to call it another
+// owner, and the docs promised a re-entry).
+func TestCLI_RunDoesNotReenter(t *testing.T) {
+	t.Parallel()
+	a := newAgents(t)
+	a.mustRun("--owner", "me", "locks", "acquire", "plan", "p1")
+	r := a.run("--owner", "me", "locks", "run", "plan", "p1", "--", "true")
+	assert.Equal(t, 3, r.code, "stderr: %s", r.stderr)
+	assert.Contains(t, r.stderr, `plan/p1 is held by another acquisition of the same owner "me"`)
+	assert.Equal(t, map[string]string{"p1": "me"}, a.holders(), "the earlier lock stands")
+}
