@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -35,7 +37,12 @@ func (g *globals) registerDeadline(fs *pflag.FlagSet) {
 // parseDeadline reads a deadline: a positive duration or whole seconds.
 func parseDeadline(s string) (time.Duration, error) {
 	d, err := parseDuration(s)
-	if err == nil && d <= 0 {
+	switch {
+	case err != nil:
+	case d < 0 && !strings.HasPrefix(strings.TrimSpace(s), "-"):
+		// Whole seconds past what a duration holds (parseDuration's -1).
+		err = fmt.Errorf("%s seconds is longer than the longest deadline, %d seconds", s, int64(math.MaxInt64/int64(time.Second)))
+	case d <= 0:
 		err = errors.New("the deadline must be positive")
 	}
 	return d, err

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -287,7 +289,7 @@ func (c *invocation) checkStale(ctx context.Context, svc *application.LockServic
 	}
 	cmd := "agents locks cleanup"
 	if !isDefault {
-		cmd += " --db " + shellQuote(path)
+		cmd += " --db " + shellQuote(writable(path))
 	}
 	have := "have expired but are"
 	if n == 1 {
@@ -350,4 +352,39 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// writable returns the --db of a command that writes to the database that
+// db names: db without what makes a file: URI read-only (mode=ro,
+// immutable=1, a query_only pragma), which diagnostics may read through
+// but cleanup refuses.
+func writable(db string) string {
+	rest, ok := strings.CutPrefix(db, "file:")
+	if !ok {
+		return db
+	}
+	path, query, ok := strings.Cut(rest, "?")
+	if !ok {
+		return db
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return db
+	}
+	if q.Get("mode") == "ro" {
+		q.Del("mode")
+	}
+	q.Del("immutable")
+	if p := q["_pragma"]; len(p) > 0 {
+		q["_pragma"] = slices.DeleteFunc(slices.Clone(p), func(v string) bool {
+			return strings.HasPrefix(strings.ToLower(strings.TrimSpace(v)), "query_only")
+		})
+		if len(q["_pragma"]) == 0 {
+			q.Del("_pragma")
+		}
+	}
+	if len(q) == 0 {
+		return "file:" + path
+	}
+	return "file:" + path + "?" + q.Encode()
 }

@@ -150,3 +150,32 @@ func checkNamed(t *testing.T, rep report, name string) check {
 	require.Failf(t, "no check", "%s in %+v", name, rep)
 	return check{}
 }
+
+// writable gives cleanup a --db it accepts: diagnostics may read through a
+// read-only URI, which cleanup refuses.
+func TestWritable(t *testing.T) {
+	for in, want := range map[string]string{
+		"/var/lib/agents/locks.db":                       "/var/lib/agents/locks.db",
+		"file:k.db?mode=ro":                              "file:k.db",
+		"file:k.db?immutable=1":                          "file:k.db",
+		"file:k.db?mode=ro&_busy_timeout=100":            "file:k.db?_busy_timeout=100",
+		"file:k.db?_pragma=query_only(1)":                "file:k.db",
+		"file:k.db?_pragma=query_only(1)&_pragma=foo(2)": "file:k.db?_pragma=foo%282%29",
+		"file:k.db?mode=rwc":                             "file:k.db?mode=rwc",
+		"postgres://u@h/db?search_path=x":                "postgres://u@h/db?search_path=x",
+	} {
+		assert.Equal(t, want, writable(in), in)
+	}
+}
+
+// A deadline in whole seconds past what a duration holds is too long, not
+// "not positive".
+func TestParseDeadline(t *testing.T) {
+	_, err := parseDeadline("18446744074")
+	require.ErrorContains(t, err, "longer than the longest deadline, 9223372036 seconds")
+	_, err = parseDeadline("-5")
+	require.ErrorContains(t, err, "must be positive")
+	d, err := parseDeadline("9223372036")
+	require.NoError(t, err)
+	assert.Equal(t, 9223372036*time.Second, d)
+}

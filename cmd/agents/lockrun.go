@@ -134,7 +134,9 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	// forwarded to CMD, and agents waits for CMD before it releases.
 	bg := context.WithoutCancel(ctx)
 	if ctx.Err() != nil { // interrupted before CMD started: run nothing (a signal in sigs is forwarded to CMD)
-		_, _ = c.releaseHandle(bg, h)
+		rctx, cancel := c.boundAfter(bg)
+		defer cancel()
+		_, _ = c.releaseHandle(rctx, h)
 		return ctx.Err()
 	}
 	keep, stopKeep := context.WithCancel(bg)
@@ -146,7 +148,9 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	p, err := startChild(cmd, g)
 	if err != nil {
 		stopKeep()
-		_, _ = c.releaseHandle(bg, h)
+		rctx, cancel := c.boundAfter(bg)
+		defer cancel()
+		_, _ = c.releaseHandle(rctx, h)
 		return commandError(argv[0], err)
 	}
 	g.foreground()
@@ -160,14 +164,17 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	// the owner's.
 	stopKeep()
 	<-h.Done()
-	lost := c.lossAtEnd(bg, h)
+	// The check for a loss and the release share one deadline.
+	after, cancelAfter := c.boundAfter(bg)
+	defer cancelAfter()
+	lost := c.lossAtEnd(after, h)
 	if lost != nil && !p.reported {
 		fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(lost.Error()))
 	}
 	doc := runDoc{Lock: newLockDoc(h.Lock()), Command: p.result()}
 	if lost == nil {
 		var err error
-		if doc.Released, err = c.releaseHandle(bg, h); errors.As(err, &lost) {
+		if doc.Released, err = c.releaseHandle(after, h); errors.As(err, &lost) {
 			// Gone between the check and the release, which removed
 			// nothing (a handle releases by token): the loss says why.
 			fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(lost.Error()))
@@ -352,8 +359,6 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 // meanwhile, whose renewal the keep-alive had not yet attempted (agents was
 // stopped, say), is lost too.
 func (c *invocation) lossAtEnd(ctx context.Context, h *application.Handle) *domain.LockLostError {
-	ctx, cancel := c.boundAfter(ctx)
-	defer cancel()
 	var lost *domain.LockLostError
 	if errors.As(h.Lost(ctx), &lost) {
 		return lost
@@ -365,8 +370,6 @@ func (c *invocation) lossAtEnd(ctx context.Context, h *application.Handle) *doma
 // the lock to expire with its TTL: it is warned about here, and does not
 // change the exit status, since CMD's is what the caller waits for.
 func (c *invocation) releaseHandle(ctx context.Context, h *application.Handle) (bool, error) {
-	ctx, cancel := c.boundAfter(ctx)
-	defer cancel()
 	released, err := h.Release(ctx)
 	if err != nil && !errors.Is(err, domain.ErrExpired) { // a loss is not a failure to release
 		fmt.Fprintf(c.stderr, "%s: warning: the lock could not be released, and expires at %s: %s\n",

@@ -154,7 +154,7 @@ func TestCLI_DeadlineAfterOpen(t *testing.T) {
 		// The command succeeded: its status stands, and the lock that
 		// could not be released is left to expire, with a warning.
 		assert.Equal(t, 0, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
-		assert.Less(t, took, 3*deadline+5*time.Second, "the deadline is %s", deadline)
+		assert.Less(t, took, deadline*7/4, "the check for a loss and the release share one deadline, %s (each had its own)", deadline)
 		assert.Contains(t, r.stderr, "the lock could not be released")
 		var doc struct {
 			Released bool `json:"released"`
