@@ -79,7 +79,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	}
 	path := filePath(dsn)
 	if readOnlyMode(dsn) {
-		return nil, readOnlyModeError("open lock store " + path) // before anything is created
+		return nil, readOnlyModeError("open lock store "+path, dsn) // before anything is created
 	}
 	if err := createPrivate(path); err != nil {
 		return nil, FormatError("open lock store "+path, err)

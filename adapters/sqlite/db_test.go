@@ -153,6 +153,16 @@ func TestOpen_Errors(t *testing.T) {
 		require.ErrorIs(t, err, domain.ErrUnavailable)
 		assert.True(t, domain.IsStoreKind(err, domain.StoreReadOnly), "%v", err)
 	})
+	t.Run("ImmutableCreatesNothing", func(t *testing.T) {
+		// immutable=1 is read-only too: refused before anything is
+		// created (it used to leave an empty file where there was none).
+		path := filepath.Join(dir, "immutable.db")
+		_, err := sqlite.Open(ctx, "file:"+path+"?immutable=1", sqlite.Options{})
+		require.ErrorIs(t, err, domain.ErrUnavailable)
+		assert.True(t, domain.IsStoreKind(err, domain.StoreReadOnly), "%v", err)
+		assert.Contains(t, err.Error(), "drop immutable=1 from the URI")
+		assert.NoFileExists(t, path)
+	})
 }
 
 func TestLockRepository_Busy(t *testing.T) {

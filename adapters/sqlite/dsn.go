@@ -120,18 +120,34 @@ func uriPath(base string) string {
 }
 
 // readOnlyMode reports whether a DSN made by DSN asks SQLite to open the
-// database read-only (mode=ro): the store could not write through it, and
-// SQLite would still leave -wal and -shm files behind.
+// database read-only (mode=ro, or immutable=1, which also promises that
+// nobody writes the file): the store could not write through it, and
+// SQLite would still leave files behind (-wal and -shm, or an empty
+// database where there was none).
 func readOnlyMode(dsn string) bool {
-	_, query, _ := strings.Cut(dsn, "?")
-	q, _ := url.ParseQuery(query)
-	return slices.Contains(q["mode"], "ro")
+	return readOnlyParam(dsn) != ""
 }
 
-// readOnlyModeError refuses a DSN with mode=ro for the operation op.
-func readOnlyModeError(op string) error {
-	return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: errors.New("the file: URI asks for mode=ro"),
-		Advice: "drop mode=ro from the URI: the lock store writes to acquire, renew, release and clean up locks (OpenReadOnly reads without writing)"}
+// readOnlyParam returns the parameter of a DSN made by DSN that makes it
+// read-only, or "".
+func readOnlyParam(dsn string) string {
+	_, query, _ := strings.Cut(dsn, "?")
+	q, _ := url.ParseQuery(query)
+	switch {
+	case slices.Contains(q["mode"], "ro"):
+		return "mode=ro"
+	case slices.ContainsFunc(q["immutable"], func(v string) bool { return v != "" && v != "0" }):
+		return "immutable=" + q.Get("immutable")
+	}
+	return ""
+}
+
+// readOnlyModeError refuses dsn, read-only (readOnlyParam), for the
+// operation op.
+func readOnlyModeError(op, dsn string) error {
+	p := readOnlyParam(dsn)
+	return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: fmt.Errorf("the file: URI asks for %s", p),
+		Advice: "drop " + p + " from the URI: the lock store writes to acquire, renew, release and clean up locks (OpenReadOnly reads without writing)"}
 }
 
 // filePath returns the file a DSN made by DSN names, or "" for an in-memory

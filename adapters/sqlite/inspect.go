@@ -334,7 +334,7 @@ func CheckWritable(pathOrURI string) error {
 		return FormatError(op, err)
 	}
 	if readOnlyMode(dsn) {
-		return readOnlyModeError(op)
+		return readOnlyModeError(op, dsn)
 	}
 	if err := fileWritable(path); err != nil {
 		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: err}

@@ -94,7 +94,11 @@ func (c *invocation) database() (db string, isDefault bool, err error) {
 		}
 		return db, false, nil
 	}
-	if scheme, ok := urlScheme(db); ok && scheme != "file" {
+	if scheme, ok := urlScheme(db); ok && (scheme == "postgres" || scheme == "postgresql") {
+		_, rest, _ := strings.Cut(db, "://")
+		return "", false, usagef("--db: write the URL's scheme in lower case, as PostgreSQL's clients read it: %s://%s",
+			scheme, rest)
+	} else if ok && scheme != "file" {
 		return "", false, usagef("--db: a URL of scheme %q names no database that agents can use; "+
 			"pass a SQLite file path, a file: URI (file:/path/agents.db?_busy_timeout=5000) or a postgres:// (or postgresql://) URL", scheme)
 	}

@@ -88,9 +88,18 @@ func (c *invocation) checkMissing(db string, isDefault bool) error {
 	if _, err := os.Stat(file); !errors.Is(err, fs.ErrNotExist) {
 		return nil // there, or unreadable: locks.Open says which
 	}
-	if dir := filepath.Dir(file); !isDir(dir) {
+	if target, err := os.Readlink(file); err == nil {
+		return &noStoreError{msg: fmt.Sprintf("%s is a symbolic link to %s, which does not exist: check the link, "+
+			"or the path (--db or AGENTS_DB)", db, target)}
+	}
+	dir := filepath.Dir(file)
+	if !isDir(dir) {
 		return &noStoreError{msg: fmt.Sprintf("there is no lock database at %s, nor a directory %s: check the path (--db or AGENTS_DB); "+
 			"to create a new lock database there, create the directory, then pass --create (or set AGENTS_CREATE=1)", db, dir)}
+	}
+	if !canCreateIn(dir) {
+		return &noStoreError{msg: fmt.Sprintf("there is no lock database at %s, and this user may not create one in %s: "+
+			"check the path (--db or AGENTS_DB), or create the database as a user who may write there", db, dir)}
 	}
 	return &noStoreError{msg: fmt.Sprintf("there is no lock database at %s: check the path (--db or AGENTS_DB), "+
 		"or pass --create (or set AGENTS_CREATE=1) to create a new lock database there", db)}
