@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,11 +28,11 @@ import (
 	"entgo.io/ent/dialect"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/proc"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/internal/backend"
 )
 
 // MemoryDatabase, as Config.Database, keeps the locks in the memory of this
@@ -139,8 +138,9 @@ type Container struct {
 // Errors: *domain.ValidationError for a bad Config; *domain.StoreError when
 // the store cannot be opened, migrated or cleaned.
 func Open(ctx context.Context, cfg Config) (*Container, error) {
-	if cfg.Database == "" {
-		return nil, &domain.ValidationError{Field: "database", Reason: "must name a SQLite file, or " + MemoryDatabase}
+	kind, err := databaseKind(cfg.Database)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Owner == "" {
 		cfg.Owner = DefaultOwner()
@@ -156,18 +156,21 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 	var (
 		c       *Container
 		cleanup func()
-		err     error
+		f       fencer
 	)
-	var f fencer
-	switch {
-	case cfg.Database == MemoryDatabase:
+	switch kind {
+	case kindMemory:
 		c, cleanup, err = openMemory(ctx, cfg)
-	case IsPostgres(cfg.Database):
-		c, cleanup, err = openPostgres(ctx, cfg)
-		f = fencer{dialect: dialect.Postgres, formatError: postgres.FormatError, snapshotConflict: postgres.SnapshotConflict}
-	default:
+	case kindSQLite:
 		c, cleanup, err = openSQLite(ctx, cfg)
 		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError, snapshotConflict: sqlite.SnapshotConflict}
+	default:
+		b, ok := backend.Lookup(kind)
+		if !ok {
+			return nil, notLinked()
+		}
+		c, cleanup, err = openBackend(ctx, cfg, b)
+		f = fencer{dialect: b.Dialect, formatError: b.FormatError, snapshotConflict: b.SnapshotConflict}
 	}
 	if err != nil {
 		return nil, err
@@ -175,27 +178,6 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 	c.cleanup = cleanup
 	c.fence = f
 	return c, nil
-}
-
-// IsPostgres reports whether database names a PostgreSQL server rather
-// than a SQLite file: a postgres:// or postgresql:// URL, or libpq's
-// key=value form ("host=db user=app dbname=agents") beginning with one of
-// its keywords, so that such a DSN never becomes the name of a file.
-func IsPostgres(database string) bool {
-	if strings.HasPrefix(database, "postgres://") || strings.HasPrefix(database, "postgresql://") {
-		return true
-	}
-	fields := strings.Fields(database)
-	if len(fields) == 0 {
-		return false
-	}
-	key, _, ok := strings.Cut(fields[0], "=")
-	return ok && libpqKeywords[key]
-}
-
-var libpqKeywords = map[string]bool{
-	"host": true, "hostaddr": true, "port": true, "dbname": true, "user": true, "password": true,
-	"sslmode": true, "connect_timeout": true, "application_name": true, "service": true,
 }
 
 // Owner returns the owner id this container acts for.
