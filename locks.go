@@ -9,8 +9,15 @@
 // releases every lock the container's owner still holds, then closes the
 // store, so that other processes can take the resources at once.
 //
+// A program links only the stores it uses. SQLite and memory are always
+// there; PostgreSQL is enabled by importing its package, as database/sql
+// drivers are:
+//
+//	import _ "github.com/cleveragents/locks/adapters/postgres"
+//
 // The rules themselves live in package application, the vocabulary and the
-// errors in package domain.
+// errors in package domain. A store of one's own is checked with package
+// locktest and run by an application.LockService.
 package locks
 
 import (
@@ -48,8 +55,10 @@ const DefaultShutdownTimeout = 10 * time.Second
 type Config struct {
 	// Database is the SQLite file (a path, or a "file:" URI with extra
 	// parameters), a PostgreSQL DSN (a "postgres://..." URL, or libpq's
-	// "host=... dbname=..." form), or MemoryDatabase. A new SQLite file is created
-	// with mode 0600; its directory must exist.
+	// "host=... dbname=..." form; the program must import PostgresPackage),
+	// or MemoryDatabase. A new SQLite file is created with mode 0600; its
+	// directory must exist. A URL of any other scheme (mysql://, http://)
+	// is refused.
 	Database string
 	// Owner identifies this process in the locks it takes; empty means
 	// DefaultOwner(). Every lock the owner holds is released by Close.
@@ -135,8 +144,11 @@ type Container struct {
 // cfg.SkipStartupCleanup), and starts the periodic cleanup when
 // cfg.CleanupInterval is set.
 //
-// Errors: *domain.ValidationError for a bad Config; *domain.StoreError when
-// the store cannot be opened, migrated or cleaned.
+// Errors: *domain.ValidationError for a bad Config, including a Database
+// that names no kind of database Open accepts (the error lists them) and
+// a PostgreSQL DSN in a program that does not import PostgresPackage (the
+// error says to import it); *domain.StoreError when the store cannot be
+// opened, migrated or cleaned.
 func Open(ctx context.Context, cfg Config) (*Container, error) {
 	kind, err := databaseKind(cfg.Database)
 	if err != nil {
