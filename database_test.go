@@ -80,7 +80,8 @@ func TestOpen_DatabaseKinds(t *testing.T) {
 
 // TestMinimalEmbeddingLinks checks what a program that embeds the module
 // on SQLite links (go list -deps of examples/minimal-sqlite): no
-// PostgreSQL driver, and none of the test-only packages, while
+// PostgreSQL driver, none of the test-only packages, no migration
+// tooling (Atlas, used only to write migration files), while
 // examples/minimal-postgres, which imports adapters/postgres, links pgx.
 func TestMinimalEmbeddingLinks(t *testing.T) {
 	if testing.Short() {
@@ -97,7 +98,7 @@ func TestMinimalEmbeddingLinks(t *testing.T) {
 	}
 	for _, p := range deps("./examples/minimal-sqlite") {
 		for _, banned := range []string{"github.com/jackc/", "/adapters/postgres", "github.com/stretchr/testify", "/locktest",
-			"github.com/google/wire", "go.opentelemetry.io/otel/sdk"} {
+			"github.com/google/wire", "go.opentelemetry.io/otel/sdk", "ariga.io/atlas", "github.com/hashicorp/hcl"} {
 			assert.NotContains(t, p, banned, "a SQLite-only embedding links %s", p)
 		}
 	}
