@@ -81,7 +81,9 @@ type ListFilter struct {
 	ActiveAt time.Time
 }
 
-// LockRepository stores locks. Implementations must be safe for concurrent
+// LockRepository stores locks: implement it to keep locks in a store of
+// one's own, and check the implementation with locktest.Run, which holds
+// it to every promise below. Implementations must be safe for concurrent
 // use, also by several processes sharing one store where the adapter
 // supports it. Every method returns a *domain.StoreError (matching
 // domain.ErrUnavailable) when the store fails; Update also returns whatever
