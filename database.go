@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/internal/backend"
 )
 
 // The kinds of database that Config.Database can name. Those other than
@@ -12,7 +13,7 @@ import (
 const (
 	kindMemory   = "memory"
 	kindSQLite   = "sqlite"
-	kindPostgres = "postgres"
+	kindPostgres = backend.Postgres
 )
 
 // PostgresPackage is the package a program imports to let Open use a

@@ -14,7 +14,7 @@ import (
 // this package nor pgx.
 func init() {
 	backend.Register(backend.Backend{
-		Name:             "postgres",
+		Name:             backend.Postgres,
 		Dialect:          dialect.Postgres,
 		Open:             openBackend,
 		FormatError:      FormatError,

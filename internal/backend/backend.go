@@ -17,6 +17,10 @@ import (
 	"github.com/cleveragents/locks/application"
 )
 
+// Postgres is the name adapters/postgres registers, and the one Open looks
+// up for a PostgreSQL DSN.
+const Postgres = "postgres"
+
 // Options is what a store is opened with: the parts of locks.Config that
 // concern it.
 type Options struct {
