@@ -9,8 +9,15 @@
 // releases every lock the container's owner still holds, then closes the
 // store, so that other processes can take the resources at once.
 //
+// A program links only the stores it uses. SQLite and memory are always
+// there; PostgreSQL is enabled by importing its package, as database/sql
+// drivers are:
+//
+//	import _ "github.com/cleveragents/locks/adapters/postgres"
+//
 // The rules themselves live in package application, the vocabulary and the
-// errors in package domain.
+// errors in package domain. A store of one's own is checked with package
+// locktest and run by an application.LockService.
 package locks
 
 import (
@@ -21,7 +28,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,11 +35,11 @@ import (
 	"entgo.io/ent/dialect"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/proc"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/internal/backend"
 )
 
 // MemoryDatabase, as Config.Database, keeps the locks in the memory of this
@@ -49,8 +55,10 @@ const DefaultShutdownTimeout = 10 * time.Second
 type Config struct {
 	// Database is the SQLite file (a path, or a "file:" URI with extra
 	// parameters), a PostgreSQL DSN (a "postgres://..." URL, or libpq's
-	// "host=... dbname=..." form), or MemoryDatabase. A new SQLite file is created
-	// with mode 0600; its directory must exist.
+	// "host=... dbname=..." form; the program must import PostgresPackage),
+	// or MemoryDatabase. A new SQLite file is created with mode 0600; its
+	// directory must exist. A URL of any other scheme (mysql://, http://)
+	// is refused.
 	Database string
 	// Owner identifies this process in the locks it takes; empty means
 	// DefaultOwner(). Every lock the owner holds is released by Close.
@@ -138,11 +146,15 @@ type Container struct {
 // cfg.SkipStartupCleanup), and starts the periodic cleanup when
 // cfg.CleanupInterval is set.
 //
-// Errors: *domain.ValidationError for a bad Config; *domain.StoreError when
-// the store cannot be opened, migrated or cleaned.
+// Errors: *domain.ValidationError for a bad Config, including a Database
+// that names no kind of database Open accepts (the error lists them) and
+// a PostgreSQL DSN in a program that does not import PostgresPackage (the
+// error says to import it); *domain.StoreError when the store cannot be
+// opened, migrated or cleaned.
 func Open(ctx context.Context, cfg Config) (*Container, error) {
-	if cfg.Database == "" {
-		return nil, &domain.ValidationError{Field: "database", Reason: "must name a SQLite file, or " + MemoryDatabase}
+	kind, err := databaseKind(cfg.Database)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Owner == "" {
 		cfg.Owner = DefaultOwner()
@@ -158,18 +170,21 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 	var (
 		c       *Container
 		cleanup func()
-		err     error
+		f       fencer
 	)
-	var f fencer
-	switch {
-	case cfg.Database == MemoryDatabase:
+	switch kind {
+	case kindMemory:
 		c, cleanup, err = openMemory(ctx, cfg)
-	case IsPostgres(cfg.Database):
-		c, cleanup, err = openPostgres(ctx, cfg)
-		f = fencer{dialect: dialect.Postgres, formatError: postgres.FormatError, snapshotConflict: postgres.SnapshotConflict}
-	default:
+	case kindSQLite:
 		c, cleanup, err = openSQLite(ctx, cfg)
 		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError, snapshotConflict: sqlite.SnapshotConflict}
+	default:
+		b, ok := backend.Lookup(kind)
+		if !ok {
+			return nil, notLinked()
+		}
+		c, cleanup, err = openBackend(ctx, cfg, b)
+		f = fencer{dialect: b.Dialect, formatError: b.FormatError, snapshotConflict: b.SnapshotConflict}
 	}
 	if err != nil {
 		return nil, err
@@ -177,27 +192,6 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 	c.cleanup = cleanup
 	c.fence = f
 	return c, nil
-}
-
-// IsPostgres reports whether database names a PostgreSQL server rather
-// than a SQLite file: a postgres:// or postgresql:// URL, or libpq's
-// key=value form ("host=db user=app dbname=agents") beginning with one of
-// its keywords, so that such a DSN never becomes the name of a file.
-func IsPostgres(database string) bool {
-	if strings.HasPrefix(database, "postgres://") || strings.HasPrefix(database, "postgresql://") {
-		return true
-	}
-	fields := strings.Fields(database)
-	if len(fields) == 0 {
-		return false
-	}
-	key, _, ok := strings.Cut(fields[0], "=")
-	return ok && libpqKeywords[key]
-}
-
-var libpqKeywords = map[string]bool{
-	"host": true, "hostaddr": true, "port": true, "dbname": true, "user": true, "password": true,
-	"sslmode": true, "connect_timeout": true, "application_name": true, "service": true,
 }
 
 // Owner returns the owner id this container acts for.

@@ -7,11 +7,11 @@ import (
 	"github.com/benbjohnson/clock"
 
 	"github.com/cleveragents/locks/adapters/memory"
-	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/proc"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/adapters/telemetry"
 	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/internal/backend"
 )
 
 // The providers that wire.go assembles. They are plain functions, so that
@@ -27,27 +27,6 @@ func provideClock(cfg Config) application.Clock {
 // provideService builds the lock service and connects it to the
 // embedder's logger and metrics, if any; its cleanup unregisters the
 // metrics' callback, after the container's cleanup has closed the service.
-// providePostgresClock decides expiry on the server's clock (its time
-// read at a measurement, plus the local monotonic time elapsed since), so
-// that hosts whose clocks disagree, or are stepped, never take a live lock
-// early; Config.LocalTime keeps the local clock, for tests that drive a
-// mock clock. Without Config.Clock the elapsed time counts the host's
-// sleep (postgres.SystemClock). Its cleanup stops the refreshes.
-func providePostgresClock(ctx context.Context, cfg Config, db *postgres.DB) (application.Clock, func(), error) {
-	local := provideClock(cfg)
-	if cfg.LocalTime {
-		return local, func() {}, nil
-	}
-	if cfg.Clock == nil {
-		local = postgres.SystemClock{}
-	}
-	c, err := postgres.NewServerClock(ctx, db, local)
-	if err != nil {
-		return nil, nil, err
-	}
-	return c, c.Close, nil
-}
-
 func provideService(repo application.LockRepository, clk application.Clock, wake application.Wakeups, cfg Config) (*application.LockService, func(), error) {
 	svc, err := application.NewLockService(repo, clk, cfg.DefaultTTL)
 	if err != nil {
@@ -92,25 +71,31 @@ func provideSQLite(ctx context.Context, cfg Config, sd *shutdown) (*sqlite.DB, f
 	return db, func() { sd.add(db.Close()) }, nil
 }
 
-// providePostgres connects to the server; its cleanup closes the pool,
+// provideBackend opens a store that its package registered (PostgreSQL,
+// when the program imports adapters/postgres); its cleanup closes it,
 // after the container's cleanup, like provideSQLite's.
-func providePostgres(ctx context.Context, cfg Config, sd *shutdown) (*postgres.DB, func(), error) {
-	db, err := postgres.Open(ctx, cfg.Database, postgres.Options{LocalTime: cfg.LocalTime})
+func provideBackend(ctx context.Context, cfg Config, b backend.Backend, sd *shutdown) (*backend.Store, func(), error) {
+	s, err := b.Open(ctx, backend.Options{Database: cfg.Database, Clock: cfg.Clock, LocalTime: cfg.LocalTime})
 	if err != nil {
 		return nil, nil, err
 	}
-	return db, func() { sd.add(db.Close()) }, nil
+	return s, func() { sd.add(s.Close()) }, nil
 }
+
+// The parts of a registered store that the service and the container use.
+
+func provideBackendRepository(s *backend.Store) application.LockRepository { return s.Repository }
+func provideBackendClock(s *backend.Store) application.Clock               { return s.Clock }
+
+// provideBackendWakeups lets waiters sleep until a holder in another
+// process, on this host or another, lets go (PostgreSQL's notifications).
+func provideBackendWakeups(s *backend.Store) application.Wakeups { return s.Wakeups }
 
 func provideMemory() *memory.LockRepository { return memory.NewLockRepository() }
 
 // provideSQLiteWakeups lets waiters sleep until a holder in another
 // process on the same file lets go (nil where the system cannot).
 func provideSQLiteWakeups(db *sqlite.DB) application.Wakeups { return db.Wakeups() }
-
-// providePostgresWakeups lets waiters sleep until a holder in another
-// process, on this host or another, lets go: the server's notifications.
-func providePostgresWakeups(db *postgres.DB) application.Wakeups { return db.Wakeups() }
 
 // provideNoWakeups is for a store no other process shares (memory).
 func provideNoWakeups() application.Wakeups { return nil }

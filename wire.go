@@ -9,16 +9,19 @@ import (
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/memory"
-	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/internal/backend"
 )
 
-var containerSet = wire.NewSet(newShutdown, provideService, newContainer)
+// Every injector also uses newShutdown, provideService and newContainer.
+// They are listed in each rather than in a wire.NewSet variable, which
+// Wire would copy into wire_gen.go and so link package wire into every
+// program that embeds the module.
 
 func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 	wire.Build(
-		containerSet,
+		newShutdown, provideService, newContainer,
 		provideClock,
 		provideSQLite,
 		provideSQLiteWriter,
@@ -29,22 +32,24 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 	return nil, nil, nil
 }
 
-func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
+// openBackend opens a store that its package registered, such as
+// PostgreSQL's: the root package does not import it, so that a program
+// that does not use it does not link it.
+func openBackend(ctx context.Context, cfg Config, b backend.Backend) (*Container, func(), error) {
 	wire.Build(
-		containerSet,
-		providePostgresClock,
-		providePostgres,
+		newShutdown, provideService, newContainer,
+		provideBackend,
+		provideBackendRepository,
+		provideBackendClock,
+		provideBackendWakeups,
 		provideNoWriter,
-		providePostgresWakeups,
-		postgres.NewLockRepository,
-		wire.Bind(new(application.LockRepository), new(*entstore.PostgresStore)),
 	)
 	return nil, nil, nil
 }
 
 func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 	wire.Build(
-		containerSet,
+		newShutdown, provideService, newContainer,
 		provideClock,
 		provideMemory,
 		provideNoWriter,

@@ -8,9 +8,8 @@ package locks
 
 import (
 	"context"
-	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
-	"github.com/google/wire"
+	"github.com/cleveragents/locks/internal/backend"
 )
 
 // Injectors from wire.go:
@@ -43,35 +42,31 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 	}, nil
 }
 
-func openPostgres(ctx context.Context, cfg Config) (*Container, func(), error) {
+// openBackend opens a store that its package registered, such as
+// PostgreSQL's: the root package does not import it, so that a program
+// that does not use it does not link it.
+func openBackend(ctx context.Context, cfg Config, b backend.Backend) (*Container, func(), error) {
 	locksShutdown := newShutdown()
-	db, cleanup, err := providePostgres(ctx, cfg, locksShutdown)
+	store, cleanup, err := provideBackend(ctx, cfg, b, locksShutdown)
 	if err != nil {
 		return nil, nil, err
 	}
-	postgresStore := postgres.NewLockRepository(db)
-	clock, cleanup2, err := providePostgresClock(ctx, cfg, db)
+	lockRepository := provideBackendRepository(store)
+	clock := provideBackendClock(store)
+	wakeups := provideBackendWakeups(store)
+	lockService, cleanup2, err := provideService(lockRepository, clock, wakeups, cfg)
 	if err != nil {
-		cleanup()
-		return nil, nil, err
-	}
-	wakeups := providePostgresWakeups(db)
-	lockService, cleanup3, err := provideService(postgresStore, clock, wakeups, cfg)
-	if err != nil {
-		cleanup2()
 		cleanup()
 		return nil, nil, err
 	}
 	locksAppWriter := provideNoWriter()
-	container, cleanup4, err := newContainer(ctx, lockService, postgresStore, clock, cfg, locksShutdown, locksAppWriter)
+	container, cleanup3, err := newContainer(ctx, lockService, lockRepository, clock, cfg, locksShutdown, locksAppWriter)
 	if err != nil {
-		cleanup3()
 		cleanup2()
 		cleanup()
 		return nil, nil, err
 	}
 	return container, func() {
-		cleanup4()
 		cleanup3()
 		cleanup2()
 		cleanup()
@@ -98,7 +93,3 @@ func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
 		cleanup()
 	}, nil
 }
-
-// wire.go:
-
-var containerSet = wire.NewSet(newShutdown, provideService, newContainer)

@@ -55,8 +55,12 @@ func (k EventKind) String() string {
 
 // Event is one thing that happened to a lock, for logs and metrics.
 type Event struct {
-	Kind     EventKind
-	Owner    string
+	// Kind is what happened; an observer switches on it.
+	Kind EventKind
+	// Owner is the owner the call was made for; empty for a cleanup.
+	Owner string
+	// Resource is the lock's resource; zero for a release-all and a
+	// cleanup, which concern several.
 	Resource domain.ResourceRef
 	// Lock is the lock as stored after the event, when there is one.
 	Lock domain.Lock
@@ -83,6 +87,7 @@ type Event struct {
 // metrics see the service. It is called synchronously after the event, so
 // it must be quick and must not call the service back.
 type Observer interface {
+	// Observe is told of e; ctx is the context of the call that caused it.
 	Observe(ctx context.Context, e Event)
 }
 

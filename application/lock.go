@@ -381,7 +381,9 @@ func (s *LockService) Get(ctx context.Context, ref domain.ResourceRef) (domain.L
 
 // ListOptions selects locks for List. Zero fields do not filter.
 type ListOptions struct {
-	Type  domain.ResourceType
+	// Type, when set, keeps only the locks of that resource type.
+	Type domain.ResourceType
+	// Owner, when set, keeps only that owner's locks.
 	Owner string
 	// IncludeExpired also returns locks that have expired but are not yet
 	// purged.

@@ -14,9 +14,13 @@ import (
 // whose resource another owner took meanwhile, then cannot persist over
 // the new holder's work.
 type Fence struct {
+	// Resource is the locked resource the write belongs to.
 	Resource domain.ResourceRef
-	Owner    string
-	Token    int64
+	// Owner is the owner that must still hold the lock.
+	Owner string
+	// Token is the fencing token of the acquisition that must still hold
+	// it: a later acquisition, even by the same owner, fails the check.
+	Token int64
 }
 
 // FenceOf returns the fence of a held lock.

@@ -12,6 +12,7 @@ import (
 // clock.New() and clock.NewMock() from github.com/benbjohnson/clock
 // satisfy it, and also Timers.
 type Clock interface {
+	// Now returns the current time; the service reads it once per call.
 	Now() time.Time
 }
 
@@ -21,6 +22,7 @@ type Clock interface {
 // in tests without sleeping. A Clock that does not implement Timers waits
 // on real time.
 type Timers interface {
+	// After returns a channel that receives once d has passed.
 	After(d time.Duration) <-chan time.Time
 }
 
@@ -54,6 +56,7 @@ const (
 
 // Change is the outcome of a Decide function.
 type Change struct {
+	// Kind is what to do with the resource's row.
 	Kind ChangeKind
 	// Lock carries the new owner, resource and times for ChangeInsert (its
 	// Token is ignored and assigned by the store), and the new ExpiresAt for
@@ -69,14 +72,18 @@ type Decide func(current *domain.Lock) (Change, error)
 
 // ListFilter selects locks for List. Zero fields do not filter.
 type ListFilter struct {
-	Type  domain.ResourceType
+	// Type, when set, keeps only the locks of that resource type.
+	Type domain.ResourceType
+	// Owner, when set, keeps only that owner's locks.
 	Owner string
 	// ActiveAt, when set, keeps only the locks that are active at that
 	// instant; zero includes expired locks too.
 	ActiveAt time.Time
 }
 
-// LockRepository stores locks. Implementations must be safe for concurrent
+// LockRepository stores locks: implement it to keep locks in a store of
+// one's own, and check the implementation with locktest.Run, which holds
+// it to every promise below. Implementations must be safe for concurrent
 // use, also by several processes sharing one store where the adapter
 // supports it. Every method returns a *domain.StoreError (matching
 // domain.ErrUnavailable) when the store fails; Update also returns whatever

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cleveragents/locks"
+	_ "github.com/cleveragents/locks/adapters/postgres" // openModulePostgres opens a postgres:// DSN
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )

@@ -9,8 +9,6 @@ import (
 	"log"
 	"reflect"
 
-	"github.com/cleveragents/locks/ent/migrate"
-
 	"entgo.io/ent"
 	"entgo.io/ent/dialect"
 	"entgo.io/ent/dialect/sql"
@@ -20,8 +18,6 @@ import (
 // Client is the client that holds all ent builders.
 type Client struct {
 	config
-	// Schema is the client for creating, migrating and dropping schema.
-	Schema *migrate.Schema
 	// Lock is the client for interacting with the Lock builders.
 	Lock *LockClient
 }
@@ -34,7 +30,6 @@ func NewClient(opts ...Option) *Client {
 }
 
 func (c *Client) init() {
-	c.Schema = migrate.NewSchema(c.driver)
 	c.Lock = NewLockClient(c.config)
 }
 
@@ -167,6 +162,12 @@ func (c *Client) Debug() *Client {
 	client := &Client{config: cfg}
 	client.init()
 	return client
+}
+
+// Driver returns the client's driver: what ent/migrate.NewSchema takes to
+// create the schema, now that the client has no Schema field.
+func (c *Client) Driver() dialect.Driver {
+	return c.driver
 }
 
 // Close closes the database connection and prevents new queries from starting.

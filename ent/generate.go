@@ -1,3 +1,5 @@
 package ent
 
-//go:generate go tool ent generate ./schema
+// ./template overrides two of ent's templates so that the generated client
+// does not link the migration tooling (see template/client.tmpl).
+//go:generate go tool ent generate --template ./template ./schema

@@ -5,11 +5,11 @@ import (
 
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
-	"github.com/cleveragents/locks/tests/contract"
+	"github.com/cleveragents/locks/locktest"
 )
 
 func TestLockRepository_Contract(t *testing.T) {
-	contract.Run(t, func(t *testing.T) application.LockRepository {
+	locktest.Run(t, func(t *testing.T) application.LockRepository {
 		return memory.NewLockRepository()
 	})
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/application"
-	"github.com/cleveragents/locks/tests/contract"
+	"github.com/cleveragents/locks/locktest"
 	"github.com/cleveragents/locks/tests/testdb"
 )
 
@@ -26,7 +26,7 @@ func MustOpenDB(tb testing.TB) *postgres.DB {
 
 func TestLockRepository_Contract(t *testing.T) {
 	testdb.Postgres(t) // skip the whole suite at once without a server
-	contract.Run(t, func(t *testing.T) application.LockRepository {
+	locktest.Run(t, func(t *testing.T) application.LockRepository {
 		return postgres.NewLockRepository(MustOpenDB(t))
 	})
 }

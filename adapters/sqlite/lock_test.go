@@ -11,7 +11,7 @@ import (
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
-	"github.com/cleveragents/locks/tests/contract"
+	"github.com/cleveragents/locks/locktest"
 )
 
 // MustOpenDB opens a new database file in a temporary directory and closes
@@ -25,7 +25,7 @@ func MustOpenDB(tb testing.TB) *sqlite.DB {
 }
 
 func TestLockRepository_Contract(t *testing.T) {
-	contract.Run(t, func(t *testing.T) application.LockRepository {
+	locktest.Run(t, func(t *testing.T) application.LockRepository {
 		return sqlite.NewLockRepository(MustOpenDB(t))
 	})
 }

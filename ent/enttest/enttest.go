@@ -77,7 +77,7 @@ func migrateSchema(t TestingT, c *ent.Client, o *options) {
 		t.Error(err)
 		t.FailNow()
 	}
-	if err := migrate.Create(context.Background(), c.Schema, tables, o.migrateOpts...); err != nil {
+	if err := migrate.Create(context.Background(), migrate.NewSchema(c.Driver()), tables, o.migrateOpts...); err != nil {
 		t.Error(err)
 		t.FailNow()
 	}

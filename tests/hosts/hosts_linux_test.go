@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cleveragents/locks"
+	_ "github.com/cleveragents/locks/adapters/postgres" // the hosts open postgres:// DSNs
 	"github.com/cleveragents/locks/tests/pgserver"
 )
 

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+
+	_ "github.com/cleveragents/locks/adapters/postgres" // lets locks.Open take the DSNs it gives
 )
 
 // EnvPostgres names the server the PostgreSQL tests use, for example

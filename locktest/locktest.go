@@ -1,11 +1,4 @@
-// Package contract is the one test suite that every lock store must pass.
-// It drives the real LockService over the store under test and moves a mock
-// clock across every expiry boundary, so each rule of the service is
-// checked on each adapter, not just the adapter's plumbing.
-//
-// An adapter's test calls Run with a function that returns a new, empty
-// store for each subtest.
-package contract
+package locktest
 
 import (
 	"context"
@@ -26,12 +19,16 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// NewRepository returns a new, empty store for one subtest; it registers
-// any cleanup with t.
+// NewRepository returns a new, empty store for one subtest of Run; it
+// registers any cleanup (closing a database, removing a file) with t, and
+// fails t if it cannot make the store. Run calls it for every subtest, and
+// every call must return a store of its own, that shares no lock with any
+// other.
 type NewRepository func(t *testing.T) application.LockRepository
 
-// Start is the instant the mock clock shows at the start of every subtest.
-// It has a non-zero sub-second part so that precision bugs show.
+// Start is the instant the mock clock shows at the start of every subtest,
+// and the "now" of the subtests that call the store directly. It has a
+// non-zero sub-second part, so that a store that loses precision shows.
 var Start = time.Date(2026, 11, 29, 12, 0, 0, 123456000, time.UTC)
 
 var (
@@ -40,27 +37,27 @@ var (
 	project1 = domain.ResourceRef{Type: domain.ResourceProject, ID: "plan-1"} // same id, other type
 )
 
-// Fixture is one subtest's service, store and clock.
-type Fixture struct {
+// fixture is one subtest's service, store and clock.
+type fixture struct {
 	Svc   *application.LockService
 	Repo  application.LockRepository
 	Clock *clock.Mock
 	Ctx   context.Context
 }
 
-// MustFixture builds a service on a new store with the clock at Start.
-func MustFixture(t *testing.T, newRepo NewRepository) *Fixture {
+// mustFixture builds a service on a new store with the clock at Start.
+func mustFixture(t *testing.T, newRepo NewRepository) *fixture {
 	t.Helper()
 	repo := newRepo(t)
 	mc := clock.NewMock()
 	mc.Set(Start)
 	svc, err := application.NewLockService(repo, mc, 0)
 	require.NoError(t, err)
-	return &Fixture{Svc: svc, Repo: repo, Clock: mc, Ctx: context.Background()}
+	return &fixture{Svc: svc, Repo: repo, Clock: mc, Ctx: context.Background()}
 }
 
 // MustAcquire acquires or fails the test.
-func (f *Fixture) MustAcquire(t *testing.T, owner string, ref domain.ResourceRef, ttl time.Duration) domain.Lock {
+func (f *fixture) MustAcquire(t *testing.T, owner string, ref domain.ResourceRef, ttl time.Duration) domain.Lock {
 	t.Helper()
 	l, err := f.Svc.Acquire(f.Ctx, owner, ref, ttl)
 	require.NoError(t, err)
@@ -68,14 +65,22 @@ func (f *Fixture) MustAcquire(t *testing.T, owner string, ref domain.ResourceRef
 }
 
 // All returns every stored lock, expired ones included.
-func (f *Fixture) All(t *testing.T) []domain.Lock {
+func (f *fixture) All(t *testing.T) []domain.Lock {
 	t.Helper()
 	all, err := f.Svc.List(f.Ctx, application.ListOptions{IncludeExpired: true})
 	require.NoError(t, err)
 	return all
 }
 
-// Run runs the whole contract against the store that newRepo makes.
+// Run checks the store that newRepo makes against the whole contract of
+// application.LockRepository, and reports each promise it breaks as a
+// failed subtest of t named for it (for example
+// "Release/NonHolderNeverRemoves"). The subtests are listed in the package
+// documentation. Call it from a test function of the store's package:
+//
+//	func TestStore(t *testing.T) {
+//		locktest.Run(t, func(t *testing.T) application.LockRepository { return mystore.New() })
+//	}
 func Run(t *testing.T, newRepo NewRepository) {
 	t.Run("Acquire", func(t *testing.T) { testAcquire(t, newRepo) })
 	t.Run("Renew", func(t *testing.T) { testRenew(t, newRepo) })
@@ -97,7 +102,7 @@ func Run(t *testing.T, newRepo NewRepository) {
 
 func testAcquire(t *testing.T, newRepo NewRepository) {
 	t.Run("FreeResource", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		l := f.MustAcquire(t, "A", plan1, 30*time.Second)
 		assert.Positive(t, l.Token)
 		assert.Equal(t, "A", l.Owner)
@@ -109,17 +114,17 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, l, got, "the stored lock is the returned one")
 	})
 	t.Run("ZeroTTLMeansDefault", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		l := f.MustAcquire(t, "A", plan1, 0)
 		assert.Equal(t, Start.Add(domain.DefaultLockTTL), l.ExpiresAt)
 	})
 	t.Run("BoundsAccepted", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		assert.Equal(t, Start.Add(domain.MinLockTTL), f.MustAcquire(t, "A", plan1, domain.MinLockTTL).ExpiresAt)
 		assert.Equal(t, Start.Add(domain.MaxLockTTL), f.MustAcquire(t, "A", plan2, domain.MaxLockTTL).ExpiresAt)
 	})
 	t.Run("ReentrantExtendsTTL", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		first := f.MustAcquire(t, "A", plan1, 10*time.Second)
 		f.Clock.Add(9*time.Second + 999*time.Millisecond)
 		again := f.MustAcquire(t, "A", plan1, 60*time.Second)
@@ -131,7 +136,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, again, got)
 	})
 	t.Run("ConflictNamesHolder", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, 30*time.Second)
 		f.Clock.Add(10 * time.Second)
 		_, err := f.Svc.Acquire(f.Ctx, "B", plan1, 0)
@@ -144,7 +149,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, []domain.Lock{held}, f.All(t), "a refused acquire writes nothing")
 	})
 	t.Run("OtherResourcesAreIndependent", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 0)
 		f.MustAcquire(t, "B", plan2, 0)
 		f.MustAcquire(t, "C", project1, 0)
@@ -163,7 +168,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 			{"LongAfter", 2 * time.Hour, false},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				f := MustFixture(t, newRepo)
+				f := mustFixture(t, newRepo)
 				held := f.MustAcquire(t, "A", plan1, 30*time.Second)
 				f.Clock.Add(tc.advance)
 				l, err := f.Svc.Acquire(f.Ctx, "B", plan1, 0)
@@ -180,7 +185,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		}
 	})
 	t.Run("SubSecondTTLDifference", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.MustAcquire(t, "A", plan2, 5*time.Second+500*time.Millisecond)
 		f.Clock.Add(5*time.Second + 250*time.Millisecond)
@@ -190,7 +195,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		require.ErrorIs(t, err, domain.ErrConflict, "plan-2 still has 250ms left")
 	})
 	t.Run("SameOwnerAfterExpiryIsNewAcquisition", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		first := f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.Clock.Add(5 * time.Second)
 		again := f.MustAcquire(t, "A", plan1, 5*time.Second)
@@ -201,7 +206,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 
 func testRenew(t *testing.T, newRepo NewRepository) {
 	t.Run("HolderExtends", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, 10*time.Second)
 		f.Clock.Add(5 * time.Second)
 		l, err := f.Svc.Renew(f.Ctx, "A", plan1, 20*time.Second)
@@ -214,7 +219,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		require.ErrorIs(t, err, domain.ErrConflict, "the renewed lock outlives its first TTL")
 	})
 	t.Run("ZeroTTLMeansDefault", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 10*time.Second)
 		l, err := f.Svc.Renew(f.Ctx, "A", plan1, 0)
 		require.NoError(t, err)
@@ -231,7 +236,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 			{"HalfSecondAfter", 10*time.Second + 500*time.Millisecond, true},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				f := MustFixture(t, newRepo)
+				f := mustFixture(t, newRepo)
 				held := f.MustAcquire(t, "A", plan1, 10*time.Second)
 				f.Clock.Add(tc.advance)
 				_, err := f.Svc.Renew(f.Ctx, "A", plan1, 0)
@@ -248,7 +253,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		}
 	})
 	t.Run("MissingLockIsExpired", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		_, err := f.Svc.Renew(f.Ctx, "A", plan1, 0)
 		require.ErrorIs(t, err, domain.ErrExpired)
 		var ee *domain.LockExpiredError
@@ -257,7 +262,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		assert.Empty(t, f.All(t))
 	})
 	t.Run("ReleasedLockIsExpired", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 0)
 		_, err := f.Svc.Release(f.Ctx, "A", plan1)
 		require.NoError(t, err)
@@ -265,7 +270,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		require.ErrorIs(t, err, domain.ErrExpired)
 	})
 	t.Run("OtherOwnersActiveLockConflicts", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, 0)
 		_, err := f.Svc.Renew(f.Ctx, "B", plan1, 0)
 		var ce *domain.LockConflictError
@@ -273,7 +278,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, held, ce.Holder)
 	})
 	t.Run("OtherOwnersExpiredLockIsExpired", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.Clock.Add(6 * time.Second)
 		_, err := f.Svc.Renew(f.Ctx, "B", plan1, 0)
@@ -281,7 +286,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, []domain.Lock{held}, f.All(t))
 	})
 	t.Run("FormerHolderAfterTakeoverConflicts", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.Clock.Add(5 * time.Second)
 		taken := f.MustAcquire(t, "B", plan1, 0)
@@ -294,7 +299,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 
 func testRelease(t *testing.T, newRepo NewRepository) {
 	t.Run("HolderReleases", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 0)
 		ok, err := f.Svc.Release(f.Ctx, "A", plan1)
 		require.NoError(t, err)
@@ -304,7 +309,7 @@ func testRelease(t *testing.T, newRepo NewRepository) {
 		f.MustAcquire(t, "B", plan1, 0)
 	})
 	t.Run("NonHolderNeverRemoves", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, 5*time.Second)
 		ok, err := f.Svc.Release(f.Ctx, "B", plan1)
 		require.NoError(t, err)
@@ -316,13 +321,13 @@ func testRelease(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, []domain.Lock{held}, f.All(t))
 	})
 	t.Run("NotHeldIsNoError", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		ok, err := f.Svc.Release(f.Ctx, "A", plan1)
 		require.NoError(t, err)
 		assert.False(t, ok)
 	})
 	t.Run("OwnExpiredLock", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.Clock.Add(time.Minute)
 		ok, err := f.Svc.Release(f.Ctx, "A", plan1)
@@ -331,7 +336,7 @@ func testRelease(t *testing.T, newRepo NewRepository) {
 		assert.Empty(t, f.All(t))
 	})
 	t.Run("OnlyThatResource", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 0)
 		other := f.MustAcquire(t, "A", project1, 0)
 		_, err := f.Svc.Release(f.Ctx, "A", plan1)
@@ -341,7 +346,7 @@ func testRelease(t *testing.T, newRepo NewRepository) {
 }
 
 func testReleaseAll(t *testing.T, newRepo NewRepository) {
-	f := MustFixture(t, newRepo)
+	f := mustFixture(t, newRepo)
 	f.MustAcquire(t, "A", plan1, 0)
 	f.MustAcquire(t, "A", project1, 5*time.Second)
 	kept := f.MustAcquire(t, "B", plan2, 0)
@@ -357,7 +362,7 @@ func testReleaseAll(t *testing.T, newRepo NewRepository) {
 
 func testCleanup(t *testing.T, newRepo NewRepository) {
 	t.Run("Boundary", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.MustAcquire(t, "A", plan2, 5*time.Second+time.Microsecond)
 		keep := f.MustAcquire(t, "B", project1, 10*time.Second)
@@ -376,7 +381,7 @@ func testCleanup(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, []domain.Lock{keep}, f.All(t))
 	})
 	t.Run("ManyBatches", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		const expired = 2345
 		for i := range expired {
 			ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "p" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + itoa(i)}
@@ -392,7 +397,7 @@ func testCleanup(t *testing.T, newRepo NewRepository) {
 }
 
 func testStaleCount(t *testing.T, newRepo NewRepository) {
-	f := MustFixture(t, newRepo)
+	f := mustFixture(t, newRepo)
 	f.MustAcquire(t, "A", plan1, 5*time.Second)
 	f.MustAcquire(t, "B", plan2, 5*time.Second+500*time.Millisecond)
 	count := func() int {
@@ -414,7 +419,7 @@ func testStaleCount(t *testing.T, newRepo NewRepository) {
 }
 
 func testGetAndList(t *testing.T, newRepo NewRepository) {
-	f := MustFixture(t, newRepo)
+	f := mustFixture(t, newRepo)
 	_, err := f.Svc.Get(f.Ctx, plan1)
 	require.ErrorIs(t, err, domain.ErrNotFound)
 
@@ -442,7 +447,7 @@ func testGetAndList(t *testing.T, newRepo NewRepository) {
 }
 
 func testFencingToken(t *testing.T, newRepo NewRepository) {
-	f := MustFixture(t, newRepo)
+	f := mustFixture(t, newRepo)
 	var last int64
 	next := func(l domain.Lock) {
 		t.Helper()
@@ -499,7 +504,7 @@ func testValidation(t *testing.T, newRepo NewRepository) {
 		{"NegativeTTL", "A", plan1, -time.Second, "ttl"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := MustFixture(t, newRepo)
+			f := mustFixture(t, newRepo)
 			check := func(err error) {
 				t.Helper()
 				require.ErrorIs(t, err, domain.ErrValidation)
@@ -521,7 +526,7 @@ func testValidation(t *testing.T, newRepo NewRepository) {
 		})
 	}
 	t.Run("LongestValidIDs", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		max := strings.Repeat("é", domain.MaxIdentifierBytes/2) // 254 bytes of 2-byte runes
 		ref := domain.ResourceRef{Type: domain.ResourceProject, ID: max + "x"}
 		l := f.MustAcquire(t, max+"y", ref, 0)
@@ -530,7 +535,7 @@ func testValidation(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, l, got, "255-byte ids round-trip unchanged")
 	})
 	t.Run("ReleaseAllBadOwner", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		_, err := f.Svc.ReleaseAllForOwner(f.Ctx, "")
 		require.ErrorIs(t, err, domain.ErrValidation)
 	})
@@ -538,7 +543,7 @@ func testValidation(t *testing.T, newRepo NewRepository) {
 
 func testConcurrency(t *testing.T, newRepo NewRepository) {
 	t.Run("ExactlyOneWinner", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		const racers = 16
 		var (
 			wg      sync.WaitGroup
@@ -571,7 +576,7 @@ func testConcurrency(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, winners[0], got.Owner)
 	})
 	t.Run("HandoffsNeverOverlap", func(t *testing.T) {
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		const workers, rounds = 8, 25
 		var (
 			wg     sync.WaitGroup

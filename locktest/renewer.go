@@ -1,4 +1,4 @@
-package contract
+package locktest
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package contract
+package locktest
 
 import (
 	"errors"
@@ -46,7 +46,7 @@ func testHandles(t *testing.T, newRepo NewRepository) {
 		// A's handle; its lock removed behind its back; A acquires again
 		// (a new token). The stale handle's renewal and release are
 		// losses, and A's new lock is untouched.
-		f := MustFixture(t, newRepo)
+		f := mustFixture(t, newRepo)
 		h, err := f.Svc.Take(f.Ctx, "A", plan1, application.AcquireOptions{TTL: time.Minute})
 		require.NoError(t, err)
 		_, err = f.Svc.Release(f.Ctx, "A", plan1)

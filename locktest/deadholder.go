@@ -1,4 +1,4 @@
-package contract
+package locktest
 
 import (
 	"testing"
@@ -32,7 +32,7 @@ func testDeadHolder(t *testing.T, newRepo NewRepository) {
 		{"TheDeadOwnerIdTookItAgain", dead},
 	} {
 		t.Run("RowChangesHandsDuringProbe/"+tc.name, func(t *testing.T) {
-			f := MustFixture(t, newRepo)
+			f := mustFixture(t, newRepo)
 			held := f.MustAcquire(t, dead, plan1, time.Hour)
 			var next domain.Lock
 			probes := 0

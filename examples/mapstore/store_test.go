@@ -1,0 +1,56 @@
+package mapstore_test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/locktest"
+
+	"example.com/mapstore"
+)
+
+// envBug plants a bug in the store that TestStore checks: the planted-bug
+// test sets it in a child run of this test binary.
+const envBug = "MAPSTORE_BUG"
+
+// TestStore is the store's whole conformance test.
+func TestStore(t *testing.T) {
+	bug := mapstore.Bug(os.Getenv(envBug))
+	locktest.Run(t, func(t *testing.T) application.LockRepository { return mapstore.New(bug) })
+}
+
+// TestStore_PlantedBugs runs TestStore again, in a child process, with
+// each planted bug, and checks that the suite fails it, naming the broken
+// promises. Run it with -v to see what the suite printed.
+func TestStore_PlantedBugs(t *testing.T) {
+	if os.Getenv(envBug) != "" {
+		t.Skip("the child run checks the store only")
+	}
+	for _, tc := range []struct {
+		bug    mapstore.Bug
+		caught []string // subtests that must fail
+	}{
+		{mapstore.BugExpiryBoundary, []string{"TestStore/CleanupExpired/Boundary", "TestStore/StaleCount"}},
+		{mapstore.BugTokenReuse, []string{"TestStore/FencingToken"}},
+	} {
+		t.Run(string(tc.bug), func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestStore$", "-test.count=1")
+			cmd.Env = append(os.Environ(), envBug+"="+string(tc.bug))
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) {
+				t.Fatalf("the suite passed a store with the %s bug (err %v):\n%s", tc.bug, err, out)
+			}
+			for _, name := range tc.caught {
+				if !strings.Contains(string(out), "--- FAIL: "+name+" ") {
+					t.Errorf("the suite did not report %s:\n%s", name, out)
+				}
+			}
+			t.Logf("what the suite printed for the %s bug:\n%s", tc.bug, out)
+		})
+	}
+}

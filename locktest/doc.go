@@ -1,0 +1,68 @@
+// Package locktest checks that a lock store keeps every promise of
+// application.LockRepository, the port that the lock service
+// (application.LockService) runs on. It is to a lock store what
+// testing/fstest.TestFS is to a file system: one call, from a test of the
+// store's own package, runs the whole contract, and every promise the
+// store breaks fails a subtest named for it.
+//
+//	func TestStore(t *testing.T) {
+//		locktest.Run(t, func(t *testing.T) application.LockRepository {
+//			return mystore.New() // a new, empty store for each subtest
+//		})
+//	}
+//
+// Every store of this module (memory, SQLite, PostgreSQL) passes it in
+// go test ./..., and so must a store of one's own before it is trusted to
+// keep two holders apart. docs/adapters.md walks through writing one.
+//
+// # What it checks
+//
+// Run drives a real application.LockService over the store, on a
+// *clock.Mock (github.com/benbjohnson/clock) set to Start and moved
+// across every expiry boundary, so that each rule of the service is
+// checked on the store, not only its plumbing. No subtest sleeps to wait
+// for an expiry. The top-level subtests are:
+//
+//   - Acquire, Renew, Release, ReleaseAllForOwner, CleanupExpired,
+//     StaleCount, GetAndList, FencingToken, Validation: every rule of the
+//     service, at the microsecond before, at and after each expiry (a lock
+//     is active strictly before ExpiresAt), with the holder named in each
+//     refusal, nothing written on a refusal, and fencing tokens that only
+//     grow, even after the store empties.
+//   - Concurrency: sixteen owners race for one resource and exactly one
+//     wins; eight workers hand a resource over two hundred times and two
+//     are never inside at once. Run it with -race.
+//   - Repository: the port's own promises, without the service: Update
+//     returns its Decide function's error unchanged and rolls back on a
+//     panic, returns the lock as stored (in UTC), a context cancelled
+//     mid-write is the context's error and writes nothing, List orders ids
+//     by their bytes.
+//   - Acquirer, Taker, Renewer, and Handles/TokenRenewer: the optional
+//     one-statement ports (application.Acquirer, Taker, Renewer,
+//     TokenRenewer), each put through nine states of a resource and
+//     compared with the Go rule it replaces (DecideAcquire, DecideTake,
+//     DecideRenew, DecideRenewToken). They skip, saying so, for a store
+//     that does not implement them.
+//   - DeadHolder: a lock that changes hands while the dead-holder probe
+//     runs is not taken over.
+//   - Handles: writes by an acquisition's token never touch another
+//     acquisition of the same owner.
+//
+// A store that implements Acquirer may leave some cases to Update by
+// returning application.ErrUndecided. One that leaves none but a
+// re-entry within a second of its lock's expiry says so with a method
+// DecidesAll(), and Run then holds it to that.
+//
+// # Using it
+//
+// NewRepository must return a new, empty store each time: Run calls it
+// for every subtest. The store must be safe for concurrent use (the
+// Concurrency subtests call it from many goroutines at once). A store
+// over a database gives each call a database (or schema) of its own, and
+// closes it with t.Cleanup.
+//
+// The package takes a *testing.T and reports with
+// github.com/stretchr/testify, a dependency of this module already: it is
+// for the _test.go files of a store, and a program that imports only the
+// lock module's root package links neither it nor testify.
+package locktest
