@@ -64,6 +64,20 @@ func TestOpen_DatabaseKinds(t *testing.T) {
 			assert.Contains(t, err.Error(), "the "+scheme+":// scheme is not supported", dsn)
 			namesEveryKind(t, err)
 		}
+		// A scheme without "//" is no file name either (it used to make
+		// one), nor is "file:" in capitals, which SQLite does not read
+		// as a URI.
+		for dsn, says := range map[string]string{
+			"mysql:agents":          "the mysql: scheme is not supported",
+			"sqlite:a.db":           "the sqlite: scheme is not supported",
+			"postgres:dbname=test":  "postgres://",
+			"FILE:x.db":             `write "file:" in lower case`,
+			"Postgres://u@h/test":   "write the scheme in lower case",
+			"POSTGRESQL://u@h/test": "write the scheme in lower case",
+		} {
+			err := open(t, dsn)
+			assert.Contains(t, err.Error(), says, dsn)
+		}
 		entries, err := os.ReadDir(dir)
 		require.NoError(t, err)
 		assert.Empty(t, entries, "a refused database writes nothing")

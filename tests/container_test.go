@@ -219,15 +219,25 @@ func TestContainer_Config(t *testing.T) {
 
 func TestIsPostgres(t *testing.T) {
 	for db, want := range map[string]bool{
-		"postgres://h/db":                   true,
-		"postgresql://u@h/db":               true,
-		"host=db user=app password=pw":      true,
-		"dbname=agents":                     true,
-		"agents.db":                         false,
-		"file:agents.db?_busy_timeout=9000": false,
-		"/var/lib/agents/host=1.db":         false,
-		locks.MemoryDatabase:                false,
-		"":                                  false,
+		"postgres://h/db":              true,
+		"postgresql://u@h/db":          true,
+		"host=db user=app password=pw": true,
+		"dbname=agents":                true,
+		// libpq's form allows spaces around "=", quoted values, and any
+		// of its keywords first.
+		"host = 127.0.0.1 dbname = test":                 true,
+		"target_session_attrs=read-write host=127.0.0.1": true,
+		"options=-csearch_path=x host=127.0.0.1":         true,
+		"sslrootcert=/etc/ca.pem host=db":                true,
+		"search_path=x host=db":                          true,
+		"password='a b' host=db":                         true,
+		"my notes.db":                                    false,
+		"/var/lib/agents/a=b.db":                         false,
+		"agents.db":                                      false,
+		"file:agents.db?_busy_timeout=9000":              false,
+		"/var/lib/agents/host=1.db":                      false,
+		locks.MemoryDatabase:                             false,
+		"":                                               false,
 	} {
 		assert.Equal(t, want, locks.IsPostgres(db), db)
 	}
