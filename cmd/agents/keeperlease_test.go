@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -87,4 +88,28 @@ func TestKeeper_WaitsForTheExpiryOfABeatingAgents(t *testing.T) {
 	g.lease(func() time.Duration { return 1500 * time.Millisecond }, 5*time.Second, 0)
 	assert.Equal(t, syscall.SIGTERM, ended(t, p))
 	assert.GreaterOrEqual(t, time.Since(last), 1500*time.Millisecond, "stopped before the expiry, though agents beat")
+}
+
+// A keeper that stops the group while the lock is still held (here: the
+// test's clock never moves, so the lock never expires on it, while the
+// keeper's real clock passes the expiry) is reported as renewal_late:
+// exit 4, and the lock is released, as after keeper_gone. It takes the
+// 5 s of the shortest TTL, on the keeper's clock.
+func TestMain_LockRunKeeperStopsAHeldLock(t *testing.T) {
+	h := newStepHarness(t)
+	ready, term := filepath.Join(h.dir, "ready"), filepath.Join(h.dir, "term")
+	run := h.start("--json", "--owner", "runner", "locks", "run", "plan", "p1", "--ttl", "5s", "--grace", "1s", "--",
+		"sh", "-c", stopsOnTerm, ready, term)
+	h.clk.await(t, 2500*time.Millisecond) // the renewal, which never comes
+	awaitFile(t, ready)
+	r := run.wait(t)
+	assert.Equal(t, exitExpired, r.code, "stderr: %s", r.stderr)
+	assert.Contains(t, r.stderr, "heard of no renewal of the lock before its expiry")
+	assert.FileExists(t, term, "the command got SIGTERM")
+	var doc runDoc
+	r.decode(t, &doc)
+	require.NotNil(t, doc.Lost)
+	assert.Equal(t, "renewal_late", doc.Lost.Reason)
+	assert.True(t, doc.Released, "the lock, still held, is released")
+	assert.Equal(t, "", h.holder("p1"))
 }

@@ -170,10 +170,10 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	case <-g.lapsedc():
 		// The keeper stopped the group, but CMD's end came first: what it
 		// left of the group goes now, before the release.
-		if p.lapsed == "" {
+		if p.lapsed == "" && !p.reported {
 			c.lapsed(p, grace)
-			g.reap()
 		}
+		g.reap()
 	default:
 	}
 
@@ -351,6 +351,9 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 		case <-lapsed:
 			lapsed = nil
 			drain = true
+			if p.reported {
+				break // the loss, or the keeper's, was told already: the keeper only did as agents had
+			}
 			c.lapsed(p, grace)
 			if !terminated {
 				terminated = true
