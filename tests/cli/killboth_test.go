@@ -31,7 +31,7 @@ func TestCLIRun_KeeperThenAgentsKilledRefusesWhileTheGroupLives(t *testing.T) {
 
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGSTOP)) // agents cannot react
 	awaitStopped(t, p.cmd.Process.Pid)
-	require.NoError(t, syscall.Kill(group, syscall.SIGKILL))  // the keeper
+	require.NoError(t, syscall.Kill(group, syscall.SIGKILL)) // the keeper
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
 	<-p.done
 	r := a.run("--owner", "next", "locks", "acquire", "plan", "p1")
