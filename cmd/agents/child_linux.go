@@ -79,10 +79,14 @@ type group struct {
 	exited   chan struct{}
 	stops    chan struct{}
 	// lapsed is closed once the keeper says it stopped the group because
-	// the lease ran out (see keep); heard is closed once the keeper's
-	// stdout has ended, so that close knows all it said.
-	lapsed chan struct{}
-	heard  chan struct{}
+	// the lease ran out (see keep), at lapsedAt; heard is closed once the
+	// keeper's stdout has ended, so that close knows all it said.
+	// stoppedAt is when agents stopped the group itself (mark). Both are
+	// CLOCK_BOOTTIME, under mu.
+	lapsed    chan struct{}
+	heard     chan struct{}
+	lapsedAt  int64
+	stoppedAt int64
 	// leases holds the lease not yet written (see lease); nil once close
 	// has begun. beating says the writer runs; stopWrite stops it, and
 	// writing waits for it. beat is the writer's heartbeat.
@@ -165,29 +169,6 @@ func startGroup(in io.Reader) (*group, error) {
 		go g.resume()
 	}
 	return g, nil
-}
-
-// hear reads what the keeper says: 'r' once it is ready (sent on readyc),
-// then 'e' if it stops the group (lapsed), until it exits.
-func (g *group) hear(r *os.File, readyc chan<- bool) {
-	defer close(g.heard)
-	defer r.Close()
-	var b [1]byte
-	n, _ := r.Read(b[:])
-	readyc <- n == 1 && b[0] == 'r'
-	for {
-		n, err := r.Read(b[:])
-		if n == 1 && b[0] == 'e' {
-			select {
-			case <-g.lapsed:
-			default:
-				close(g.lapsed)
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
 }
 
 // keeperForeground tells the keeper that its group has the terminal.

@@ -35,6 +35,12 @@ func (g *group) lease(func() time.Duration, time.Duration, time.Duration) {}
 // lapsedc returns no channel: there is no keeper to stop the group.
 func (g *group) lapsedc() <-chan struct{} { return nil }
 
+// mark does nothing: there is no keeper to compare with.
+func (g *group) mark() {}
+
+// keeperFirst reports false: there is no keeper to stop the group.
+func (g *group) keeperFirst() bool { return false }
+
 // busy reports false: there is no group to outlive the command.
 func (g *group) busy() bool { return false }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/binary"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -28,13 +29,15 @@ import (
 //	'l' expiry lead grace        the lease, on every acquisition and renewal
 //
 // as little-endian int64 nanoseconds; EOF before 'd' means agents died.
-// The keeper writes 'r' once it is ready and 'e' when it stops the group.
+// The keeper writes 'r' once it is ready, and 'e' and its CLOCK_BOOTTIME
+// when it stops the group.
 const (
 	msgDone  = 'd'
 	msgBeat  = 'h'
 	msgLease = 'l'
 	leaseLen = 1 + 3*8
 	beatLen  = 1 + 8
+	stopLen  = 1 + 8
 )
 
 // heartbeat is how often agents beats; beatWindow how long a keeper waits
@@ -124,6 +127,47 @@ func (g *group) write(w *os.File, leases <-chan [leaseLen]byte, stop <-chan stru
 			return
 		}
 	}
+}
+
+// hear reads what the keeper says: 'r' once it is ready (sent on readyc),
+// then 'e' if it stops the group (lapsed), until it exits.
+func (g *group) hear(r *os.File, readyc chan<- bool) {
+	defer close(g.heard)
+	defer r.Close()
+	var b [stopLen]byte
+	n, _ := r.Read(b[:1])
+	readyc <- n == 1 && b[0] == 'r'
+	if _, err := io.ReadFull(r, b[:]); err != nil || b[0] != 'e' {
+		return // done, or gone
+	}
+	g.mu.Lock()
+	g.lapsedAt = int64(binary.LittleEndian.Uint64(b[1:]))
+	g.mu.Unlock()
+	close(g.lapsed)
+	_, _ = io.Copy(io.Discard, r) // until it exits
+}
+
+// mark records that agents itself is stopping the group, now.
+func (g *group) mark() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stoppedAt == 0 {
+		g.stoppedAt = bootNow()
+	}
+}
+
+// keeperFirst reports whether the keeper stopped the group (for want of
+// a renewal) before agents did (mark), if agents did.
+func (g *group) keeperFirst() bool {
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.lapsedAt != 0 && (g.stoppedAt == 0 || g.lapsedAt <= g.stoppedAt)
 }
 
 // keep is the keeper: it waits for agents to say it is done, or to die,
@@ -236,7 +280,10 @@ func (k *lease) step(now int64) int {
 		soft := k.expiry - k.lead
 		silentAt := max(soft, k.beat+int64(beatWindow))
 		if now >= k.expiry || now >= silentAt {
-			_, _ = syscall.Write(1, []byte{'e'}) // before the signal: agents learns why its command ended
+			var msg [stopLen]byte
+			msg[0] = 'e'
+			binary.LittleEndian.PutUint64(msg[1:], uint64(now))
+			_, _ = syscall.Write(1, msg[:]) // before the signal: agents learns why its command ended
 			_ = syscall.Kill(0, syscall.SIGTERM)
 			_ = syscall.Kill(0, syscall.SIGCONT) // a stopped member must act on it
 			k.termAt = now

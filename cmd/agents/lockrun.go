@@ -168,12 +168,15 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	g.close()
 	select {
 	case <-g.lapsedc():
-		// The keeper stopped the group, but CMD's end came first: what it
-		// left of the group goes now, before the release.
-		if p.lapsed == "" && !p.reported {
+		// The keeper stopped the group, and CMD's end, or agents' own
+		// notice of the loss, came before agents heard of it: say so, and
+		// what is left of the group goes now, before the release.
+		if p.lapsed == "" && g.keeperFirst() {
 			c.lapsed(p, grace)
 		}
-		g.reap()
+		if g.busy() {
+			g.reap()
+		}
 	default:
 	}
 
@@ -199,7 +202,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	} else if p.unguarded != "" {
 		doc.Lost = &lostDoc{Reason: "keeper_gone", Message: p.unguarded, At: c.clock.Now().UTC().Format(jsonTime)}
 	} else if p.lapsed != "" {
-		doc.Lost = &lostDoc{Reason: "renewal_late", Message: p.lapsed + "; the lock was renewed all the same, and was released",
+		doc.Lost = &lostDoc{Reason: "renewal_late", Message: p.lapsed + "; the lock was still held when the command ended",
 			At: c.clock.Now().UTC().Format(jsonTime)}
 	}
 	if c.g.json {
@@ -351,8 +354,8 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 		case <-lapsed:
 			lapsed = nil
 			drain = true
-			if p.reported {
-				break // the loss, or the keeper's, was told already: the keeper only did as agents had
+			if !p.group.keeperFirst() {
+				break // agents had stopped the group itself: the keeper only did the same
 			}
 			c.lapsed(p, grace)
 			if !terminated {
@@ -364,12 +367,20 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 			drain = true
 			p.reported = true
 			fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(context.Cause(held).Error()))
-			if !terminated {
-				terminated = true
+			if terminated {
+				break
+			}
+			terminated = true
+			kill = c.after(grace)
+			select {
+			case <-lapsed: // agents was stopped: the keeper stopped the group meanwhile
+				lapsed = nil
+				c.lapsed(p, grace)
+			default:
+				p.group.mark()
 				fmt.Fprintf(c.stderr, "%s: stopping the command (pid %d): SIGTERM now, SIGKILL in %s if it is still running\n",
 					c.prog(), p.cmd.Process.Pid, short(grace))
 				_ = p.terminate()
-				kill = c.after(grace)
 			}
 		case <-kill:
 			kill = nil

@@ -80,7 +80,9 @@ func TestCLIRun_StoppedAgentsCommandStopsBeforeTheExpiry(t *testing.T) {
 		"the first command ended at %s, before the keeper's lead (1 s) before the expiry at %s", deadAt, expires)
 
 	require.NoError(t, first.cmd.Process.Signal(syscall.SIGCONT))
+	contAt := time.Now()
 	r = first.wait()
+	t.Logf("agents ended %s after SIGCONT; stderr:\n%s", time.Since(contAt), r.stderr)
 	assert.Equal(t, 4, r.code, "stderr: %s", r.stderr)
 	assert.Contains(t, r.stderr, "heard of no renewal of the lock before its expiry")
 	var doc runDoc
