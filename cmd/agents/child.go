@@ -18,6 +18,9 @@ type child struct {
 	// unguarded says why the group was killed when its keeper died or was
 	// stopped; empty if it was not.
 	unguarded string
+	// lapsed says why the keeper stopped the group, having heard of no
+	// renewal of the lock before its expiry; empty if it did not.
+	lapsed string
 	// group is the process group the command runs in; nil for agents'.
 	group *group
 }

@@ -58,8 +58,8 @@ func init() {
 // terminal to the group again and continues it.
 type group struct {
 	keeper *exec.Cmd
-	// done is the keeper's stdin: 'd' then EOF when agents is done; EOF
-	// alone when agents has died.
+	// done is the keeper's stdin: leases and beats (see keep), then 'd'
+	// and EOF when agents is done; EOF alone when agents has died.
 	done *os.File
 	pgid int
 	// tty is the terminal the group has taken over; nil for none.
@@ -78,6 +78,23 @@ type group struct {
 	guardWhy string
 	exited   chan struct{}
 	stops    chan struct{}
+	// lapsed is closed once the keeper says it stopped the group because
+	// the lease ran out (see keep), at lapsedAt; heard is closed once the
+	// keeper's stdout has ended, so that close knows all it said.
+	// stoppedAt is when agents stopped the group itself (mark). Both are
+	// CLOCK_BOOTTIME, under mu.
+	lapsed    chan struct{}
+	heard     chan struct{}
+	lapsedAt  int64
+	stoppedAt int64
+	// leases holds the lease not yet written (see lease); nil once close
+	// has begun. beating says the writer runs; stopWrite stops it, and
+	// writing waits for it. beat is the writer's heartbeat.
+	leases    chan [leaseLen]byte
+	beating   bool
+	stopWrite chan struct{}
+	writing   sync.WaitGroup
+	beat      time.Duration
 }
 
 // startGroup starts the keeper of a new process group. If in is a
@@ -110,25 +127,23 @@ func startGroup(in io.Reader) (*group, error) {
 		w.Close()
 		return nil, err
 	}
-	defer ready.Close()
 	cmd.Stdout = readyW
 	err = cmd.Start()
 	readyW.Close()
 	if err != nil {
+		ready.Close()
 		w.Close()
 		return nil, err
 	}
 	g := &group{keeper: cmd, done: w, pgid: cmd.Process.Pid, tty: tty,
-		guard: make(chan struct{}), exited: make(chan struct{}), stops: make(chan struct{}, 1)}
+		guard: make(chan struct{}), exited: make(chan struct{}), stops: make(chan struct{}, 1),
+		lapsed: make(chan struct{}), heard: make(chan struct{}),
+		leases: make(chan [leaseLen]byte, 1), stopWrite: make(chan struct{}), beat: heartbeat}
 	// Watched from the start: a keeper stopped (or killed) before it is
 	// ready would never say so, and agents must not wait for it forever.
 	go g.watch()
 	readyc := make(chan bool, 1)
-	go func() {
-		var b [1]byte
-		n, _ := ready.Read(b[:])
-		readyc <- n == 1 && b[0] == 'r'
-	}()
+	go g.hear(ready, readyc)
 	ok := false
 	select {
 	case ok = <-readyc:
@@ -244,8 +259,16 @@ func (g *group) close() {
 	if g == nil || g.done == nil {
 		return
 	}
-	_, _ = g.done.Write([]byte{'d'}) // fails if the keeper was killed with the group
+	g.mu.Lock()
+	g.leases = nil // no lease after this
+	g.mu.Unlock()
+	close(g.stopWrite)
+	// The writer may still be writing a beat: each message is written
+	// whole, and the keeper reads nothing after 'd'. Closing the pipe
+	// ends a write that blocks on a stopped keeper.
+	_, _ = g.done.Write([]byte{msgDone}) // fails if the keeper was killed with the group
 	_ = g.done.Close()
+	g.writing.Wait()
 	g.done = nil
 	// A stopped keeper would never read it: it has no group left to
 	// guard, so it is killed alone.
@@ -255,6 +278,7 @@ func (g *group) close() {
 		_ = syscall.Kill(g.pgid, syscall.SIGKILL)
 		<-g.exited
 	}
+	<-g.heard
 	if g.tty == nil {
 		return
 	}
@@ -349,11 +373,23 @@ func (g *group) killMembers() {
 	}
 }
 
-// members lists the live processes of the group other than the keeper, as
-// /proc shows them. No signal can ask "is anyone but the keeper there":
-// kill(-pgid, 0) counts the keeper too.
-func (g *group) members() []int {
-	if err := syscall.Kill(-g.pgid, 0); err == syscall.ESRCH {
+// members lists the live processes of the group other than the keeper.
+func (g *group) members() []int { return groupMembers(g.pgid) }
+
+// lapsedc returns a channel that is closed once the keeper has stopped the
+// group because it heard of no renewal before the lock's expiry.
+func (g *group) lapsedc() <-chan struct{} {
+	if g == nil {
+		return nil
+	}
+	return g.lapsed
+}
+
+// groupMembers lists the live processes of process group pgid other than
+// its leader (the keeper), as /proc shows them. No signal can ask "is
+// anyone but the keeper there": kill(-pgid, 0) counts the keeper too.
+func groupMembers(pgid int) []int {
+	if err := syscall.Kill(-pgid, 0); err == syscall.ESRCH {
 		return nil
 	}
 	ents, err := os.ReadDir("/proc")
@@ -363,7 +399,7 @@ func (g *group) members() []int {
 	var pids []int
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == g.pgid {
+		if err != nil || pid == pgid {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
@@ -380,7 +416,7 @@ func (g *group) members() []int {
 		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
 			continue
 		}
-		if pgrp, err := strconv.Atoi(f[2]); err == nil && pgrp == g.pgid {
+		if pgrp, err := strconv.Atoi(f[2]); err == nil && pgrp == pgid {
 			pids = append(pids, pid)
 		}
 	}
@@ -404,43 +440,4 @@ func protectChild(cmd *exec.Cmd, g *group) {
 	if g != nil {
 		cmd.SysProcAttr.Setpgid, cmd.SysProcAttr.Pgid = true, g.pgid
 	}
-}
-
-// keep is the keeper: it waits for agents to say it is done, or to die,
-// and then kills the group, itself included. It ignores the signals that
-// agents forwards to the group: they are for the command. If the group
-// has the terminal, a stop from it (Ctrl-Z) stops agents' group too.
-func keep() int {
-	// SIGTSTP, SIGTTIN and SIGTTOU are ignored too (or caught, below):
-	// they would stop the keeper, and a stopped keeper guards nothing;
-	// agents treats it as gone (see group.watch). SIGSTOP cannot be
-	// ignored, which is why agents watches.
-	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT,
-		syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
-	if os.Getenv(keeperForeground) != "" {
-		stops := make(chan os.Signal, 1)
-		signal.Notify(stops, syscall.SIGTSTP)
-		if agents, err := syscall.Getpgid(os.Getppid()); err == nil {
-			go func() {
-				for range stops {
-					_ = syscall.Kill(-agents, syscall.SIGTSTP)
-				}
-			}()
-		}
-	}
-	_, _ = syscall.Write(1, []byte{'r'}) // ready: see startGroup
-	_ = syscall.Close(1)
-	var b [1]byte
-	for {
-		n, err := syscall.Read(0, b[:])
-		if err == syscall.EINTR {
-			continue
-		}
-		if n == 1 && b[0] == 'd' {
-			return 0
-		}
-		break
-	}
-	_ = syscall.Kill(0, syscall.SIGKILL)
-	return 1
 }

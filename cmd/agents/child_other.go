@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"time"
 )
 
 // group is the process group of the command: only Linux has one here,
@@ -27,6 +28,18 @@ func (g *group) close() {}
 
 // guarded returns no channel: there is no keeper to lose.
 func (g *group) guarded() (<-chan struct{}, func() string) { return nil, nil }
+
+// lease does nothing: there is no keeper to enforce it.
+func (g *group) lease(func() time.Duration, time.Duration, time.Duration) {}
+
+// lapsedc returns no channel: there is no keeper to stop the group.
+func (g *group) lapsedc() <-chan struct{} { return nil }
+
+// mark does nothing: there is no keeper to compare with.
+func (g *group) mark() {}
+
+// keeperFirst reports false: there is no keeper to stop the group.
+func (g *group) keeperFirst() bool { return false }
 
 // busy reports false: there is no group to outlive the command.
 func (g *group) busy() bool { return false }

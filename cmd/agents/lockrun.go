@@ -46,7 +46,9 @@ type commandDoc struct {
 type lostDoc struct {
 	// Reason is expired, taken_over, removed, store_failing or closed; or
 	// keeper_gone when the lock was not lost but the keeper of the
-	// command's group died or was stopped, and agents killed the group.
+	// command's group died or was stopped, and agents killed the group;
+	// or renewal_late when the keeper stopped the group because it heard
+	// of no renewal before the expiry, but the lock was renewed.
 	Reason  string `json:"reason"`
 	Message string `json:"message"`
 	// At is when agents noticed the loss.
@@ -121,6 +123,13 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.close(ctr)
+	// Every renewal tells the keeper the new expiry: it stops the group
+	// should agents stop renewing without dying (see group.lease). Set
+	// before the lock is taken, while nothing else reads it.
+	var leaseTTL time.Duration // the handle's, set before the keep-alive starts
+	ctr.Locks.SetObserver(renewals{ref: ref, lease: func(l domain.Lock) {
+		g.lease(func() time.Duration { return l.ExpiresAt.Sub(c.clock.Now()) }, leaseTTL, grace)
+	}})
 	h, err := waitRounds(c, ctx, opts, func(ctx context.Context, opts application.AcquireOptions) (*application.Handle, error) {
 		return ctr.Locks.Take(ctx, owner, ref, opts)
 	})
@@ -139,11 +148,13 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		_, _ = c.releaseHandle(rctx, h)
 		return ctx.Err()
 	}
+	l := h.Lock()
+	leaseTTL = h.TTL()
+	g.lease(func() time.Duration { return l.ExpiresAt.Sub(c.clock.Now()) }, leaseTTL, grace) // before CMD starts
 	keep, stopKeep := context.WithCancel(bg)
 	defer stopKeep()
 	held := h.KeepAlive(keep)
 
-	l := h.Lock()
 	cmd := c.command(path, argv, l)
 	p, err := startChild(cmd, g)
 	if err != nil {
@@ -159,6 +170,19 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		g.reap() // before the release: no process of the work outlives the lock
 	}
 	g.close()
+	select {
+	case <-g.lapsedc():
+		// The keeper stopped the group, and CMD's end, or agents' own
+		// notice of the loss, came before agents heard of it: say so, and
+		// what is left of the group goes now, before the release.
+		if p.lapsed == "" && g.keeperFirst() {
+			c.lapsed(p, grace)
+		}
+		if g.busy() {
+			g.reap()
+		}
+	default:
+	}
 
 	// CMD has ended: stop renewing, then release the lock if it is still
 	// the owner's.
@@ -184,13 +208,16 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		doc.Lost = newLostDoc(lost)
 	} else if p.unguarded != "" {
 		doc.Lost = &lostDoc{Reason: "keeper_gone", Message: p.unguarded, At: c.clock.Now().UTC().Format(jsonTime)}
+	} else if p.lapsed != "" {
+		doc.Lost = &lostDoc{Reason: "renewal_late", Message: p.lapsed + "; the lock was still held when the command ended",
+			At: c.clock.Now().UTC().Format(jsonTime)}
 	}
 	if c.g.json {
 		if err := c.writeJSON(doc); err != nil {
 			return err
 		}
 	}
-	if lost != nil || p.unguarded != "" {
+	if lost != nil || p.unguarded != "" || p.lapsed != "" {
 		return exitStatus(c.lostExit)
 	}
 	return exitStatus(doc.Command.ExitCode)
@@ -289,6 +316,10 @@ func (c *invocation) command(path string, argv []string, l domain.Lock) *exec.Cm
 func (c *invocation) supervise(p *child, h *application.Handle, held context.Context, sigs <-chan os.Signal, grace time.Duration) {
 	lostc := held.Done()
 	guard, why := p.group.guarded()
+	lapsed := p.group.lapsedc()
+	// terminated is set once the group has had its SIGTERM, from agents
+	// or from the keeper: it gets no second one.
+	terminated := false
 	var kill <-chan time.Time
 	done := p.done
 	// drain is set once CMD's leftovers must be waited for; poll ticks
@@ -327,15 +358,37 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 		case s := <-sigs:
 			drain = true
 			_ = p.signal(s) // fails only once the group has ended
+		case <-lapsed:
+			lapsed = nil
+			drain = true
+			if !p.group.keeperFirst() {
+				break // agents had stopped the group itself: the keeper only did the same
+			}
+			c.lapsed(p, grace)
+			if !terminated {
+				terminated = true
+				kill = c.after(grace) // the keeper's SIGKILL too, should it come first
+			}
 		case <-lostc:
 			lostc = nil
 			drain = true
 			p.reported = true
 			fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(context.Cause(held).Error()))
-			fmt.Fprintf(c.stderr, "%s: stopping the command (pid %d): SIGTERM now, SIGKILL in %s if it is still running\n",
-				c.prog(), p.cmd.Process.Pid, short(grace))
-			_ = p.terminate()
+			if terminated {
+				break
+			}
+			terminated = true
 			kill = c.after(grace)
+			select {
+			case <-lapsed: // agents was stopped: the keeper stopped the group meanwhile
+				lapsed = nil
+				c.lapsed(p, grace)
+			default:
+				p.group.mark()
+				fmt.Fprintf(c.stderr, "%s: stopping the command (pid %d): SIGTERM now, SIGKILL in %s if it is still running\n",
+					c.prog(), p.cmd.Process.Pid, short(grace))
+				_ = p.terminate()
+			}
 		case <-kill:
 			kill = nil
 			killed = true
@@ -351,6 +404,27 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 				p.group.killMembers()
 			}
 		}
+	}
+}
+
+// lapsed records and reports that the keeper of p's group stopped it,
+// having heard of no renewal of the lock before its expiry.
+func (c *invocation) lapsed(p *child, grace time.Duration) {
+	p.lapsed = fmt.Sprintf("the keeper of the command's process group (pid %d) heard of no renewal of the lock before its expiry "+
+		"(agents was stopped or frozen, or too slow to renew it), and stopped the command (pid %d): SIGTERM, then SIGKILL %s later "+
+		"if it was still running", p.group.id(), p.cmd.Process.Pid, short(grace))
+	fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), p.lapsed)
+}
+
+// renewals passes every renewal of the run's lock on ref to lease.
+type renewals struct {
+	ref   domain.ResourceRef
+	lease func(domain.Lock)
+}
+
+func (r renewals) Observe(_ context.Context, e application.Event) {
+	if e.Kind == application.EventRenewed && e.Err == nil && e.Resource == r.ref {
+		r.lease(e.Lock)
 	}
 }
 

@@ -104,6 +104,7 @@ func TestCLI_DeadHolderWorkOutlivesAgents(t *testing.T) {
 		// keeper's death (it would kill the group, as it should when it
 		// outlives the keeper) between the two kills.
 		require.NoError(t, p.cmd.Process.Signal(syscall.SIGSTOP))
+		awaitStopped(t, p.cmd.Process.Pid)
 		require.NoError(t, syscall.Kill(group, syscall.SIGKILL)) // the keeper, the group's first process
 		require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
 		<-p.done

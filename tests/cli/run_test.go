@@ -250,9 +250,11 @@ func TestCLIRun_ForwardsSignals(t *testing.T) {
 }
 
 // TestCLIRun_LostLockStopsCommand stops agents with SIGSTOP past its TTL,
-// lets another owner take the lock, and resumes agents: it notices the
-// loss at once, stops CMD with SIGTERM, exits 4, and the other owner keeps
-// its lock. It waits about five seconds, the shortest TTL.
+// lets another owner take the lock, and resumes agents. The keeper of
+// CMD's group, which heard of no renewal, stopped CMD with SIGTERM before
+// the expiry (see stopped_test.go); agents says so, notices the loss at
+// once, exits 4, and the other owner keeps its lock. It waits about five
+// seconds, the shortest TTL.
 func TestCLIRun_LostLockStopsCommand(t *testing.T) {
 	t.Parallel()
 	a := newAgents(t)
@@ -272,7 +274,8 @@ func TestCLIRun_LostLockStopsCommand(t *testing.T) {
 	r := p.wait()
 	assert.Equal(t, 4, r.code, "stderr: %s", r.stderr)
 	assert.Contains(t, r.stderr, `the lock of owner "runner" on plan/p1 (token 1) was lost: owner "other" took it over (token 2)`)
-	assert.Contains(t, r.stderr, "SIGTERM now, SIGKILL in 10s")
+	assert.Contains(t, r.stderr, "heard of no renewal of the lock before its expiry")
+	assert.Contains(t, r.stderr, "SIGTERM, then SIGKILL 10s later")
 	assert.FileExists(t, term, "the command got SIGTERM")
 	assert.Eventually(t, func() bool { return dead(pid) }, 5*time.Second, 10*time.Millisecond, "the command is stopped")
 	var doc runDoc
