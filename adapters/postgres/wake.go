@@ -87,7 +87,10 @@ const (
 	// announcements, a ping); byeTimeout its farewell, which Close waits
 	// for.
 	talkTimeout = 5 * time.Second
-	byeTimeout  = time.Second
+	// byeTimeout is long enough for a loaded server: a farewell that times
+	// out leaves this process's marks with the others until they age out
+	// (remoteTTL), and a second was seen to be too short under load.
+	byeTimeout = 3 * time.Second
 	// listenerAppName is the application_name of a listener's connection,
 	// for pg_stat_activity, after the DSN's own if it sets one.
 	listenerAppName = "cleveragents-locks listener"
