@@ -30,7 +30,9 @@ func TestCLI_DeadlineWriteLockHeld(t *testing.T) {
 			t.Parallel()
 			start := time.Now()
 			r := a.runEnv([]string{"AGENTS_TIMEOUT=2s"}, append([]string{"--db", a.db}, args...)...)
-			assert.Less(t, time.Since(start), busyWaits*deadline+5*time.Second, "the deadline is %s", deadline)
+			// The margin is for starting agents on a loaded machine; without the
+			// deadline these commands took 20 s and more.
+			assert.Less(t, time.Since(start), busyWaits*deadline+8*time.Second, "the deadline is %s", deadline)
 			switch name {
 			case "list", "list-all", "diagnostics":
 				assert.Equal(t, 0, r.code, "readers never wait: %s", r.stderr)
