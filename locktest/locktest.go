@@ -660,134 +660,139 @@ func testConcurrency(t *testing.T, newRepo NewRepository) {
 			require.Greater(t, tokens[i], tokens[i-1], "tokens increase in the order of entry")
 		}
 	})
-	testConcurrencyMore(t, newRepo)
+	t.Run("ReadsDuringWrites", func(t *testing.T) { testReadsDuringWrites(t, newRepo) })
+	t.Run("TokensNeverRepeatAcrossResources", func(t *testing.T) { testTokensAcrossResources(t, newRepo) })
 }
 
-func testConcurrencyMore(t *testing.T, newRepo NewRepository) {
-	t.Run("ReadsDuringWrites", func(t *testing.T) {
-		// Get, List and CountExpired run while owners acquire and release
-		// other resources: a store that reads without the lock its writes
-		// take shows under -race (or crashes on a concurrent map access).
-		// The reads go to the store itself, so that nothing in the service
-		// orders them after the writes.
-		f := mustFixture(t, newRepo)
-		const writers, rounds, readers = 4, 25, 2
-		ref := func(i int) domain.ResourceRef {
-			return domain.ResourceRef{Type: domain.ResourcePlan, ID: "w" + itoa(i)}
-		}
-		stop := make(chan struct{})
-		var wg, rg, reading sync.WaitGroup
-		reading.Add(readers)
-		for i := range writers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				reading.Wait() // the writes start once every reader reads
-				for range rounds {
-					_, err := f.Svc.Acquire(f.Ctx, "w"+itoa(i), ref(i), time.Minute)
-					if !assert.NoError(t, err) {
-						return
-					}
-					ok, err := f.Svc.Release(f.Ctx, "w"+itoa(i), ref(i))
-					if !assert.NoError(t, err) || !assert.True(t, ok) {
-						return
-					}
+// testReadsDuringWrites runs Get, List and CountExpired while owners
+// acquire and release other resources: a store that reads without the
+// lock its writes take shows under -race (or crashes on a concurrent map
+// access, in this function). The reads go to the store itself, so that
+// nothing in the service orders them after the writes.
+func testReadsDuringWrites(t *testing.T, newRepo NewRepository) {
+	f := mustFixture(t, newRepo)
+	// The writers write rounds times, and on (up to 20 times as long)
+	// until the readers have read minReads times between them: a loaded
+	// machine may not run a reader while the writers write.
+	const writers, rounds, readers, minReads = 4, 25, 2, 100
+	var reads atomic.Int64
+	ref := func(i int) domain.ResourceRef {
+		return domain.ResourceRef{Type: domain.ResourcePlan, ID: "w" + itoa(i)}
+	}
+	stop := make(chan struct{})
+	var wg, rg, reading sync.WaitGroup
+	reading.Add(readers)
+	for i := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reading.Wait() // the writes start once every reader reads
+			for n := 0; n < rounds || (reads.Load() < minReads && n < 20*rounds); n++ {
+				_, err := f.Svc.Acquire(f.Ctx, "w"+itoa(i), ref(i), time.Minute)
+				if !assert.NoError(t, err) {
+					return
 				}
-			}()
-		}
-		for r := range readers {
-			rg.Add(1)
-			go func() {
-				defer rg.Done()
-				var once sync.Once
-				ready := func() { once.Do(reading.Done) }
-				defer ready() // a reader that stops early holds no writer back
-				for n := r; ; n++ {
-					if n > r {
-						ready() // this reader has read once
-					}
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					l, err := f.Repo.Get(f.Ctx, ref(n%writers))
-					if err == nil {
-						assert.Equal(t, "w"+itoa(n%writers), l.Owner, "Get during writes returns a lock as stored")
-					} else if !assert.ErrorIs(t, err, domain.ErrNotFound) {
-						return
-					}
-					all, err := f.Repo.List(f.Ctx, application.ListFilter{})
-					if !assert.NoError(t, err) {
-						return
-					}
-					for _, l := range all {
-						assert.Equal(t, l.Resource.ID, l.Owner, "List during writes returns locks as stored")
-					}
-					expired, err := f.Repo.CountExpired(f.Ctx, Start)
-					if !assert.NoError(t, err) || !assert.Zero(t, expired) {
-						return
-					}
+				ok, err := f.Svc.Release(f.Ctx, "w"+itoa(i), ref(i))
+				if !assert.NoError(t, err) || !assert.True(t, ok) {
+					return
 				}
-			}()
-		}
-		wg.Wait()
-		close(stop)
-		rg.Wait()
-	})
-	t.Run("TokensNeverRepeatAcrossResources", func(t *testing.T) {
-		// Many resources change hands at once: a store whose token counter
-		// is not shared by all its writers (a lock per resource, and an
-		// unsynchronised counter) hands one token out twice, or a smaller
-		// one after a larger; -race also reports the counter. Each Decide
-		// yields, so that the writes of the resources overlap even on a
-		// loaded machine.
-		repo := newRepo(t)
-		const resources, rounds = 8, 40
-		tokens := make([][]int64, resources) // one slice per goroutine: nothing shared
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range resources {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ref := domain.ResourceRef{Type: domain.ResourceProject, ID: "r" + itoa(i)}
-				<-start
-				for range rounds {
-					// A new lock each round: the resource changes hands.
-					l, err := repo.Update(t.Context(), ref, func(*domain.Lock) (application.Change, error) {
-						runtime.Gosched() // let the others decide meanwhile
-						return application.Change{Kind: application.ChangeInsert, Lock: domain.Lock{
-							Owner: "A", AcquiredAt: Start, ExpiresAt: Start.Add(time.Minute)}}, nil
-					})
-					if !assert.NoError(t, err) {
-						return
-					}
-					tokens[i] = append(tokens[i], l.Token)
-				}
-			}()
-		}
-		close(start)
-		wg.Wait()
-		seen := make(map[int64]int, resources*rounds)
-		var twice []string
-		for i, ts := range tokens {
-			require.Len(t, ts, rounds)
-			for j, tok := range ts {
-				if j > 0 && tok <= ts[j-1] {
-					t.Errorf("resource r%d was handed token %d after token %d: tokens grow", i, tok, ts[j-1])
-				}
-				if other, dup := seen[tok]; dup {
-					twice = append(twice, fmt.Sprintf("%d (r%d and r%d)", tok, other, i))
-				}
-				seen[tok] = i
 			}
+		}()
+	}
+	for r := range readers {
+		rg.Add(1)
+		go func() {
+			defer rg.Done()
+			var once sync.Once
+			ready := func() { once.Do(reading.Done) }
+			defer ready() // a reader that stops early holds no writer back
+			for n := r; ; n++ {
+				if n > r {
+					ready() // this reader has read once
+				}
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l, err := f.Repo.Get(f.Ctx, ref(n%writers))
+				if err == nil {
+					assert.Equal(t, "w"+itoa(n%writers), l.Owner, "Get during writes returns a lock as stored")
+				} else if !assert.ErrorIs(t, err, domain.ErrNotFound) {
+					return
+				}
+				all, err := f.Repo.List(f.Ctx, application.ListFilter{})
+				if !assert.NoError(t, err) {
+					return
+				}
+				for _, l := range all {
+					assert.Equal(t, l.Resource.ID, l.Owner, "List during writes returns locks as stored")
+				}
+				expired, err := f.Repo.CountExpired(f.Ctx, Start)
+				if !assert.NoError(t, err) || !assert.Zero(t, expired) {
+					return
+				}
+				reads.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	rg.Wait()
+}
+
+// testTokensAcrossResources has many resources change hands at once: a
+// store whose token counter is not shared by all its writers (a lock per
+// resource, and an unsynchronised counter) hands one token out twice, or
+// a smaller one after a larger; -race also reports the counter. Each
+// Decide yields, so that the writes of the resources overlap even on a
+// loaded machine.
+func testTokensAcrossResources(t *testing.T, newRepo NewRepository) {
+	repo := newRepo(t)
+	const resources, rounds = 8, 40
+	tokens := make([][]int64, resources) // one slice per goroutine: nothing shared
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range resources {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ref := domain.ResourceRef{Type: domain.ResourceProject, ID: "r" + itoa(i)}
+			<-start
+			for range rounds {
+				// A new lock each round: the resource changes hands.
+				l, err := repo.Update(t.Context(), ref, func(*domain.Lock) (application.Change, error) {
+					runtime.Gosched() // let the others decide meanwhile
+					return application.Change{Kind: application.ChangeInsert, Lock: domain.Lock{
+						Owner: "A", AcquiredAt: Start, ExpiresAt: Start.Add(time.Minute)}}, nil
+				})
+				if !assert.NoError(t, err) {
+					return
+				}
+				tokens[i] = append(tokens[i], l.Token)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	seen := make(map[int64]int, resources*rounds)
+	var twice []string
+	for i, ts := range tokens {
+		require.Len(t, ts, rounds)
+		for j, tok := range ts {
+			if j > 0 && tok <= ts[j-1] {
+				t.Errorf("resource r%d was handed token %d after token %d: tokens grow", i, tok, ts[j-1])
+			}
+			if other, dup := seen[tok]; dup {
+				twice = append(twice, fmt.Sprintf("%d (r%d and r%d)", tok, other, i))
+			}
+			seen[tok] = i
 		}
-		if len(twice) > 0 {
-			t.Errorf("%d of %d tokens were handed out twice, on different resources: tokens never repeat across the store; "+
-				"the first: %s", len(twice), resources*rounds, strings.Join(twice[:min(len(twice), 5)], ", "))
-		}
-	})
+	}
+	if len(twice) > 0 {
+		t.Errorf("%d of %d tokens were handed out twice, on different resources: tokens never repeat across the store; "+
+			"the first: %s", len(twice), resources*rounds, strings.Join(twice[:min(len(twice), 5)], ", "))
+	}
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
