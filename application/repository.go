@@ -46,11 +46,16 @@ const (
 	// ChangeNone leaves the store untouched.
 	ChangeNone ChangeKind = iota
 	// ChangeInsert removes any existing lock on the resource and stores
-	// Change.Lock as a new lock with a new, larger fencing token. It is used
-	// whenever the resource changes hands.
+	// Change.Lock as a new lock with a new fencing token, larger than every
+	// token the store has handed out before, on any resource. Tokens need
+	// not start at 1 nor be consecutive; they must never repeat, and they
+	// grow in the order of the writes. It is used whenever the resource
+	// changes hands.
 	ChangeInsert
 	// ChangeExtend sets the expiry of the current lock to
 	// Change.Lock.ExpiresAt, keeping its owner, acquisition time and token.
+	// The expiry given is the new one, earlier or later than the current
+	// one: a re-entry or a renewal with a shorter TTL shortens the lock.
 	ChangeExtend
 )
 
@@ -84,10 +89,23 @@ type ListFilter struct {
 // LockRepository stores locks: implement it to keep locks in a store of
 // one's own, and check the implementation with locktest.Run, which holds
 // it to every promise below. Implementations must be safe for concurrent
-// use, also by several processes sharing one store where the adapter
+// use, reads included (Get, List and CountExpired run while others
+// write), also by several processes sharing one store where the adapter
 // supports it. Every method returns a *domain.StoreError (matching
 // domain.ErrUnavailable) when the store fails; Update also returns whatever
 // error its Decide function returns, unchanged.
+//
+// Owners and resource ids are exact byte strings: two that differ in any
+// byte (case, trailing spaces, another Unicode normalisation) are
+// different owners and different resources, for every method. A store
+// over a database compares them with a binary collation, never one that
+// folds case or pads with spaces.
+//
+// A write (Update, the Delete methods, and the optional ports below)
+// whose ctx has ended before it is made returns the ctx's error (matching
+// ctx.Err() with errors.Is, and not domain.ErrUnavailable) and writes
+// nothing: a caller that has given up, or timed out, has not released,
+// acquired or purged anything.
 type LockRepository interface {
 	// Update reads the lock on ref and applies the change that decide
 	// returns, atomically: no other writer can change the resource between
@@ -119,8 +137,10 @@ type LockRepository interface {
 	DeleteAllOwned(ctx context.Context, owner string) (int, error)
 
 	// DeleteExpired removes at most limit locks that have expired at now
-	// (ExpiresAt <= now) and returns how many. Callers loop to purge more, so
-	// that no single write holds the store for long.
+	// (ExpiresAt <= now) and returns how many: limit, or fewer only when
+	// no more have expired. Callers loop to purge more, so that no single
+	// write holds the store for long, and stop at a batch smaller than
+	// limit.
 	DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error)
 
 	// CountExpired returns how many stored locks have expired at now.

@@ -28,15 +28,23 @@
 //     service, at the microsecond before, at and after each expiry (a lock
 //     is active strictly before ExpiresAt), with the holder named in each
 //     refusal, nothing written on a refusal, and fencing tokens that only
-//     grow, even after the store empties.
+//     grow, even after the store empties (they need not start at 1 nor be
+//     consecutive). A re-entry or renewal with a shorter TTL shortens the
+//     lock: the new expiry is now+ttl.
 //   - Concurrency: sixteen owners race for one resource and exactly one
 //     wins; eight workers hand a resource over two hundred times and two
-//     are never inside at once. Run it with -race.
+//     are never inside at once; Get, List and CountExpired read while
+//     others write; eight resources change hands at once and no token is
+//     handed out twice, nor a smaller one after a larger on a resource.
 //   - Repository: the port's own promises, without the service: Update
 //     returns its Decide function's error unchanged and rolls back on a
-//     panic, returns the lock as stored (in UTC), a context cancelled
-//     mid-write is the context's error and writes nothing, List orders ids
-//     by their bytes.
+//     panic (a store still locked after it fails within seconds, not at
+//     go test's timeout), returns the lock as stored (in UTC), a
+//     ChangeExtend stores the expiry given, earlier or later;
+//     DeleteExpired removes at most limit locks, and fewer only when no
+//     more have expired; a context that ended before a write, or
+//     mid-write, is the context's error and writes nothing; List orders
+//     ids by their bytes.
 //   - Acquirer, Taker, Renewer, and Handles/TokenRenewer: the optional
 //     one-statement ports (application.Acquirer, Taker, Renewer,
 //     TokenRenewer), each put through nine states of a resource and
@@ -47,6 +55,15 @@
 //     runs is not taken over.
 //   - Handles: writes by an acquisition's token never touch another
 //     acquisition of the same owner.
+//   - ExactBytes: owners and resource ids are exact byte strings: "Alice"
+//     never releases, re-enters, renews or lists "alice"'s lock, nor
+//     "worker-1" "worker-12"'s; "Deploy" and "deploy", "p1" and "p1 ", an
+//     id in NFC and in NFD are different resources.
+//   - EndedContext: every write of the service (Acquire, Take, Renew, a
+//     handle's Renew, Release, ReleaseAllForOwner, CleanupExpired) with a
+//     context cancelled or past its deadline before the call returns the
+//     context's error and writes nothing, through whichever ports the
+//     store implements.
 //
 // A store that implements Acquirer may leave some cases to Update by
 // returning application.ErrUndecided. One that leaves none but a
@@ -60,6 +77,12 @@
 // Concurrency subtests call it from many goroutines at once). A store
 // over a database gives each call a database (or schema) of its own, and
 // closes it with t.Cleanup.
+//
+// Run the suite with go test -race. A store that reads without the lock
+// its writes take, or shares a token counter between writers without
+// one, may still give right answers while the suite watches: with -race
+// the Concurrency subtests report it as a data race, without it they
+// catch it only by luck.
 //
 // The package takes a *testing.T and reports with
 // github.com/stretchr/testify, a dependency of this module already: it is

@@ -3,6 +3,7 @@ package locktest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
@@ -64,6 +65,26 @@ func (f *fixture) MustAcquire(t *testing.T, owner string, ref domain.ResourceRef
 	return l
 }
 
+// shorterTTL is the TTL of a re-entry or renewal of a lock taken for an
+// hour: it must shorten the lock.
+const shorterTTL = 10 * time.Second
+
+// CheckShortened checks that l, what a re-entry or renewal (what) of
+// held on plan1 with shorterTTL returned, expires at now+shorterTTL, as
+// stored, earlier than held did: the rule is now+ttl, not the later of
+// the two expiries. It moves the clock to that expiry.
+func (f *fixture) CheckShortened(t *testing.T, held, l domain.Lock, what string) {
+	t.Helper()
+	assert.Equal(t, held.Token, l.Token, "a %s keeps the token", what)
+	assert.Equal(t, f.Clock.Now().Add(shorterTTL), l.ExpiresAt, "a %s with a shorter TTL expires at now+ttl", what)
+	got, err := f.Svc.Get(f.Ctx, plan1)
+	require.NoError(t, err)
+	assert.Equal(t, l, got, "the shorter expiry is stored")
+	f.Clock.Add(shorterTTL)
+	_, err = f.Svc.Acquire(f.Ctx, "B", plan1, 0)
+	require.NoError(t, err, "the lock expired at now+ttl of the %s, not at its first expiry", what)
+}
+
 // All returns every stored lock, expired ones included.
 func (f *fixture) All(t *testing.T) []domain.Lock {
 	t.Helper()
@@ -98,6 +119,8 @@ func Run(t *testing.T, newRepo NewRepository) {
 	t.Run("Renewer", func(t *testing.T) { testRenewer(t, newRepo) })
 	t.Run("DeadHolder", func(t *testing.T) { testDeadHolder(t, newRepo) })
 	t.Run("Handles", func(t *testing.T) { testHandles(t, newRepo) })
+	t.Run("ExactBytes", func(t *testing.T) { testExactBytes(t, newRepo) })
+	t.Run("EndedContext", func(t *testing.T) { testEndedContext(t, newRepo) })
 }
 
 func testAcquire(t *testing.T, newRepo NewRepository) {
@@ -134,6 +157,14 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		got, err := f.Svc.Get(f.Ctx, plan1)
 		require.NoError(t, err)
 		assert.Equal(t, again, got)
+	})
+	t.Run("ReentryWithShorterTTLShortens", func(t *testing.T) {
+		// The new expiry is now+ttl, earlier than the current one too.
+		f := mustFixture(t, newRepo)
+		first := f.MustAcquire(t, "A", plan1, time.Hour)
+		f.Clock.Add(time.Second)
+		again := f.MustAcquire(t, "A", plan1, shorterTTL)
+		f.CheckShortened(t, first, again, "re-entry")
 	})
 	t.Run("ConflictNamesHolder", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
@@ -217,6 +248,14 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		f.Clock.Add(19 * time.Second)
 		_, err = f.Svc.Acquire(f.Ctx, "B", plan1, 0)
 		require.ErrorIs(t, err, domain.ErrConflict, "the renewed lock outlives its first TTL")
+	})
+	t.Run("ShorterTTLShortens", func(t *testing.T) {
+		f := mustFixture(t, newRepo)
+		held := f.MustAcquire(t, "A", plan1, time.Hour)
+		f.Clock.Add(time.Second)
+		l, err := f.Svc.Renew(f.Ctx, "A", plan1, shorterTTL)
+		require.NoError(t, err)
+		f.CheckShortened(t, held, l, "renewal")
 	})
 	t.Run("ZeroTTLMeansDefault", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
@@ -505,6 +544,7 @@ func testValidation(t *testing.T, newRepo NewRepository) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := mustFixture(t, newRepo)
+			earlier := f.MustAcquire(t, "A", plan2, 0)
 			check := func(err error) {
 				t.Helper()
 				require.ErrorIs(t, err, domain.ErrValidation)
@@ -520,9 +560,9 @@ func testValidation(t *testing.T, newRepo NewRepository) {
 				_, err = f.Svc.Release(f.Ctx, tc.owner, tc.ref)
 				check(err)
 			}
-			assert.Empty(t, f.All(t), "nothing is written")
+			assert.Equal(t, []domain.Lock{earlier}, f.All(t), "nothing is written")
 			l := f.MustAcquire(t, "A", plan1, 0)
-			assert.Equal(t, int64(1), l.Token, "not even a token is used up")
+			assert.Greater(t, l.Token, earlier.Token, "the next token is still greater than every earlier one")
 		})
 	}
 	t.Run("LongestValidIDs", func(t *testing.T) {
@@ -620,6 +660,139 @@ func testConcurrency(t *testing.T, newRepo NewRepository) {
 			require.Greater(t, tokens[i], tokens[i-1], "tokens increase in the order of entry")
 		}
 	})
+	t.Run("ReadsDuringWrites", func(t *testing.T) { testReadsDuringWrites(t, newRepo) })
+	t.Run("TokensNeverRepeatAcrossResources", func(t *testing.T) { testTokensAcrossResources(t, newRepo) })
+}
+
+// testReadsDuringWrites runs Get, List and CountExpired while owners
+// acquire and release other resources: a store that reads without the
+// lock its writes take shows under -race (or crashes on a concurrent map
+// access, in this function). The reads go to the store itself, so that
+// nothing in the service orders them after the writes.
+func testReadsDuringWrites(t *testing.T, newRepo NewRepository) {
+	f := mustFixture(t, newRepo)
+	// The writers write rounds times, and on (up to 20 times as long)
+	// until the readers have read minReads times between them: a loaded
+	// machine may not run a reader while the writers write.
+	const writers, rounds, readers, minReads = 4, 25, 2, 100
+	var reads atomic.Int64
+	ref := func(i int) domain.ResourceRef {
+		return domain.ResourceRef{Type: domain.ResourcePlan, ID: "w" + itoa(i)}
+	}
+	stop := make(chan struct{})
+	var wg, rg, reading sync.WaitGroup
+	reading.Add(readers)
+	for i := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reading.Wait() // the writes start once every reader reads
+			for n := 0; n < rounds || (reads.Load() < minReads && n < 20*rounds); n++ {
+				_, err := f.Svc.Acquire(f.Ctx, "w"+itoa(i), ref(i), time.Minute)
+				if !assert.NoError(t, err) {
+					return
+				}
+				ok, err := f.Svc.Release(f.Ctx, "w"+itoa(i), ref(i))
+				if !assert.NoError(t, err) || !assert.True(t, ok) {
+					return
+				}
+			}
+		}()
+	}
+	for r := range readers {
+		rg.Add(1)
+		go func() {
+			defer rg.Done()
+			var once sync.Once
+			ready := func() { once.Do(reading.Done) }
+			defer ready() // a reader that stops early holds no writer back
+			for n := r; ; n++ {
+				if n > r {
+					ready() // this reader has read once
+				}
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l, err := f.Repo.Get(f.Ctx, ref(n%writers))
+				if err == nil {
+					assert.Equal(t, "w"+itoa(n%writers), l.Owner, "Get during writes returns a lock as stored")
+				} else if !assert.ErrorIs(t, err, domain.ErrNotFound) {
+					return
+				}
+				all, err := f.Repo.List(f.Ctx, application.ListFilter{})
+				if !assert.NoError(t, err) {
+					return
+				}
+				for _, l := range all {
+					assert.Equal(t, l.Resource.ID, l.Owner, "List during writes returns locks as stored")
+				}
+				expired, err := f.Repo.CountExpired(f.Ctx, Start)
+				if !assert.NoError(t, err) || !assert.Zero(t, expired) {
+					return
+				}
+				reads.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	rg.Wait()
+}
+
+// testTokensAcrossResources has many resources change hands at once: a
+// store whose token counter is not shared by all its writers (a lock per
+// resource, and an unsynchronised counter) hands one token out twice, or
+// a smaller one after a larger; -race also reports the counter. Each
+// Decide yields, so that the writes of the resources overlap even on a
+// loaded machine.
+func testTokensAcrossResources(t *testing.T, newRepo NewRepository) {
+	repo := newRepo(t)
+	const resources, rounds = 8, 40
+	tokens := make([][]int64, resources) // one slice per goroutine: nothing shared
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range resources {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ref := domain.ResourceRef{Type: domain.ResourceProject, ID: "r" + itoa(i)}
+			<-start
+			for range rounds {
+				// A new lock each round: the resource changes hands.
+				l, err := repo.Update(t.Context(), ref, func(*domain.Lock) (application.Change, error) {
+					runtime.Gosched() // let the others decide meanwhile
+					return application.Change{Kind: application.ChangeInsert, Lock: domain.Lock{
+						Owner: "A", AcquiredAt: Start, ExpiresAt: Start.Add(time.Minute)}}, nil
+				})
+				if !assert.NoError(t, err) {
+					return
+				}
+				tokens[i] = append(tokens[i], l.Token)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	seen := make(map[int64]int, resources*rounds)
+	var twice []string
+	for i, ts := range tokens {
+		require.Len(t, ts, rounds)
+		for j, tok := range ts {
+			if j > 0 && tok <= ts[j-1] {
+				t.Errorf("resource r%d was handed token %d after token %d: tokens grow", i, tok, ts[j-1])
+			}
+			if other, dup := seen[tok]; dup {
+				twice = append(twice, fmt.Sprintf("%d (r%d and r%d)", tok, other, i))
+			}
+			seen[tok] = i
+		}
+	}
+	if len(twice) > 0 {
+		t.Errorf("%d of %d tokens were handed out twice, on different resources: tokens never repeat across the store; "+
+			"the first: %s", len(twice), resources*rounds, strings.Join(twice[:min(len(twice), 5)], ", "))
+	}
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }

@@ -14,17 +14,17 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
+// unlockedWithin is how long a call may take, on a loaded machine, on a
+// store that is not held by anyone: past it, the store is taken to be
+// stuck.
+const unlockedWithin = 5 * time.Second
+
 // testRepository holds the port itself to its promises, without the
 // service in front: a new caller of LockRepository (a second service, a
 // tool) relies on them as much as LockService does.
 func testRepository(t *testing.T, newRepo NewRepository) {
 	ctx := context.Background()
-	insert := func(owner string, acquired, expires time.Time) application.Decide {
-		return func(*domain.Lock) (application.Change, error) {
-			return application.Change{Kind: application.ChangeInsert, Lock: domain.Lock{
-				Owner: owner, AcquiredAt: acquired, ExpiresAt: expires}}, nil
-		}
-	}
+	insert := insertDecide
 
 	t.Run("DecideErrorUnchanged", func(t *testing.T) {
 		repo := newRepo(t)
@@ -42,16 +42,79 @@ func testRepository(t *testing.T, newRepo NewRepository) {
 			defer func() { require.Equal(t, "decide failed", recover(), "the panic goes on to the caller") }()
 			_, _ = repo.Update(ctx, plan1, func(*domain.Lock) (application.Change, error) { panic("decide failed") })
 		}()
-		// The transaction the panic left must be gone: a store that kept it
-		// open would keep every later write of the resource waiting.
-		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		l, err := repo.Update(wctx, plan1, insert("A", Start, Start.Add(time.Minute)))
-		require.NoError(t, err, "the resource is writable after a panic in Decide")
-		ok, err := repo.DeleteOwned(wctx, plan1, "A")
-		require.NoError(t, err)
-		assert.True(t, ok, "lock %d released", l.Token)
+		// The transaction (or mutex) the panic left must be gone: a store
+		// that kept it would keep every later call waiting, forever. The
+		// calls run in a goroutine, so that such a store fails here, in
+		// seconds, rather than at go test's timeout.
+		type result struct {
+			l   domain.Lock
+			ok  bool
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, unlockedWithin)
+			defer cancel()
+			l, err := repo.Update(wctx, plan1, insert("A", Start, Start.Add(time.Minute)))
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			ok, err := repo.DeleteOwned(wctx, plan1, "A")
+			done <- result{l, ok, err}
+		}()
+		select {
+		case r := <-done:
+			require.NoError(t, r.err, "the resource is writable after a panic in Decide")
+			assert.True(t, r.ok, "lock %d released", r.l.Token)
+		case <-time.After(unlockedWithin):
+			t.Fatalf("the store stays locked after Decide panicked: an Update and a DeleteOwned "+
+				"of the resource have not returned in %s", unlockedWithin)
+		}
 	})
+
+	t.Run("ExtendSetsTheExpiryGiven", func(t *testing.T) {
+		repo := newRepo(t)
+		l, err := repo.Update(ctx, plan1, insert("A", Start, Start.Add(time.Hour)))
+		require.NoError(t, err)
+		for _, expires := range []time.Time{Start.Add(time.Minute), Start.Add(2 * time.Hour), Start.Add(time.Second)} {
+			got, err := repo.Update(ctx, plan1, func(*domain.Lock) (application.Change, error) {
+				return application.Change{Kind: application.ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
+			})
+			require.NoError(t, err)
+			want := l
+			want.ExpiresAt = expires
+			assert.Equal(t, want, got, "ChangeExtend sets the expiry given, earlier or later than the current one")
+			stored, err := repo.Get(ctx, plan1)
+			require.NoError(t, err)
+			assert.Equal(t, want, stored, "ChangeExtend stores the expiry given, earlier or later than the current one")
+		}
+	})
+
+	t.Run("DeleteExpiredAtMostLimit", func(t *testing.T) {
+		repo := newRepo(t)
+		const expired = 5
+		for i := range expired {
+			ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "expired-" + itoa(i)}
+			_, err := repo.Update(ctx, ref, insert("A", Start.Add(-time.Hour), Start.Add(-time.Duration(i+1)*time.Second)))
+			require.NoError(t, err)
+		}
+		active, err := repo.Update(ctx, plan1, insert("A", Start, Start.Add(time.Minute)))
+		require.NoError(t, err)
+		for _, step := range []struct{ limit, removed, left int }{{2, 2, 3}, {1, 1, 2}, {2, 2, 0}, {2, 0, 0}} {
+			n, err := repo.DeleteExpired(ctx, Start, step.limit)
+			require.NoError(t, err)
+			require.Equal(t, step.removed, n, "DeleteExpired removes at most limit (%d) locks, and fewer only when no more have expired", step.limit)
+			left, err := repo.CountExpired(ctx, Start)
+			require.NoError(t, err)
+			require.Equal(t, step.left, left, "expired locks left after DeleteExpired(limit %d)", step.limit)
+		}
+		all, err := repo.List(ctx, application.ListFilter{})
+		require.NoError(t, err)
+		assert.Equal(t, []domain.Lock{active}, all, "the active lock is kept")
+	})
+
+	t.Run("EndedContextWritesNothing", func(t *testing.T) { testRepositoryEndedContext(t, newRepo) })
 
 	t.Run("ReturnsWhatItStored", func(t *testing.T) {
 		repo := newRepo(t)

@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +33,14 @@ const (
 	// that a token is handed out again once the store empties, and a
 	// fenced write of a former holder passes.
 	BugTokenReuse Bug = "token-reuse"
+	// BugOwnerFold matches owners case-insensitively when releasing, as
+	// a SQL store on a case-insensitive collation would: "Alice" then
+	// releases the lock of "alice", another owner.
+	BugOwnerFold Bug = "owner-fold"
+	// BugNoLimit ignores DeleteExpired's limit and purges every expired
+	// lock in one write, which holds the store for as long as the backlog
+	// takes.
+	BugNoLimit Bug = "no-limit"
 )
 
 // Store implements application.LockRepository in a map. It is safe for
@@ -134,7 +143,7 @@ func (s *Store) List(ctx context.Context, filter application.ListFilter) ([]doma
 
 // DeleteOwned removes owner's lock on ref, active or expired.
 func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	return s.deleteOne(ctx, ref, func(l domain.Lock) bool { return l.Owner == owner })
+	return s.deleteOne(ctx, ref, func(l domain.Lock) bool { return s.sameOwner(l.Owner, owner) })
 }
 
 // DeleteToken removes the lock on ref whose token is token, if it is
@@ -145,11 +154,22 @@ func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token i
 
 // DeleteAllOwned removes every lock of owner.
 func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
-	return s.deleteAll(ctx, -1, func(l domain.Lock) bool { return l.Owner == owner })
+	return s.deleteAll(ctx, -1, func(l domain.Lock) bool { return s.sameOwner(l.Owner, owner) })
+}
+
+// sameOwner compares owners byte for byte, unless the fold bug is planted.
+func (s *Store) sameOwner(stored, owner string) bool {
+	if s.bug == BugOwnerFold {
+		return strings.EqualFold(stored, owner)
+	}
+	return stored == owner
 }
 
 // DeleteExpired removes at most limit locks expired at now.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
+	if s.bug == BugNoLimit {
+		limit = -1
+	}
 	return s.deleteAll(ctx, limit, func(l domain.Lock) bool { return s.expired(l, now) })
 }
 

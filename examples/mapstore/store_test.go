@@ -36,6 +36,8 @@ func TestStore_PlantedBugs(t *testing.T) {
 	}{
 		{mapstore.BugExpiryBoundary, []string{"TestStore/CleanupExpired/Boundary", "TestStore/StaleCount"}},
 		{mapstore.BugTokenReuse, []string{"TestStore/FencingToken"}},
+		{mapstore.BugOwnerFold, []string{"TestStore/ExactBytes/OwnersAreExactBytes"}},
+		{mapstore.BugNoLimit, []string{"TestStore/Repository/DeleteExpiredAtMostLimit"}},
 	} {
 		t.Run(string(tc.bug), func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestStore$", "-test.count=1")
