@@ -131,10 +131,16 @@ func keywordValues(database string) (keys []string, ok bool) {
 				return nil, false // an unterminated quote
 			}
 			s = s[end+1:]
-		} else if j := strings.IndexAny(s, " \t\n\r"); j >= 0 {
-			s = s[j:]
 		} else {
-			s = ""
+			// Unquoted: to the next space that no backslash escapes.
+			end := 0
+			for end < len(s) && !strings.ContainsRune(" \t\n\r", rune(s[end])) {
+				if s[end] == '\\' {
+					end++
+				}
+				end++
+			}
+			s = s[min(end, len(s)):]
 		}
 		keys = append(keys, key)
 		s = strings.TrimLeft(s, " \t\n\r")

@@ -231,13 +231,14 @@ func TestIsPostgres(t *testing.T) {
 		"sslrootcert=/etc/ca.pem host=db":                true,
 		"search_path=x host=db":                          true,
 		"password='a b' host=db":                         true,
-		"my notes.db":                                    false,
-		"/var/lib/agents/a=b.db":                         false,
-		"agents.db":                                      false,
-		"file:agents.db?_busy_timeout=9000":              false,
-		"/var/lib/agents/host=1.db":                      false,
-		locks.MemoryDatabase:                             false,
-		"":                                               false,
+		`host=127.0.0.1 password=a\ b dbname=test`:       true,
+		"my notes.db":                       false,
+		"/var/lib/agents/a=b.db":            false,
+		"agents.db":                         false,
+		"file:agents.db?_busy_timeout=9000": false,
+		"/var/lib/agents/host=1.db":         false,
+		locks.MemoryDatabase:                false,
+		"":                                  false,
 	} {
 		assert.Equal(t, want, locks.IsPostgres(db), db)
 	}

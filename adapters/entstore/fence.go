@@ -154,10 +154,19 @@ func fenceHolds(ctx context.Context, q Querier, dialectName string, f applicatio
 // as the server takes to notice, hours with TCP's default keepalives: so
 // the check also sets idle_in_transaction_session_timeout for the rest of
 // the transaction to the lock's time left at now (the service's estimate
-// of the server's time) plus a second (fenceIdleMargin). A transaction that idles longer than that is
+// of the server's time) plus a second (fenceIdleMargin), or leaves it as
+// it is when it is shorter already: a transaction that checks several
+// fences keeps the shortest. A transaction that idles longer than that is
 // ended by the server, and rolled back; one that runs statements is not.
-var fenceSQL = pgStatement(`SELECT {id}, set_config('idle_in_transaction_session_timeout',
-  (GREATEST(1, CEIL(EXTRACT(EPOCH FROM ({expires}::timestamp - $5::varchar::timestamp)) * 1000)) + ` + fmt.Sprint(fenceIdleMargin.Milliseconds()) + `)::bigint::text, true)
+// The server measures the idle time from the transaction's last
+// statement: one that runs on past its fence check and then stops keeps
+// others out for up to that time after its last statement (PostgreSQL
+// 17's transaction_timeout would bound the whole; older servers are
+// supported).
+var fenceSQL = pgStatement(`WITH t AS (SELECT NULLIF(setting::bigint, 0) AS ms FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')
+SELECT {id}, set_config('idle_in_transaction_session_timeout',
+  LEAST((GREATEST(1, CEIL(EXTRACT(EPOCH FROM ({expires}::timestamp - $5::varchar::timestamp)) * 1000)) + ` + fmt.Sprint(fenceIdleMargin.Milliseconds()) + `)::bigint,
+    COALESCE((SELECT ms FROM t), 9223372036854775807))::text, true)
 FROM {locks}
 WHERE {id} = $1::bigint AND {owner} = $2::varchar AND {type} = $3::varchar AND {rid} = $4::varchar AND {expires} > $5::varchar
 FOR KEY SHARE`)

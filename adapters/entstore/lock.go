@@ -129,6 +129,9 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 		// still the version that was decided on; if a release or a
 		// cleanup removed it meanwhile, there is nothing to remove.
 		if cur != nil {
+			if err := s.changeOfHandsOnServer(ctx, tx, cur, change); err != nil {
+				return domain.Lock{}, err
+			}
 			if _, err := s.on(ctx, tx, s.stmts.delID).ExecContext(ctx, cur.Token, formatTime(cur.ExpiresAt)); err != nil {
 				return domain.Lock{}, err
 			}
@@ -151,6 +154,33 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 		return domain.Lock{}, nil
 	}
 	return *cur, nil
+}
+
+// changeOfHandsOnServer refuses, on PostgreSQL, a change of hands that
+// took cur for expired at the decision's now (the new lock's acquisition
+// time: the host's estimate of the server's time, which can run ahead of
+// it) while it is still active on the server's own clock, read in tx: the
+// statements that take over and purge test that clock too (acquireSQL),
+// and Update must not take what they would not. A replacement decided at
+// a now when cur was active, a dead holder's, is the caller's deliberate
+// choice and goes ahead. The refusal is the conflict that the server's
+// clock decides, returned as the decision's own error.
+func (s *Store) changeOfHandsOnServer(ctx context.Context, tx *sql.Tx, cur *domain.Lock, change application.Change) error {
+	if s.b.Dialect != dialect.Postgres || s.b.LocalTime || !cur.ExpiredAt(change.Lock.AcquiredAt) {
+		return nil
+	}
+	var at string
+	if err := tx.QueryRowContext(ctx, "SELECT "+pgStatement("{serverNow}")).Scan(&at); err != nil {
+		return err
+	}
+	server, err := parseTime("clock_timestamp()", at)
+	if err != nil {
+		return &domain.StoreError{Op: "read the server's time", Kind: domain.StoreCorrupt, Err: err}
+	}
+	if cur.ExpiredAt(server) {
+		return nil
+	}
+	return decided{&domain.LockConflictError{Holder: *cur, Now: server, SameOwner: cur.Owner == change.Lock.Owner}}
 }
 
 // oneRow checks that a statement changed exactly the one row it named.

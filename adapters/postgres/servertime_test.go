@@ -11,6 +11,7 @@ import (
 	"entgo.io/ent/dialect"
 
 	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/tests/testdb"
@@ -69,6 +70,11 @@ func TestFence_StoppedHolderDoesNotKeepTheLock(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback() })
 	require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(held), now))
+	// A second fence, on a lock with an hour left, keeps the shortest
+	// bound (each check used to set its own, the last one winning).
+	long, err := a.Acquire(ctx, "A", plan2, time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(long), now))
 	// The holder stops here: its transaction stays open, idle.
 
 	// B's clock is past the expiry; the server's gets there in half a
@@ -83,4 +89,43 @@ func TestFence_StoppedHolderDoesNotKeepTheLock(t *testing.T) {
 	}, 20*time.Second, 50*time.Millisecond, "the takeover still waited for the stopped holder's transaction")
 	assert.Greater(t, h.Lock().Token, held.Token)
 	require.Error(t, tx.Commit(), "the server ended the holder's transaction: its write never lands")
+}
+
+// TestUpdate_ChangeOfHandsOnTheServersClock: the store's Update, which
+// the service falls back to when the one-statement acquire leaves a case
+// to it, must not carry out a change of hands that the host's clock
+// decided and the server's clock refuses (an outside review got there:
+// the resource was released between the statement and its read, and the
+// old holder took it again before the Update). A deliberate replacement
+// of an active lock, decided at a now when it was active (a dead
+// holder's), is carried out.
+func TestUpdate_ChangeOfHandsOnTheServersClock(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	ctx := context.Background()
+	now := time.Now() // the server's clock: it runs on this machine
+	a := mustService(t, dsn, mockAt(now))
+	held, err := a.Acquire(ctx, "C", plan1, time.Minute)
+	require.NoError(t, err)
+
+	db, err := postgres.Open(ctx, dsn, postgres.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	repo := postgres.NewLockRepository(db)
+	ahead := now.Add(time.Minute + time.Second) // C's lock has expired by this host's reckoning
+	_, err = repo.Update(ctx, plan1, func(cur *domain.Lock) (application.Change, error) {
+		return application.DecideAcquire(cur, "B", plan1, ahead, ahead.Add(5*time.Second))
+	})
+	var conflict *domain.LockConflictError
+	require.ErrorAs(t, err, &conflict, "a change of hands the server's clock refuses")
+	assert.Equal(t, held, conflict.Holder)
+	got, err := a.Get(ctx, plan1)
+	require.NoError(t, err)
+	assert.Equal(t, held, got, "C still holds its lock")
+
+	// A replacement decided at a now when the lock was active goes ahead.
+	l, err := repo.Update(ctx, plan1, func(cur *domain.Lock) (application.Change, error) {
+		return application.DecideAcquire(nil, "D", plan1, now, now.Add(5*time.Second))
+	})
+	require.NoError(t, err)
+	assert.Greater(t, l.Token, held.Token)
 }
