@@ -231,7 +231,10 @@ type lease struct {
 	// beat is when agents last beat (or the keeper started).
 	beat int64
 	// termAt is when the keeper sent SIGTERM to the group; zero before.
-	termAt int64
+	// killAt is when it SIGKILLs what is left: grace later, but no later
+	// than the expiry when it stopped the group ahead of it (a silent
+	// agents cannot renew, and another owner may take the lock then).
+	termAt, killAt int64
 	// cleared is set once no member is left after the SIGKILL.
 	cleared bool
 }
@@ -286,12 +289,15 @@ func (k *lease) step(now int64) int {
 			_, _ = syscall.Write(1, msg[:]) // before the signal: agents learns why its command ended
 			_ = syscall.Kill(0, syscall.SIGTERM)
 			_ = syscall.Kill(0, syscall.SIGCONT) // a stopped member must act on it
-			k.termAt = now
-			next = min(next, now+k.grace)
+			k.termAt, k.killAt = now, now+k.grace
+			if now < k.expiry {
+				k.killAt = min(k.killAt, k.expiry)
+			}
+			next = min(next, k.killAt)
 		} else {
 			next = min(next, k.expiry, silentAt)
 		}
-	case now >= k.termAt+k.grace:
+	case now >= k.killAt:
 		pids := groupMembers(os.Getpid())
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -299,7 +305,7 @@ func (k *lease) step(now int64) int {
 		k.cleared = len(pids) == 0
 		next = min(next, now+int64(10*time.Millisecond))
 	default:
-		next = min(next, k.termAt+k.grace)
+		next = min(next, k.killAt)
 	}
 	return int(max((next-now+int64(time.Millisecond)-1)/int64(time.Millisecond), 0))
 }

@@ -70,6 +70,21 @@ func TestKeeper_StopsTheGroupOfASilentAgents(t *testing.T) {
 	}
 }
 
+// A grace longer than the lead ends at the expiry when agents is silent:
+// the lock cannot be renewed, and another owner may take it then, so what
+// ignores SIGTERM is killed by the expiry, not a whole --grace after the
+// keeper's SIGTERM (an outside review saw a second command run for 30 s
+// beside the first).
+func TestKeeper_SilentAgentsGraceEndsAtTheExpiry(t *testing.T) {
+	g, p := startMember(t, 0, `trap '' TERM; exec sleep 60`)
+	start := time.Now()
+	g.lease(func() time.Duration { return 2 * time.Second }, 5*time.Second, 30*time.Second)
+	assert.Equal(t, syscall.SIGKILL, ended(t, p), "SIGTERM is ignored: SIGKILL")
+	took := time.Since(start)
+	assert.GreaterOrEqual(t, took, time.Second, "killed before the lead")
+	assert.Less(t, took, 2*time.Second+1500*time.Millisecond, "killed by the expiry (2 s), not --grace after the SIGTERM")
+}
+
 // A live agents beats: while its renewals come, nothing is stopped; once
 // they stop, the keeper waits for the expiry itself (the keep-alive of a
 // live agents retries a failing store until then), never for less.
