@@ -166,6 +166,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	}
 	g.foreground()
 	c.supervise(p, h, held, sigs, grace)
+	ended := ctr.Locks.Now()
 	if p.unguarded != "" {
 		g.reap() // before the release: no process of the work outlives the lock
 	}
@@ -191,7 +192,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	// The check for a loss and the release share one deadline.
 	after, cancelAfter := c.boundAfter(bg)
 	defer cancelAfter()
-	lost := c.lossAtEnd(after, h)
+	lost := c.lossAtEnd(after, h, ended)
 	if lost != nil && !p.reported {
 		fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(lost.Error()))
 	}
@@ -199,9 +200,14 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	if lost == nil {
 		var err error
 		if doc.Released, err = c.releaseHandle(after, h); errors.As(err, &lost) {
-			// Gone between the check and the release, which removed
-			// nothing (a handle releases by token): the loss says why.
-			fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(lost.Error()))
+			if lost = lostWhileRunning(lost, ended); lost != nil {
+				// Gone between the check and the release, which removed
+				// nothing (a handle releases by token): the loss says why.
+				fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), oneLine(lost.Error()))
+			} else {
+				fmt.Fprintf(c.stderr, "%s: warning: the lock could not be released, and expired at %s, after the command ended: %s\n",
+					c.prog(), h.Lock().ExpiresAt.UTC().Format(time.RFC3339), c.redact(oneLine(err.Error())))
+			}
 		}
 	}
 	if lost != nil {
@@ -432,12 +438,25 @@ func (r renewals) Observe(_ context.Context, e application.Event) {
 // now that it has ended (application.Handle.Lost): a lock that expired
 // meanwhile, whose renewal the keep-alive had not yet attempted (agents was
 // stopped, say), is lost too.
-func (c *invocation) lossAtEnd(ctx context.Context, h *application.Handle) *domain.LockLostError {
+//
+// A lock that expired only after CMD ended, because its last renewal never
+// got an answer (a silent server), was held while CMD ran: CMD's status
+// stands, and the release that fails is a warning.
+func (c *invocation) lossAtEnd(ctx context.Context, h *application.Handle, ended time.Time) *domain.LockLostError {
 	var lost *domain.LockLostError
-	if errors.As(h.Lost(ctx), &lost) {
-		return lost
+	if !errors.As(h.Lost(ctx), &lost) {
+		return nil
 	}
-	return nil
+	return lostWhileRunning(lost, ended)
+}
+
+// lostWhileRunning returns lost, unless it is an expiry that came after
+// CMD ended at ended: CMD then ran under the lock.
+func lostWhileRunning(lost *domain.LockLostError, ended time.Time) *domain.LockLostError {
+	if lost.Reason == domain.LostExpired && ended.Before(lost.Lock.ExpiresAt) {
+		return nil
+	}
+	return lost
 }
 
 // releaseHandle releases h's lock and reports whether it did. A failure leaves

@@ -206,3 +206,33 @@ func TestCLI_WaitLongerThanTheDeadline(t *testing.T) {
 		assert.InDelta(t, 2.5, doc.Error.Waited, 0.5, "the whole wait, not its last round")
 	})
 }
+
+// TestCLI_RunEndedBeforeItsStuckRenewal: the server goes silent while
+// run's command runs, so the lock's renewal never gets an answer; the
+// command ends before the lock expires. It ran under the lock: its status
+// stands (the failed release is a warning), where run used to exit 4 and
+// report the lock lost (found by an outside review).
+func TestCLI_RunEndedBeforeItsStuckRenewal(t *testing.T) {
+	t.Parallel()
+	a := newPGAgents(t)
+	proxied, proxy := newMuteProxy(t, a.db)
+	a.db = proxied
+	a.env = append(a.env, "AGENTS_TIMEOUT=3s")
+	ready, goOn := filepath.Join(a.dir, "ready"), filepath.Join(a.dir, "go")
+	p := a.start("--owner", "op", "--json", "locks", "run", "plan", "p1", "--ttl", "5s", "--",
+		"sh", "-c", `echo $$ >"$1"; while [ ! -e "$2" ]; do sleep 0.02; done`, "sh", ready, goOn)
+	awaitPID(t, ready)
+	proxy.mute() // before the renewal, due 2.5 s after the acquisition
+	time.Sleep(3 * time.Second) // the renewal is stuck; the lock expires 2 s later
+	require.NoError(t, os.WriteFile(goOn, nil, 0o600))
+	r := p.wait()
+	assert.Equal(t, 0, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+	var doc struct {
+		Lost     *struct{ Reason string } `json:"lost"`
+		Released bool                     `json:"released"`
+	}
+	r.decode(t, &doc)
+	assert.Nil(t, doc.Lost, "the command ended while the lock was held")
+	assert.False(t, doc.Released)
+	assert.Contains(t, r.stderr, "the lock could not be released")
+}
