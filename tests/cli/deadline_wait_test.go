@@ -222,7 +222,7 @@ func TestCLI_RunEndedBeforeItsStuckRenewal(t *testing.T) {
 	p := a.start("--owner", "op", "--json", "locks", "run", "plan", "p1", "--ttl", "5s", "--",
 		"sh", "-c", `echo $$ >"$1"; while [ ! -e "$2" ]; do sleep 0.02; done`, "sh", ready, goOn)
 	awaitPID(t, ready)
-	proxy.mute() // before the renewal, due 2.5 s after the acquisition
+	proxy.mute()                // before the renewal, due 2.5 s after the acquisition
 	time.Sleep(3 * time.Second) // the renewal is stuck; the lock expires 2 s later
 	require.NoError(t, os.WriteFile(goOn, nil, 0o600))
 	r := p.wait()
