@@ -57,6 +57,14 @@ func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 		}
 		base = "file:" + (&url.URL{Path: pathOrURI}).EscapedPath()
 	}
+	for _, m := range q["mode"] {
+		if !slices.Contains([]string{"ro", "rw", "rwc", "memory"}, m) {
+			// SQLite refuses it too, but only after the adapter has
+			// created the file.
+			return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
+				"mode=%s in %q is none of SQLite's access modes, ro, rw, rwc and memory (in lower case)", m, redact(pathOrURI))}
+		}
+	}
 	if inMemory(base, q) {
 		return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
 			"%q names an in-memory SQLite database, which each connection of the store would see as "+

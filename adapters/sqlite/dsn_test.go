@@ -115,3 +115,18 @@ func TestDSN_LeadingSlashes(t *testing.T) {
 		assert.Equal(t, want, got, p)
 	}
 }
+
+// An access mode SQLite does not know is refused before anything is
+// created (SQLite refused it only after the adapter had made the file).
+func TestDSN_UnknownMode(t *testing.T) {
+	for _, uri := range []string{"file:n.db?mode=RO", "file:n.db?mode=ro#x", "file:n.db?mode=readonly"} {
+		_, err := sqlite.DSN(uri, 0)
+		var v *domain.ValidationError
+		require.ErrorAs(t, err, &v, uri)
+		assert.Contains(t, err.Error(), "none of SQLite's access modes", uri)
+	}
+	for _, uri := range []string{"file:n.db?mode=rwc", "file:n.db?mode=rw", "file:n.db?mode=ro"} {
+		_, err := sqlite.DSN(uri, 0)
+		require.NoError(t, err, uri)
+	}
+}
