@@ -52,6 +52,24 @@ var pgStatement = strings.NewReplacer(
 	"{layout}", `'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'`,
 ).Replace
 
+// serverNow reads the server's clock (clock_timestamp()) through q, in
+// the stored time's precision.
+func serverNow(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) (time.Time, error) {
+	var at string
+	if err := q.QueryRowContext(ctx, serverNowSQL).Scan(&at); err != nil {
+		return time.Time{}, err
+	}
+	t, err := parseTime("clock_timestamp()", at)
+	if err != nil {
+		return time.Time{}, &domain.StoreError{Op: "read the server's time", Kind: domain.StoreCorrupt, Err: err}
+	}
+	return t, nil
+}
+
+var serverNowSQL = "SELECT " + pgStatement("{serverNow}")
+
 // serverExpired is the condition that a lock row has expired on the
 // server's clock.
 var serverExpired = pgStatement("{expires} <= {serverNow}")
@@ -299,13 +317,9 @@ func (s *PostgresStore) refusalOnServer(ctx context.Context, ref domain.Resource
 	}
 	_, err = decide(cur, owner, ref, now, expires)
 	if err == nil && cur != nil && cur.ExpiredAt(now) && !s.b.LocalTime {
-		var at string
-		if err := s.read.QueryRowContext(ctx, "SELECT "+pgStatement("{serverNow}")).Scan(&at); err != nil {
-			return s.explain(ctx, err, "read the server's time")
-		}
-		server, perr := parseTime("clock_timestamp()", at)
-		if perr != nil {
-			return &domain.StoreError{Op: "read the server's time", Kind: domain.StoreCorrupt, Err: perr}
+		server, serr := serverNow(ctx, s.read)
+		if serr != nil {
+			return s.explain(ctx, serr, "read the server's time")
 		}
 		if !cur.ExpiredAt(server) {
 			_, err = decide(cur, owner, ref, server, expires)

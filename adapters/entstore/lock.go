@@ -169,13 +169,9 @@ func (s *Store) changeOfHandsOnServer(ctx context.Context, tx *sql.Tx, cur *doma
 	if s.b.Dialect != dialect.Postgres || s.b.LocalTime || !cur.ExpiredAt(change.Lock.AcquiredAt) {
 		return nil
 	}
-	var at string
-	if err := tx.QueryRowContext(ctx, "SELECT "+pgStatement("{serverNow}")).Scan(&at); err != nil {
-		return err
-	}
-	server, err := parseTime("clock_timestamp()", at)
+	server, err := serverNow(ctx, tx)
 	if err != nil {
-		return &domain.StoreError{Op: "read the server's time", Kind: domain.StoreCorrupt, Err: err}
+		return err
 	}
 	if cur.ExpiredAt(server) {
 		return nil
