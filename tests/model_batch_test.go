@@ -11,7 +11,7 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Concurrently runs two or three operations at once, so that stores with
+// Concurrently runs two to four operations at once, so that stores with
 // group commit decide them in one shared transaction; the outcome must be
 // that of the model applying them one after the other, in some order.
 
@@ -29,10 +29,20 @@ type concurrentResult struct {
 }
 
 func (s *machine) Concurrently(t *rapid.T) {
-	ops := make([]concurrentOp, rapid.IntRange(2, 3).Draw(t, "concurrent"))
+	// Up to four at once, often of one kind: PostgreSQL batches the writes
+	// of one kind that wait while another of that kind is in flight, so
+	// that a batch of two needs three of a kind.
+	ops := make([]concurrentOp, rapid.IntRange(2, 4).Draw(t, "concurrent"))
+	kinds := []string{"acquire", "renew", "release"}
+	oneKind := rapid.Bool().Draw(t, "oneKind")
+	kind := rapid.SampledFrom(kinds).Draw(t, "kind")
 	for i := range ops {
 		owner, ref, ttl := s.pick(t)
-		ops[i] = concurrentOp{rapid.SampledFrom([]string{"acquire", "renew", "release"}).Draw(t, "op"), owner, ref, ttl}
+		name := kind
+		if !oneKind {
+			name = rapid.SampledFrom(kinds).Draw(t, "op")
+		}
+		ops[i] = concurrentOp{name, owner, ref, ttl}
 	}
 	results := make([]concurrentResult, len(ops))
 	start := make(chan struct{})

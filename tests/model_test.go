@@ -441,6 +441,7 @@ func TestModel_SQLite(t *testing.T) {
 
 func TestModel_PostgreSQL(t *testing.T) {
 	testdb.Postgres(t) // skip at once without a server
+	var shared int64
 	runModel(t, func(t *testing.T) (application.LockRepository, func()) {
 		db, err := postgres.Open(context.Background(), testdb.Postgres(t), postgres.Options{MaxConns: 2})
 		if err != nil {
@@ -450,8 +451,16 @@ func TestModel_PostgreSQL(t *testing.T) {
 		// that it takes those decisions itself, so that they are the ones
 		// the model checks.
 		repo := postgres.NewLockRepository(db)
-		return &acquireSpy{LockRepository: repo, acquirer: repo, renewer: repo}, func() { db.Close() }
+		return &acquireSpy{LockRepository: repo, acquirer: repo, renewer: repo}, func() {
+			shared += repo.WriteStats().Shared
+			db.Close()
+		}
 	})
+	// As on SQLite: Concurrently must have put writes into shared batches.
+	t.Logf("%d writes shared a statement", shared)
+	if shared == 0 && !t.Failed() {
+		t.Fatal("no write shared a statement with another: group commit was not exercised")
+	}
 }
 
 func TestModel_Memory(t *testing.T) {

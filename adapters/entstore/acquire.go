@@ -27,6 +27,10 @@ type PostgresStore struct {
 	// row is likely, so that a re-entry goes straight to acquireSQL rather
 	// than through acquireFreeSQL first. It never decides anything.
 	occupied contention
+	// batch queues the writes that arrive while others of their kind are
+	// in flight (batch.go).
+	batch    batchers
+	batching PostgresBatching
 }
 
 var _ application.Acquirer = (*PostgresStore)(nil)
@@ -36,9 +40,13 @@ var _ application.Acquirer = (*PostgresStore)(nil)
 func (s *PostgresStore) DecidesAll() {}
 
 // NewPostgres returns s, a store on PostgreSQL whose Backend.LockResource
-// takes pg_advisory_xact_lock(key(ref)), with Acquire in one statement.
-func NewPostgres(s *Store, key func(domain.ResourceRef) int64) *PostgresStore {
-	return &PostgresStore{Store: s, key: key}
+// takes pg_advisory_xact_lock(key(ref)), with Acquire in one statement,
+// and its acquires, renewals and releases in batches (group commit) when
+// they arrive while others are in flight.
+func NewPostgres(s *Store, key func(domain.ResourceRef) int64, p PostgresBatching) *PostgresStore {
+	ps := &PostgresStore{Store: s, key: key, batching: p}
+	ps.batch = ps.newBatchers(p, false)
+	return ps
 }
 
 // pgStatement writes the schema's names into a statement of this file or
@@ -213,7 +221,7 @@ var _ application.Taker = (*PostgresStore)(nil)
 // TakeAt implements application.Taker as AcquireAt does Acquirer, with
 // takeSQL: it never re-enters the caller's own active lock.
 func (s *PostgresStore) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
-	return s.acquireBy(ctx, ref, owner, at, s.pick(takeSQL), application.DecideTake)
+	return s.acquireBy(ctx, ref, owner, at, s.batch.take, application.DecideTake)
 }
 
 // AcquireAt implements application.Acquirer with acquireFreeSQL, then, if
@@ -243,12 +251,12 @@ func (s *PostgresStore) TakeAt(ctx context.Context, ref domain.ResourceRef, owne
 // round trip; when it finds a row anyway, acquireSQL follows. Either way
 // one statement decides, on the row as it is when that statement runs.
 func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
-	return s.acquireBy(ctx, ref, owner, at, s.pick(acquireSQL), application.DecideAcquire)
+	return s.acquireBy(ctx, ref, owner, at, s.batch.acquire, application.DecideAcquire)
 }
 
-// acquireBy is AcquireAt with statement, acquireSQL or takeSQL, and the
-// rule it carries out, decide, for the refusals it reads.
-func (s *PostgresStore) acquireBy(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing, statement string,
+// acquireBy is AcquireAt with statement, the queue of acquireSQL or
+// takeSQL, and the rule it carries out, decide, for the refusals it reads.
+func (s *PostgresStore) acquireBy(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing, statement *batcher[writeReq, made],
 	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) (application.Acquisition, error) {
 	now, expires := at()
 	seen := false // a row was read just now
@@ -265,29 +273,7 @@ func (s *PostgresStore) acquireBy(ctx context.Context, ref domain.ResourceRef, o
 			return a, err
 		}
 	}
-	// made is the outcome of one run of the statement.
-	type made struct {
-		a       application.Acquisition
-		decided bool // false: no row came back
-	}
-	m, err := writeStatement(ctx, s.Store, func(ctx context.Context) (made, error) {
-		rows, err := s.write.QueryContext(ctx, statement, s.key(ref), string(ref.Type), ref.ID, owner, acquired, until)
-		if err != nil {
-			return made{}, err
-		}
-		defer rows.Close()
-		if !rows.Next() {
-			if err := rows.Err(); err != nil {
-				return made{}, err
-			}
-			return made{}, rows.Close()
-		}
-		a, err := scanAcquisition(rows, ref, owner)
-		if err != nil {
-			return made{}, err
-		}
-		return made{a: a, decided: true}, rows.Close()
-	})
+	m, err := statement.do(ctx, ref, writeReq{key: s.key(ref), ref: ref, owner: owner, now: acquired, expires: until})
 	if err != nil {
 		return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
 	}
@@ -334,20 +320,7 @@ func (s *PostgresStore) refusalOnServer(ctx context.Context, ref domain.Resource
 
 // acquireFree runs acquireFreeSQL; ok says whether it inserted the lock.
 func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef, owner, acquired, expires string) (application.Acquisition, bool, error) {
-	// inserted is the outcome of one run of the statement.
-	type inserted struct {
-		token int64
-		ok    bool // false: the resource has a row
-	}
-	in, err := writeStatement(ctx, s.Store, func(ctx context.Context) (inserted, error) {
-		var token int64
-		err := s.write.QueryRowContext(ctx, acquireFreeSQL,
-			s.key(ref), string(ref.Type), ref.ID, owner, acquired, expires).Scan(&token)
-		if errors.Is(err, sql.ErrNoRows) {
-			return inserted{}, nil
-		}
-		return inserted{token: token, ok: err == nil}, err
-	})
+	in, err := s.batch.free.do(ctx, ref, writeReq{key: s.key(ref), ref: ref, owner: owner, now: acquired, expires: expires})
 	var a application.Acquisition
 	if err == nil && in.ok {
 		a.Lock = domain.Lock{Token: in.token, Owner: owner, Resource: ref}
@@ -363,24 +336,32 @@ func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef,
 	return a, in.ok, nil
 }
 
-// DeleteOwned implements application.LockRepository: the Store's, and a
-// lock it removed no longer makes the resource occupied.
+// DeleteOwned implements application.LockRepository: the Store's
+// statement, in a batch when others are in flight, and a lock it removed
+// no longer makes the resource occupied.
 func (s *PostgresStore) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	ok, err := s.Store.DeleteOwned(ctx, ref, owner)
+	ok, err := s.batch.release.do(ctx, ref, releaseReq{ref: ref, owner: owner})
+	if err != nil {
+		// The release is not known to stand: what a run that was rolled
+		// back removed is there again.
+		return false, s.failed(ctx, err, "release lock on", ref)
+	}
 	if ok {
 		s.occupied.note(ref, false)
 	}
-	return ok, err
+	return ok, nil
 }
 
-// DeleteToken implements application.LockRepository: the Store's, and a
-// lock it removed no longer makes the resource occupied.
+// DeleteToken implements application.LockRepository as DeleteOwned does.
 func (s *PostgresStore) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
-	ok, err := s.Store.DeleteToken(ctx, ref, token, now)
+	ok, err := s.batch.release.do(ctx, ref, releaseReq{ref: ref, token: token, now: formatTime(now)})
+	if err != nil {
+		return false, s.failed(ctx, err, "release lock on", ref)
+	}
 	if ok {
 		s.occupied.note(ref, false)
 	}
-	return ok, err
+	return ok, nil
 }
 
 // refusal reads the lock on ref and returns decide's conflict (Acquire's:
@@ -404,16 +385,23 @@ func (s *PostgresStore) refusal(ctx context.Context, ref domain.ResourceRef, own
 // scanAcquisition reads acquireSQL's row.
 func scanAcquisition(rows *sql.Rows, ref domain.ResourceRef, owner string) (application.Acquisition, error) {
 	var (
-		a      application.Acquisition
-		times  [2]string         // acquired, expires
-		prevID sql.NullInt64     // the lock replaced, if any:
-		prev   [3]sql.NullString // its owner, acquired, expires
+		reentered bool
+		token     int64
+		times     [2]string         // acquired, expires
+		prevID    sql.NullInt64     // the lock replaced, if any:
+		prev      [3]sql.NullString // its owner, acquired, expires
 	)
-	if err := rows.Scan(&a.Reentered, &a.Lock.Token, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2]); err != nil {
-		return a, err
+	if err := rows.Scan(&reentered, &token, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2]); err != nil {
+		return application.Acquisition{}, err
 	}
-	a.Lock.Owner, a.Lock.Resource = owner, ref
-	if err := parseTimes(&a.Lock, times[0], times[1]); err != nil {
+	return acquisitionOf(ref, owner, reentered, token, times[0], times[1], prevID, prev)
+}
+
+// acquisitionOf builds the acquisition that acquireSQL's row describes.
+func acquisitionOf(ref domain.ResourceRef, owner string, reentered bool, token int64, acquired, expires string,
+	prevID sql.NullInt64, prev [3]sql.NullString) (application.Acquisition, error) {
+	a := application.Acquisition{Reentered: reentered, Lock: domain.Lock{Token: token, Owner: owner, Resource: ref}}
+	if err := parseTimes(&a.Lock, acquired, expires); err != nil {
 		return a, err
 	}
 	if prevID.Valid {

@@ -235,13 +235,7 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 
 // DeleteOwned implements application.LockRepository with one statement.
 func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	n, err := writeOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		res, err := s.on(ctx, tx, s.stmts.delOwned).ExecContext(ctx, string(ref.Type), ref.ID, owner)
-		if err != nil {
-			return 0, err
-		}
-		return res.RowsAffected()
-	})
+	n, err := s.deleteOwned(ctx, ref, owner)
 	if err != nil {
 		// The release is not known to stand: what a run that was rolled
 		// back removed is there again.
@@ -257,14 +251,7 @@ func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner s
 // whose WHERE is the whole decision: this token, on this resource, active
 // at now.
 func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
-	at := formatTime(now)
-	n, err := writeOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		res, err := s.on(ctx, tx, s.stmts.delToken).ExecContext(ctx, string(ref.Type), ref.ID, token, at)
-		if err != nil {
-			return 0, err
-		}
-		return res.RowsAffected()
-	})
+	n, err := s.deleteToken(ctx, ref, token, formatTime(now))
 	if err != nil {
 		// As for DeleteOwned: a release rolled back is not known to stand.
 		return false, s.failed(ctx, err, "release lock on", ref)
@@ -273,6 +260,29 @@ func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token i
 		s.released(ref)
 	}
 	return n > 0, nil
+}
+
+// deleteOwned runs DeleteOwned's statement and returns the rows it
+// removed, or the database's error as it is.
+func (s *Store) deleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (int64, error) {
+	return writeOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+		res, err := s.on(ctx, tx, s.stmts.delOwned).ExecContext(ctx, string(ref.Type), ref.ID, owner)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	})
+}
+
+// deleteToken runs DeleteToken's statement, with now as stored.
+func (s *Store) deleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now string) (int64, error) {
+	return writeOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+		res, err := s.on(ctx, tx, s.stmts.delToken).ExecContext(ctx, string(ref.Type), ref.ID, token, now)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	})
 }
 
 // DeleteAllOwned implements application.LockRepository.

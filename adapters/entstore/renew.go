@@ -2,8 +2,6 @@ package entstore
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"strings"
 
 	"github.com/cleveragents/locks/application"
@@ -59,7 +57,7 @@ var renewTokenSQL = strings.Replace(renewSQL, "AND EXISTS (SELECT FROM held)",
 // RenewTokenAt implements application.TokenRenewer with renewTokenSQL,
 // as RenewAt does with renewSQL.
 func (s *PostgresStore) RenewTokenAt(ctx context.Context, ref domain.ResourceRef, owner string, token int64, at application.Timing) (domain.Lock, error) {
-	return s.renewWith(ctx, ref, owner, at, renewTokenSQL, token)
+	return s.renewWith(ctx, ref, owner, at, token)
 }
 
 // RenewAt implements application.Renewer with renewSQL. The lock written
@@ -67,30 +65,15 @@ func (s *PostgresStore) RenewTokenAt(ctx context.Context, ref domain.ResourceRef
 // than its TTL left; the service refuses one that has expired by the time
 // the statement returns, as it does after every write.
 func (s *PostgresStore) RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (domain.Lock, error) {
-	return s.renewWith(ctx, ref, owner, at, renewSQL)
+	return s.renewWith(ctx, ref, owner, at, 0)
 }
 
-// renewWith runs query, renewSQL or renewTokenSQL (with the token in
-// extra).
-func (s *PostgresStore) renewWith(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing,
-	query string, extra ...any) (domain.Lock, error) {
+// renewWith runs renewSQL, or renewTokenSQL for a token other than 0, in
+// a batch when others are in flight.
+func (s *PostgresStore) renewWith(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing, token int64) (domain.Lock, error) {
 	now, expires := at()
-	// extension is the outcome of one run of the statement.
-	type extension struct {
-		token    int64
-		times    [2]string // acquired, expires
-		extended bool      // false: no row came back
-	}
-	args := append([]any{s.key(ref), string(ref.Type), ref.ID, owner, formatTime(now), formatTime(expires)}, extra...)
-	e, err := writeStatement(ctx, s.Store, func(ctx context.Context) (extension, error) {
-		var e extension
-		err := s.write.QueryRowContext(ctx, query, args...).Scan(&e.token, &e.times[0], &e.times[1])
-		if errors.Is(err, sql.ErrNoRows) {
-			return extension{}, nil
-		}
-		e.extended = err == nil
-		return e, err
-	})
+	r := writeReq{key: s.key(ref), ref: ref, owner: owner, now: formatTime(now), expires: formatTime(expires), token: token}
+	e, err := s.batch.renew.do(ctx, ref, r)
 	l := domain.Lock{Token: e.token, Owner: owner, Resource: ref}
 	if err == nil && e.extended {
 		err = parseTimes(&l, e.times[0], e.times[1])

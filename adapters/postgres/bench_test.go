@@ -53,7 +53,7 @@ func BenchmarkAcquireRelease_Service(b *testing.B) {
 // its own resource; ns/op is the wall time per cycle of them all, and
 // cycles/s its inverse. See docs/performance.md for how it is run.
 func BenchmarkCycle(b *testing.B) {
-	for _, callers := range []int{1, 8} {
+	for _, callers := range []int{1, 8, 32} {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
 			b.Run("impl=Floor", func(b *testing.B) { benchFloor(b, callers) })
 			b.Run("impl=Service", func(b *testing.B) { benchService(b, callers) })

@@ -65,6 +65,15 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	// outside any transaction too; Backend.TxOptions pins the
 	// transactions themselves.
 	cfg.RuntimeParams["default_transaction_isolation"] = "read committed"
+	// The store's statements are prepared once per connection (pgx's
+	// statement cache) and their plans do not depend on their values: each
+	// finds its rows through an index, whatever their number (the batch
+	// statements of group commit look each member up by the unique index).
+	// A custom plan per execution would only cost the planner's time, which
+	// for a batch's statement is about what its execution costs.
+	if _, set := cfg.RuntimeParams["plan_cache_mode"]; !set {
+		cfg.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	}
 	sdb := stdlib.OpenDB(*cfg)
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 10
@@ -103,7 +112,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		sdb.Close()
 		return nil, err
 	}
-	db.store = entstore.NewPostgres(store, resourceKey)
+	db.store = entstore.NewPostgres(store, resourceKey, entstore.PostgresBatching{
+		EveryBody: everyMembers,
+		Notice:    releaseNotice(channel),
+	})
 	db.wake = newListener(cfg, channel)
 	return db, nil
 }

@@ -137,3 +137,26 @@ func Redact(s string) string {
 	s = urlPassword.ReplaceAllString(s, "${1}xxxxx@")
 	return keywordPassword.ReplaceAllString(s, "${1}xxxxx")
 }
+
+// everyMembers reports whether a batch's failure, err, is every member's:
+// the connection or the server failed (a lost or refused connection,
+// resources exhausted, an operator's cancel or shutdown, an internal
+// error), or the batch was cancelled, as each member's own statement would
+// have been. Any other failure (of a constraint, a value, a deadlock the
+// server chose the batch for) is the batch's own: its members run their
+// own statements, so that none is failed for another's sake.
+func everyMembers(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "53", "57", "58", "XX":
+			return true
+		}
+		return false
+	}
+	var se *domain.StoreError
+	if errors.As(err, &se) {
+		return false // the store's own reading of a row
+	}
+	return true // the network, the driver's connection, a cancelled context
+}

@@ -59,7 +59,7 @@ func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		return nil, FormatError(op, err)
 	}
 	db := &DB{sql: sdb}
-	db.store = entstore.NewPostgres(entstore.NewReadOnly(sdb, entstore.Backend{Dialect: dialect.Postgres, FormatError: FormatError}), resourceKey)
+	db.store = entstore.NewPostgres(entstore.NewReadOnly(sdb, entstore.Backend{Dialect: dialect.Postgres, FormatError: FormatError}), resourceKey, entstore.PostgresBatching{})
 	return db, nil
 }
 

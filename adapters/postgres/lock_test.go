@@ -57,3 +57,13 @@ func TestOpen_ConcurrentFirstOpen(t *testing.T) {
 	require.NoError(t, db.QueryRow("SELECT count(*) FROM locks_schema_version WHERE version_id > 0").Scan(&applied))
 	require.Equal(t, 1, applied, "the migration is recorded once")
 }
+
+// TestLockRepository_ContractInBatches holds the batch statements of group
+// commit to the rules, state by state, as the suite above holds the lone
+// ones: every write of the store goes through its batch statement.
+func TestLockRepository_ContractInBatches(t *testing.T) {
+	testdb.Postgres(t)
+	locktest.Run(t, func(t *testing.T) application.LockRepository {
+		return postgres.NewLockRepository(MustOpenDB(t)).InBatches()
+	})
+}

@@ -135,6 +135,15 @@ func releaseStatement(channel string) func(deleteSQL string) string {
 	}
 }
 
+// releaseNotice returns the entstore.PostgresBatching.Notice that
+// notifies channel of each lock a batch of releases removed, by its
+// resource, as a lone release does.
+func releaseNotice(channel string) func(typ, id string) string {
+	return func(typ, id string) string {
+		return "pg_notify('" + channel + "', 'r' || " + typ + " || ':' || " + id + ")"
+	}
+}
+
 // listener carries the wake-ups of one opened DB: see above. Its
 // connection is opened at the first Watch or Contended, so that a process
 // that never waits nor releases (an inspection, a migration) costs the

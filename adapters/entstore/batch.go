@@ -1,0 +1,296 @@
+package entstore
+
+import (
+	"context"
+	"sync"
+
+	"github.com/cleveragents/locks/domain"
+)
+
+// Group commit on PostgreSQL. A write that finds nothing of its kind in
+// flight runs alone, as its own statement, so that a lone caller pays no
+// more than before. One that arrives while writes of its kind are in
+// flight joins a queue, and the next batch carries the queue in one
+// statement over arrays (unnest): one round trip and one commit for all
+// of them, each member decided row by row by the same rule as its own
+// statement (batchsql.go).
+//
+// What a batch promises its members:
+//   - One member per resource. A second write on a resource waits in the
+//     queue for a later batch, so that a batch never decides twice on one
+//     row.
+//   - No member waits for another's resource. A batch takes each
+//     resource's advisory lock with pg_try_advisory_xact_lock and each row
+//     it changes with FOR UPDATE SKIP LOCKED: a member whose resource is
+//     busy (an Update transaction, a fence, another batch) is left out,
+//     and its caller runs its own statement, which waits as it always did.
+//     A batch therefore never waits for a lock, and can never deadlock.
+//   - One member's failure is its own. A batch whose statement fails for
+//     a reason of its rows (a constraint, a deadlock the server chose it
+//     for) leaves every member to run its own statement; only a failure of
+//     the connection or the server (Backend-specific: everyBody) is told to
+//     all members, as each would have met it alone.
+//   - No member returns before the commit of its write: the statement
+//     runs outside any transaction, and its answer comes after its commit.
+//   - A member whose context ends returns at once with the context's
+//     error, as a caller of its own statement does. Still queued, it is
+//     taken out. Already sent, its write may commit: a lock acquired for a
+//     caller that left is then released at once by its token (undo), so
+//     that nothing holds a resource for a caller that was told it does
+//     not; a renewal or a release that commits stands, as it would have
+//     alone. When every member of a batch has left, the statement itself
+//     is cancelled.
+
+// maxBatch bounds the members of one batch: the arrays of one statement.
+const maxBatch = 256
+
+// maxFlight bounds the writes of one kind in flight at once, alone or in
+// batches. One: the writes that arrive meanwhile wait for it and go
+// together, in the largest batch. Measured (docs/performance.md), a
+// second batch in flight splits the queue in two for little overlap: the
+// server's time per write goes up, and the cycles per second down, at 8
+// callers as at 32.
+const maxFlight = 1
+
+// batchOp is one caller's write in a batcher.
+type batchOp[Req, Res any] struct {
+	ref  domain.ResourceRef
+	req  Req
+	done chan struct{} // closed when res, err and alone are set
+	res  Res
+	err  error
+	// alone says that the batch left this member out (its resource was
+	// busy, or the batch failed for a reason of its rows): its caller runs
+	// its own statement.
+	alone bool
+	// guarded by the batcher's mu:
+	flight *flight // the batch it was sent in; nil while queued
+	left   bool    // its caller returned before done
+}
+
+// flight is one batch on its way to the server.
+type flight struct {
+	cancel  context.CancelFunc
+	waiting int // members whose callers still wait
+}
+
+// batcher queues the writes of one kind and sends them in batches.
+type batcher[Req, Res any] struct {
+	// one runs a single write: the statement a caller runs alone. It
+	// returns the database's error as it is.
+	one func(ctx context.Context, req Req) (Res, error)
+	// many runs a batch of at least two members in one statement and sets
+	// each member's res, or its alone. It returns the statement's error,
+	// which leaves every member's outcome unset.
+	many func(ctx context.Context, ops []*batchOp[Req, Res]) error
+	// everyBody says whether an error of many is every member's (the
+	// connection or the server failed) rather than one of its rows'.
+	everyBody func(error) bool
+	// undo, when set, undoes res, the outcome of a member whose caller
+	// left before it came.
+	undo func(req Req, res Res)
+
+	// always runs every write through many, alone or not: see InBatches.
+	always bool
+
+	mu       sync.Mutex
+	queue    []*batchOp[Req, Res]
+	inFlight int // writes in flight, alone or in batches
+	stats    WriteStats
+}
+
+// WriteStats counts the writes of a PostgresStore.
+type WriteStats struct {
+	// Statements is how many statements the writes ran in: one per write
+	// that ran alone, one per batch.
+	Statements int64
+	// Writes is how many writes ran: Writes/Statements is the average
+	// batch.
+	Writes int64
+	// Shared is how many writes shared their statement, and its commit,
+	// with others.
+	Shared int64
+}
+
+func (w *WriteStats) add(o WriteStats) {
+	w.Statements, w.Writes, w.Shared = w.Statements+o.Statements, w.Writes+o.Writes, w.Shared+o.Shared
+}
+
+// count records a statement of n writes. b.mu is held.
+func (b *batcher[Req, Res]) countLocked(n int) {
+	b.stats.Statements++
+	b.stats.Writes += int64(n)
+	if n > 1 {
+		b.stats.Shared += int64(n)
+	}
+}
+
+// alone runs req alone, as its caller's own statement.
+func (b *batcher[Req, Res]) runAlone(ctx context.Context, req Req) (Res, error) {
+	b.mu.Lock()
+	b.countLocked(1)
+	b.mu.Unlock()
+	return b.one(ctx, req)
+}
+
+// do runs the write req on ref: at once and alone when nothing of its
+// kind is in flight, otherwise in the next batch.
+func (b *batcher[Req, Res]) do(ctx context.Context, ref domain.ResourceRef, req Req) (Res, error) {
+	if b.always {
+		op := &batchOp[Req, Res]{ref: ref, req: req}
+		if err := b.many(ctx, []*batchOp[Req, Res]{op}); err != nil {
+			var zero Res
+			return zero, err
+		}
+		return op.res, nil
+	}
+	b.mu.Lock()
+	if b.inFlight < maxFlight && len(b.queue) == 0 {
+		b.inFlight++
+		b.countLocked(1)
+		b.mu.Unlock()
+		defer b.landed()
+		return b.one(ctx, req)
+	}
+	op := &batchOp[Req, Res]{ref: ref, req: req, done: make(chan struct{})}
+	b.queue = append(b.queue, op)
+	b.startLocked()
+	b.mu.Unlock()
+	select {
+	case <-op.done:
+	case <-ctx.Done():
+		if b.leave(op) {
+			var zero Res
+			return zero, ctx.Err()
+		}
+	}
+	if op.alone {
+		return b.runAlone(ctx, req)
+	}
+	return op.res, op.err
+}
+
+// landed ends a write in flight, and sends the next batch.
+func (b *batcher[Req, Res]) landed() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.inFlight--
+	b.startLocked()
+}
+
+func (b *batcher[Req, Res]) writeStats() WriteStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats
+}
+
+// queued returns how many writes wait for a batch.
+func (b *batcher[Req, Res]) queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
+}
+
+// leave takes op out of the batcher, its caller having given up; it
+// returns false when op's outcome came first.
+func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-op.done:
+		return false
+	default:
+	}
+	op.left = true
+	if op.flight == nil {
+		for i, q := range b.queue {
+			if q == op {
+				b.queue = append(b.queue[:i], b.queue[i+1:]...)
+				break
+			}
+		}
+		return true
+	}
+	if op.flight.waiting--; op.flight.waiting == 0 {
+		op.flight.cancel()
+	}
+	return true
+}
+
+// startLocked sends batches from the queue while fewer than maxFlight are
+// in flight. b.mu is held.
+func (b *batcher[Req, Res]) startLocked() {
+	for b.inFlight < maxFlight && len(b.queue) > 0 {
+		batch := b.takeLocked()
+		ctx, cancel := context.WithCancel(context.Background())
+		f := &flight{cancel: cancel, waiting: len(batch)}
+		for _, op := range batch {
+			op.flight = f
+		}
+		b.inFlight++
+		go b.run(ctx, f, batch)
+	}
+}
+
+// takeLocked takes the next batch from the queue: the oldest members, one
+// per resource, at most maxBatch. The others keep their place.
+func (b *batcher[Req, Res]) takeLocked() []*batchOp[Req, Res] {
+	var (
+		batch []*batchOp[Req, Res]
+		rest  = b.queue[:0]
+		seen  = make(map[domain.ResourceRef]struct{}, min(len(b.queue), maxBatch))
+	)
+	for _, op := range b.queue {
+		if _, dup := seen[op.ref]; dup || len(batch) == maxBatch {
+			rest = append(rest, op)
+			continue
+		}
+		seen[op.ref] = struct{}{}
+		batch = append(batch, op)
+	}
+	clear(b.queue[len(rest):])
+	b.queue = rest
+	return batch
+}
+
+// run sends batch and hands each member its outcome.
+func (b *batcher[Req, Res]) run(ctx context.Context, f *flight, batch []*batchOp[Req, Res]) {
+	defer b.hand(f, batch)
+	if len(batch) == 1 {
+		batch[0].res, batch[0].err = b.one(ctx, batch[0].req)
+		return
+	}
+	if err := b.many(ctx, batch); err != nil {
+		every := b.everyBody(err)
+		for _, op := range batch {
+			var zero Res
+			op.res, op.err, op.alone = zero, nil, !every
+			if every {
+				op.err = err
+			}
+		}
+	}
+}
+
+// hand hands the members of batch their outcomes, undoes those of the
+// members that left, and sends the next batch.
+func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
+	f.cancel()
+	var undo []*batchOp[Req, Res]
+	b.mu.Lock()
+	if !batch[0].alone { // a batch is split whole, or not at all
+		b.countLocked(len(batch))
+	}
+	for _, op := range batch {
+		if op.left && op.err == nil && !op.alone && b.undo != nil {
+			undo = append(undo, op)
+		}
+		close(op.done)
+	}
+	b.inFlight--
+	b.startLocked()
+	b.mu.Unlock()
+	for _, op := range undo {
+		b.undo(op.req, op.res)
+	}
+}

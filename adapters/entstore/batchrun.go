@@ -1,0 +1,360 @@
+package entstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// PostgresBatching is what the PostgreSQL adapter adds to the batches of
+// a PostgresStore (batch.go).
+type PostgresBatching struct {
+	// EveryBody says whether a batch's error is every member's: the
+	// connection or the server failed, as each member's own statement
+	// would have. Any other error leaves every member to run alone.
+	EveryBody func(error) bool
+	// Notice returns the SQL expression that sends the wake-up of a lock
+	// removed from the resource whose type and id are the expressions typ
+	// and id (pg_notify). Nil: no wake-up.
+	Notice func(typ, id string) string
+}
+
+// writeReq is one member of a batch of acquires or renewals: its
+// resource's advisory lock key, its resource, its owner, now and the new
+// expiry as stored, and for a renewal the token (0: by owner).
+type writeReq struct {
+	key          int64
+	ref          domain.ResourceRef
+	owner        string
+	now, expires string
+	token        int64
+}
+
+// releaseReq is one member of a batch of releases: by owner (token 0) or
+// by token, active at now.
+type releaseReq struct {
+	ref   domain.ResourceRef
+	owner string
+	token int64
+	now   string
+}
+
+// inserted is the outcome of acquireFreeSQL for one caller.
+type inserted struct {
+	token int64
+	ok    bool // false: the resource has a row
+}
+
+// made is the outcome of acquireSQL or takeSQL for one caller.
+type made struct {
+	a       application.Acquisition
+	decided bool // false: no row came back
+}
+
+// extension is the outcome of renewSQL or renewTokenSQL for one caller.
+type extension struct {
+	token    int64
+	times    [2]string // acquired, expires
+	extended bool      // false: no row came back
+}
+
+// batchers are the queues of a PostgresStore's writes.
+type batchers struct {
+	free          *batcher[writeReq, inserted]
+	acquire, take *batcher[writeReq, made]
+	renew         *batcher[writeReq, extension]
+	release       *batcher[releaseReq, bool]
+}
+
+// InBatches returns a view of s, on the same database, that runs every
+// acquire, renewal and release through its batch statement, even alone,
+// and returns the statement's errors as they are: for the contract suite,
+// which holds the batch statements to the rules state by state, as it
+// holds the lone ones.
+func (s *PostgresStore) InBatches() *PostgresStore {
+	v := &PostgresStore{Store: s.Store, key: s.key, batching: s.batching}
+	v.batch = v.newBatchers(s.batching, true)
+	return v
+}
+
+// newBatchers returns s's queues; always: see InBatches.
+func (s *PostgresStore) newBatchers(p PostgresBatching, always bool) batchers {
+	every := p.EveryBody
+	if every == nil {
+		every = func(error) bool { return true }
+	}
+	release := withNotice(p.Notice)
+	undo := func(r writeReq, a made) {
+		if a.decided && !a.a.Reentered {
+			s.undo(r.ref, a.a.Lock)
+		}
+	}
+	b := batchers{
+		free: &batcher[writeReq, inserted]{one: s.acquireFreeOne, many: s.acquireFreeMany, everyBody: every,
+			undo: func(r writeReq, in inserted) {
+				if in.ok {
+					s.undo(r.ref, domain.Lock{Token: in.token, Owner: r.owner, Resource: r.ref})
+				}
+			}},
+		acquire: &batcher[writeReq, made]{one: s.acquireOne(s.pick(acquireSQL)), many: s.acquireMany(s.pick(acquireBatchSQL)),
+			everyBody: every, undo: undo},
+		take: &batcher[writeReq, made]{one: s.acquireOne(s.pick(takeSQL)), many: s.acquireMany(s.pick(takeBatchSQL)),
+			everyBody: every, undo: undo},
+		renew:   &batcher[writeReq, extension]{one: s.renewOne, many: s.renewMany, everyBody: every},
+		release: &batcher[releaseReq, bool]{one: s.releaseOne, many: s.releaseMany(release), everyBody: every},
+	}
+	b.free.always, b.acquire.always, b.take.always, b.renew.always, b.release.always = always, always, always, always, always
+	return b
+}
+
+// Queued returns how many writes wait in s's queues for the next batch:
+// a measure of the load, which is zero while every write finds nothing of
+// its kind in flight.
+func (s *PostgresStore) Queued() int {
+	n := 0
+	for _, q := range []interface{ queued() int }{s.batch.free, s.batch.acquire, s.batch.take, s.batch.renew, s.batch.release} {
+		n += q.queued()
+	}
+	return n
+}
+
+// WriteStats returns the counts of s's acquires, renewals and releases
+// so far.
+func (s *PostgresStore) WriteStats() WriteStats {
+	var w WriteStats
+	for _, q := range []interface{ writeStats() WriteStats }{s.batch.free, s.batch.acquire, s.batch.take, s.batch.renew, s.batch.release} {
+		w.add(q.writeStats())
+	}
+	return w
+}
+
+// undoTimeout bounds the release of a lock acquired for a caller that
+// left: past it, the lock expires on its own.
+const undoTimeout = 10 * time.Second
+
+// undo releases l, acquired in a batch for a caller that had left.
+func (s *PostgresStore) undo(ref domain.ResourceRef, l domain.Lock) {
+	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
+	defer cancel()
+	if ok, _ := s.Store.DeleteToken(ctx, ref, l.Token, l.AcquiredAt); ok {
+		s.occupied.note(ref, false)
+	}
+}
+
+// scanBatch runs a batch statement and sets the outcome of each member
+// that a row names, as scan reads it. A member that no row names keeps the
+// zero outcome, which is always safe to act on: nothing was inserted (the
+// acquire goes on to acquireSQL), decided (to Update), extended (to
+// Update) or removed.
+func scanBatch[Req, Res any](ctx context.Context, s *PostgresStore, ops []*batchOp[Req, Res], query string, args []any,
+	scan func(rows *sql.Rows) (n int64, res Res, err error)) error {
+	rows, err := s.write.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	named := make([]bool, len(ops))
+	for rows.Next() {
+		n, res, err := scan(rows)
+		if err != nil {
+			return err
+		}
+		if n < 1 || n > int64(len(ops)) || named[n-1] {
+			return &domain.StoreError{Op: "read a batch's outcome", Kind: domain.StoreCorrupt,
+				Err: fmt.Errorf("a row names member %d of %d twice or not at all", n, len(ops))}
+		}
+		named[n-1] = true
+		ops[n-1].res = res
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// writeArgs are the arrays of a batch of acquires (or, withToken, of
+// renewals).
+func writeArgs[Res any](ops []*batchOp[writeReq, Res], withToken bool) []any {
+	var (
+		keys          = make([]int64, len(ops))
+		types, ids    = make([]string, len(ops)), make([]string, len(ops))
+		owners        = make([]string, len(ops))
+		nows, expires = make([]string, len(ops)), make([]string, len(ops))
+		tokens        []int64
+	)
+	if withToken {
+		tokens = make([]int64, len(ops))
+	}
+	for i, op := range ops {
+		r := op.req
+		keys[i], types[i], ids[i], owners[i], nows[i], expires[i] = r.key, string(r.ref.Type), r.ref.ID, r.owner, r.now, r.expires
+		if withToken {
+			tokens[i] = r.token
+		}
+	}
+	if withToken {
+		return []any{keys, types, ids, owners, nows, expires, tokens}
+	}
+	return []any{keys, types, ids, owners, nows, expires}
+}
+
+// acquireFreeOne runs acquireFreeSQL for one caller.
+func (s *PostgresStore) acquireFreeOne(ctx context.Context, r writeReq) (inserted, error) {
+	return writeStatement(ctx, s.Store, func(ctx context.Context) (inserted, error) {
+		var token int64
+		err := s.write.QueryRowContext(ctx, acquireFreeSQL, r.key, string(r.ref.Type), r.ref.ID, r.owner, r.now, r.expires).Scan(&token)
+		if errors.Is(err, sql.ErrNoRows) {
+			return inserted{}, nil
+		}
+		return inserted{token: token, ok: err == nil}, err
+	})
+}
+
+// acquireFreeMany runs acquireFreeBatchSQL.
+func (s *PostgresStore) acquireFreeMany(ctx context.Context, ops []*batchOp[writeReq, inserted]) error {
+	return scanBatch(ctx, s, ops, acquireFreeBatchSQL, writeArgs(ops, false), func(rows *sql.Rows) (int64, inserted, error) {
+		var (
+			n     int64
+			token int64
+		)
+		err := rows.Scan(&n, &token)
+		return n, inserted{token: token, ok: true}, err
+	})
+}
+
+// acquireOne returns the lone run of statement, acquireSQL or takeSQL.
+func (s *PostgresStore) acquireOne(statement string) func(context.Context, writeReq) (made, error) {
+	return func(ctx context.Context, r writeReq) (made, error) {
+		return writeStatement(ctx, s.Store, func(ctx context.Context) (made, error) {
+			rows, err := s.write.QueryContext(ctx, statement, r.key, string(r.ref.Type), r.ref.ID, r.owner, r.now, r.expires)
+			if err != nil {
+				return made{}, err
+			}
+			defer rows.Close()
+			if !rows.Next() {
+				if err := rows.Err(); err != nil {
+					return made{}, err
+				}
+				return made{}, rows.Close()
+			}
+			a, err := scanAcquisition(rows, r.ref, r.owner)
+			if err != nil {
+				return made{}, err
+			}
+			return made{a: a, decided: true}, rows.Close()
+		})
+	}
+}
+
+// acquireMany returns the batch run of statement, acquireBatchSQL or
+// takeBatchSQL.
+func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*batchOp[writeReq, made]) error {
+	return func(ctx context.Context, ops []*batchOp[writeReq, made]) error {
+		return scanBatch(ctx, s, ops, statement, writeArgs(ops, false), func(rows *sql.Rows) (int64, made, error) {
+			var (
+				n         int64
+				reentered bool
+				id        sql.NullInt64
+				times     [2]sql.NullString // acquired, expires
+				prevID    sql.NullInt64     // the lock replaced, if any:
+				prev      [3]sql.NullString // its owner, acquired, expires
+			)
+			if err := rows.Scan(&n, &reentered, &id, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2]); err != nil {
+				return 0, made{}, err
+			}
+			if !id.Valid {
+				return n, made{}, nil
+			}
+			op, err := memberOf(ops, n)
+			if err != nil {
+				return 0, made{}, err
+			}
+			a, err := acquisitionOf(op.req.ref, op.req.owner, reentered, id.Int64, times[0].String, times[1].String, prevID, prev)
+			return n, made{a: a, decided: true}, err
+		})
+	}
+}
+
+// renewOne runs renewSQL, or renewTokenSQL for a token, for one caller.
+func (s *PostgresStore) renewOne(ctx context.Context, r writeReq) (extension, error) {
+	query, args := renewSQL, []any{r.key, string(r.ref.Type), r.ref.ID, r.owner, r.now, r.expires}
+	if r.token != 0 {
+		query, args = renewTokenSQL, append(args, r.token)
+	}
+	return writeStatement(ctx, s.Store, func(ctx context.Context) (extension, error) {
+		var e extension
+		err := s.write.QueryRowContext(ctx, query, args...).Scan(&e.token, &e.times[0], &e.times[1])
+		if errors.Is(err, sql.ErrNoRows) {
+			return extension{}, nil
+		}
+		e.extended = err == nil
+		return e, err
+	})
+}
+
+// renewMany runs renewBatchSQL.
+func (s *PostgresStore) renewMany(ctx context.Context, ops []*batchOp[writeReq, extension]) error {
+	return scanBatch(ctx, s, ops, renewBatchSQL, writeArgs(ops, true), func(rows *sql.Rows) (int64, extension, error) {
+		var (
+			n int64
+			e = extension{extended: true}
+		)
+		err := rows.Scan(&n, &e.token, &e.times[0], &e.times[1])
+		return n, e, err
+	})
+}
+
+// releaseOne runs the Store's release by owner or by token for one
+// caller, and returns whether it removed the lock.
+func (s *PostgresStore) releaseOne(ctx context.Context, r releaseReq) (bool, error) {
+	var n int64
+	var err error
+	if r.token == 0 {
+		n, err = s.deleteOwned(ctx, r.ref, r.owner)
+	} else {
+		n, err = s.deleteToken(ctx, r.ref, r.token, r.now)
+	}
+	return n > 0, err
+}
+
+// releaseMany returns the batch run of releaseBatchSQL as written with the
+// backend's wake-up, query.
+func (s *PostgresStore) releaseMany(query string) func(context.Context, []*batchOp[releaseReq, bool]) error {
+	return func(ctx context.Context, ops []*batchOp[releaseReq, bool]) error {
+		var (
+			types, ids = make([]string, len(ops)), make([]string, len(ops))
+			owners     = make([]string, len(ops))
+			tokens     = make([]int64, len(ops))
+			nows       = make([]string, len(ops))
+		)
+		for i, op := range ops {
+			r := op.req
+			types[i], ids[i], owners[i], tokens[i], nows[i] = string(r.ref.Type), r.ref.ID, r.owner, r.token, r.now
+		}
+		return scanBatch(ctx, s, ops, query, []any{types, ids, owners, tokens, nows}, func(rows *sql.Rows) (int64, bool, error) {
+			var (
+				n      int64
+				notice any
+			)
+			err := rows.Scan(&n, &notice)
+			return n, true, err
+		})
+	}
+}
+
+// memberOf returns the member that a batch's row numbers n (from 1).
+func memberOf[Req, Res any](ops []*batchOp[Req, Res], n int64) (*batchOp[Req, Res], error) {
+	if n < 1 || n > int64(len(ops)) {
+		return nil, &domain.StoreError{Op: "read a batch's outcome", Kind: domain.StoreCorrupt,
+			Err: fmt.Errorf("a row names member %d of %d", n, len(ops))}
+	}
+	return ops[n-1], nil
+}

@@ -1,0 +1,137 @@
+package entstore
+
+import "strings"
+
+// The batch statements of group commit (batch.go): each is the statement
+// of one write (acquireFreeSQL, acquireSQL, takeSQL, renewSQL and
+// renewTokenSQL, the releases) over arrays, one element per member, with
+// that statement's WHERE for each member's row. req numbers the members
+// (n, from 1); a batch holds one member per resource. Each statement
+// returns a row for every member it decided, named by n (or, where a
+// RETURNING cannot name it, by its resource). A member it does not name
+// is told the outcome that is always safe to act on: nothing inserted (the
+// acquire goes on to acquireSQL), nothing decided or extended (Update
+// decides, waiting as it always did), nothing removed (the lock was not
+// there, or not the caller's).
+//
+// No batch waits for a lock, so that no member waits for another's
+// resource:
+//   - The advisory lock of each member's resource is taken with
+//     pg_try_advisory_xact_lock, which never waits: a member whose lock is
+//     held (an Update transaction, a lone statement, another batch) is not
+//     decided. A release takes none, as alone.
+//   - A batch that changes existing rows (the acquires that may take over
+//     or re-enter) first locks them FOR UPDATE SKIP LOCKED: a row that a
+//     fence, a release or a cleanup holds, or one changed since the
+//     snapshot, leaves its member undecided. A renewal's UPDATE and a
+//     release's DELETE run as the lone statements do: the locks they can
+//     meet (another write of the same row) last one statement.
+//
+// Every row is found through the resource's unique index, one lookup per
+// member (rows, a LATERAL subquery with LIMIT 1, which the planner cannot
+// turn into a join), and changed through the primary key (id = ANY): a
+// plan that scanned the table and hashed it, which the planner picks when
+// it cannot see how few members a batch has, would cost the server a scan
+// of every row, dead or alive, per batch.
+
+// batchRows finds the row of each member of req in the statement's
+// snapshot: (id, n).
+const batchRows = `rows AS MATERIALIZED (SELECT x.{id}, req.n FROM req,
+  LATERAL (SELECT l.{id} FROM {locks} l WHERE l.{type} = req.typ AND l.{rid} = req.rid LIMIT 1) x)`
+
+// noRow is the condition that the member r's resource has no row in the
+// statement's snapshot, tested through the unique index.
+const noRow = `(SELECT l.{id} FROM {locks} l WHERE l.{type} = r.typ AND l.{rid} = r.rid) IS NULL`
+
+// acquireFreeBatchSQL is acquireFreeSQL over arrays: it inserts the lock
+// of every member whose resource has no row and whose advisory lock it
+// gets. Result: a row per lock inserted, n and its id.
+var acquireFreeBatchSQL = pgStatement(`WITH ins AS (
+  INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
+  SELECT own, typ, rid, acq, exp
+  FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[]) AS r(k, typ, rid, own, acq, exp)
+  WHERE ` + noRow + ` AND pg_try_advisory_xact_lock(k)
+  ON CONFLICT ({type}, {rid}) DO NOTHING
+  RETURNING {id}, {type}, {rid})
+SELECT r.n, ins.{id} FROM ins JOIN unnest($2::varchar[], $3::varchar[]) WITH ORDINALITY AS r(typ, rid, n)
+  ON ins.{type} = r.typ AND ins.{rid} = r.rid`)
+
+// acquireBatchSQL is acquireSQL over arrays; takeBatchSQL is takeSQL's
+// (no re-entry). held are the members whose advisory lock the statement
+// got, cur the rows it locked, ok the members it decides: held, with
+// their row locked or no row. Result: per member decided, n and
+// acquireSQL's row, whose id is NULL where the statement changed nothing.
+var acquireBatchSQL, takeBatchSQL = acquireBatch(true), acquireBatch(false)
+
+func acquireBatch(reenter bool) [2]string {
+	re := `re AS (
+  UPDATE {locks} l SET {expires} = req.exp FROM req, cur
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n AND l.{owner} = req.own
+    AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
+  RETURNING req.n, l.{id}, l.{acquired}, l.{expires}),`
+	if !reenter {
+		re = `re AS (SELECT 0::bigint AS n, 0::bigint AS {id}, ''::varchar AS {acquired}, ''::varchar AS {expires} WHERE false),`
+	}
+	return pgStatements(`WITH req AS (SELECT * FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[])
+  WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, n)),
+held AS MATERIALIZED (SELECT n FROM req WHERE pg_try_advisory_xact_lock(k)),
+` + batchRows + `,
+cur AS MATERIALIZED (SELECT l.{id}, rows.n FROM {locks} l JOIN rows ON l.{id} = rows.{id}
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows WHERE n IN (SELECT n FROM held)))
+  FOR UPDATE OF l SKIP LOCKED),
+ok AS MATERIALIZED (SELECT n FROM held WHERE n IN (SELECT n FROM cur) OR n NOT IN (SELECT n FROM rows)),
+old AS (
+  DELETE FROM {locks} l USING req, cur
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
+    AND l.{expires} <= req.acq AND {expiredOnServer}
+  RETURNING req.n, l.{id}, l.{owner}, l.{acquired}, l.{expires}),
+` + re + `
+ins AS (
+  INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
+  SELECT own, typ, rid, acq, exp FROM req r
+  WHERE n IN (SELECT n FROM ok) AND n NOT IN (SELECT n FROM re)
+    AND n NOT IN (SELECT n FROM rows WHERE {id} NOT IN (SELECT {id} FROM old))
+  ON CONFLICT ({type}, {rid}) DO NOTHING
+  RETURNING {id}, {type}, {rid}, {acquired}, {expires})
+SELECT ok.n, re.n IS NOT NULL, COALESCE(re.{id}, ins.{id}), COALESCE(re.{acquired}, ins.{acquired}), COALESCE(re.{expires}, ins.{expires}),
+  CASE WHEN ins.{id} IS NOT NULL THEN old.{id} END, old.{owner}, old.{acquired}, old.{expires}
+FROM ok JOIN req USING (n) LEFT JOIN re USING (n)
+  LEFT JOIN ins ON ins.{type} = req.typ AND ins.{rid} = req.rid LEFT JOIN old ON old.n = req.n`)
+}
+
+// renewBatchSQL is renewSQL and renewTokenSQL over arrays: tok is the
+// member's token, or 0 for a renewal by owner. Result: a row per lock
+// extended, n and the lock as extended.
+var renewBatchSQL = pgStatement(`WITH req AS (SELECT * FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[], $7::bigint[])
+  WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, tok, n)),
+held AS MATERIALIZED (SELECT n FROM req WHERE pg_try_advisory_xact_lock(k)),
+` + batchRows + `
+UPDATE {locks} l SET {expires} = req.exp FROM req, rows
+WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows WHERE n IN (SELECT n FROM held))) AND l.{id} = rows.{id} AND rows.n = req.n
+  AND l.{type} = req.typ AND l.{rid} = req.rid AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)
+  AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
+RETURNING req.n, l.{id}, l.{acquired}, l.{expires}`)
+
+// releaseBatchSQL is the releases by owner (tok 0) and by token (active at
+// at) over arrays, with the wake-up of each lock removed ({notice}).
+// Result: a row per lock removed, n and the wake-up's value.
+var releaseBatchSQL = pgStatement(`WITH req AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $4::bigint[], $5::varchar[])
+  WITH ORDINALITY AS r(typ, rid, own, tok, at, n)),
+` + batchRows + `,
+d AS (
+  DELETE FROM {locks} l USING req, rows
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows)) AND l.{id} = rows.{id} AND rows.n = req.n
+    AND l.{type} = req.typ AND l.{rid} = req.rid
+    AND CASE WHEN req.tok = 0 THEN l.{owner} = req.own ELSE l.{id} = req.tok AND l.{expires} > req.at END
+  RETURNING req.n, l.{type}, l.{rid})
+SELECT n, {notice} FROM d`)
+
+// withNotice writes notice, the backend's wake-up of the lock removed from
+// the resource d.typ, d.rid (nil: none), into releaseBatchSQL.
+func withNotice(notice func(typ, id string) string) string {
+	expr := "NULL"
+	if notice != nil {
+		expr = notice("d.{type}", "d.{rid}")
+	}
+	return strings.Replace(releaseBatchSQL, "{notice}", pgStatement(expr), 1)
+}
