@@ -133,8 +133,9 @@ func (f *floorPostgres) callers(_ context.Context, n int, shared bool) ([]cycleF
 }
 
 // advisory is PostgreSQL's session advisory locks: each caller holds a
-// connection of a pgx pool for the whole scenario and takes its locks on
-// it with pg_try_advisory_lock. On the shared resource it waits in
+// connection of a pgx pool for the whole scenario (up to advisoryMaxConns
+// callers; past it, for each cycle) and takes its locks on it with
+// pg_try_advisory_lock. On the shared resource it waits in
 // pg_advisory_lock, the server's own queue.
 type advisory struct {
 	dsn   string
@@ -150,34 +151,49 @@ func openAdvisory(_ context.Context, env *environment) (instance, error) {
 	return &advisory{dsn: env.postgresDSN}, nil
 }
 
+// advisoryMaxConns bounds the connections of pg-advisory: a session lock
+// lives on a connection, and the server allows 100 by default. Past it
+// the callers borrow a connection from the pool for each cycle.
+const advisoryMaxConns = 64
+
 func (a *advisory) callers(ctx context.Context, n int, shared bool) ([]cycleFunc, error) {
 	cfg, err := pgxpool.ParseConfig(a.dsn)
 	if err != nil {
 		return nil, err
 	}
-	cfg.MaxConns = int32(n)
+	cfg.MaxConns = int32(min(n, advisoryMaxConns))
 	if a.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, err
 	}
 	out := make([]cycleFunc, n)
 	for i := range out {
-		conn, err := a.pool.Acquire(ctx)
-		if err != nil {
-			return nil, err
+		var conn *pgxpool.Conn // held for the scenario, or nil: borrowed per cycle
+		if n <= advisoryMaxConns {
+			if conn, err = a.pool.Acquire(ctx); err != nil {
+				return nil, err
+			}
+			a.conns = append(a.conns, conn)
 		}
-		a.conns = append(a.conns, conn)
 		k := 0
 		out[i] = func(ctx context.Context) error {
+			c := conn
+			if c == nil {
+				var err error
+				if c, err = a.pool.Acquire(ctx); err != nil {
+					return err
+				}
+				defer c.Release()
+			}
 			key := int32(-1)
 			if shared {
-				if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", advisoryClass, key); err != nil {
+				if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", advisoryClass, key); err != nil {
 					return err
 				}
 			} else {
 				key = int32(i*ownResources + k%ownResources)
 				k++
 				var got bool
-				if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1::int4, $2::int4)", advisoryClass, key).Scan(&got); err != nil {
+				if err := c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1::int4, $2::int4)", advisoryClass, key).Scan(&got); err != nil {
 					return err
 				}
 				if !got {
@@ -185,7 +201,7 @@ func (a *advisory) callers(ctx context.Context, n int, shared bool) ([]cycleFunc
 				}
 			}
 			var ok bool
-			if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", advisoryClass, key).Scan(&ok); err != nil {
+			if err := c.QueryRow(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", advisoryClass, key).Scan(&ok); err != nil {
 				return err
 			}
 			if !ok {

@@ -22,6 +22,7 @@ var scenarios = []scenario{
 	{name: "1 caller", callers: 1},
 	{name: "8 callers", callers: 8},
 	{name: "32 callers", callers: 32},
+	{name: "128 callers", callers: 128},
 	{name: "8 on one resource", callers: 8, shared: true},
 }
 
