@@ -142,6 +142,9 @@ func (b *batcher[Req, Res]) do(ctx context.Context, ref domain.ResourceRef, req 
 			var zero Res
 			return zero, err
 		}
+		if op.alone {
+			return b.runAlone(ctx, req)
+		}
 		return op.res, nil
 	}
 	b.mu.Lock()

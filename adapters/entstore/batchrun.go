@@ -147,12 +147,13 @@ func (s *PostgresStore) undo(ref domain.ResourceRef, l domain.Lock) {
 }
 
 // scanBatch runs a batch statement and sets the outcome of each member
-// that a row names, as scan reads it. A member that no row names keeps the
-// zero outcome, which is always safe to act on: nothing was inserted (the
-// acquire goes on to acquireSQL), decided (to Update), extended (to
-// Update) or removed.
+// that a row names, as scan reads it, or leaves it to run alone. A member
+// that no row names keeps the zero outcome, which is always safe to act
+// on: nothing was inserted (the acquire goes on to acquireSQL), decided
+// (to Update), extended (to Update) or removed (there was nothing of the
+// caller's to remove).
 func scanBatch[Req, Res any](ctx context.Context, s *PostgresStore, ops []*batchOp[Req, Res], query string, args []any,
-	scan func(rows *sql.Rows) (n int64, res Res, err error)) error {
+	scan func(rows *sql.Rows) (n int64, res Res, alone bool, err error)) error {
 	rows, err := s.write.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
@@ -160,7 +161,7 @@ func scanBatch[Req, Res any](ctx context.Context, s *PostgresStore, ops []*batch
 	defer rows.Close()
 	named := make([]bool, len(ops))
 	for rows.Next() {
-		n, res, err := scan(rows)
+		n, res, alone, err := scan(rows)
 		if err != nil {
 			return err
 		}
@@ -169,7 +170,7 @@ func scanBatch[Req, Res any](ctx context.Context, s *PostgresStore, ops []*batch
 				Err: fmt.Errorf("a row names member %d of %d twice or not at all", n, len(ops))}
 		}
 		named[n-1] = true
-		ops[n-1].res = res
+		ops[n-1].res, ops[n-1].alone = res, alone
 	}
 	if err := rows.Err(); err != nil {
 		return err
@@ -220,13 +221,13 @@ func (s *PostgresStore) acquireFreeOne(ctx context.Context, r writeReq) (inserte
 
 // acquireFreeMany runs acquireFreeBatchSQL.
 func (s *PostgresStore) acquireFreeMany(ctx context.Context, ops []*batchOp[writeReq, inserted]) error {
-	return scanBatch(ctx, s, ops, acquireFreeBatchSQL, writeArgs(ops, false), func(rows *sql.Rows) (int64, inserted, error) {
+	return scanBatch(ctx, s, ops, acquireFreeBatchSQL, writeArgs(ops, false), func(rows *sql.Rows) (int64, inserted, bool, error) {
 		var (
 			n     int64
 			token int64
 		)
 		err := rows.Scan(&n, &token)
-		return n, inserted{token: token, ok: true}, err
+		return n, inserted{token: token, ok: true}, false, err
 	})
 }
 
@@ -258,7 +259,7 @@ func (s *PostgresStore) acquireOne(statement string) func(context.Context, write
 // takeBatchSQL.
 func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*batchOp[writeReq, made]) error {
 	return func(ctx context.Context, ops []*batchOp[writeReq, made]) error {
-		return scanBatch(ctx, s, ops, statement, writeArgs(ops, false), func(rows *sql.Rows) (int64, made, error) {
+		return scanBatch(ctx, s, ops, statement, writeArgs(ops, false), func(rows *sql.Rows) (int64, made, bool, error) {
 			var (
 				n         int64
 				reentered bool
@@ -268,17 +269,17 @@ func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*b
 				prev      [3]sql.NullString // its owner, acquired, expires
 			)
 			if err := rows.Scan(&n, &reentered, &id, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2]); err != nil {
-				return 0, made{}, err
+				return 0, made{}, false, err
 			}
 			if !id.Valid {
-				return n, made{}, nil
+				return n, made{}, false, nil
 			}
 			op, err := memberOf(ops, n)
 			if err != nil {
-				return 0, made{}, err
+				return 0, made{}, false, err
 			}
 			a, err := acquisitionOf(op.req.ref, op.req.owner, reentered, id.Int64, times[0].String, times[1].String, prevID, prev)
-			return n, made{a: a, decided: true}, err
+			return n, made{a: a, decided: true}, false, err
 		})
 	}
 }
@@ -302,13 +303,13 @@ func (s *PostgresStore) renewOne(ctx context.Context, r writeReq) (extension, er
 
 // renewMany runs renewBatchSQL.
 func (s *PostgresStore) renewMany(ctx context.Context, ops []*batchOp[writeReq, extension]) error {
-	return scanBatch(ctx, s, ops, renewBatchSQL, writeArgs(ops, true), func(rows *sql.Rows) (int64, extension, error) {
+	return scanBatch(ctx, s, ops, renewBatchSQL, writeArgs(ops, true), func(rows *sql.Rows) (int64, extension, bool, error) {
 		var (
 			n int64
 			e = extension{extended: true}
 		)
 		err := rows.Scan(&n, &e.token, &e.times[0], &e.times[1])
-		return n, e, err
+		return n, e, false, err
 	})
 }
 
@@ -339,13 +340,13 @@ func (s *PostgresStore) releaseMany(query string) func(context.Context, []*batch
 			r := op.req
 			types[i], ids[i], owners[i], tokens[i], nows[i] = string(r.ref.Type), r.ref.ID, r.owner, r.token, r.now
 		}
-		return scanBatch(ctx, s, ops, query, []any{types, ids, owners, tokens, nows}, func(rows *sql.Rows) (int64, bool, error) {
+		return scanBatch(ctx, s, ops, query, []any{types, ids, owners, tokens, nows}, func(rows *sql.Rows) (int64, bool, bool, error) {
 			var (
-				n      int64
-				notice any
+				n    int64
+				busy bool
 			)
-			err := rows.Scan(&n, &notice)
-			return n, true, err
+			err := rows.Scan(&n, &busy)
+			return n, !busy, busy, err
 		})
 	}
 }

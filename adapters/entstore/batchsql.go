@@ -58,8 +58,10 @@ SELECT r.n, ins.{id} FROM ins JOIN unnest($2::varchar[], $3::varchar[]) WITH ORD
 
 // acquireBatchSQL is acquireSQL over arrays; takeBatchSQL is takeSQL's
 // (no re-entry). held are the members whose advisory lock the statement
-// got, cur the rows it locked, ok the members it decides: held, with
-// their row locked or no row. Result: per member decided, n and
+// got; cand the rows it may change (expired at now, or for a re-entry the
+// caller's own), as its snapshot sees them: an active lock of another
+// owner is neither changed nor locked; cur the candidates it locked; ok
+// the members it decides: held, with their candidate locked or none. Result: per member decided, n and
 // acquireSQL's row, whose id is NULL where the statement changed nothing.
 var acquireBatchSQL, takeBatchSQL = acquireBatch(true), acquireBatch(false)
 
@@ -69,17 +71,20 @@ func acquireBatch(reenter bool) [2]string {
   WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n AND l.{owner} = req.own
     AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
   RETURNING req.n, l.{id}, l.{acquired}, l.{expires}),`
+	changes := "l.{expires} <= req.acq OR l.{owner} = req.own" // the rows old or re may change
 	if !reenter {
 		re = `re AS (SELECT 0::bigint AS n, 0::bigint AS {id}, ''::varchar AS {acquired}, ''::varchar AS {expires} WHERE false),`
+		changes = "l.{expires} <= req.acq"
 	}
 	return pgStatements(`WITH req AS (SELECT * FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[])
   WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, n)),
 held AS MATERIALIZED (SELECT n FROM req WHERE pg_try_advisory_xact_lock(k)),
 ` + batchRows + `,
-cur AS MATERIALIZED (SELECT l.{id}, rows.n FROM {locks} l JOIN rows ON l.{id} = rows.{id}
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows WHERE n IN (SELECT n FROM held)))
-  FOR UPDATE OF l SKIP LOCKED),
-ok AS MATERIALIZED (SELECT n FROM held WHERE n IN (SELECT n FROM cur) OR n NOT IN (SELECT n FROM rows)),
+cand AS MATERIALIZED (SELECT rows.{id}, rows.n FROM rows JOIN req USING (n) JOIN {locks} l ON l.{id} = rows.{id}
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows WHERE n IN (SELECT n FROM held))) AND (` + changes + `)),
+cur AS MATERIALIZED (SELECT l.{id}, cand.n FROM {locks} l JOIN cand ON l.{id} = cand.{id}
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cand)) FOR UPDATE OF l SKIP LOCKED),
+ok AS MATERIALIZED (SELECT n FROM held WHERE n IN (SELECT n FROM cur) OR n NOT IN (SELECT n FROM cand)),
 old AS (
   DELETE FROM {locks} l USING req, cur
   WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
@@ -113,18 +118,30 @@ WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows WHERE n IN (SELECT n FROM held))
 RETURNING req.n, l.{id}, l.{acquired}, l.{expires}`)
 
 // releaseBatchSQL is the releases by owner (tok 0) and by token (active at
-// at) over arrays, with the wake-up of each lock removed ({notice}).
-// Result: a row per lock removed, n and the wake-up's value.
+// at) over arrays, with the wake-up of each lock removed ({notice}). The
+// rows a member would remove are locked first, SKIP LOCKED: a lock that a
+// fenced transaction holds (FOR KEY SHARE, for as long as its holder's
+// transaction lasts) would otherwise keep the whole batch waiting. Result:
+// a row per member decided, n and false, or n and true for a member whose
+// row was busy, which runs its own statement (and waits, as alone).
 var releaseBatchSQL = pgStatement(`WITH req AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $4::bigint[], $5::varchar[])
   WITH ORDINALITY AS r(typ, rid, own, tok, at, n)),
 ` + batchRows + `,
+mine AS MATERIALIZED (SELECT rows.{id}, rows.n FROM rows JOIN req USING (n) JOIN {locks} l ON l.{id} = rows.{id}
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows))
+    AND CASE WHEN req.tok = 0 THEN l.{owner} = req.own ELSE l.{id} = req.tok AND l.{expires} > req.at END),
+cur AS MATERIALIZED (SELECT l.{id}, mine.n FROM {locks} l JOIN mine ON l.{id} = mine.{id}
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM mine)) FOR UPDATE OF l SKIP LOCKED),
 d AS (
-  DELETE FROM {locks} l USING req, rows
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows)) AND l.{id} = rows.{id} AND rows.n = req.n
+  DELETE FROM {locks} l USING req, cur
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
     AND l.{type} = req.typ AND l.{rid} = req.rid
     AND CASE WHEN req.tok = 0 THEN l.{owner} = req.own ELSE l.{id} = req.tok AND l.{expires} > req.at END
-  RETURNING req.n, l.{type}, l.{rid})
-SELECT n, {notice} FROM d`)
+  RETURNING req.n, l.{type}, l.{rid}),
+w AS MATERIALIZED (SELECT n, {notice} AS sent FROM d)
+SELECT n, false FROM w
+UNION ALL
+SELECT n, true FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
 
 // withNotice writes notice, the backend's wake-up of the lock removed from
 // the resource d.typ, d.rid (nil: none), into releaseBatchSQL.

@@ -263,3 +263,58 @@ func TestGroupCommit_ReleasesAndRenewals(t *testing.T) {
 }
 
 func plan(id string) domain.ResourceRef { return domain.ResourceRef{Type: domain.ResourcePlan, ID: id} }
+
+// A release whose lock a fenced transaction holds (FOR KEY SHARE) waits
+// for that transaction, as alone; the other releases of its batch do not.
+func TestGroupCommit_AReleaseHeldByAFenceDelaysNoOne(t *testing.T) {
+	f := newBatchFixture(t)
+	ctx := context.Background()
+	owners, refs := members(3)
+	for i := range refs {
+		_, err := f.Store.AcquireAt(ctx, refs[i], owners[i], now(time.Minute))
+		require.NoError(t, err)
+	}
+	fence, err := f.Admin.Begin()
+	require.NoError(t, err)
+	defer fence.Rollback()
+	_, err = fence.Exec("SELECT id FROM locks WHERE resource_id = 'r0' FOR KEY SHARE")
+	require.NoError(t, err)
+
+	f.BlockWrites(t)
+	lone, cancelLone := context.WithCancel(ctx)
+	loneDone := make(chan error, 1)
+	go func() { _, err := f.Store.DeleteOwned(lone, plan("none"), "x"); loneDone <- err }()
+	require.Eventually(t, func() bool { return f.Waiting(t, "DELETE") == 1 }, 10*time.Second, time.Millisecond)
+	released := make([]chan error, 3)
+	for i := range released {
+		released[i] = make(chan error, 1)
+		go func() {
+			ok, err := f.Store.DeleteOwned(ctx, refs[i], owners[i])
+			if err == nil && !ok {
+				err = fmt.Errorf("the release of %s removed nothing", refs[i])
+			}
+			released[i] <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return f.Store.Queued() == 3 }, 10*time.Second, time.Millisecond)
+	cancelLone()
+	require.ErrorIs(t, <-loneDone, context.Canceled)
+	require.Eventually(t, func() bool { return f.Waiting(t, "unnest") == 1 }, 10*time.Second, time.Millisecond)
+	f.Unblock()
+	for _, i := range []int{1, 2} {
+		select {
+		case err := <-released[i]:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("release %d waited for the fence on another resource", i)
+		}
+	}
+	select {
+	case err := <-released[0]:
+		t.Fatalf("the release of the fenced lock did not wait for the fence: %v", err)
+	default:
+	}
+	require.NoError(t, fence.Rollback())
+	require.NoError(t, <-released[0])
+	require.Empty(t, f.Rows(t))
+}
