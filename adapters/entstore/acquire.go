@@ -31,6 +31,9 @@ type PostgresStore struct {
 	// in flight (batch.go).
 	batch    batchers
 	batching PostgresBatching
+	// life ends at Close, and with it every batch still on its way.
+	life context.Context
+	stop context.CancelFunc
 }
 
 var _ application.Acquirer = (*PostgresStore)(nil)
@@ -45,6 +48,7 @@ func (s *PostgresStore) DecidesAll() {}
 // they arrive while others are in flight.
 func NewPostgres(s *Store, key func(domain.ResourceRef) int64, p PostgresBatching) *PostgresStore {
 	ps := &PostgresStore{Store: s, key: key, batching: p}
+	ps.life, ps.stop = context.WithCancel(context.Background())
 	ps.batch = ps.newBatchers(p, false)
 	return ps
 }
@@ -334,6 +338,13 @@ func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef,
 		s.occupied.note(ref, true)
 	}
 	return a, in.ok, nil
+}
+
+// Close ends the batches still on their way (their callers have left:
+// every caller that waits holds the store open), then closes the Store.
+func (s *PostgresStore) Close() error {
+	s.stop()
+	return s.Store.Close()
 }
 
 // DeleteOwned implements application.LockRepository: the Store's

@@ -10,21 +10,24 @@ import (
 // Group commit on PostgreSQL. A write that finds nothing of its kind in
 // flight runs alone, as its own statement, so that a lone caller pays no
 // more than before. One that arrives while writes of its kind are in
-// flight joins a queue, and the next batch carries the queue in one
-// statement over arrays (unnest): one round trip and one commit for all
-// of them, each member decided row by row by the same rule as its own
-// statement (batchsql.go).
+// flight joins a queue, and batches carry the queue, one at a time, each
+// in one statement over arrays (unnest): one round trip and one commit
+// for all of them, each member decided row by row by the same rule as its
+// own statement (batchsql.go).
 //
 // What a batch promises its members:
 //   - One member per resource. A second write on a resource waits in the
 //     queue for a later batch, so that a batch never decides twice on one
 //     row.
-//   - No member waits for another's resource. A batch takes each
-//     resource's advisory lock with pg_try_advisory_xact_lock and each row
-//     it changes with FOR UPDATE SKIP LOCKED: a member whose resource is
-//     busy (an Update transaction, a fence, another batch) is left out,
-//     and its caller runs its own statement, which waits as it always did.
-//     A batch therefore never waits for a lock, and can never deadlock.
+//   - No member waits for another's resource, and no write waits for
+//     another's. A batch takes each resource's advisory lock with
+//     pg_try_advisory_xact_lock and each row it changes with FOR UPDATE
+//     SKIP LOCKED: a member whose resource is busy (an Update transaction,
+//     a fence, a lone statement) is left undecided, and decides alone,
+//     waiting as it always did, outside the queue. A batch therefore never
+//     waits for a lock, and can never deadlock. A lone statement may wait;
+//     the queue does not wait for it (it is not a batch): the writes that
+//     arrive meanwhile go out in batches.
 //   - One member's failure is its own. A batch whose statement fails for
 //     a reason of its rows (a constraint, a deadlock the server chose it
 //     for) leaves every member to run its own statement; only a failure of
@@ -38,19 +41,12 @@ import (
 //     caller that left is then released at once by its token (undo), so
 //     that nothing holds a resource for a caller that was told it does
 //     not; a renewal or a release that commits stands, as it would have
-//     alone. When every member of a batch has left, the statement itself
-//     is cancelled.
+//     alone. A batch that every member has left goes on to its answer, so
+//     that its locks can be released, but no longer holds up the queue:
+//     the next batch goes out beside it. Closing the store ends it.
 
 // maxBatch bounds the members of one batch: the arrays of one statement.
 const maxBatch = 256
-
-// maxFlight bounds the writes of one kind in flight at once, alone or in
-// batches. One: the writes that arrive meanwhile wait for it and go
-// together, in the largest batch. Measured (docs/performance.md), a
-// second batch in flight splits the queue in two for little overlap: the
-// server's time per write goes up, and the cycles per second down, at 8
-// callers as at 32.
-const maxFlight = 1
 
 // batchOp is one caller's write in a batcher.
 type batchOp[Req, Res any] struct {
@@ -70,8 +66,9 @@ type batchOp[Req, Res any] struct {
 
 // flight is one batch on its way to the server.
 type flight struct {
-	cancel  context.CancelFunc
 	waiting int // members whose callers still wait
+	// detached: every member left, and the queue no longer waits for it.
+	detached bool
 }
 
 // batcher queues the writes of one kind and sends them in batches.
@@ -93,10 +90,14 @@ type batcher[Req, Res any] struct {
 	// always runs every write through many, alone or not: see InBatches.
 	always bool
 
-	mu       sync.Mutex
-	queue    []*batchOp[Req, Res]
-	inFlight int // writes in flight, alone or in batches
-	stats    WriteStats
+	// life is the store's: it ends at Close, and with it every batch.
+	life context.Context
+
+	mu     sync.Mutex
+	queue  []*batchOp[Req, Res]
+	alone  int  // writes running alone, as their callers' statements
+	flying bool // a batch holds up the queue
+	stats  WriteStats
 }
 
 // WriteStats counts the writes of a PostgresStore.
@@ -148,8 +149,8 @@ func (b *batcher[Req, Res]) do(ctx context.Context, ref domain.ResourceRef, req 
 		return op.res, nil
 	}
 	b.mu.Lock()
-	if b.inFlight < maxFlight && len(b.queue) == 0 {
-		b.inFlight++
+	if b.alone == 0 && !b.flying && len(b.queue) == 0 {
+		b.alone++
 		b.countLocked(1)
 		b.mu.Unlock()
 		defer b.landed()
@@ -173,12 +174,11 @@ func (b *batcher[Req, Res]) do(ctx context.Context, ref domain.ResourceRef, req 
 	return op.res, op.err
 }
 
-// landed ends a write in flight, and sends the next batch.
+// landed ends a write that ran alone.
 func (b *batcher[Req, Res]) landed() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.inFlight--
-	b.startLocked()
+	b.alone--
 }
 
 func (b *batcher[Req, Res]) writeStats() WriteStats {
@@ -214,25 +214,27 @@ func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
 		}
 		return true
 	}
-	if op.flight.waiting--; op.flight.waiting == 0 {
-		op.flight.cancel()
+	if op.flight.waiting--; op.flight.waiting == 0 && !op.flight.detached {
+		op.flight.detached = true
+		b.flying = false
+		b.startLocked()
 	}
 	return true
 }
 
-// startLocked sends batches from the queue while fewer than maxFlight are
-// in flight. b.mu is held.
+// startLocked sends the next batch from the queue, unless a batch holds
+// it up. b.mu is held.
 func (b *batcher[Req, Res]) startLocked() {
-	for b.inFlight < maxFlight && len(b.queue) > 0 {
-		batch := b.takeLocked()
-		ctx, cancel := context.WithCancel(context.Background())
-		f := &flight{cancel: cancel, waiting: len(batch)}
-		for _, op := range batch {
-			op.flight = f
-		}
-		b.inFlight++
-		go b.run(ctx, f, batch)
+	if b.flying || len(b.queue) == 0 {
+		return
 	}
+	batch := b.takeLocked()
+	f := &flight{waiting: len(batch)}
+	for _, op := range batch {
+		op.flight = f
+	}
+	b.flying = true
+	go b.run(f, batch)
 }
 
 // takeLocked takes the next batch from the queue: the oldest members, one
@@ -256,14 +258,11 @@ func (b *batcher[Req, Res]) takeLocked() []*batchOp[Req, Res] {
 	return batch
 }
 
-// run sends batch and hands each member its outcome.
-func (b *batcher[Req, Res]) run(ctx context.Context, f *flight, batch []*batchOp[Req, Res]) {
+// run sends batch and hands each member its outcome. Even a batch of one
+// runs the batch statement, which never waits: the queue waits for it.
+func (b *batcher[Req, Res]) run(f *flight, batch []*batchOp[Req, Res]) {
 	defer b.hand(f, batch)
-	if len(batch) == 1 {
-		batch[0].res, batch[0].err = b.one(ctx, batch[0].req)
-		return
-	}
-	if err := b.many(ctx, batch); err != nil {
+	if err := b.many(b.life, batch); err != nil {
 		every := b.everyBody(err)
 		for _, op := range batch {
 			var zero Res
@@ -278,7 +277,6 @@ func (b *batcher[Req, Res]) run(ctx context.Context, f *flight, batch []*batchOp
 // hand hands the members of batch their outcomes, undoes those of the
 // members that left, and sends the next batch.
 func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
-	f.cancel()
 	var undo []*batchOp[Req, Res]
 	b.mu.Lock()
 	if !batch[0].alone { // a batch is split whole, or not at all
@@ -290,8 +288,10 @@ func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 		}
 		close(op.done)
 	}
-	b.inFlight--
-	b.startLocked()
+	if !f.detached {
+		b.flying = false
+		b.startLocked()
+	}
 	b.mu.Unlock()
 	for _, op := range undo {
 		b.undo(op.req, op.res)

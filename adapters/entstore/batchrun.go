@@ -77,7 +77,7 @@ type batchers struct {
 // which holds the batch statements to the rules state by state, as it
 // holds the lone ones.
 func (s *PostgresStore) InBatches() *PostgresStore {
-	v := &PostgresStore{Store: s.Store, key: s.key, batching: s.batching}
+	v := &PostgresStore{Store: s.Store, key: s.key, batching: s.batching, life: s.life, stop: s.stop}
 	v.batch = v.newBatchers(s.batching, true)
 	return v
 }
@@ -109,6 +109,7 @@ func (s *PostgresStore) newBatchers(p PostgresBatching, always bool) batchers {
 		release: &batcher[releaseReq, bool]{one: s.releaseOne, many: s.releaseMany(release), everyBody: every},
 	}
 	b.free.always, b.acquire.always, b.take.always, b.renew.always, b.release.always = always, always, always, always, always
+	b.free.life, b.acquire.life, b.take.life, b.renew.life, b.release.life = s.life, s.life, s.life, s.life, s.life
 	return b
 }
 

@@ -5,7 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,7 +71,7 @@ func TestGroupCommit_OneStatementAndOneCommitForMany(t *testing.T) {
 		require.Equal(t, refs[i], r.A.Lock.Resource)
 	}
 	var txs int
-	require.NoError(t, f.Admin.QueryRow("SELECT count(DISTINCT xmin::text) FROM locks").Scan(&txs))
+	require.NoError(t, f.Admin.QueryRow("SELECT count(DISTINCT xmin::text) FROM locks WHERE resource_id NOT LIKE 'pilot-%'").Scan(&txs))
 	require.Equal(t, 1, txs, "the 16 locks were written by one transaction")
 	require.Len(t, f.Rows(t), 16)
 }
@@ -144,7 +149,7 @@ func TestGroupCommit_ACallerThatLeavesInFlightHoldsNothing(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the caller that left waited for the batch")
 	}
-	require.Equal(t, 1, f.Waiting(t, "unnest"), "the batch goes on for the others")
+	require.Equal(t, 2, f.Waiting(t, "unnest"), "the batch goes on for the others (beside the pilots')")
 	f.Unblock()
 	for _, i := range []int{0, 2} {
 		require.NoError(t, (<-out[i]).Err)
@@ -158,9 +163,10 @@ func TestGroupCommit_ACallerThatLeavesInFlightHoldsNothing(t *testing.T) {
 	require.Equal(t, "o2", got["r2"])
 }
 
-// When every caller of a batch has left, its statement is cancelled:
-// nothing is written, and the next write goes out at once.
-func TestGroupCommit_ABatchEveryoneLeftIsCancelled(t *testing.T) {
+// When every caller of a batch has left, the batch goes on to its answer,
+// and then releases what it acquired for them; the queue does not wait
+// for it meanwhile.
+func TestGroupCommit_ABatchEveryoneLeftHoldsNothing(t *testing.T) {
 	f := newBatchFixture(t)
 	owners, refs := members(3)
 	ctxs := make([]context.Context, 3)
@@ -173,15 +179,20 @@ func TestGroupCommit_ABatchEveryoneLeftIsCancelled(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, (<-out[i]).Err, context.Canceled)
 	}
-	require.Eventually(t, func() bool { return f.Waiting(t, "unnest") == 0 },
-		10*time.Second, time.Millisecond, "the statement of a batch that everyone left goes on")
+	// The next write goes out beside the batch everyone left: it waits for
+	// the table too, not for that batch.
+	after := make(chan error, 1)
+	go func() {
+		_, err := f.Store.AcquireAt(context.Background(), plan("after"), "after", now(time.Minute))
+		after <- err
+	}()
+	require.Eventually(t, func() bool { return f.Waiting(t, "") == 3 }, 10*time.Second, time.Millisecond,
+		"the next write waited for the batch everyone left")
 	f.Unblock()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err := f.Store.AcquireAt(ctx, plan("after"), "after", now(time.Minute))
-	require.NoError(t, err)
-	got := f.Rows(t)
-	require.Equal(t, map[string]string{"after": "after"}, got)
+	require.NoError(t, <-after)
+	require.Eventually(t, func() bool { return len(f.Rows(t)) == 1 }, 10*time.Second, time.Millisecond,
+		"the locks acquired for callers that had left stay: %v", f.Rows(t))
+	require.Equal(t, map[string]string{"after": "after"}, f.Rows(t))
 }
 
 // A connection killed while its batch is in flight fails every member
@@ -219,13 +230,12 @@ func TestGroupCommit_ReleasesAndRenewals(t *testing.T) {
 		require.NoError(t, err)
 		held[i] = a
 	}
-	f.BlockWrites(t)
-	// The lone write that makes the others queue: a release by owner of a
-	// resource no one holds.
-	lone, cancelLone := context.WithCancel(ctx)
-	loneDone := make(chan error, 1)
-	go func() { _, err := f.Store.DeleteOwned(lone, plan("none"), "x"); loneDone <- err }()
-	require.Eventually(t, func() bool { return f.Waiting(t, "DELETE") == 1 }, 10*time.Second, time.Millisecond)
+	// The pilots that make the others queue: releases by owner of
+	// resources no one holds.
+	send := f.HoldQueue(t, func(ctx context.Context, id string) error {
+		_, err := f.Store.DeleteOwned(ctx, plan(id), "x")
+		return err
+	})
 	type outcome struct {
 		ok  bool
 		err error
@@ -244,10 +254,7 @@ func TestGroupCommit_ReleasesAndRenewals(t *testing.T) {
 		rel[2] <- outcome{ok, err}
 	}()
 	go func() { ok, err := f.Store.DeleteOwned(ctx, refs[3], "someone else"); rel[3] <- outcome{ok, err} }()
-	require.Eventually(t, func() bool { return f.Store.Queued() == 4 }, 10*time.Second, time.Millisecond)
-	cancelLone()
-	require.ErrorIs(t, <-loneDone, context.Canceled)
-	require.Eventually(t, func() bool { return f.Waiting(t, "unnest") == 1 }, 10*time.Second, time.Millisecond)
+	send(4)
 	f.Unblock()
 	for i, want := range []bool{true, true, false, false} {
 		o := <-rel[i]
@@ -280,11 +287,12 @@ func TestGroupCommit_AReleaseHeldByAFenceDelaysNoOne(t *testing.T) {
 	_, err = fence.Exec("SELECT id FROM locks WHERE resource_id = 'r0' FOR KEY SHARE")
 	require.NoError(t, err)
 
-	f.BlockWrites(t)
-	lone, cancelLone := context.WithCancel(ctx)
-	loneDone := make(chan error, 1)
-	go func() { _, err := f.Store.DeleteOwned(lone, plan("none"), "x"); loneDone <- err }()
-	require.Eventually(t, func() bool { return f.Waiting(t, "DELETE") == 1 }, 10*time.Second, time.Millisecond)
+	// The pilots that make the others queue: releases by owner of
+	// resources no one holds.
+	send := f.HoldQueue(t, func(ctx context.Context, id string) error {
+		_, err := f.Store.DeleteOwned(ctx, plan(id), "x")
+		return err
+	})
 	released := make([]chan error, 3)
 	for i := range released {
 		released[i] = make(chan error, 1)
@@ -296,10 +304,7 @@ func TestGroupCommit_AReleaseHeldByAFenceDelaysNoOne(t *testing.T) {
 			released[i] <- err
 		}()
 	}
-	require.Eventually(t, func() bool { return f.Store.Queued() == 3 }, 10*time.Second, time.Millisecond)
-	cancelLone()
-	require.ErrorIs(t, <-loneDone, context.Canceled)
-	require.Eventually(t, func() bool { return f.Waiting(t, "unnest") == 1 }, 10*time.Second, time.Millisecond)
+	send(3)
 	f.Unblock()
 	for _, i := range []int{1, 2} {
 		select {
@@ -317,4 +322,185 @@ func TestGroupCommit_AReleaseHeldByAFenceDelaysNoOne(t *testing.T) {
 	require.NoError(t, fence.Rollback())
 	require.NoError(t, <-released[0])
 	require.Empty(t, f.Rows(t))
+}
+
+// A lone write that waits (for a resource's advisory lock, which another
+// process's transaction holds, or for a fenced row) holds up no later
+// write of its kind on another resource: those go out in batches, which
+// never wait.
+func TestGroupCommit_AWaitingWriteHoldsUpNoOther(t *testing.T) {
+	prompt := func(t *testing.T, what string, call func(ctx context.Context) error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		start := time.Now()
+		require.NoError(t, call(ctx), "%s behind a waiting write of its kind (after %v)", what, time.Since(start))
+	}
+	holdKey := func(t *testing.T, f *testdb.Batches, ref domain.ResourceRef) func() {
+		conn, err := f.Admin.Conn(context.Background())
+		require.NoError(t, err)
+		_, err = conn.ExecContext(context.Background(), "SELECT pg_advisory_lock($1)", postgres.ResourceKey(ref))
+		require.NoError(t, err)
+		var once sync.Once
+		unhold := func() {
+			once.Do(func() {
+				_, err := conn.ExecContext(context.Background(), "SELECT pg_advisory_unlock($1)", postgres.ResourceKey(ref))
+				assert.NoError(t, err)
+				conn.Close()
+			})
+		}
+		t.Cleanup(unhold)
+		return unhold
+	}
+	t.Run("Acquire", func(t *testing.T) {
+		f := newBatchFixture(t)
+		unhold := holdKey(t, f, plan("R"))
+		waiting := make(chan error, 1)
+		go func() {
+			_, err := f.Store.AcquireAt(context.Background(), plan("R"), "a", now(time.Minute))
+			waiting <- err
+		}()
+		require.Eventually(t, func() bool { return f.Waiting(t, "pg_advisory_xact_lock") == 1 }, 10*time.Second, time.Millisecond)
+		prompt(t, "an acquire of a free resource", func(ctx context.Context) error {
+			_, err := f.Store.AcquireAt(ctx, plan("S"), "b", now(time.Minute))
+			return err
+		})
+		unhold()
+		require.NoError(t, <-waiting)
+	})
+	t.Run("Renew", func(t *testing.T) {
+		f := newBatchFixture(t)
+		ctx := context.Background()
+		r, err := f.Store.AcquireAt(ctx, plan("R"), "a", now(time.Minute))
+		require.NoError(t, err)
+		s, err := f.Store.AcquireAt(ctx, plan("S"), "b", now(time.Minute))
+		require.NoError(t, err)
+		unhold := holdKey(t, f, plan("R"))
+		waiting := make(chan error, 1)
+		go func() {
+			_, err := f.Store.RenewTokenAt(ctx, plan("R"), "a", r.Lock.Token, now(time.Minute))
+			waiting <- err
+		}()
+		require.Eventually(t, func() bool { return f.Waiting(t, "pg_advisory_xact_lock") == 1 }, 10*time.Second, time.Millisecond)
+		prompt(t, "a renewal of another lock", func(ctx context.Context) error {
+			_, err := f.Store.RenewTokenAt(ctx, plan("S"), "b", s.Lock.Token, now(time.Minute))
+			return err
+		})
+		unhold()
+		require.NoError(t, <-waiting)
+	})
+	t.Run("ReleaseWhileItsOwnFenceIsOpen", func(t *testing.T) {
+		// A worker's fenced transaction on R releases the worker's other
+		// lock, S, before it commits, while another goroutine's release of
+		// R waits for that commit: S must not wait for R.
+		f := newBatchFixture(t)
+		ctx := context.Background()
+		r, err := f.Store.AcquireAt(ctx, plan("R"), "w", now(time.Minute))
+		require.NoError(t, err)
+		s, err := f.Store.AcquireAt(ctx, plan("S"), "w", now(time.Minute))
+		require.NoError(t, err)
+		fence, err := f.Admin.Begin()
+		require.NoError(t, err)
+		t.Cleanup(func() { fence.Rollback() })
+		_, err = fence.Exec("SELECT id FROM locks WHERE resource_id = 'R' FOR KEY SHARE")
+		require.NoError(t, err)
+		waiting := make(chan error, 1)
+		go func() { _, err := f.Store.DeleteToken(ctx, plan("R"), r.Lock.Token, time.Now()); waiting <- err }()
+		require.Eventually(t, func() bool { return f.Waiting(t, "DELETE") == 1 }, 10*time.Second, time.Millisecond)
+		prompt(t, "the worker's release of its other lock", func(ctx context.Context) error {
+			ok, err := f.Store.DeleteToken(ctx, plan("S"), s.Lock.Token, time.Now())
+			if err == nil && !ok {
+				err = errors.New("removed nothing")
+			}
+			return err
+		})
+		require.NoError(t, fence.Commit())
+		require.NoError(t, <-waiting)
+	})
+}
+
+// slowProxy forwards TCP to target; once slow is set, it holds every
+// chunk from the server for delay before passing it on: an answer that
+// crawls back after the server has committed.
+type slowProxy struct {
+	ln    net.Listener
+	slow  atomic.Bool
+	delay time.Duration
+}
+
+func newSlowProxy(t *testing.T, target string, delay time.Duration) *slowProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &slowProxy{ln: ln, delay: delay}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { io.Copy(s, c); s.Close() }()
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 {
+						if p.slow.Load() {
+							time.Sleep(p.delay)
+						}
+						if _, err := c.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return p
+}
+
+// Every caller of a batch leaves after the server committed it, while
+// its answer is still on the way: the locks it acquired for them are
+// released, by their tokens, as for a caller that leaves alone.
+func TestGroupCommit_ABatchEveryoneLeftAfterItsCommitHoldsNothing(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	px := newSlowProxy(t, u.Host, 2*time.Second)
+	u.Host = px.ln.Addr().String()
+	db, err := postgres.Open(context.Background(), u.String(), postgres.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	admin, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close() })
+	f := &testdb.Batches{Store: postgres.NewLockRepository(db), Admin: admin}
+
+	owners, refs := members(3)
+	ctxs := make([]context.Context, 3)
+	cancels := make([]context.CancelFunc, 3)
+	for i := range ctxs {
+		ctxs[i], cancels[i] = context.WithCancel(context.Background())
+	}
+	out := f.Acquires(t, ctxs, owners, refs)
+	px.slow.Store(true)
+	f.Unblock()
+	require.Eventually(t, func() bool { return len(f.Rows(t)) == 3 }, 10*time.Second, time.Millisecond,
+		"the batch never committed")
+	for i, cancel := range cancels {
+		cancel()
+		require.ErrorIs(t, (<-out[i]).Err, context.Canceled)
+	}
+	px.slow.Store(false)
+	require.Eventually(t, func() bool { return len(f.Rows(t)) == 0 }, 20*time.Second, 10*time.Millisecond,
+		"the locks acquired for callers that had left stay: %v", f.Rows(t))
 }

@@ -7,6 +7,10 @@
 //     advisory lock on the resource (pg_advisory_xact_lock), so the read
 //     and the write of an acquire cannot interleave with another's, while
 //     updates of other resources run in parallel;
+//   - the acquires, renewals and releases that arrive while another of
+//     their kind is in flight share one statement and one commit (group
+//     commit, in package entstore); which failures of such a batch are
+//     every member's is decided here (everyMembers);
 //   - serialization failures and deadlocks are retried a bounded number of
 //     times;
 //   - driver errors are translated to the domain's in FormatError.

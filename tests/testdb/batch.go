@@ -15,10 +15,13 @@ import (
 
 // Batches get a batch of PostgreSQL's group commit into flight on purpose,
 // for the tests of its windows: the locks table is held in SHARE mode by a
-// transaction of the test's, so that every write to it waits; a lone
-// acquire goes first and waits; the members queue behind it (Queued); the
-// lone acquire is then cancelled, and the members go out together, as one
-// statement that waits for the table in its turn.
+// transaction of the test's, so that every write to it waits. Two pilot
+// writes go first: one runs alone and waits; the second goes out as a
+// batch of one, and waits too. The members queue behind that batch
+// (Queued); the pilots' callers then leave, which lets the queue out
+// beside the batch they left, and the members go out together, as one
+// statement that waits for the table in its turn. The pilots' resources
+// are named "pilot-..." and Rows leaves them out.
 type Batches struct {
 	Store *entstore.PostgresStore
 	// Admin reaches the store's database past the store.
@@ -69,20 +72,41 @@ type Result struct {
 	Err error
 }
 
+// HoldQueue blocks writes and sends the two pilots of a kind through
+// pilot, which writes on the resource named id. It returns send, which
+// waits until n members queue and then lets them out in one batch.
+func (b *Batches) HoldQueue(t *testing.T, pilot func(ctx context.Context, id string) error) (send func(n int)) {
+	t.Helper()
+	b.BlockWrites(t)
+	ctx, leave := context.WithCancel(context.Background())
+	left := make(chan error, 2)
+	go func() { left <- pilot(ctx, "pilot-alone") }()
+	require.Eventually(t, func() bool { return b.Waiting(t, "unnest") == 0 && b.Waiting(t, "") == 1 },
+		30*time.Second, time.Millisecond, "the lone pilot never waited for the table")
+	go func() { left <- pilot(ctx, "pilot-batch") }()
+	require.Eventually(t, func() bool { return b.Waiting(t, "unnest") == 1 },
+		30*time.Second, time.Millisecond, "the pilot batch never waited for the table")
+	return func(n int) {
+		t.Helper()
+		require.Eventually(t, func() bool { return b.Store.Queued() == n },
+			30*time.Second, time.Millisecond, "the members never queued")
+		leave()
+		require.ErrorIs(t, <-left, context.Canceled)
+		require.ErrorIs(t, <-left, context.Canceled)
+		require.Eventually(t, func() bool { return b.Waiting(t, "unnest") == 2 },
+			30*time.Second, time.Millisecond, "the members' batch never waited for the table")
+	}
+}
+
 // Acquires blocks writes and sends an acquire of each owners[i] on
 // refs[i] in one batch, which then waits for the table; ctxs[i] is its
 // caller's context. It returns the outcomes as they come.
 func (b *Batches) Acquires(t *testing.T, ctxs []context.Context, owners []string, refs []domain.ResourceRef) []chan Result {
 	t.Helper()
-	b.BlockWrites(t)
-	lone, cancelLone := context.WithCancel(context.Background())
-	loneDone := make(chan error, 1)
-	go func() {
-		_, err := b.Store.AcquireAt(lone, domain.ResourceRef{Type: domain.ResourcePlan, ID: "lone"}, "lone", Now(time.Minute))
-		loneDone <- err
-	}()
-	require.Eventually(t, func() bool { return b.Waiting(t, "pg_advisory_xact_lock") == 1 },
-		30*time.Second, time.Millisecond, "the lone acquire never waited for the table")
+	send := b.HoldQueue(t, func(ctx context.Context, id string) error {
+		_, err := b.Store.AcquireAt(ctx, domain.ResourceRef{Type: domain.ResourcePlan, ID: id}, "pilot", Now(time.Minute))
+		return err
+	})
 	out := make([]chan Result, len(refs))
 	for i := range refs {
 		out[i] = make(chan Result, 1)
@@ -91,19 +115,14 @@ func (b *Batches) Acquires(t *testing.T, ctxs []context.Context, owners []string
 			out[i] <- Result{a, err}
 		}()
 	}
-	require.Eventually(t, func() bool { return b.Store.Queued() == len(refs) },
-		30*time.Second, time.Millisecond, "the members never queued")
-	cancelLone()
-	require.ErrorIs(t, <-loneDone, context.Canceled)
-	require.Eventually(t, func() bool { return b.Waiting(t, "unnest") == 1 },
-		30*time.Second, time.Millisecond, "the batch never waited for the table")
+	send(len(refs))
 	return out
 }
 
-// Rows returns the locks table: owner by resource id.
+// Rows returns the locks table but the pilots' rows: owner by resource id.
 func (b *Batches) Rows(t *testing.T) map[string]string {
 	t.Helper()
-	rs, err := b.Admin.Query("SELECT resource_id, owner_id FROM locks")
+	rs, err := b.Admin.Query("SELECT resource_id, owner_id FROM locks WHERE resource_id NOT LIKE 'pilot-%'")
 	require.NoError(t, err)
 	defer rs.Close()
 	got := map[string]string{}
