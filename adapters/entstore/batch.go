@@ -48,6 +48,13 @@ import (
 // maxBatch bounds the members of one batch: the arrays of one statement.
 const maxBatch = 256
 
+// maxDetached bounds the batches of one kind that every caller left and
+// that still wait for their answers, each on a connection of the pool: a
+// server that has gone silent holds them all, and past this bound the
+// queue waits for them rather than sending more into the silence (its
+// callers leave at their deadlines, as they would from a lone statement).
+const maxDetached = 4
+
 // batchOp is one caller's write in a batcher.
 type batchOp[Req, Res any] struct {
 	ref  domain.ResourceRef
@@ -93,11 +100,12 @@ type batcher[Req, Res any] struct {
 	// life is the store's: it ends at Close, and with it every batch.
 	life context.Context
 
-	mu     sync.Mutex
-	queue  []*batchOp[Req, Res]
-	alone  int  // writes running alone, as their callers' statements
-	flying bool // a batch holds up the queue
-	stats  WriteStats
+	mu       sync.Mutex
+	queue    []*batchOp[Req, Res]
+	alone    int  // writes running alone, as their callers' statements
+	flying   bool // a batch holds up the queue
+	detached int  // batches every caller left, still waiting for answers
+	stats    WriteStats
 }
 
 // WriteStats counts the writes of a PostgresStore.
@@ -217,6 +225,7 @@ func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
 	if op.flight.waiting--; op.flight.waiting == 0 && !op.flight.detached {
 		op.flight.detached = true
 		b.flying = false
+		b.detached++
 		b.startLocked()
 	}
 	return true
@@ -225,7 +234,7 @@ func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
 // startLocked sends the next batch from the queue, unless a batch holds
 // it up. b.mu is held.
 func (b *batcher[Req, Res]) startLocked() {
-	if b.flying || len(b.queue) == 0 {
+	if b.flying || b.detached >= maxDetached || len(b.queue) == 0 {
 		return
 	}
 	batch := b.takeLocked()
@@ -288,10 +297,12 @@ func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 		}
 		close(op.done)
 	}
-	if !f.detached {
+	if f.detached {
+		b.detached--
+	} else {
 		b.flying = false
-		b.startLocked()
 	}
+	b.startLocked()
 	b.mu.Unlock()
 	for _, op := range undo {
 		b.undo(op.req, op.res)

@@ -504,3 +504,32 @@ func TestGroupCommit_ABatchEveryoneLeftAfterItsCommitHoldsNothing(t *testing.T) 
 	require.Eventually(t, func() bool { return len(f.Rows(t)) == 0 }, 20*time.Second, 10*time.Millisecond,
 		"the locks acquired for callers that had left stay: %v", f.Rows(t))
 }
+
+// Batches that every caller left, and that still wait for their answers
+// (here for the table; on a silent server, for ever), each hold a
+// connection of the pool: past a few, the queue waits for them rather than
+// sending more, and its callers leave at their deadlines.
+func TestGroupCommit_DetachedBatchesAreBounded(t *testing.T) {
+	f := newBatchFixture(t)
+	f.BlockWrites(t)
+	lone := make(chan error, 1)
+	loneCtx, leaveLone := context.WithCancel(context.Background())
+	go func() { _, err := f.Store.AcquireAt(loneCtx, plan("pilot-alone"), "pilot", now(time.Minute)); lone <- err }()
+	require.Eventually(t, func() bool { return f.Waiting(t, "") == 1 }, 10*time.Second, time.Millisecond)
+	for i := range 8 {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		_, err := f.Store.AcquireAt(ctx, plan(fmt.Sprintf("r%d", i)), "o", now(time.Minute))
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded, "caller %d", i)
+	}
+	assert.Equal(t, 4, f.Waiting(t, "unnest"), "batches waiting for their answers")
+	leaveLone()
+	require.ErrorIs(t, <-lone, context.Canceled)
+	f.Unblock()
+	require.Eventually(t, func() bool { return f.Waiting(t, "") == 0 && len(f.Rows(t)) == 0 }, 10*time.Second, time.Millisecond,
+		"the locks of the callers that left stay: %v", f.Rows(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := f.Store.AcquireAt(ctx, plan("after"), "after", now(time.Minute))
+	require.NoError(t, err)
+}
