@@ -514,7 +514,10 @@ func TestGroupCommit_DetachedBatchesAreBounded(t *testing.T) {
 	f.BlockWrites(t)
 	lone := make(chan error, 1)
 	loneCtx, leaveLone := context.WithCancel(context.Background())
-	go func() { _, err := f.Store.AcquireAt(loneCtx, plan("pilot-alone"), "pilot", now(time.Minute)); lone <- err }()
+	go func() {
+		_, err := f.Store.AcquireAt(loneCtx, plan("pilot-alone"), "pilot", now(time.Minute))
+		lone <- err
+	}()
 	require.Eventually(t, func() bool { return f.Waiting(t, "") == 1 }, 10*time.Second, time.Millisecond)
 	for i := range 8 {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
