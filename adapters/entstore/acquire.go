@@ -31,6 +31,9 @@ type PostgresStore struct {
 	// in flight (batch.go).
 	batch    batchers
 	batching PostgresBatching
+	// undoSQL releases one version of a lock (its id and expiry), with
+	// the wake-up of a release: see undo.
+	undoSQL string
 	// life ends at Close, and with it every batch still on its way.
 	life context.Context
 	stop context.CancelFunc
@@ -47,7 +50,7 @@ func (s *PostgresStore) DecidesAll() {}
 // and its acquires, renewals and releases in batches (group commit) when
 // they arrive while others are in flight.
 func NewPostgres(s *Store, key func(domain.ResourceRef) int64, p PostgresBatching) *PostgresStore {
-	ps := &PostgresStore{Store: s, key: key, batching: p}
+	ps := &PostgresStore{Store: s, key: key, batching: p, undoSQL: s.b.releasing(s.text.delID)}
 	ps.life, ps.stop = context.WithCancel(context.Background())
 	ps.batch = ps.newBatchers(p, false)
 	return ps

@@ -77,7 +77,7 @@ type batchers struct {
 // which holds the batch statements to the rules state by state, as it
 // holds the lone ones.
 func (s *PostgresStore) InBatches() *PostgresStore {
-	v := &PostgresStore{Store: s.Store, key: s.key, batching: s.batching, life: s.life, stop: s.stop}
+	v := &PostgresStore{Store: s.Store, key: s.key, batching: s.batching, life: s.life, stop: s.stop, undoSQL: s.undoSQL}
 	v.batch = v.newBatchers(s.batching, true)
 	return v
 }
@@ -91,14 +91,14 @@ func (s *PostgresStore) newBatchers(p PostgresBatching, always bool) batchers {
 	release := withNotice(p.Notice)
 	undo := func(r writeReq, a made) {
 		if a.decided && !a.a.Reentered {
-			s.undo(r.ref, a.a.Lock)
+			s.undo(r.ref, a.a.Lock.Token, formatTime(a.a.Lock.ExpiresAt))
 		}
 	}
 	b := batchers{
 		free: &batcher[writeReq, inserted]{one: s.acquireFreeOne, many: s.acquireFreeMany, everyBody: every,
 			undo: func(r writeReq, in inserted) {
 				if in.ok {
-					s.undo(r.ref, domain.Lock{Token: in.token, Owner: r.owner, Resource: r.ref})
+					s.undo(r.ref, in.token, r.expires)
 				}
 			}},
 		acquire: &batcher[writeReq, made]{one: s.acquireOne(s.pick(acquireSQL)), many: s.acquireMany(s.pick(acquireBatchSQL)),
@@ -138,11 +138,21 @@ func (s *PostgresStore) WriteStats() WriteStats {
 // left: past it, the lock expires on its own.
 const undoTimeout = 10 * time.Second
 
-// undo releases l, acquired in a batch for a caller that had left.
-func (s *PostgresStore) undo(ref domain.ResourceRef, l domain.Lock) {
+// undo releases the lock token on ref, acquired in a batch for a caller
+// that had left, if it is still the version the batch wrote (expires, as
+// stored): the same owner's next acquire re-enters it, which keeps the
+// token but writes a new expiry, and that caller holds it.
+func (s *PostgresStore) undo(ref domain.ResourceRef, token int64, expires string) {
 	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
 	defer cancel()
-	if ok, _ := s.Store.DeleteToken(ctx, ref, l.Token, l.AcquiredAt); ok {
+	n, err := writeStatement(ctx, s.Store, func(ctx context.Context) (int64, error) {
+		res, err := s.write.ExecContext(ctx, s.undoSQL, token, expires)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	})
+	if err == nil && n > 0 {
 		s.occupied.note(ref, false)
 	}
 }

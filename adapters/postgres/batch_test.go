@@ -536,3 +536,42 @@ func TestGroupCommit_DetachedBatchesAreBounded(t *testing.T) {
 	_, err := f.Store.AcquireAt(ctx, plan("after"), "after", now(time.Minute))
 	require.NoError(t, err)
 }
+
+// The lock a batch acquired for a caller that left is released only as
+// the batch wrote it: when the same owner acquires again first, that
+// re-entry keeps the token, and the lock is that caller's.
+func TestGroupCommit_AnUndoSparesTheSameOwnersNextAcquire(t *testing.T) {
+	const n = 64
+	f := newBatchFixture(t)
+	svc, err := application.NewLockService(f.Store, postgres.SystemClock{}, time.Minute)
+	require.NoError(t, err)
+	owners, refs := members(n)
+	ctxs, cancels := make([]context.Context, n), make([]context.CancelFunc, n)
+	for i := range ctxs {
+		ctxs[i], cancels[i] = context.WithCancel(context.Background())
+	}
+	out := f.Acquires(t, ctxs, owners, refs)
+	for i, cancel := range cancels {
+		cancel()
+		require.ErrorIs(t, (<-out[i]).Err, context.Canceled)
+	}
+	f.Unblock()
+	got := make([]domain.Lock, n)
+	var wg sync.WaitGroup
+	for i := range refs {
+		wg.Go(func() {
+			var err error
+			got[i], err = svc.Acquire(context.Background(), owners[i], refs[i], time.Minute)
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	// The undos run after the batch's answer, beside the acquires above;
+	// none may take what those acquires were told they hold.
+	assert.Never(t, func() bool { return len(f.Rows(t)) < n }, time.Second, 10*time.Millisecond,
+		"an undo removed a lock that its owner's next acquire was told it holds")
+	rows := f.Rows(t)
+	for i := range refs {
+		assert.Equal(t, owners[i], rows[refs[i].ID], "%s", refs[i])
+	}
+}
