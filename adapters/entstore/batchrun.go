@@ -316,11 +316,13 @@ func (s *PostgresStore) renewOne(ctx context.Context, r writeReq) (extension, er
 func (s *PostgresStore) renewMany(ctx context.Context, ops []*batchOp[writeReq, extension]) error {
 	return scanBatch(ctx, s, ops, renewBatchSQL, writeArgs(ops, true), func(rows *sql.Rows) (int64, extension, bool, error) {
 		var (
-			n int64
-			e = extension{extended: true}
+			n     int64
+			busy  bool
+			id    sql.NullInt64
+			times [2]sql.NullString
 		)
-		err := rows.Scan(&n, &e.token, &e.times[0], &e.times[1])
-		return n, e, false, err
+		err := rows.Scan(&n, &busy, &id, &times[0], &times[1])
+		return n, extension{token: id.Int64, times: [2]string{times[0].String, times[1].String}, extended: id.Valid}, busy, err
 	})
 }
 

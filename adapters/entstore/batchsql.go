@@ -20,12 +20,12 @@ import "strings"
 //     pg_try_advisory_xact_lock, which never waits: a member whose lock is
 //     held (an Update transaction, a lone statement, another batch) is not
 //     decided. A release takes none, as alone.
-//   - A batch that changes existing rows (the acquires that may take over
-//     or re-enter) first locks them FOR UPDATE SKIP LOCKED: a row that a
-//     fence, a release or a cleanup holds, or one changed since the
-//     snapshot, leaves its member undecided. A renewal's UPDATE and a
-//     release's DELETE run as the lone statements do: the locks they can
-//     meet (another write of the same row) last one statement.
+//   - The rows a batch would change (a takeover's, a re-entry's, a
+//     renewal's, a release's) are locked first, SKIP LOCKED: a row that
+//     a fence, another write or a release of all an owner's locks holds
+//     leaves its member undecided (the acquires: Update decides) or busy
+//     (renewals and releases: the caller runs its own statement), and
+//     either way it then waits as it always did, on its own.
 //
 // Every row is found through the resource's unique index, one lookup per
 // member (rows, a LATERAL subquery with LIMIT 1, which the planner cannot
@@ -105,17 +105,33 @@ FROM ok JOIN req USING (n) LEFT JOIN re USING (n)
 }
 
 // renewBatchSQL is renewSQL and renewTokenSQL over arrays: tok is the
-// member's token, or 0 for a renewal by owner. Result: a row per lock
-// extended, n and the lock as extended.
+// member's token, or 0 for a renewal by owner. mine are the rows it would
+// extend, as its snapshot sees them; it locks them FOR NO KEY UPDATE (which
+// a fence's FOR KEY SHARE lets through) SKIP LOCKED: a row that another
+// write holds (a release of all an owner's locks holds each row it deleted
+// until it ends, and may wait long for a fence on another) would otherwise
+// keep the whole batch, and the advisory locks it took, waiting. Result: a
+// row per member decided, n, false and the lock as extended (NULLs when
+// nothing was extended), or n and true for a member whose row was busy,
+// which runs its own statement (and waits, as alone).
 var renewBatchSQL = pgStatement(`WITH req AS (SELECT * FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[], $7::bigint[])
   WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, tok, n)),
 held AS MATERIALIZED (SELECT n FROM req WHERE pg_try_advisory_xact_lock(k)),
-` + batchRows + `
-UPDATE {locks} l SET {expires} = req.exp FROM req, rows
-WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows WHERE n IN (SELECT n FROM held))) AND l.{id} = rows.{id} AND rows.n = req.n
-  AND l.{type} = req.typ AND l.{rid} = req.rid AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)
-  AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
-RETURNING req.n, l.{id}, l.{acquired}, l.{expires}`)
+` + batchRows + `,
+mine AS MATERIALIZED (SELECT rows.{id}, rows.n FROM rows JOIN req USING (n) JOIN {locks} l ON l.{id} = rows.{id}
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows WHERE n IN (SELECT n FROM held)))
+    AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)),
+cur AS MATERIALIZED (SELECT l.{id}, mine.n FROM {locks} l JOIN mine ON l.{id} = mine.{id}
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM mine)) FOR NO KEY UPDATE OF l SKIP LOCKED),
+up AS (
+  UPDATE {locks} l SET {expires} = req.exp FROM req, cur
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
+    AND l.{type} = req.typ AND l.{rid} = req.rid AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)
+    AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
+  RETURNING req.n, l.{id}, l.{acquired}, l.{expires})
+SELECT n, false, {id}, {acquired}, {expires} FROM up
+UNION ALL
+SELECT n, true, NULL, NULL, NULL FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
 
 // releaseBatchSQL is the releases by owner (tok 0) and by token (active at
 // at) over arrays, with the wake-up of each lock removed ({notice}). The

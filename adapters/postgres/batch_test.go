@@ -575,3 +575,52 @@ func TestGroupCommit_AnUndoSparesTheSameOwnersNextAcquire(t *testing.T) {
 		assert.Equal(t, owners[i], rows[refs[i].ID], "%s", refs[i])
 	}
 }
+
+// A renewal whose row another transaction holds (a release of all an
+// owner's locks holds each row it deleted until it ends) waits on its
+// own; the other renewals of its batch do not wait for it.
+func TestGroupCommit_ARenewalOfABusyRowDelaysNoOne(t *testing.T) {
+	f := newBatchFixture(t)
+	ctx := context.Background()
+	a, err := f.Store.AcquireAt(ctx, plan("A"), "a", now(time.Minute))
+	require.NoError(t, err)
+	s, err := f.Store.AcquireAt(ctx, plan("S"), "b", now(time.Minute))
+	require.NoError(t, err)
+	holder, err := f.Admin.Begin()
+	require.NoError(t, err)
+	t.Cleanup(func() { holder.Rollback() })
+	_, err = holder.Exec("SELECT id FROM locks WHERE resource_id = 'A' FOR UPDATE")
+	require.NoError(t, err)
+
+	send := f.HoldQueue(t, func(ctx context.Context, id string) error {
+		_, err := f.Store.RenewTokenAt(ctx, plan(id), "x", 1, now(time.Minute))
+		return err
+	})
+	renewed := make([]chan error, 2)
+	for i, r := range []struct {
+		ref   domain.ResourceRef
+		owner string
+		token int64
+	}{{plan("A"), "a", a.Lock.Token}, {plan("S"), "b", s.Lock.Token}} {
+		renewed[i] = make(chan error, 1)
+		go func() {
+			_, err := f.Store.RenewTokenAt(ctx, r.ref, r.owner, r.token, now(2*time.Minute))
+			renewed[i] <- err
+		}()
+	}
+	send(2)
+	f.Unblock()
+	select {
+	case err := <-renewed[1]:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the renewal of S waited for another transaction's lock on A's row")
+	}
+	select {
+	case err := <-renewed[0]:
+		t.Fatalf("the renewal of A did not wait for its row: %v", err)
+	default:
+	}
+	require.NoError(t, holder.Rollback())
+	require.NoError(t, <-renewed[0])
+}
