@@ -2,6 +2,7 @@ package entstore
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/cleveragents/locks/domain"
@@ -48,12 +49,47 @@ import (
 // maxBatch bounds the members of one batch: the arrays of one statement.
 const maxBatch = 256
 
-// maxDetached bounds the batches of one kind that every caller left and
-// that still wait for their answers, each on a connection of the pool: a
-// server that has gone silent holds them all, and past this bound the
-// queue waits for them rather than sending more into the silence (its
-// callers leave at their deadlines, as they would from a lone statement).
-const maxDetached = 4
+// maxDetached bounds the batches of a store, of all kinds, that every
+// caller left and that still wait for their answers, each on a connection
+// of the pool: a server that has gone silent, or a table that DDL holds
+// (LOCK TABLE, CREATE INDEX), holds them all. At the bound, the queues
+// wait for them rather than send more, and their callers leave at their
+// deadlines, as they would from a lone statement. With one batch of each
+// of the five kinds on its way, that is 7 of the pool's 10 connections:
+// reads and lone writes keep the others.
+const maxDetached = 2
+
+// batchGroup is what the batchers of one store share: how many of their
+// batches are detached, and how to send each one's next batch when one
+// ends.
+type batchGroup struct {
+	mu       sync.Mutex
+	detached int
+	kicks    []func()
+}
+
+// full says whether the group has as many detached batches as it may.
+func (g *batchGroup) full() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.detached >= maxDetached
+}
+
+func (g *batchGroup) add(d int) {
+	g.mu.Lock()
+	g.detached += d
+	g.mu.Unlock()
+}
+
+// kick sends the next batch of every batcher of the group that waits.
+func (g *batchGroup) kick() {
+	g.mu.Lock()
+	kicks := g.kicks
+	g.mu.Unlock()
+	for _, k := range kicks {
+		k()
+	}
+}
 
 // batchOp is one caller's write in a batcher.
 type batchOp[Req, Res any] struct {
@@ -100,12 +136,12 @@ type batcher[Req, Res any] struct {
 	// life is the store's: it ends at Close, and with it every batch.
 	life context.Context
 
-	mu       sync.Mutex
-	queue    []*batchOp[Req, Res]
-	alone    int  // writes running alone, as their callers' statements
-	flying   bool // a batch holds up the queue
-	detached int  // batches every caller left, still waiting for answers
-	stats    WriteStats
+	mu     sync.Mutex
+	queue  []*batchOp[Req, Res]
+	alone  int  // writes running alone, as their callers' statements
+	flying bool // a batch holds up the queue
+	group  *batchGroup
+	stats  WriteStats
 }
 
 // WriteStats counts the writes of a PostgresStore.
@@ -225,7 +261,7 @@ func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
 	if op.flight.waiting--; op.flight.waiting == 0 && !op.flight.detached {
 		op.flight.detached = true
 		b.flying = false
-		b.detached++
+		b.group.add(1)
 		b.startLocked()
 	}
 	return true
@@ -234,7 +270,7 @@ func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
 // startLocked sends the next batch from the queue, unless a batch holds
 // it up. b.mu is held.
 func (b *batcher[Req, Res]) startLocked() {
-	if b.flying || b.detached >= maxDetached || len(b.queue) == 0 {
+	if b.flying || len(b.queue) == 0 || b.group.full() {
 		return
 	}
 	batch := b.takeLocked()
@@ -272,6 +308,9 @@ func (b *batcher[Req, Res]) takeLocked() []*batchOp[Req, Res] {
 func (b *batcher[Req, Res]) run(f *flight, batch []*batchOp[Req, Res]) {
 	defer b.hand(f, batch)
 	if err := b.many(b.life, batch); err != nil {
+		if b.life.Err() != nil {
+			err = fmt.Errorf("the lock store was closed while the write was on its way: %w", domain.ErrClosed)
+		}
 		every := b.everyBody(err)
 		for _, op := range batch {
 			var zero Res
@@ -288,8 +327,16 @@ func (b *batcher[Req, Res]) run(f *flight, batch []*batchOp[Req, Res]) {
 func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 	var undo []*batchOp[Req, Res]
 	b.mu.Lock()
-	if !batch[0].alone { // a batch is split whole, or not at all
-		b.countLocked(len(batch))
+	decided := 0 // the members whose outcome the statement gave
+	for _, op := range batch {
+		if !op.alone {
+			decided++
+		}
+	}
+	b.stats.Statements++
+	b.stats.Writes += int64(decided)
+	if decided > 1 {
+		b.stats.Shared += int64(decided)
 	}
 	for _, op := range batch {
 		if op.left && op.err == nil && !op.alone && b.undo != nil {
@@ -297,14 +344,23 @@ func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 		}
 		close(op.done)
 	}
-	if f.detached {
-		b.detached--
-	} else {
+	if !f.detached {
 		b.flying = false
 	}
 	b.startLocked()
 	b.mu.Unlock()
+	if f.detached {
+		b.group.add(-1)
+		b.group.kick()
+	}
 	for _, op := range undo {
 		b.undo(op.req, op.res)
 	}
+}
+
+// kick sends the next batch, if one waits.
+func (b *batcher[Req, Res]) kick() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.startLocked()
 }

@@ -110,6 +110,8 @@ func (s *PostgresStore) newBatchers(p PostgresBatching, always bool) batchers {
 	}
 	b.free.always, b.acquire.always, b.take.always, b.renew.always, b.release.always = always, always, always, always, always
 	b.free.life, b.acquire.life, b.take.life, b.renew.life, b.release.life = s.life, s.life, s.life, s.life, s.life
+	g := &batchGroup{kicks: []func(){b.free.kick, b.acquire.kick, b.take.kick, b.renew.kick, b.release.kick}}
+	b.free.group, b.acquire.group, b.take.group, b.renew.group, b.release.group = g, g, g, g, g
 	return b
 }
 

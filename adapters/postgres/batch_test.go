@@ -506,34 +506,49 @@ func TestGroupCommit_ABatchEveryoneLeftAfterItsCommitHoldsNothing(t *testing.T) 
 }
 
 // Batches that every caller left, and that still wait for their answers
-// (here for the table; on a silent server, for ever), each hold a
-// connection of the pool: past a few, the queue waits for them rather than
-// sending more, and its callers leave at their deadlines.
+// (here for the table that DDL holds; on a silent server, for ever), each
+// hold a connection of the pool: past two, of any kind, the queues wait
+// for it rather than send more, their callers leave at their deadlines,
+// and reads still find connections.
 func TestGroupCommit_DetachedBatchesAreBounded(t *testing.T) {
 	f := newBatchFixture(t)
+	ctx := context.Background()
+	held, err := f.Store.AcquireAt(ctx, plan("held"), "h", now(time.Minute))
+	require.NoError(t, err)
 	f.BlockWrites(t)
-	lone := make(chan error, 1)
-	loneCtx, leaveLone := context.WithCancel(context.Background())
+	lone, leaveLone := context.WithCancel(ctx)
+	loneDone := make(chan error, 2)
 	go func() {
-		_, err := f.Store.AcquireAt(loneCtx, plan("pilot-alone"), "pilot", now(time.Minute))
-		lone <- err
+		_, err := f.Store.AcquireAt(lone, plan("pilot-alone"), "pilot", now(time.Minute))
+		loneDone <- err
 	}()
-	require.Eventually(t, func() bool { return f.Waiting(t, "") == 1 }, 10*time.Second, time.Millisecond)
+	go func() {
+		_, err := f.Store.RenewAt(lone, plan("pilot-renew"), "pilot", now(time.Minute))
+		loneDone <- err
+	}()
+	require.Eventually(t, func() bool { return f.Waiting(t, "") == 2 }, 10*time.Second, time.Millisecond)
 	for i := range 8 {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		_, err := f.Store.AcquireAt(ctx, plan(fmt.Sprintf("r%d", i)), "o", now(time.Minute))
+		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		if i%2 == 0 {
+			_, err = f.Store.AcquireAt(cctx, plan(fmt.Sprintf("r%d", i)), "o", now(time.Minute))
+		} else {
+			_, err = f.Store.RenewTokenAt(cctx, plan("held"), "h", held.Lock.Token, now(time.Minute))
+		}
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded, "caller %d", i)
 	}
-	assert.Equal(t, 4, f.Waiting(t, "unnest"), "batches waiting for their answers")
-	leaveLone()
-	require.ErrorIs(t, <-lone, context.Canceled)
-	f.Unblock()
-	require.Eventually(t, func() bool { return f.Waiting(t, "") == 0 && len(f.Rows(t)) == 0 }, 10*time.Second, time.Millisecond,
-		"the locks of the callers that left stay: %v", f.Rows(t))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	assert.Equal(t, 2, f.Waiting(t, "unnest"), "batches waiting for their answers")
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := f.Store.AcquireAt(ctx, plan("after"), "after", now(time.Minute))
+	_, err = f.Store.Get(rctx, plan("held"))
+	require.NoError(t, err, "a read while batches wait for the table")
+	leaveLone()
+	require.ErrorIs(t, <-loneDone, context.Canceled)
+	require.ErrorIs(t, <-loneDone, context.Canceled)
+	f.Unblock()
+	require.Eventually(t, func() bool { return f.Waiting(t, "") == 0 && len(f.Rows(t)) == 1 }, 10*time.Second, time.Millisecond,
+		"the locks of the callers that left stay: %v", f.Rows(t))
+	_, err = f.Store.AcquireAt(rctx, plan("after"), "after", now(time.Minute))
 	require.NoError(t, err)
 }
 
