@@ -29,13 +29,14 @@ import (
 func newBatchFixture(t *testing.T) *testdb.Batches {
 	t.Helper()
 	dsn := testdb.Postgres(t)
-	db, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	storeDSN, app := testdb.WithApp(t, dsn)
+	db, err := postgres.Open(context.Background(), storeDSN, postgres.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
 	admin, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { admin.Close() })
-	return &testdb.Batches{Store: postgres.NewLockRepository(db), Admin: admin}
+	return &testdb.Batches{Store: postgres.NewLockRepository(db), Admin: admin, App: app}
 }
 
 var now = testdb.Now
@@ -204,7 +205,8 @@ func TestGroupCommit_AKilledConnectionFailsEveryMember(t *testing.T) {
 	out := f.Acquires(t, background(4), owners, refs)
 	var killed bool
 	require.NoError(t, f.Admin.QueryRow(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, 'unnest') > 0`).Scan(&killed))
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, 'unnest') > 0
+  AND application_name = $1`, f.App).Scan(&killed))
 	require.True(t, killed)
 	for i, ch := range out {
 		r := <-ch
@@ -477,13 +479,14 @@ func TestGroupCommit_ABatchEveryoneLeftAfterItsCommitHoldsNothing(t *testing.T) 
 	require.NoError(t, err)
 	px := newSlowProxy(t, u.Host, 2*time.Second)
 	u.Host = px.ln.Addr().String()
-	db, err := postgres.Open(context.Background(), u.String(), postgres.Options{})
+	storeDSN, app := testdb.WithApp(t, u.String())
+	db, err := postgres.Open(context.Background(), storeDSN, postgres.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
 	admin, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { admin.Close() })
-	f := &testdb.Batches{Store: postgres.NewLockRepository(db), Admin: admin}
+	f := &testdb.Batches{Store: postgres.NewLockRepository(db), Admin: admin, App: app}
 
 	owners, refs := members(3)
 	ctxs := make([]context.Context, 3)

@@ -3,6 +3,10 @@ package testdb
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,8 +29,27 @@ import (
 type Batches struct {
 	Store *entstore.PostgresStore
 	// Admin reaches the store's database past the store.
-	Admin   *sql.DB
+	Admin *sql.DB
+	// App, when set, is the application_name of the store's connections
+	// (WithApp): Waiting then counts only their statements, not those of
+	// other tests that share the database.
+	App     string
 	unblock func()
+}
+
+var apps atomic.Int64
+
+// WithApp returns dsn, a postgres:// URL, with an application_name of its
+// own, and that name, for Batches.App.
+func WithApp(t *testing.T, dsn string) (string, string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	app := fmt.Sprintf("locks-batches-%d-%d", os.Getpid(), apps.Add(1))
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	return u.String(), app
 }
 
 // Now is a Timing on the real clock, which the server's is close to.
@@ -57,12 +80,13 @@ func (b *Batches) BlockWrites(t *testing.T) {
 // Unblock ends the transaction of BlockWrites.
 func (b *Batches) Unblock() { b.unblock() }
 
-// Waiting returns how many statements wait for a lock whose text contains
-// part.
+// Waiting returns how many statements of the store (of App, when set)
+// wait for a lock and contain part.
 func (b *Batches) Waiting(t *testing.T, part string) int {
 	var n int
 	require.NoError(t, b.Admin.QueryRow(`SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, part).Scan(&n))
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0
+  AND ($2 = '' OR application_name = $2)`, part, b.App).Scan(&n))
 	return n
 }
 
