@@ -31,8 +31,8 @@ type PostgresStore struct {
 	// in flight (batch.go).
 	batch    batchers
 	batching PostgresBatching
-	// undoSQL releases one version of a lock (its id and expiry), with
-	// the wake-up of a release: see undo.
+	// undoSQL releases one version of a lock (its id and xmin), with the
+	// wake-up of a release: see undo.
 	undoSQL string
 	// life ends at Close, and with it every batch still on its way.
 	life context.Context
@@ -50,7 +50,7 @@ func (s *PostgresStore) DecidesAll() {}
 // and its acquires, renewals and releases in batches (group commit) when
 // they arrive while others are in flight.
 func NewPostgres(s *Store, key func(domain.ResourceRef) int64, p PostgresBatching) *PostgresStore {
-	ps := &PostgresStore{Store: s, key: key, batching: p, undoSQL: s.b.releasing(s.text.delID)}
+	ps := &PostgresStore{Store: s, key: key, batching: p, undoSQL: s.b.releasing(undoVersionSQL)}
 	ps.life, ps.stop = context.WithCancel(context.Background())
 	ps.batch = ps.newBatchers(p, false)
 	return ps
@@ -342,6 +342,10 @@ func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef,
 	}
 	return a, in.ok, nil
 }
+
+// undoVersionSQL deletes the row version that a batch wrote: $1 its id,
+// $2 its xmin.
+var undoVersionSQL = pgStatement(`DELETE FROM {locks} WHERE {id} = $1::bigint AND xmin = $2::xid`)
 
 // Close ends the batches still on their way (their callers have left:
 // every caller that waits holds the store open), then closes the Store.

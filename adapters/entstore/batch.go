@@ -75,6 +75,17 @@ func (g *batchGroup) full() bool {
 	return g.detached >= maxDetached
 }
 
+// tryDetach counts one more detached batch, if the bound allows.
+func (g *batchGroup) tryDetach() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.detached >= maxDetached {
+		return false
+	}
+	g.detached++
+	return true
+}
+
 func (g *batchGroup) add(d int) {
 	g.mu.Lock()
 	g.detached += d
@@ -258,10 +269,12 @@ func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
 		}
 		return true
 	}
-	if op.flight.waiting--; op.flight.waiting == 0 && !op.flight.detached {
+	// A batch every caller left is detached, if the group has room: past
+	// the bound it holds its kind's queue until its answer, as one that
+	// callers still wait for does.
+	if op.flight.waiting--; op.flight.waiting == 0 && !op.flight.detached && b.group.tryDetach() {
 		op.flight.detached = true
 		b.flying = false
-		b.group.add(1)
 		b.startLocked()
 	}
 	return true

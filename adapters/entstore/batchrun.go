@@ -48,12 +48,15 @@ type releaseReq struct {
 type inserted struct {
 	token int64
 	ok    bool // false: the resource has a row
+	// version is the row version a batch wrote (its xmin), for undo.
+	version string
 }
 
 // made is the outcome of acquireSQL or takeSQL for one caller.
 type made struct {
 	a       application.Acquisition
-	decided bool // false: no row came back
+	decided bool   // false: no row came back
+	version string // the row version a batch inserted (its xmin), for undo
 }
 
 // extension is the outcome of renewSQL or renewTokenSQL for one caller.
@@ -90,15 +93,15 @@ func (s *PostgresStore) newBatchers(p PostgresBatching, always bool) batchers {
 	}
 	release := withNotice(p.Notice)
 	undo := func(r writeReq, a made) {
-		if a.decided && !a.a.Reentered {
-			s.undo(r.ref, a.a.Lock.Token, formatTime(a.a.Lock.ExpiresAt))
+		if a.decided && !a.a.Reentered && a.version != "" {
+			s.undo(r.ref, a.a.Lock.Token, a.version)
 		}
 	}
 	b := batchers{
 		free: &batcher[writeReq, inserted]{one: s.acquireFreeOne, many: s.acquireFreeMany, everyBody: every,
 			undo: func(r writeReq, in inserted) {
 				if in.ok {
-					s.undo(r.ref, in.token, r.expires)
+					s.undo(r.ref, in.token, in.version)
 				}
 			}},
 		acquire: &batcher[writeReq, made]{one: s.acquireOne(s.pick(acquireSQL)), many: s.acquireMany(s.pick(acquireBatchSQL)),
@@ -141,14 +144,16 @@ func (s *PostgresStore) WriteStats() WriteStats {
 const undoTimeout = 10 * time.Second
 
 // undo releases the lock token on ref, acquired in a batch for a caller
-// that had left, if it is still the version the batch wrote (expires, as
-// stored): the same owner's next acquire re-enters it, which keeps the
-// token but writes a new expiry, and that caller holds it.
-func (s *PostgresStore) undo(ref domain.ResourceRef, token int64, expires string) {
+// that had left, if its row is still the version the batch wrote (its
+// xmin, the batch's transaction): the same owner's next acquire re-enters
+// it, which keeps the token, and that caller holds it; its update writes
+// a new version, even when its times are the batch's to the microsecond
+// (a clock that stands still, two calls in one microsecond).
+func (s *PostgresStore) undo(ref domain.ResourceRef, token int64, version string) {
 	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
 	defer cancel()
 	n, err := writeStatement(ctx, s.Store, func(ctx context.Context) (int64, error) {
-		res, err := s.write.ExecContext(ctx, s.undoSQL, token, expires)
+		res, err := s.write.ExecContext(ctx, s.undoSQL, token, version)
 		if err != nil {
 			return 0, err
 		}
@@ -236,11 +241,12 @@ func (s *PostgresStore) acquireFreeOne(ctx context.Context, r writeReq) (inserte
 func (s *PostgresStore) acquireFreeMany(ctx context.Context, ops []*batchOp[writeReq, inserted]) error {
 	return scanBatch(ctx, s, ops, acquireFreeBatchSQL, writeArgs(ops, false), func(rows *sql.Rows) (int64, inserted, bool, error) {
 		var (
-			n     int64
-			token int64
+			n       int64
+			token   int64
+			version string
 		)
-		err := rows.Scan(&n, &token)
-		return n, inserted{token: token, ok: true}, false, err
+		err := rows.Scan(&n, &token, &version)
+		return n, inserted{token: token, ok: true, version: version}, false, err
 	})
 }
 
@@ -280,8 +286,9 @@ func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*b
 				times     [2]sql.NullString // acquired, expires
 				prevID    sql.NullInt64     // the lock replaced, if any:
 				prev      [3]sql.NullString // its owner, acquired, expires
+				version   sql.NullString    // of the row inserted
 			)
-			if err := rows.Scan(&n, &reentered, &id, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2]); err != nil {
+			if err := rows.Scan(&n, &reentered, &id, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2], &version); err != nil {
 				return 0, made{}, false, err
 			}
 			if !id.Valid {
@@ -292,7 +299,7 @@ func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*b
 				return 0, made{}, false, err
 			}
 			a, err := acquisitionOf(op.req.ref, op.req.owner, reentered, id.Int64, times[0].String, times[1].String, prevID, prev)
-			return n, made{a: a, decided: true}, false, err
+			return n, made{a: a, decided: true, version: version.String}, false, err
 		})
 	}
 }

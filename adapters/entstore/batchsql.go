@@ -52,8 +52,8 @@ var acquireFreeBatchSQL = pgStatement(`WITH ins AS (
   FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[]) AS r(k, typ, rid, own, acq, exp)
   WHERE ` + noRow + ` AND pg_try_advisory_xact_lock(k)
   ON CONFLICT ({type}, {rid}) DO NOTHING
-  RETURNING {id}, {type}, {rid})
-SELECT r.n, ins.{id} FROM ins JOIN unnest($2::varchar[], $3::varchar[]) WITH ORDINALITY AS r(typ, rid, n)
+  RETURNING {id}, {type}, {rid}, xmin::text AS v)
+SELECT r.n, ins.{id}, ins.v FROM ins JOIN unnest($2::varchar[], $3::varchar[]) WITH ORDINALITY AS r(typ, rid, n)
   ON ins.{type} = r.typ AND ins.{rid} = r.rid`)
 
 // acquireBatchSQL is acquireSQL over arrays; takeBatchSQL is takeSQL's
@@ -97,9 +97,9 @@ ins AS (
   WHERE n IN (SELECT n FROM ok) AND n NOT IN (SELECT n FROM re)
     AND n NOT IN (SELECT n FROM rows WHERE {id} NOT IN (SELECT {id} FROM old))
   ON CONFLICT ({type}, {rid}) DO NOTHING
-  RETURNING {id}, {type}, {rid}, {acquired}, {expires})
+  RETURNING {id}, {type}, {rid}, {acquired}, {expires}, xmin::text AS v)
 SELECT ok.n, re.n IS NOT NULL, COALESCE(re.{id}, ins.{id}), COALESCE(re.{acquired}, ins.{acquired}), COALESCE(re.{expires}, ins.{expires}),
-  CASE WHEN ins.{id} IS NOT NULL THEN old.{id} END, old.{owner}, old.{acquired}, old.{expires}
+  CASE WHEN ins.{id} IS NOT NULL THEN old.{id} END, old.{owner}, old.{acquired}, old.{expires}, ins.v
 FROM ok JOIN req USING (n) LEFT JOIN re USING (n)
   LEFT JOIN ins ON ins.{type} = req.typ AND ins.{rid} = req.rid LEFT JOIN old ON old.n = req.n`)
 }

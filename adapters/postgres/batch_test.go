@@ -642,3 +642,52 @@ func TestGroupCommit_ARenewalOfABusyRowDelaysNoOne(t *testing.T) {
 	require.NoError(t, holder.Rollback())
 	require.NoError(t, <-renewed[0])
 }
+
+// The same with the same timing for the batch and the retries (a clock
+// that stands still, or two calls in one microsecond): the retry's
+// re-entry writes the batch's very expiry, and still keeps its lock, as
+// the undo names the row version the batch wrote.
+func TestGroupCommit_AnUndoSparesAReentryOfTheSameTiming(t *testing.T) {
+	const n = 64
+	f := newBatchFixture(t)
+	at := testdb.Now(time.Minute)
+	n0, e0 := at()
+	same := func() (time.Time, time.Time) { return n0, e0 }
+	send := f.HoldQueue(t, func(ctx context.Context, id string) error {
+		_, err := f.Store.AcquireAt(ctx, plan(id), "pilot", now(time.Minute))
+		return err
+	})
+	owners, refs := members(n)
+	leaving, leave := context.WithCancel(context.Background())
+	out := make([]chan error, n)
+	for i := range refs {
+		out[i] = make(chan error, 1)
+		go func() { _, err := f.Store.AcquireAt(leaving, refs[i], owners[i], same); out[i] <- err }()
+	}
+	send(n)
+	leave()
+	for i := range out {
+		require.ErrorIs(t, <-out[i], context.Canceled)
+	}
+	f.Unblock()
+	// The retries go through the service, on a clock that stands at the
+	// batch's now: it decides what the store leaves to Update.
+	svc, err := application.NewLockService(f.Store, standing(n0), time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, e0, n0.Add(time.Minute))
+	var wg sync.WaitGroup
+	for i := range refs {
+		wg.Go(func() {
+			_, err := svc.Acquire(context.Background(), owners[i], refs[i], time.Minute)
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	assert.Never(t, func() bool { return len(f.Rows(t)) < n }, time.Second, 10*time.Millisecond,
+		"an undo removed a lock that its owner's next acquire was told it holds")
+}
+
+// standing is a clock that stands still.
+type standing time.Time
+
+func (s standing) Now() time.Time { return time.Time(s) }
