@@ -347,8 +347,8 @@ func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef,
 // $2 its xmin.
 var undoVersionSQL = pgStatement(`DELETE FROM {locks} WHERE {id} = $1::bigint AND xmin = $2::xid`)
 
-// Close ends the batches still on their way (their callers have left:
-// every caller that waits holds the store open), then closes the Store.
+// Close ends the batches still on their way, whose waiting callers get an
+// error that matches domain.ErrClosed, then closes the Store.
 func (s *PostgresStore) Close() error {
 	s.stop()
 	return s.Store.Close()

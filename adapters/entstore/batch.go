@@ -86,9 +86,10 @@ func (g *batchGroup) tryDetach() bool {
 	return true
 }
 
-func (g *batchGroup) add(d int) {
+// detachedEnded counts a detached batch out, its answer come.
+func (g *batchGroup) detachedEnded() {
 	g.mu.Lock()
-	g.detached += d
+	g.detached--
 	g.mu.Unlock()
 }
 
@@ -172,7 +173,7 @@ func (w *WriteStats) add(o WriteStats) {
 	w.Statements, w.Writes, w.Shared = w.Statements+o.Statements, w.Writes+o.Writes, w.Shared+o.Shared
 }
 
-// count records a statement of n writes. b.mu is held.
+// countLocked records a statement of n writes. b.mu is held.
 func (b *batcher[Req, Res]) countLocked(n int) {
 	b.stats.Statements++
 	b.stats.Writes += int64(n)
@@ -363,7 +364,7 @@ func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 	b.startLocked()
 	b.mu.Unlock()
 	if f.detached {
-		b.group.add(-1)
+		b.group.detachedEnded()
 		b.group.kick()
 	}
 	for _, op := range undo {
