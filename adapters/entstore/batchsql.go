@@ -29,15 +29,31 @@ import "strings"
 //
 // Every row is found through the resource's unique index, one lookup per
 // member (rows, a LATERAL subquery with LIMIT 1, which the planner cannot
-// turn into a join), and changed through the primary key (id = ANY): a
-// plan that scanned the table and hashed it, which the planner picks when
-// it cannot see how few members a batch has, would cost the server a scan
-// of every row, dead or alive, per batch.
+// turn into a join), locked through the primary key the same way
+// (lockRows), and changed through the physical address of the version
+// locked (ctid = ANY). A plan that scanned the table and hashed it, which
+// the planner picks when it cannot see how few members a batch has and
+// the table was never analyzed, would cost the server a read of every
+// row, dead or alive, per batch.
 
 // batchRows finds the row of each member of req in the statement's
-// snapshot: (id, n).
-const batchRows = `rows AS MATERIALIZED (SELECT x.{id}, req.n FROM req,
-  LATERAL (SELECT l.{id} FROM {locks} l WHERE l.{type} = req.typ AND l.{rid} = req.rid LIMIT 1) x)`
+// snapshot: (id, owner, expires, n). The statements decide on these
+// columns rather than read the table again by id, which the planner,
+// when the table's statistics say it is small, does with a scan.
+const batchRows = `rows AS MATERIALIZED (SELECT x.{id}, x.{owner}, x.{expires}, req.n FROM req,
+  LATERAL (SELECT l.{id}, l.{owner}, l.{expires} FROM {locks} l WHERE l.{type} = req.typ AND l.{rid} = req.rid LIMIT 1) x)`
+
+// lockRows locks the rows of the CTE from (id, n) in mode (FOR UPDATE,
+// FOR NO KEY UPDATE) SKIP LOCKED, one lookup of the primary key per row,
+// and names the CTE as: (id, tid, n), where tid is the physical address
+// of the row version locked, which no one can change while the statement
+// holds its lock. The statement's change then reaches each row through
+// it (a TID scan, which no other plan undercuts) and still names the
+// row's id and every condition of its decision.
+func lockRows(as, from, mode string) string {
+	return as + ` AS MATERIALIZED (SELECT x.{id}, x.tid, ` + from + `.n FROM ` + from + `,
+  LATERAL (SELECT l.{id}, l.ctid AS tid FROM {locks} l WHERE l.{id} = ` + from + `.{id} ` + mode + ` SKIP LOCKED) x)`
+}
 
 // noRow is the condition that the member r's resource has no row in the
 // statement's snapshot, tested through the unique index.
@@ -68,7 +84,7 @@ var acquireBatchSQL, takeBatchSQL = acquireBatch(true), acquireBatch(false)
 func acquireBatch(reenter bool) [2]string {
 	re := `re AS (
   UPDATE {locks} l SET {expires} = req.exp FROM req, cur
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n AND l.{owner} = req.own
+  WHERE l.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n AND l.{owner} = req.own
     AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
   RETURNING req.n, l.{id}, l.{acquired}, l.{expires}),`
 	changes := "l.{expires} <= req.acq OR l.{owner} = req.own" // the rows old or re may change
@@ -80,14 +96,13 @@ func acquireBatch(reenter bool) [2]string {
   WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, n)),
 held AS MATERIALIZED (SELECT n FROM req WHERE pg_try_advisory_xact_lock(k)),
 ` + batchRows + `,
-cand AS MATERIALIZED (SELECT rows.{id}, rows.n FROM rows JOIN req USING (n) JOIN {locks} l ON l.{id} = rows.{id}
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows WHERE n IN (SELECT n FROM held))) AND (` + changes + `)),
-cur AS MATERIALIZED (SELECT l.{id}, cand.n FROM {locks} l JOIN cand ON l.{id} = cand.{id}
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cand)) FOR UPDATE OF l SKIP LOCKED),
+cand AS MATERIALIZED (SELECT l.{id}, n FROM rows l JOIN req USING (n)
+  WHERE n IN (SELECT n FROM held) AND (` + changes + `)),
+` + lockRows("cur", "cand", "FOR UPDATE") + `,
 ok AS MATERIALIZED (SELECT n FROM held WHERE n IN (SELECT n FROM cur) OR n NOT IN (SELECT n FROM cand)),
 old AS (
   DELETE FROM {locks} l USING req, cur
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
+  WHERE l.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
     AND l.{expires} <= req.acq AND {expiredOnServer}
   RETURNING req.n, l.{id}, l.{owner}, l.{acquired}, l.{expires}),
 ` + re + `
@@ -118,14 +133,12 @@ var renewBatchSQL = pgStatement(`WITH req AS (SELECT * FROM unnest($1::bigint[],
   WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, tok, n)),
 held AS MATERIALIZED (SELECT n FROM req WHERE pg_try_advisory_xact_lock(k)),
 ` + batchRows + `,
-mine AS MATERIALIZED (SELECT rows.{id}, rows.n FROM rows JOIN req USING (n) JOIN {locks} l ON l.{id} = rows.{id}
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows WHERE n IN (SELECT n FROM held)))
-    AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)),
-cur AS MATERIALIZED (SELECT l.{id}, mine.n FROM {locks} l JOIN mine ON l.{id} = mine.{id}
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM mine)) FOR NO KEY UPDATE OF l SKIP LOCKED),
+mine AS MATERIALIZED (SELECT l.{id}, n FROM rows l JOIN req USING (n)
+  WHERE n IN (SELECT n FROM held) AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)),
+` + lockRows("cur", "mine", "FOR NO KEY UPDATE") + `,
 up AS (
   UPDATE {locks} l SET {expires} = req.exp FROM req, cur
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
+  WHERE l.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
     AND l.{type} = req.typ AND l.{rid} = req.rid AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)
     AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
   RETURNING req.n, l.{id}, l.{acquired}, l.{expires})
@@ -143,14 +156,12 @@ SELECT n, true, NULL, NULL, NULL FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
 var releaseBatchSQL = pgStatement(`WITH req AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $4::bigint[], $5::varchar[])
   WITH ORDINALITY AS r(typ, rid, own, tok, at, n)),
 ` + batchRows + `,
-mine AS MATERIALIZED (SELECT rows.{id}, rows.n FROM rows JOIN req USING (n) JOIN {locks} l ON l.{id} = rows.{id}
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM rows))
-    AND CASE WHEN req.tok = 0 THEN l.{owner} = req.own ELSE l.{id} = req.tok AND l.{expires} > req.at END),
-cur AS MATERIALIZED (SELECT l.{id}, mine.n FROM {locks} l JOIN mine ON l.{id} = mine.{id}
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM mine)) FOR UPDATE OF l SKIP LOCKED),
+mine AS MATERIALIZED (SELECT l.{id}, n FROM rows l JOIN req USING (n)
+  WHERE CASE WHEN req.tok = 0 THEN l.{owner} = req.own ELSE l.{id} = req.tok AND l.{expires} > req.at END),
+` + lockRows("cur", "mine", "FOR UPDATE") + `,
 d AS (
   DELETE FROM {locks} l USING req, cur
-  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
+  WHERE l.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
     AND l.{type} = req.typ AND l.{rid} = req.rid
     AND CASE WHEN req.tok = 0 THEN l.{owner} = req.own ELSE l.{id} = req.tok AND l.{expires} > req.at END
   RETURNING req.n, l.{type}, l.{rid}),
