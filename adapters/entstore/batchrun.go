@@ -22,6 +22,11 @@ type PostgresBatching struct {
 	// removed from the resource whose type and id are the expressions typ
 	// and id (pg_notify). Nil: no wake-up.
 	Notice func(typ, id string) string
+	// ReleaseCommit is an SQL expression that a batch of releases
+	// evaluates for each lock it removes, for its effect on the commit of
+	// the batch's transaction (the PostgreSQL adapter's lets it return
+	// before the WAL flush). Empty: none.
+	ReleaseCommit string
 }
 
 // writeReq is one member of a batch of acquires or renewals: its
@@ -91,7 +96,7 @@ func (s *PostgresStore) newBatchers(p PostgresBatching, always bool) batchers {
 	if every == nil {
 		every = func(error) bool { return true }
 	}
-	release := withNotice(p.Notice)
+	release := releaseBatch(p.Notice, p.ReleaseCommit)
 	undo := func(r writeReq, a made) {
 		if a.decided && !a.a.Reentered && a.version != "" {
 			s.undo(r.ref, a.a.Lock.Token, a.version)

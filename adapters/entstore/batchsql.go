@@ -147,7 +147,8 @@ UNION ALL
 SELECT n, true, NULL, NULL, NULL FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
 
 // releaseBatchSQL is the releases by owner (tok 0) and by token (active at
-// at) over arrays, with the wake-up of each lock removed ({notice}). The
+// at) over arrays, with the wake-up of each lock removed ({notice}) and
+// the backend's setting of the commit ({commit}). The
 // rows a member would remove are locked first, SKIP LOCKED: a lock that a
 // fenced transaction holds (FOR KEY SHARE, for as long as its holder's
 // transaction lasts) would otherwise keep the whole batch waiting. Result:
@@ -165,17 +166,21 @@ d AS (
     AND l.{type} = req.typ AND l.{rid} = req.rid
     AND CASE WHEN req.tok = 0 THEN l.{owner} = req.own ELSE l.{id} = req.tok AND l.{expires} > req.at END
   RETURNING req.n, l.{type}, l.{rid}),
-w AS MATERIALIZED (SELECT n, {notice} AS sent FROM d)
+w AS MATERIALIZED (SELECT n, {notice} AS sent, {commit} AS committed FROM d)
 SELECT n, false FROM w
 UNION ALL
 SELECT n, true FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
 
-// withNotice writes notice, the backend's wake-up of the lock removed from
-// the resource d.typ, d.rid (nil: none), into releaseBatchSQL.
-func withNotice(notice func(typ, id string) string) string {
+// releaseBatch writes notice, the backend's wake-up of the lock removed
+// from the resource d.typ, d.rid (nil: none), and commit, its setting of
+// the commit (empty: none), into releaseBatchSQL.
+func releaseBatch(notice func(typ, id string) string, commit string) string {
 	expr := "NULL"
 	if notice != nil {
 		expr = notice("d.{type}", "d.{rid}")
 	}
-	return strings.Replace(releaseBatchSQL, "{notice}", pgStatement(expr), 1)
+	if commit == "" {
+		commit = "NULL"
+	}
+	return strings.NewReplacer("{notice}", pgStatement(expr), "{commit}", commit).Replace(releaseBatchSQL)
 }

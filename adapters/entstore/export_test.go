@@ -8,6 +8,6 @@ func BatchStatements() map[string]string {
 		"acquire": acquireBatchSQL[0],
 		"take":    takeBatchSQL[0],
 		"renew":   renewBatchSQL,
-		"release": withNotice(nil),
+		"release": releaseBatch(nil, ""),
 	}
 }

@@ -113,8 +113,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	db.store = entstore.NewPostgres(store, resourceKey, entstore.PostgresBatching{
-		EveryBody: everyMembers,
-		Notice:    releaseNotice(channel),
+		EveryBody:     everyMembers,
+		Notice:        releaseNotice(channel),
+		ReleaseCommit: releaseCommit,
 	})
 	db.wake = newListener(cfg, channel)
 	return db, nil

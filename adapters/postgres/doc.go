@@ -11,6 +11,9 @@
 //     their kind is in flight share one statement and one commit (group
 //     commit, in package entstore); which failures of such a batch are
 //     every member's is decided here (everyMembers);
+//   - releases commit without waiting for the WAL flush, which acquires,
+//     takeovers and renewals wait for (commit.go: why a lost release can
+//     only keep a resource taken longer, never give it to two holders);
 //   - serialization failures and deadlocks are retried a bounded number of
 //     times;
 //   - driver errors are translated to the domain's in FormatError.

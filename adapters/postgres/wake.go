@@ -123,15 +123,16 @@ func channelName(schema string) string {
 // channel of what a release removed: the resource, for a release of one
 // lock, or "*" for several (a release of all an owner's locks, whose
 // resources would cost a notification each). Identical notifications of
-// one transaction are sent once, so several rows still make one "*". The
-// statement returns a row per deleted row, so that its rows affected are
-// still the rows deleted.
+// one transaction are sent once, so several rows still make one "*". It
+// commits without waiting for the flush (releaseCommit). The statement
+// returns a row per deleted row, so that its rows affected are still the
+// rows deleted.
 func releaseStatement(channel string) func(deleteSQL string) string {
 	typ, id := `"`+entlock.FieldResourceType+`"`, `"`+entlock.FieldResourceID+`"`
 	return func(deleteSQL string) string {
 		return "WITH d AS (" + deleteSQL + " RETURNING " + typ + ", " + id + ")\n" +
 			"SELECT pg_notify('" + channel + "', CASE WHEN count(*) OVER () = 1 THEN 'r' || " +
-			typ + " || ':' || " + id + " ELSE '*' END) FROM d"
+			typ + " || ':' || " + id + " ELSE '*' END), " + releaseCommit + " FROM d"
 	}
 }
 

@@ -82,6 +82,13 @@ type lockRow struct {
 	Acquired, Exp string
 }
 
+// storedRow returns l as the locks table stores it.
+func storedRow(l domain.Lock) lockRow {
+	const layout = "2006-01-02T15:04:05.000000Z"
+	return lockRow{l.Token, l.Owner, string(l.Resource.Type), l.Resource.ID,
+		l.AcquiredAt.UTC().Format(layout), l.ExpiresAt.UTC().Format(layout)}
+}
+
 // lockRows reads the locks table past the store.
 func lockRows(t *testing.T, db *sql.DB) []lockRow {
 	t.Helper()

@@ -31,6 +31,7 @@ func TestFault_ServerRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	last := tmp.Token
+	var released *domain.Lock // the last lock released before a stop
 
 	for _, mode := range []string{"fast", "immediate"} {
 		t.Run(mode, func(t *testing.T) {
@@ -54,6 +55,16 @@ func TestFault_ServerRestart(t *testing.T) {
 			t.Run("back", func(t *testing.T) {
 				admin := s.Open("locks")
 				rows := lockRows(t, admin)
+				if mode == "immediate" && released != nil && len(rows) == 2 {
+					// A release commits without waiting for the WAL
+					// flush (adapters/postgres/commit.go): one just before
+					// a crash may be lost, and its lock back, as it was.
+					require.Equal(t, storedRow(*released), rows[1], "a lost release brings its lock back as it was")
+					rows = rows[:1]
+					ok, err := c.Locks.Release(ctx, released.Owner, released.Resource)
+					require.NoError(t, err)
+					require.True(t, ok, "the holder releases the lock that came back")
+				}
 				require.Len(t, rows, 1, "only the committed lock survives, and nothing the failed calls began")
 				require.Equal(t, held.Token, rows[0].Token)
 				require.Equal(t, migrations(t), versions(t, admin))
@@ -70,6 +81,7 @@ func TestFault_ServerRestart(t *testing.T) {
 				ok, err := c.Locks.Release(ctx, "owner", plan("after-"+mode))
 				require.NoError(t, err)
 				require.True(t, ok)
+				released = &l
 				list, err := c.Locks.List(ctx, application.ListOptions{})
 				require.NoError(t, err)
 				require.Len(t, list, 1)
