@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cleveragents/locks/domain"
 )
 
 // ReadOnlySession reports whether the connections of db refuse to write:
@@ -48,6 +50,14 @@ func ListenerPID(db *DB) uint32 {
 	db.wake.mu.Lock()
 	defer db.wake.mu.Unlock()
 	return db.wake.pid
+}
+
+// Watching reports whether db's listener holds the watch lock of ref: a
+// release of ref notifies from then on.
+func Watching(db *DB, ref domain.ResourceRef) bool {
+	db.wake.mu.Lock()
+	defer db.wake.mu.Unlock()
+	return db.wake.held[ref]
 }
 
 // Channel returns the notification channel of db.

@@ -29,6 +29,24 @@ import (
 //     the pool, that LISTENs on the channel and fans the notifications out
 //     to the watchers of this process. It reconnects after a drop, and
 //     then wakes every watcher, since notifications were lost meanwhile.
+//   - A release of one lock notifies only if someone waits for it: the
+//     listener of every process that watches a resource holds a shared
+//     advisory lock on the resource's watch key (watchClass, watchKey) on
+//     its connection, and the release statement tries the exclusive
+//     transaction lock on that key: it notifies when it cannot have it.
+//     When it can, it holds it until its commit, so a watch that begins
+//     meanwhile is in force only after the release is visible. A watcher
+//     is woken once its watch is in force, and looks at the store then:
+//     a release either came before, and the watcher sees it, or after,
+//     and notifies it. A release of several locks (all an owner's) still
+//     notifies "any lock" without asking, as it would otherwise hold an
+//     advisory lock per row. A notification costs the server a wake-up of
+//     every listener of the database, and each listener's process a
+//     message: a release that nobody waits for, the common case, costs
+//     neither. (A process of an earlier version does not take the watch
+//     locks: its waiters are woken by releases of earlier versions only,
+//     and otherwise find the lock free at their next look, within
+//     application.waitFallback.)
 //   - A process that watches a resource says so on the channel, so that a
 //     process that releases it knows that another waits (Contended) and
 //     lets it go first.
@@ -96,7 +114,27 @@ const (
 	listenerAppName = "cleveragents-locks listener"
 	// maxChannel is PostgreSQL's longest identifier, in bytes.
 	maxChannel = 63
+	// watchClass is the first key of the advisory locks that say who
+	// watches a resource (pg_advisory_lock_shared(watchClass, watchKey)):
+	// "LKWT". A program that takes advisory locks of two int4 keys on the
+	// same database should leave this class alone.
+	watchClass = 0x4c4b5754
 )
+
+// watchKey returns the SQL expression of the second key of the watch
+// lock of the resource named by the text expression name (encodeRef's
+// form: its type, a colon, its id): the server's hash of it, so that the
+// statements of every process compute the same key.
+func watchKey(name string) string { return "hashtext(" + name + ")" }
+
+// watchedOrNotify returns the SQL expression that, in a release
+// statement, notifies channel that a lock on the resource typ, id came
+// free if a listener watches it, and otherwise takes its watch lock until
+// the commit (see above).
+func watchedOrNotify(channel, typ, id string) string {
+	return "CASE WHEN pg_try_advisory_xact_lock(" + fmt.Sprint(watchClass) + ", " + watchKey(typ+" || ':' || "+id) + ") THEN NULL " +
+		"ELSE pg_notify('" + channel + "', 'r' || " + typ + " || ':' || " + id + ") END"
+}
 
 // plainName matches the schema names that a channel's name may carry
 // as they are; others are hashed, so that the name needs no quoting in
@@ -121,28 +159,26 @@ func channelName(schema string) string {
 
 // releaseStatement returns the Backend.ReleaseStatement that notifies
 // channel of what a release removed: the resource, for a release of one
-// lock, or "*" for several (a release of all an owner's locks, whose
-// resources would cost a notification each). Identical notifications of
-// one transaction are sent once, so several rows still make one "*". It
-// commits without waiting for the flush (releaseCommit). The statement
-// returns a row per deleted row, so that its rows affected are still the
-// rows deleted.
+// lock that a listener watches, or "*" for several (a release of all an
+// owner's locks, whose resources would cost a notification and a watch
+// lock each). Identical notifications of one transaction are sent once, so
+// several rows still make one "*". It commits without waiting for the
+// flush (releaseCommit). The statement returns a row per deleted row, so
+// that its rows affected are still the rows deleted.
 func releaseStatement(channel string) func(deleteSQL string) string {
 	typ, id := `"`+entlock.FieldResourceType+`"`, `"`+entlock.FieldResourceID+`"`
 	return func(deleteSQL string) string {
 		return "WITH d AS (" + deleteSQL + " RETURNING " + typ + ", " + id + ")\n" +
-			"SELECT pg_notify('" + channel + "', CASE WHEN count(*) OVER () = 1 THEN 'r' || " +
-			typ + " || ':' || " + id + " ELSE '*' END), " + releaseCommit + " FROM d"
+			"SELECT CASE WHEN count(*) OVER () > 1 THEN pg_notify('" + channel + "', '*') ELSE " +
+			watchedOrNotify(channel, typ, id) + " END, " + releaseCommit + " FROM d"
 	}
 }
 
 // releaseNotice returns the entstore.PostgresBatching.Notice that
-// notifies channel of each lock a batch of releases removed, by its
-// resource, as a lone release does.
+// notifies channel of each lock a batch of releases removed that a
+// listener watches, as a lone release does.
 func releaseNotice(channel string) func(typ, id string) string {
-	return func(typ, id string) string {
-		return "pg_notify('" + channel + "', 'r' || " + typ + " || ':' || " + id + ")"
-	}
+	return func(typ, id string) string { return watchedOrNotify(channel, typ, id) }
 }
 
 // listener carries the wake-ups of one opened DB: see above. Its
@@ -165,6 +201,8 @@ type listener struct {
 	closed  bool
 	pid     uint32 // the listening backend, 0 while not connected
 	watches map[domain.ResourceRef]map[*watch]struct{}
+	// held are the resources whose watch lock the connection holds.
+	held map[domain.ResourceRef]bool
 	// pending holds what this process must still announce: true, that it
 	// watches a resource; false, that it no longer does.
 	pending map[domain.ResourceRef]bool
@@ -201,6 +239,7 @@ func newListener(cfg *pgx.ConnConfig, channel string) *listener {
 		cfg: cfg, channel: channel, instance: fmt.Sprintf("%016x", rand.Uint64()), now: time.Now,
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		watches: make(map[domain.ResourceRef]map[*watch]struct{}),
+		held:    make(map[domain.ResourceRef]bool),
 		pending: make(map[domain.ResourceRef]bool),
 		remote:  make(map[domain.ResourceRef]map[string]time.Time),
 		changed: make(chan struct{}),
@@ -342,6 +381,7 @@ func (l *listener) connect() (*pgx.Conn, error) {
 	defer l.mu.Unlock()
 	l.pid = conn.PgConn().PID()
 	l.hello, l.fullAt, l.said = true, time.Time{}, false
+	clear(l.held) // a new session holds no lock
 	l.wakeAll()
 	l.touch()
 	return conn, nil
@@ -357,6 +397,12 @@ func (l *listener) serve(conn *pgx.Conn) {
 		wait, stop := context.WithTimeout(l.ctx, min(max(l.fullAt.Sub(l.now()), 0), keepAlive-time.Since(heard)))
 		l.interrupt = stop
 		l.mu.Unlock()
+		// The watch locks first: a process that hears this one's
+		// announcement may rely on its watch being in force.
+		if err := l.holdWatches(conn); err != nil {
+			stop()
+			return
+		}
 		if len(payloads) > 0 {
 			if err := l.talk(conn, "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", l.channel, payloads); err != nil {
 				stop()
@@ -379,6 +425,50 @@ func (l *listener) serve(conn *pgx.Conn) {
 			heard = time.Now()
 		}
 	}
+}
+
+// holdWatches makes the connection hold the watch lock of every resource
+// this process watches, and of no other, and then wakes the watchers of
+// the resources whose watch has just come into force: a release that came
+// before it did not notify, and they must look at the store.
+func (l *listener) holdWatches(conn *pgx.Conn) error {
+	l.mu.Lock()
+	var take, drop []string
+	var taken []domain.ResourceRef
+	for ref := range l.watches {
+		if !l.held[ref] {
+			take, taken = append(take, encodeRef(ref)), append(taken, ref)
+		}
+	}
+	for ref := range l.held {
+		if l.watches[ref] == nil {
+			drop = append(drop, encodeRef(ref))
+			delete(l.held, ref) // on a failure, the session goes, and the lock with it
+		}
+	}
+	l.mu.Unlock()
+	const each = "FROM unnest($2::text[]) AS p"
+	if len(drop) > 0 {
+		if err := l.talk(conn, "SELECT pg_advisory_unlock_shared($1::int4, "+watchKey("p")+") "+each, watchClass, drop); err != nil {
+			return err
+		}
+	}
+	if len(take) == 0 {
+		return nil
+	}
+	if err := l.talk(conn, "SELECT pg_advisory_lock_shared($1::int4, "+watchKey("p")+") "+each, watchClass, take); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	defer l.touch()
+	for _, ref := range taken {
+		l.held[ref] = true // unwatched meanwhile: dropped at the next turn
+		for w := range l.watches[ref] {
+			signal(w.c)
+		}
+	}
+	return nil
 }
 
 // talk runs one statement of the listener, within talkTimeout.

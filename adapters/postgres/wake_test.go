@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/tests/testdb"
@@ -59,14 +61,16 @@ func drain(c <-chan struct{}) {
 }
 
 // watchListening watches two resources through db until the test ends,
-// once its listener listens, with no wake-up pending.
+// once both watches are in force, with no wake-up pending.
 func watchListening(t *testing.T, db *postgres.DB, r1, r2 domain.ResourceRef) (c1, c2 <-chan struct{}) {
 	t.Helper()
 	c1, stop1 := db.Wakeups().Watch(r1)
 	t.Cleanup(stop1)
 	c2, stop2 := db.Wakeups().Watch(r2)
 	t.Cleanup(stop2)
-	listening(t, db)
+	postgres.AwaitListener(t, db, "the watches to come into force", func() bool {
+		return postgres.Watching(db, r1) && postgres.Watching(db, r2)
+	})
 	drain(c1)
 	drain(c2)
 	return c1, c2
@@ -175,12 +179,94 @@ func TestWakeups_ListenerReconnects(t *testing.T) {
 		return p != 0 && p != pid
 	})
 	woken(t, c, "the reconnect, after which notifications may have been lost")
+	// The watch lock went with the old session: the new one takes it
+	// again, and the watch is in force once it has.
+	postgres.AwaitListener(t, b, "the watch to be in force again", func() bool { return postgres.Watching(b, plan1) })
+	drain(c)
 
 	acquire(t, a, plan1, "A")
 	ok, err := postgres.NewLockRepository(a).DeleteOwned(ctx, plan1, "A")
 	require.NoError(t, err)
 	require.True(t, ok)
 	woken(t, c, "a release after the reconnect")
+}
+
+// A release of a lock that nobody watches notifies nobody, alone or in a
+// batch: a notification wakes every listener of the database, in every
+// process, for nothing.
+func TestWakeups_AReleaseNobodyWatchesSendsNothing(t *testing.T) {
+	ctx := context.Background()
+	dsn, a, b := openPair(t)
+	_, c2 := watchListening(t, b, plan1, plan2)
+	heard := listen(t, dsn, postgres.Channel(a))
+	unwatched := domain.ResourceRef{Type: domain.ResourcePlan, ID: "unwatched"}
+
+	repo := postgres.NewLockRepository(a)
+	for _, store := range []*entstore.PostgresStore{repo, repo.InBatches()} {
+		acquire(t, a, unwatched, "A")
+		ok, err := store.DeleteOwned(ctx, unwatched, "A")
+		require.NoError(t, err)
+		require.True(t, ok)
+		l := acquire(t, a, unwatched, "A")
+		ok, err = store.DeleteToken(ctx, unwatched, l.Token, time.Now())
+		require.NoError(t, err)
+		require.True(t, ok)
+		// Notifications arrive in commit order: once the watched
+		// resource's is heard, the others would have been, had they been
+		// sent.
+		acquire(t, a, plan2, "A")
+		ok, err = store.DeleteOwned(ctx, plan2, "A")
+		require.NoError(t, err)
+		require.True(t, ok)
+		woken(t, c2, "a release of a watched lock")
+		require.Equal(t, "rplan:plan-2", <-heard, "the first release notification after the unwatched ones")
+	}
+}
+
+// listen returns the payloads of the release notifications on channel,
+// heard on a connection of its own, in order.
+func listen(t *testing.T, dsn, channel string) <-chan string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	require.NoError(t, err)
+	heard := make(chan string, 100)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			n, err := conn.WaitForNotification(ctx)
+			if err != nil {
+				return
+			}
+			if p := n.Payload; p != "" && (p[0] == 'r' || p[0] == '*') {
+				heard <- p
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		conn.Close(context.Background())
+	})
+	return heard
+}
+
+// A watch comes into force once the listener holds its watch lock: a
+// release before that did not notify, so the watcher is woken then, to
+// look at the store.
+func TestWakeups_AWatchInForceWakesItsWatcher(t *testing.T) {
+	_, _, b := openPair(t)
+	b.Wakeups().Contended(plan1) // starts the listener
+	listening(t, b)
+	c, stop := b.Wakeups().Watch(plan1)
+	defer stop()
+	postgres.AwaitListener(t, b, "the watch to come into force", func() bool { return postgres.Watching(b, plan1) })
+	woken(t, c, "the watch's coming into force")
+	stop()
+	postgres.AwaitListener(t, b, "the watch lock to be dropped", func() bool { return !postgres.Watching(b, plan1) })
 }
 
 func TestWakeups_Contended(t *testing.T) {
