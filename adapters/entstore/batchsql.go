@@ -29,12 +29,12 @@ import "strings"
 //
 // Every row is found through the resource's unique index, one lookup per
 // member (rows, a LATERAL subquery with LIMIT 1, which the planner cannot
-// turn into a join), locked through the primary key the same way
-// (lockRows), and changed through the physical address of the version
-// locked (ctid = ANY). A plan that scanned the table and hashed it, which
-// the planner picks when it cannot see how few members a batch has and
-// the table was never analyzed, would cost the server a read of every
-// row, dead or alive, per batch.
+// turn into a join), and locked through the primary key the same way
+// (lockRows). A plan that scanned the table and hashed it, which the
+// planner picks when it cannot see how few members a batch has and the
+// table was never analyzed, would cost the server a read of every row,
+// dead or alive, per batch. The changes find their rows by id (id = ANY),
+// where the planner may still choose a scan.
 
 // batchRows finds the row of each member of req in the statement's
 // snapshot: (id, owner, expires, n). The statements decide on these
@@ -45,14 +45,16 @@ const batchRows = `rows AS MATERIALIZED (SELECT x.{id}, x.{owner}, x.{expires}, 
 
 // lockRows locks the rows of the CTE from (id, n) in mode (FOR UPDATE,
 // FOR NO KEY UPDATE) SKIP LOCKED, one lookup of the primary key per row,
-// and names the CTE as: (id, tid, n), where tid is the physical address
-// of the row version locked, which no one can change while the statement
-// holds its lock. The statement's change then reaches each row through
-// it (a TID scan, which no other plan undercuts) and still names the
-// row's id and every condition of its decision.
+// and names the CTE as: (id, n). The statement's change then finds each
+// row by its id, as the statement's snapshot saw it, and PostgreSQL
+// follows a row changed since to its newest version, on which the change
+// decides again (READ COMMITTED). It must not reach the row through the
+// version that the lock returns (its ctid): that version may be newer
+// than the snapshot, which then cannot see it, and the change would pass
+// over a row that is there.
 func lockRows(as, from, mode string) string {
-	return as + ` AS MATERIALIZED (SELECT x.{id}, x.tid, ` + from + `.n FROM ` + from + `,
-  LATERAL (SELECT l.{id}, l.ctid AS tid FROM {locks} l WHERE l.{id} = ` + from + `.{id} ` + mode + ` SKIP LOCKED) x)`
+	return as + ` AS MATERIALIZED (SELECT x.{id}, ` + from + `.n FROM ` + from + `,
+  LATERAL (SELECT l.{id} FROM {locks} l WHERE l.{id} = ` + from + `.{id} ` + mode + ` SKIP LOCKED) x)`
 }
 
 // noRow is the condition that the member r's resource has no row in the
@@ -84,7 +86,7 @@ var acquireBatchSQL, takeBatchSQL = acquireBatch(true), acquireBatch(false)
 func acquireBatch(reenter bool) [2]string {
 	re := `re AS (
   UPDATE {locks} l SET {expires} = req.exp FROM req, cur
-  WHERE l.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n AND l.{owner} = req.own
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n AND l.{owner} = req.own
     AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
   RETURNING req.n, l.{id}, l.{acquired}, l.{expires}),`
 	changes := "l.{expires} <= req.acq OR l.{owner} = req.own" // the rows old or re may change
@@ -102,7 +104,7 @@ cand AS MATERIALIZED (SELECT l.{id}, n FROM rows l JOIN req USING (n)
 ok AS MATERIALIZED (SELECT n FROM held WHERE n IN (SELECT n FROM cur) OR n NOT IN (SELECT n FROM cand)),
 old AS (
   DELETE FROM {locks} l USING req, cur
-  WHERE l.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
     AND l.{expires} <= req.acq AND {expiredOnServer}
   RETURNING req.n, l.{id}, l.{owner}, l.{acquired}, l.{expires}),
 ` + re + `
@@ -138,7 +140,7 @@ mine AS MATERIALIZED (SELECT l.{id}, n FROM rows l JOIN req USING (n)
 ` + lockRows("cur", "mine", "FOR NO KEY UPDATE") + `,
 up AS (
   UPDATE {locks} l SET {expires} = req.exp FROM req, cur
-  WHERE l.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
     AND l.{type} = req.typ AND l.{rid} = req.rid AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)
     AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
   RETURNING req.n, l.{id}, l.{acquired}, l.{expires})
@@ -162,7 +164,7 @@ mine AS MATERIALIZED (SELECT l.{id}, n FROM rows l JOIN req USING (n)
 ` + lockRows("cur", "mine", "FOR UPDATE") + `,
 d AS (
   DELETE FROM {locks} l USING req, cur
-  WHERE l.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
+  WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
     AND l.{type} = req.typ AND l.{rid} = req.rid
     AND CASE WHEN req.tok = 0 THEN l.{owner} = req.own ELSE l.{id} = req.tok AND l.{expires} > req.at END
   RETURNING req.n, l.{type}, l.{rid}),
