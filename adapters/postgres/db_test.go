@@ -133,3 +133,19 @@ func TestFormatError_ServerAdvice(t *testing.T) {
 		assert.Equal(t, err.Error(), sqlite.FormatError("clean up", err).Error(), "a SQLite file keeps the domain's advice")
 	}
 }
+
+// The store's connections plan for its table as it is (small, churned):
+// generic plans, and never a scan where an index serves, unless the URL
+// says otherwise.
+func TestOpen_PlannerSettings(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	db := MustOpenDB(t)
+	assert.Equal(t, "force_generic_plan", postgres.Setting(t, db, "plan_cache_mode"))
+	assert.Equal(t, "off", postgres.Setting(t, db, "enable_seqscan"))
+
+	own, err := postgres.Open(context.Background(), dsn+"&enable_seqscan=on&plan_cache_mode=auto", postgres.Options{})
+	require.NoError(t, err)
+	defer own.Close()
+	assert.Equal(t, "auto", postgres.Setting(t, own, "plan_cache_mode"))
+	assert.Equal(t, "on", postgres.Setting(t, own, "enable_seqscan"))
+}

@@ -36,6 +36,17 @@ func SessionIsolation(t *testing.T, db *DB) string {
 	return level
 }
 
+// Setting returns the value of the setting name on a connection of db's
+// pool.
+func Setting(t *testing.T, db *DB, name string) string {
+	t.Helper()
+	var v string
+	if err := db.sql.QueryRow("SELECT current_setting($1)", name).Scan(&v); err != nil {
+		t.Fatalf("reading %s: %v", name, err)
+	}
+	return v
+}
+
 // ResourceKey is the key of a resource's advisory lock, for tests that hold
 // it to make a write wait.
 var ResourceKey = resourceKey
