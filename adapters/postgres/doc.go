@@ -14,6 +14,9 @@
 //   - releases commit without waiting for the WAL flush, which acquires,
 //     takeovers and renewals wait for (commit.go: why a lost release can
 //     only keep a resource taken longer, never give it to two holders);
+//   - waiters of other processes hear of releases through LISTEN/NOTIFY,
+//     and a release notifies only if a process watches its resource
+//     (wake.go);
 //   - serialization failures and deadlocks are retried a bounded number of
 //     times;
 //   - driver errors are translated to the domain's in FormatError.
