@@ -109,3 +109,9 @@ func AwaitListener(t *testing.T, db *DB, what string, cond func() bool) {
 		}
 	}
 }
+
+// MaxWatched bounds the resources a process watches at once.
+const MaxWatched = maxWatched
+
+// WatchClass is the first key of the watch locks.
+const WatchClass = watchClass

@@ -114,6 +114,14 @@ const (
 	listenerAppName = "cleveragents-locks listener"
 	// maxChannel is PostgreSQL's longest identifier, in bytes.
 	maxChannel = 63
+	// maxWatched bounds the resources one process watches at once, each
+	// with a watch lock of its listener: PostgreSQL's lock table is shared
+	// by the whole server and sized for max_locks_per_transaction (64 by
+	// default) per connection, and a listener holds its locks for as long
+	// as their waiters wait. Past the bound, Watch says it cannot watch,
+	// and the waiter polls the store (application.Wakeups), as a waiter
+	// without wake-ups does.
+	maxWatched = 64
 	// watchClass is the first key of the advisory locks that say who
 	// watches a resource (pg_advisory_lock_shared(watchClass, watchKey)):
 	// "LKWT". A program that takes advisory locks of two int4 keys on the
@@ -247,7 +255,8 @@ func newListener(cfg *pgx.ConnConfig, channel string) *listener {
 }
 
 // Watch implements application.Wakeups. It never waits for the server:
-// the announcement is sent by the listener's loop.
+// the watch lock and the announcement are sent by the listener's loop.
+// Past maxWatched resources, it returns a nil channel: the waiter polls.
 func (l *listener) Watch(ref domain.ResourceRef) (<-chan struct{}, func()) {
 	w := &watch{c: make(chan struct{}, 1)}
 	l.mu.Lock()
@@ -257,6 +266,9 @@ func (l *listener) Watch(ref domain.ResourceRef) (<-chan struct{}, func()) {
 	}
 	l.start()
 	subs := l.watches[ref]
+	if subs == nil && len(l.watches) >= maxWatched {
+		return nil, func() {}
+	}
 	if subs == nil {
 		subs = make(map[*watch]struct{})
 		l.watches[ref] = subs

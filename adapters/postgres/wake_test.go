@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"testing"
 	"time"
 
@@ -267,6 +268,60 @@ func TestWakeups_AWatchInForceWakesItsWatcher(t *testing.T) {
 	woken(t, c, "the watch's coming into force")
 	stop()
 	postgres.AwaitListener(t, b, "the watch lock to be dropped", func() bool { return !postgres.Watching(b, plan1) })
+}
+
+// A process watches at most MaxWatched resources at once, each with a
+// lock in the server's lock table, which the whole server shares: past
+// the bound, Watch says it cannot watch (a nil channel: the waiter
+// polls), and a watch that ends makes room. A closed store holds none.
+func TestWakeups_WatchesAreBounded(t *testing.T) {
+	ctx := context.Background()
+	dsn, _, b := openPair(t)
+	w := b.Wakeups()
+	ref := func(i int) domain.ResourceRef {
+		return domain.ResourceRef{Type: domain.ResourcePlan, ID: fmt.Sprint("w-", i)}
+	}
+	stops := make([]func(), postgres.MaxWatched)
+	for i := range stops {
+		c, stop := w.Watch(ref(i))
+		require.NotNil(t, c, "watch %d of %d", i+1, postgres.MaxWatched)
+		stops[i] = stop
+	}
+	c, stop := w.Watch(ref(-1))
+	require.Nil(t, c, "a watch past the bound")
+	stop()
+	c, stop = w.Watch(ref(0))
+	require.NotNil(t, c, "a second watch of a watched resource")
+	stop()
+
+	raw, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	defer raw.Close()
+	held := func() int {
+		var n int
+		require.NoError(t, raw.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND classid = $1 AND pid = $2 AND granted`,
+			postgres.WatchClass, postgres.ListenerPID(b)).Scan(&n))
+		return n
+	}
+	postgres.AwaitListener(t, b, "the watch locks", func() bool { return postgres.Watching(b, ref(postgres.MaxWatched-1)) })
+	require.Equal(t, postgres.MaxWatched, held(), "watch locks held by the listener")
+
+	stops[0]()
+	c, stop = w.Watch(ref(-1))
+	require.NotNil(t, c, "a watch once another ended")
+	defer stop()
+	postgres.AwaitListener(t, b, "the new watch lock", func() bool { return postgres.Watching(b, ref(-1)) })
+	require.Equal(t, postgres.MaxWatched, held(), "watch locks held by the listener")
+
+	pid := postgres.ListenerPID(b)
+	require.NoError(t, b.Close())
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, raw.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND classid = $1 AND pid = $2`, postgres.WatchClass, pid).Scan(&n))
+		return n == 0
+	}, 10*time.Second, time.Millisecond, "watch locks left after Close")
 }
 
 func TestWakeups_Contended(t *testing.T) {
