@@ -596,13 +596,23 @@ func (l *listener) receive(payload string) {
 // said it watched something.
 func (l *listener) hangUp(conn *pgx.Conn) {
 	l.mu.Lock()
-	bye := l.closed && l.said && !conn.IsClosed()
+	bye := l.closed && l.said
 	l.pid, l.interrupt = 0, nil
 	l.touch()
 	l.mu.Unlock()
 	if bye {
 		ctx, cancel := context.WithTimeout(context.Background(), byeTimeout)
-		_, _ = conn.Exec(ctx, "SELECT pg_notify($1, $2)", l.channel, "x"+l.instance)
+		say := conn
+		if conn.IsClosed() {
+			// Close cut a statement of the loop short, which closes
+			// the connection: say goodbye on one of its own, within
+			// the same bound.
+			if c, err := pgx.ConnectConfig(ctx, l.cfg); err == nil {
+				say = c
+				defer l.closeConn(c)
+			}
+		}
+		_, _ = say.Exec(ctx, "SELECT pg_notify($1, $2)", l.channel, "x"+l.instance)
 		cancel()
 	}
 	l.closeConn(conn)
