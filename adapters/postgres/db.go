@@ -6,10 +6,12 @@ import (
 	"errors"
 	"hash/fnv"
 	"strings"
+	"sync"
 	"time"
 
 	"entgo.io/ent/dialect"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/cleveragents/locks/adapters/entstore"
@@ -24,6 +26,7 @@ const writeAttempts = 4
 // DB is an open lock store on PostgreSQL. It is safe for concurrent use.
 type DB struct {
 	sql   *sql.DB
+	conns *pool // the pool's connections, to cut when the server is silent
 	store *entstore.PostgresStore
 	// wake carries wake-ups to and from the other processes on the store;
 	// nil when opened for inspection.
@@ -85,7 +88,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	if _, set := cfg.RuntimeParams["enable_seqscan"]; !set {
 		cfg.RuntimeParams["enable_seqscan"] = "off"
 	}
-	sdb := stdlib.OpenDB(*cfg)
+	conns := newPool()
+	sdb := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(func(_ context.Context, c *pgx.Conn) error {
+		conns.add(c.PgConn())
+		return nil
+	}))
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 10
 	}
@@ -96,7 +103,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		sdb.Close()
 		return nil, FormatError(op, err)
 	}
-	db := &DB{sql: sdb}
+	db := &DB{sql: sdb, conns: conns}
 	if err := db.migrate(ctx); err != nil {
 		sdb.Close()
 		return nil, err
@@ -171,8 +178,60 @@ func NewLockRepository(db *DB) *entstore.PostgresStore { return db.store }
 // Close closes the pool. Call it after the last use of the store.
 func (db *DB) Close() error {
 	db.wake.close()
-	err := errors.Join(db.store.Close(), db.sql.Close())
+	closed := make(chan error, 1)
+	go func() { closed <- errors.Join(db.store.Close(), db.sql.Close()) }()
+	var err error
+	t := time.NewTimer(closeGrace) // real time: it paces I/O, and the adapter has no clock of its own
+	defer t.Stop()
+	select {
+	case err = <-closed:
+	case <-t.C:
+		// The server does not answer: each connection's graceful close
+		// (pgx deallocates its prepared statements, with 5 s for each
+		// to answer) would wait for it in turn. Cut them: every wait
+		// then fails at once.
+		db.conns.cut()
+		err = <-closed
+	}
 	return FormatError("close lock store", err)
+}
+
+// closeGrace is how long Close lets the pool's connections close
+// gracefully before it cuts them.
+const closeGrace = 2 * time.Second
+
+// pool keeps the pool's connections, so that Close can cut those whose
+// server does not answer.
+type pool struct {
+	mu   sync.Mutex
+	open map[*pgconn.PgConn]struct{}
+}
+
+func newPool() *pool { return &pool{open: make(map[*pgconn.PgConn]struct{})} }
+
+// add keeps c, and forgets the connections that have closed since.
+func (p *pool) add(c *pgconn.PgConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for o := range p.open {
+		if o.IsClosed() {
+			delete(p.open, o)
+		}
+	}
+	p.open[c] = struct{}{}
+}
+
+// cut closes the network connection under every connection still open:
+// whatever waits on one fails at once, and pgx then closes it.
+func (p *pool) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.open {
+		if !c.IsClosed() {
+			_ = c.Conn().Close()
+		}
+	}
+	clear(p.open)
 }
 
 // lockResource takes the advisory lock of ref for the rest of tx.

@@ -48,7 +48,14 @@ func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	// A run-time parameter of the startup message: the server applies it
 	// after the DSN's "options", so neither can turn it off.
 	cfg.RuntimeParams["default_transaction_read_only"] = "on"
-	sdb := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(assertReadOnly))
+	conns := newPool()
+	sdb := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(func(ctx context.Context, c *pgx.Conn) error {
+		if err := assertReadOnly(ctx, c); err != nil {
+			return err
+		}
+		conns.add(c.PgConn())
+		return nil
+	}))
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = inspectConns
 	}
@@ -58,7 +65,7 @@ func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		sdb.Close()
 		return nil, FormatError(op, err)
 	}
-	db := &DB{sql: sdb}
+	db := &DB{sql: sdb, conns: conns}
 	db.store = entstore.NewPostgres(entstore.NewReadOnly(sdb, entstore.Backend{Dialect: dialect.Postgres, FormatError: FormatError}), resourceKey, entstore.PostgresBatching{})
 	return db, nil
 }

@@ -1,0 +1,106 @@
+//go:build linux
+
+package pgfault
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/tests/pgserver"
+)
+
+// A store whose server has stopped answering (SIGSTOPped: its sockets
+// stay open, nothing replies) closes within a bound that does not grow
+// with its pool: each connection's graceful close waits for the server
+// (pgx deallocates every prepared statement, with 5 s to answer), so a
+// pool of 8 once took 43 s.
+func TestFault_CloseOnASilentServer(t *testing.T) {
+	s := pgserver.Start(t)
+	dsn := s.CreateDatabase("locks")
+	ctx := context.Background()
+	db, err := postgres.Open(ctx, dsn, postgres.Options{MaxConns: 8})
+	require.NoError(t, err)
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
+	require.NoError(t, err)
+	svc.SetWakeups(db.Wakeups())
+	var wg sync.WaitGroup
+	for g := range 16 { // enough at once to open every connection of the pool
+		wg.Go(func() {
+			for i := range 30 {
+				owner, ref := fmt.Sprint("o", g), plan(fmt.Sprint(g, "-", i%3))
+				if _, err := svc.Acquire(ctx, owner, ref, time.Minute); err == nil {
+					_, _ = svc.Get(ctx, ref)
+					_, _ = svc.Release(ctx, owner, ref)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	_, stop := db.Wakeups().Watch(plan("watched")) // the listener is up, and has said something
+	defer stop()
+
+	server := processes(t, s)
+	signal(server, syscall.SIGSTOP)
+	defer signal(server, syscall.SIGCONT)
+	began := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- db.Close() }()
+	select {
+	case <-closed:
+		took := time.Since(began)
+		t.Logf("Close took %s", took)
+		require.Less(t, took, 12*time.Second, "Close against a silent server")
+	case <-time.After(call):
+		signal(server, syscall.SIGCONT)
+		<-closed
+		t.Fatalf("Close against a silent server took more than %s", call)
+	}
+}
+
+// processes returns the pids of s's postmaster and of its children (from
+// /proc: each process's parent is the fourth field of its stat).
+func processes(t *testing.T, s *pgserver.Server) []int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(s.LogFile()), "data", "postmaster.pid"))
+	require.NoError(t, err)
+	pm, err := strconv.Atoi(strings.SplitN(string(b), "\n", 2)[0])
+	require.NoError(t, err)
+	pids := []int{pm}
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	require.NoError(t, err)
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the process has gone
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so cut after
+		// its closing parenthesis.
+		i := strings.LastIndexByte(string(b), ')')
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pm) {
+			p, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			pids = append(pids, p)
+		}
+	}
+	require.Greater(t, len(pids), 1, "no children of the postmaster %d", pm)
+	return pids
+}
+
+func signal(pids []int, sig syscall.Signal) {
+	for _, p := range pids {
+		_ = syscall.Kill(p, sig)
+	}
+}
