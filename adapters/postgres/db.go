@@ -209,27 +209,31 @@ type pool struct {
 
 func newPool() *pool { return &pool{open: make(map[*pgconn.PgConn]struct{})} }
 
-// add keeps c, and forgets the connections that have closed since.
+// add keeps c, and forgets the connections that have closed since. It
+// asks a connection only through its CleanupDone channel: the rest of a
+// PgConn belongs to the goroutine that uses it.
 func (p *pool) add(c *pgconn.PgConn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for o := range p.open {
-		if o.IsClosed() {
+		select {
+		case <-o.CleanupDone():
 			delete(p.open, o)
+		default:
 		}
 	}
 	p.open[c] = struct{}{}
 }
 
-// cut closes the network connection under every connection still open:
-// whatever waits on one fails at once, and pgx then closes it.
+// cut closes the network connection under every connection kept (a
+// net.Conn may be closed from any goroutine, and closing a closed one
+// does nothing): whatever waits on one fails at once, and pgx then
+// closes it.
 func (p *pool) cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for c := range p.open {
-		if !c.IsClosed() {
-			_ = c.Conn().Close()
-		}
+		_ = c.Conn().Close()
 	}
 	clear(p.open)
 }
