@@ -34,7 +34,8 @@ import "strings"
 // planner picks when it cannot see how few members a batch has and the
 // table was never analyzed, would cost the server a read of every row,
 // dead or alive, per batch. The changes find their rows by id (id = ANY),
-// where the planner may still choose a scan.
+// where only the PostgreSQL adapter's connections (enable_seqscan off)
+// keep the planner from a scan.
 
 // batchRows finds the row of each member of req in the statement's
 // snapshot: (id, owner, expires, n). The statements decide on these
