@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"hash/fnv"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -89,10 +90,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		cfg.RuntimeParams["enable_seqscan"] = "off"
 	}
 	conns := newPool()
-	sdb := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(func(_ context.Context, c *pgx.Conn) error {
-		conns.add(c.PgConn())
-		return nil
-	}))
+	cfg.DialFunc = conns.dial(cfg.DialFunc)
+	sdb := stdlib.OpenDB(*cfg)
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 10
 	}
@@ -190,7 +189,7 @@ func (db *DB) Close() error {
 		// (pgx deallocates its prepared statements, with 5 s for each
 		// to answer) would wait for it in turn. Cut them: every wait
 		// then fails at once.
-		db.conns.cut()
+		db.conns.cutAll()
 		err = <-closed
 	}
 	return FormatError("close lock store", err)
@@ -200,42 +199,68 @@ func (db *DB) Close() error {
 // gracefully before it cuts them.
 const closeGrace = 2 * time.Second
 
-// pool keeps the pool's connections, so that Close can cut those whose
-// server does not answer.
+// pool keeps the network connections of a DB (its pool's, its
+// listener's, and pgx's cancel requests), from their dial on, so that
+// Close can cut them when their server does not answer: a connection
+// still in its startup handshake is cut too, and once cut, the pool
+// dials no more.
 type pool struct {
 	mu   sync.Mutex
-	open map[*pgconn.PgConn]struct{}
+	open map[*poolConn]struct{}
+	cut  bool
 }
 
-func newPool() *pool { return &pool{open: make(map[*pgconn.PgConn]struct{})} }
+func newPool() *pool { return &pool{open: make(map[*poolConn]struct{})} }
 
-// add keeps c, and forgets the connections that have closed since. It
-// asks a connection only through its CleanupDone channel: the rest of a
-// PgConn belongs to the goroutine that uses it.
-func (p *pool) add(c *pgconn.PgConn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for o := range p.open {
-		select {
-		case <-o.CleanupDone():
-			delete(p.open, o)
-		default:
+// errCut is what a dial gets once Close has cut the connections.
+var errCut = errors.New("the lock store is closing, and its server did not answer")
+
+// dial returns d, keeping each connection it opens.
+func (p *pool) dial(d pgconn.DialFunc) pgconn.DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d(ctx, network, addr)
+		if err != nil {
+			return nil, err
 		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.cut {
+			c.Close()
+			return nil, errCut
+		}
+		pc := &poolConn{Conn: c, p: p}
+		p.open[pc] = struct{}{}
+		return pc, nil
 	}
-	p.open[c] = struct{}{}
 }
 
-// cut closes the network connection under every connection kept (a
-// net.Conn may be closed from any goroutine, and closing a closed one
-// does nothing): whatever waits on one fails at once, and pgx then
-// closes it.
-func (p *pool) cut() {
+// cutAll closes every connection kept (a net.Conn may be closed from any
+// goroutine): whatever waits on one fails at once, and pgx then closes
+// it; later dials fail.
+func (p *pool) cutAll() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	conns := make([]*poolConn, 0, len(p.open))
 	for c := range p.open {
-		_ = c.Conn().Close()
+		conns = append(conns, c)
 	}
-	clear(p.open)
+	p.cut = true
+	p.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+// poolConn is a connection of a pool, which forgets it when it closes.
+type poolConn struct {
+	net.Conn
+	p *pool
+}
+
+func (c *poolConn) Close() error {
+	c.p.mu.Lock()
+	delete(c.p.open, c)
+	c.p.mu.Unlock()
+	return c.Conn.Close()
 }
 
 // lockResource takes the advisory lock of ref for the rest of tx.

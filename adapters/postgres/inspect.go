@@ -49,13 +49,8 @@ func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	// after the DSN's "options", so neither can turn it off.
 	cfg.RuntimeParams["default_transaction_read_only"] = "on"
 	conns := newPool()
-	sdb := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(func(ctx context.Context, c *pgx.Conn) error {
-		if err := assertReadOnly(ctx, c); err != nil {
-			return err
-		}
-		conns.add(c.PgConn())
-		return nil
-	}))
+	cfg.DialFunc = conns.dial(cfg.DialFunc)
+	sdb := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(assertReadOnly))
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = inspectConns
 	}
