@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -67,6 +68,72 @@ func TestFault_CloseOnASilentServer(t *testing.T) {
 		signal(server, syscall.SIGCONT)
 		<-closed
 		t.Fatalf("Close against a silent server took more than %s", call)
+	}
+}
+
+// The same with calls in flight that have no deadline, on a pool of one:
+// the calls waiting for a connection get new ones dialed, which stall in
+// their startup handshake, and Close once waited on them for ever. Every
+// call returns (with an error) once Close has cut the connections.
+func TestFault_CloseOnASilentServerWithCallsInFlight(t *testing.T) {
+	s := pgserver.Start(t)
+	dsn := s.CreateDatabase("locks")
+	ctx := context.Background()
+	db, err := postgres.Open(ctx, dsn, postgres.Options{MaxConns: 1})
+	require.NoError(t, err)
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
+	require.NoError(t, err)
+	svc.SetWakeups(db.Wakeups())
+	var (
+		wg      sync.WaitGroup
+		stopped = make(chan struct{})
+		cycles  atomic.Int64
+	)
+	for g := range 16 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stopped:
+					return
+				default:
+				}
+				owner, ref := fmt.Sprint("o", g), plan(fmt.Sprint(g%5, "-", i%3))
+				if _, err := svc.Acquire(ctx, owner, ref, time.Minute); err == nil {
+					_, _ = svc.Get(ctx, ref)
+					_, _ = svc.Release(ctx, owner, ref)
+				}
+				cycles.Add(1)
+			}
+		})
+	}
+	require.Eventually(t, func() bool { return cycles.Load() > 500 }, call, time.Millisecond, "the calls never ran")
+	server := processes(t, s)
+	signal(server, syscall.SIGSTOP)
+	defer signal(server, syscall.SIGCONT)
+	close(stopped)
+	// Let the calls that were on their way, and those that dial for the
+	// one connection, get stuck on the server: nothing to wait for but
+	// the scheduler.
+	time.Sleep(200 * time.Millisecond)
+	began := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- db.Close() }()
+	select {
+	case <-closed:
+		took := time.Since(began)
+		t.Logf("Close took %s", took)
+		require.Less(t, took, 12*time.Second, "Close against a silent server, with calls in flight")
+	case <-time.After(call):
+		signal(server, syscall.SIGCONT)
+		<-closed
+		t.Fatalf("Close against a silent server, with calls in flight, took more than %s", call)
+	}
+	returned := make(chan struct{})
+	go func() { wg.Wait(); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(call):
+		t.Fatal("calls in flight still wait on the silent server after Close")
 	}
 }
 
