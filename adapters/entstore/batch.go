@@ -3,6 +3,7 @@ package entstore
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 
 	"github.com/cleveragents/locks/domain"
@@ -14,7 +15,9 @@ import (
 // flight joins a queue, and batches carry the queue, one at a time, each
 // in one statement over arrays (unnest): one round trip and one commit
 // for all of them, each member decided row by row by the same rule as its
-// own statement (batchsql.go).
+// own statement (batchsql.go). A batch leaves once the goroutines ready
+// to run have had their turn (gather), so that callers woken together
+// leave together.
 //
 // What a batch promises its members:
 //   - One member per resource. A second write on a resource waits in the
@@ -144,6 +147,9 @@ type batcher[Req, Res any] struct {
 
 	// always runs every write through many, alone or not: see InBatches.
 	always bool
+	// yield is how gather lets the goroutines ready to run go first:
+	// runtime.Gosched when nil.
+	yield func()
 
 	// life is the store's: it ends at Close, and with it every batch.
 	life context.Context
@@ -283,8 +289,35 @@ func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
 
 // startLocked sends the next batch from the queue, unless a batch holds
 // it up. b.mu is held.
+//
+// The batch is taken from the queue by its own goroutine, after it has
+// let the goroutines that are ready to run go first (gather): callers
+// woken together, by the answer of a batch of another kind, arrive one
+// after another, and the first of them must not leave with a batch of
+// its own while the others are about to queue behind it. Without this,
+// at 32 callers cycling acquire and release, the batches held half the
+// callers that each kind's queue could have (docs/performance.md).
 func (b *batcher[Req, Res]) startLocked() {
 	if b.flying || len(b.queue) == 0 || b.group.full() {
+		return
+	}
+	b.flying = true
+	go b.gather()
+}
+
+// gather yields once, so that the goroutines ready to run can queue, then
+// takes the next batch and sends it. Its callers may all have left
+// meanwhile: the queue is then free again.
+func (b *batcher[Req, Res]) gather() {
+	if b.yield != nil {
+		b.yield()
+	} else {
+		runtime.Gosched()
+	}
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.flying = false
+		b.mu.Unlock()
 		return
 	}
 	batch := b.takeLocked()
@@ -292,8 +325,8 @@ func (b *batcher[Req, Res]) startLocked() {
 	for _, op := range batch {
 		op.flight = f
 	}
-	b.flying = true
-	go b.run(f, batch)
+	b.mu.Unlock()
+	b.run(f, batch)
 }
 
 // takeLocked takes the next batch from the queue: the oldest members, one
