@@ -111,7 +111,8 @@ func (s *PostgresStore) pick(st [2]string) string {
 // acquireFreeSQL acquires a free resource, the common case, in one
 // statement that costs the server about what a plain insert does, and
 // does nothing on a resource that has a row: acquireSQL then decides.
-// Parameters as acquireSQL's; it returns the new lock's id, or no row.
+// Parameters as acquireSQL's; it returns the new lock's id and row
+// version (its xmin, for undo), or no row.
 //
 // It takes the resource's advisory lock first, for the reason acquireSQL
 // does. Its WHERE is the whole rule for this case: a resource with no row
@@ -135,7 +136,7 @@ SELECT $4::varchar, $2::varchar, $3::varchar, $5::varchar, $6::varchar
 WHERE EXISTS (SELECT FROM held)
   AND NOT EXISTS (SELECT FROM {locks} WHERE {type} = $2 AND {rid} = $3)
 ON CONFLICT ({type}, {rid}) DO NOTHING
-RETURNING {id}`)
+RETURNING {id}, xmin::text`)
 
 // acquireSQL is Acquire's rule (application.DecideAcquire) as one
 // statement. Parameters: $1 the advisory lock key, $2 and $3 the resource,
@@ -177,7 +178,8 @@ RETURNING {id}`)
 // their WHERE again on the row's latest version (a renewed lock is then
 // no longer expired, and is spared); ins's conflict check sees committed
 // rows whatever the snapshot. The first row says what happened: re-entered,
-// or inserted with the lock it replaced, if any.
+// or inserted with the lock it replaced, if any, and the inserted row's
+// version (its xmin, for undo).
 var acquireSQL = pgStatements(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
 old AS (
   DELETE FROM {locks}
@@ -196,10 +198,10 @@ ins AS (
   WHERE EXISTS (SELECT FROM held) AND NOT EXISTS (SELECT FROM re)
     AND NOT EXISTS (SELECT FROM {locks} WHERE {type} = $2 AND {rid} = $3 AND {id} NOT IN (SELECT {id} FROM old))
   ON CONFLICT ({type}, {rid}) DO NOTHING
-  RETURNING {id}, {acquired}, {expires})
-SELECT true, {id}, {acquired}, {expires}, NULL::bigint, NULL::varchar, NULL::varchar, NULL::varchar FROM re
+  RETURNING {id}, {acquired}, {expires}, xmin::text AS v)
+SELECT true, {id}, {acquired}, {expires}, NULL::bigint, NULL::varchar, NULL::varchar, NULL::varchar, NULL::text FROM re
 UNION ALL
-SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}
+SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}, ins.v
 FROM ins LEFT JOIN old ON true`)
 
 // takeSQL is Take's rule (application.DecideTake) as one statement:
@@ -219,8 +221,8 @@ ins AS (
   WHERE EXISTS (SELECT FROM held)
     AND NOT EXISTS (SELECT FROM {locks} WHERE {type} = $2 AND {rid} = $3 AND {id} NOT IN (SELECT {id} FROM old))
   ON CONFLICT ({type}, {rid}) DO NOTHING
-  RETURNING {id}, {acquired}, {expires})
-SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}
+  RETURNING {id}, {acquired}, {expires}, xmin::text AS v)
+SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}, ins.v
 FROM ins LEFT JOIN old ON true`)
 
 var _ application.Taker = (*PostgresStore)(nil)
@@ -280,20 +282,40 @@ func (s *PostgresStore) acquireBy(ctx context.Context, ref domain.ResourceRef, o
 			return a, err
 		}
 	}
-	m, err := statement.do(ctx, ref, writeReq{key: s.key(ref), ref: ref, owner: owner, now: acquired, expires: until})
-	if err != nil {
-		return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
+	req := writeReq{key: s.key(ref), ref: ref, owner: owner, now: acquired, expires: until}
+	m, err := statement.do(ctx, ref, req)
+	for again := 0; ; again++ {
+		if err != nil {
+			return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
+		}
+		if m.decided {
+			s.contended.note(ref, false)
+			s.occupied.note(ref, true)
+			return m.a, nil
+		}
+		if err := s.refusalOnServer(ctx, ref, owner, now, expires, decide); err != nil {
+			return application.Acquisition{}, err
+		}
+		if again == undecidedAgain {
+			return application.Acquisition{}, application.ErrUndecided
+		}
+		// Nothing refuses the caller now: the lock that the statement met
+		// was released since, or it expired while the statement waited.
+		// The statement decides again, on its own and at a new now, as
+		// Update would, rather than Update at once: a lone statement
+		// whose caller leaves is undone (runOne), an Update cut in its
+		// commit is not.
+		now, expires = at()
+		req.now, req.expires = formatTime(now), formatTime(expires)
+		m, err = statement.runAlone(ctx, req)
 	}
-	if m.decided {
-		s.contended.note(ref, false)
-		s.occupied.note(ref, true)
-		return m.a, nil
-	}
-	if err := s.refusalOnServer(ctx, ref, owner, now, expires, decide); err != nil {
-		return application.Acquisition{}, err
-	}
-	return application.Acquisition{}, application.ErrUndecided
 }
+
+// undecidedAgain is how often an acquire that its statement left
+// undecided, with nothing refusing it, runs the statement again before
+// Update decides: a lock released between the statement and the read
+// leaves it so, and its next run decides.
+const undecidedAgain = 2
 
 // refusalOnServer explains a statement that left the resource alone: the
 // lock that refuses the caller, if one does. A lock that has expired at
@@ -348,11 +370,19 @@ func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef,
 var undoVersionSQL = pgStatement(`DELETE FROM {locks} WHERE {id} = $1::bigint AND xmin = $2::xid`)
 
 // Close ends the batches still on their way, whose waiting callers get an
-// error that matches domain.ErrClosed, then closes the Store.
+// error that matches domain.ErrClosed, waits, leftCloseGrace at most, for
+// the lone acquires whose callers left to have their answers and be
+// undone (so that a program that gives up on an acquire and exits leaves
+// no lock behind), then closes the Store.
 func (s *PostgresStore) Close() error {
 	s.stop()
+	s.batch.group.waitLeft(leftCloseGrace)
 	return s.Store.Close()
 }
+
+// leftCloseGrace bounds how long Close waits for the lone acquires whose
+// callers left: past it, such a lock lasts until its TTL.
+const leftCloseGrace = 2 * time.Second
 
 // DeleteOwned implements application.LockRepository: the Store's
 // statement, in a batch when others are in flight, and a lock it removed
@@ -401,18 +431,20 @@ func (s *PostgresStore) refusal(ctx context.Context, ref domain.ResourceRef, own
 }
 
 // scanAcquisition reads acquireSQL's row.
-func scanAcquisition(rows *sql.Rows, ref domain.ResourceRef, owner string) (application.Acquisition, error) {
+func scanAcquisition(rows *sql.Rows, ref domain.ResourceRef, owner string) (application.Acquisition, string, error) {
 	var (
 		reentered bool
 		token     int64
 		times     [2]string         // acquired, expires
 		prevID    sql.NullInt64     // the lock replaced, if any:
 		prev      [3]sql.NullString // its owner, acquired, expires
+		version   sql.NullString    // of the row inserted
 	)
-	if err := rows.Scan(&reentered, &token, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2]); err != nil {
-		return application.Acquisition{}, err
+	if err := rows.Scan(&reentered, &token, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2], &version); err != nil {
+		return application.Acquisition{}, "", err
 	}
-	return acquisitionOf(ref, owner, reentered, token, times[0], times[1], prevID, prev)
+	a, err := acquisitionOf(ref, owner, reentered, token, times[0], times[1], prevID, prev)
+	return a, version.String, err
 }
 
 // acquisitionOf builds the acquisition that acquireSQL's row describes.

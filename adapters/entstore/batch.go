@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/cleveragents/locks/domain"
 )
@@ -69,6 +70,28 @@ type batchGroup struct {
 	mu       sync.Mutex
 	detached int
 	kicks    []func()
+	// left counts the lone acquires whose callers left and that still
+	// wait for their answers, to undo them (runOne).
+	left sync.WaitGroup
+}
+
+// waitLeft waits, for d at most, until the lone acquires whose callers
+// left have had their answers, and their acquisitions are undone; it
+// reports whether they all had.
+func (g *batchGroup) waitLeft(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		g.left.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d) // real time: it paces I/O, as leftTimeout does
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // full says whether the group has as many detached batches as it may.
@@ -193,7 +216,59 @@ func (b *batcher[Req, Res]) runAlone(ctx context.Context, req Req) (Res, error) 
 	b.mu.Lock()
 	b.countLocked(1)
 	b.mu.Unlock()
-	return b.one(ctx, req)
+	return b.runOne(ctx, req)
+}
+
+// leftTimeout bounds how long a lone acquire whose caller left goes on to
+// learn its outcome (runOne). Past it the statement is cut, as its
+// caller's context would have cut it, and a lock it committed all the
+// same lasts until its TTL.
+const leftTimeout = 10 * time.Second
+
+// runOne runs req as its own statement. A write that can be undone (an
+// acquire) does not end with its caller's context, which could cut the
+// statement after the server committed it, unseen: when the caller
+// leaves, it returns at once with the context's error, and the statement
+// goes on, until its answer or leftTimeout, so that an acquisition it
+// made is undone (released by its token and row version), as a batch's
+// is. Closing the store waits a moment for such statements (Close). Renewals and releases end with their callers' contexts: what they
+// commit stands, as in a batch.
+func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
+	if b.undo == nil {
+		return b.one(ctx, req)
+	}
+	var zero Res
+	if err := ctx.Err(); err != nil {
+		return zero, err
+	}
+	run, cut := context.WithCancel(context.WithoutCancel(ctx))
+	type answer struct {
+		res Res
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		res, err := b.one(run, req)
+		answered <- answer{res, err}
+	}()
+	select {
+	case a := <-answered:
+		cut()
+		return a.res, a.err
+	case <-ctx.Done():
+	}
+	late := time.AfterFunc(leftTimeout, cut)
+	b.group.left.Add(1)
+	go func() {
+		defer b.group.left.Done()
+		a := <-answered
+		late.Stop()
+		cut()
+		if a.err == nil {
+			b.undo(req, a.res)
+		}
+	}()
+	return zero, ctx.Err()
 }
 
 // do runs the write req on ref: at once and alone when nothing of its
@@ -216,7 +291,7 @@ func (b *batcher[Req, Res]) do(ctx context.Context, ref domain.ResourceRef, req 
 		b.countLocked(1)
 		b.mu.Unlock()
 		defer b.landed()
-		return b.one(ctx, req)
+		return b.runOne(ctx, req)
 	}
 	op := &batchOp[Req, Res]{ref: ref, req: req, done: make(chan struct{})}
 	b.queue = append(b.queue, op)

@@ -3,6 +3,7 @@ package entstore
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -77,6 +78,7 @@ type batchers struct {
 	acquire, take *batcher[writeReq, made]
 	renew         *batcher[writeReq, extension]
 	release       *batcher[releaseReq, bool]
+	group         *batchGroup
 }
 
 // InBatches returns a view of s, on the same database, that runs every
@@ -120,6 +122,7 @@ func (s *PostgresStore) newBatchers(p PostgresBatching, always bool) batchers {
 	b.free.life, b.acquire.life, b.take.life, b.renew.life, b.release.life = s.life, s.life, s.life, s.life, s.life
 	g := &batchGroup{kicks: []func(){b.free.kick, b.acquire.kick, b.take.kick, b.renew.kick, b.release.kick}}
 	b.free.group, b.acquire.group, b.take.group, b.renew.group, b.release.group = g, g, g, g, g
+	b.group = g
 	return b
 }
 
@@ -143,6 +146,10 @@ func (s *PostgresStore) WriteStats() WriteStats {
 	}
 	return w
 }
+
+// badConnAgain bounds how often a batch that met a bad connection runs
+// again.
+const badConnAgain = 3
 
 // undoTimeout bounds the release of a lock acquired for a caller that
 // left: past it, the lock expires on its own.
@@ -178,6 +185,12 @@ func (s *PostgresStore) undo(ref domain.ResourceRef, token int64, version string
 func scanBatch[Req, Res any](ctx context.Context, s *PostgresStore, ops []*batchOp[Req, Res], query string, args []any,
 	scan func(rows *sql.Rows) (n int64, res Res, alone bool, err error)) error {
 	rows, err := s.write.QueryContext(ctx, query, args...)
+	// A connection the driver knew to be bad was not sent the statement:
+	// the batch runs again, on another (see the PostgreSQL adapter's
+	// retryable).
+	for again := 0; errors.Is(err, driver.ErrBadConn) && again < badConnAgain; again++ {
+		rows, err = s.write.QueryContext(ctx, query, args...)
+	}
 	if err != nil {
 		return err
 	}
@@ -233,12 +246,15 @@ func writeArgs[Res any](ops []*batchOp[writeReq, Res], withToken bool) []any {
 // acquireFreeOne runs acquireFreeSQL for one caller.
 func (s *PostgresStore) acquireFreeOne(ctx context.Context, r writeReq) (inserted, error) {
 	return writeStatement(ctx, s.Store, func(ctx context.Context) (inserted, error) {
-		var token int64
-		err := s.write.QueryRowContext(ctx, acquireFreeSQL, r.key, string(r.ref.Type), r.ref.ID, r.owner, r.now, r.expires).Scan(&token)
+		var (
+			token   int64
+			version string
+		)
+		err := s.write.QueryRowContext(ctx, acquireFreeSQL, r.key, string(r.ref.Type), r.ref.ID, r.owner, r.now, r.expires).Scan(&token, &version)
 		if errors.Is(err, sql.ErrNoRows) {
 			return inserted{}, nil
 		}
-		return inserted{token: token, ok: err == nil}, err
+		return inserted{token: token, ok: err == nil, version: version}, err
 	})
 }
 
@@ -270,20 +286,25 @@ func (s *PostgresStore) acquireOne(statement string) func(context.Context, write
 				}
 				return made{}, rows.Close()
 			}
-			a, err := scanAcquisition(rows, r.ref, r.owner)
+			a, version, err := scanAcquisition(rows, r.ref, r.owner)
 			if err != nil {
 				return made{}, err
 			}
-			return made{a: a, decided: true}, rows.Close()
+			return made{a: a, decided: true, version: version}, rows.Close()
 		})
 	}
 }
 
 // acquireMany returns the batch run of statement, acquireBatchSQL or
-// takeBatchSQL.
+// takeBatchSQL. A member that the statement did not decide (its
+// resource's advisory lock or its row was busy) runs its own statement,
+// which waits for them, rather than going straight to Update: a lone
+// statement whose caller leaves is undone like a batch's (runOne), and
+// an Update transaction cut during its commit is not.
 func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*batchOp[writeReq, made]) error {
 	return func(ctx context.Context, ops []*batchOp[writeReq, made]) error {
-		return scanBatch(ctx, s, ops, statement, writeArgs(ops, false), func(rows *sql.Rows) (int64, made, bool, error) {
+		named := make([]bool, len(ops))
+		err := scanBatch(ctx, s, ops, statement, writeArgs(ops, false), func(rows *sql.Rows) (int64, made, bool, error) {
 			var (
 				n         int64
 				reentered bool
@@ -296,6 +317,9 @@ func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*b
 			if err := rows.Scan(&n, &reentered, &id, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2], &version); err != nil {
 				return 0, made{}, false, err
 			}
+			if n >= 1 && n <= int64(len(ops)) {
+				named[n-1] = true
+			}
 			if !id.Valid {
 				return n, made{}, false, nil
 			}
@@ -306,6 +330,15 @@ func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*b
 			a, err := acquisitionOf(op.req.ref, op.req.owner, reentered, id.Int64, times[0].String, times[1].String, prevID, prev)
 			return n, made{a: a, decided: true, version: version.String}, false, err
 		})
+		if err != nil {
+			return err
+		}
+		for i, op := range ops {
+			if !named[i] {
+				op.alone = true
+			}
+		}
+		return nil
 	}
 }
 

@@ -10,9 +10,10 @@ import "strings"
 // returns a row for every member it decided, named by n (or, where a
 // RETURNING cannot name it, by its resource). A member it does not name
 // is told the outcome that is always safe to act on: nothing inserted (the
-// acquire goes on to acquireSQL), nothing decided or extended (Update
-// decides, waiting as it always did), nothing removed (the lock was not
-// there, or not the caller's).
+// acquire goes on to acquireSQL), nothing decided (the acquire runs its
+// own statement, waiting as it always did: acquireMany), nothing extended
+// (Update decides), nothing removed (the lock was not there, or not the
+// caller's).
 //
 // No batch waits for a lock, so that no member waits for another's
 // resource:
@@ -23,7 +24,7 @@ import "strings"
 //   - The rows a batch would change (a takeover's, a re-entry's, a
 //     renewal's, a release's) are locked first, SKIP LOCKED: a row that
 //     a fence, another write or a release of all an owner's locks holds
-//     leaves its member undecided (the acquires: Update decides) or busy
+//     leaves its member undecided (the acquires: their own statement) or busy
 //     (renewals and releases: the caller runs its own statement), and
 //     either way it then waits as it always did, on its own.
 //

@@ -117,7 +117,8 @@ func TestAcquire_SparesALockRenewedWhileItWaited(t *testing.T) {
 
 // A re-entry whose statement waited until the caller's own lock expired
 // is a change of hands: a new token, not the old one extended. The
-// statement, whose now was read before the wait, leaves it to Update.
+// statement, whose now was read before the wait, leaves it undecided, and
+// the decision is taken again at a new now.
 func TestAcquire_ReentryAfterTheLockExpiredWhileItWaited(t *testing.T) {
 	dsn := testdb.Postgres(t)
 	ctx := context.Background()

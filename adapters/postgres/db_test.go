@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -148,4 +149,22 @@ func TestOpen_PlannerSettings(t *testing.T) {
 	defer own.Close()
 	assert.Equal(t, "auto", postgres.Setting(t, own, "plan_cache_mode"))
 	assert.Equal(t, "on", postgres.Setting(t, own, "enable_seqscan"))
+}
+
+// A write that met a connection the driver knows to be bad (closed by
+// another caller's cancellation, say) was never sent: it runs again
+// rather than tell a caller, on a healthy server, that the store cannot
+// be reached.
+func TestWrite_RunsAgainOnABadConnection(t *testing.T) {
+	for _, bad := range []error{driver.ErrBadConn, fmt.Errorf("exec: %w", driver.ErrBadConn)} {
+		runs := 0
+		err := postgres.Write(context.Background(), func(context.Context) error {
+			if runs++; runs < 3 {
+				return bad
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, 3, runs)
+	}
 }

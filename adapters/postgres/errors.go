@@ -101,10 +101,16 @@ func connectionLost(err error) bool {
 }
 
 // retryable reports whether PostgreSQL aborted the transaction to resolve
-// a conflict that running it again resolves.
+// a conflict that running it again resolves, or whether the write met a
+// connection that the driver knew to be bad before it sent anything
+// (driver.ErrBadConn: pgx says so only when nothing was sent, such as on
+// a connection that another caller's cancellation closed, and
+// database/sql gives up after a few of them when the pool holds several).
+// Either way nothing was written, and the write can run again.
 func retryable(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") ||
+		errors.Is(err, driver.ErrBadConn)
 }
 
 // SnapshotConflict reports whether err is PostgreSQL's refusal of a

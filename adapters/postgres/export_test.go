@@ -115,3 +115,6 @@ const MaxWatched = maxWatched
 
 // WatchClass is the first key of the watch locks.
 const WatchClass = watchClass
+
+// Write is the store's Backend.Write: it runs fn, again when it may.
+func Write(ctx context.Context, fn func(context.Context) error) error { return write(ctx, fn) }

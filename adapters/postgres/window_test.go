@@ -119,3 +119,73 @@ func TestList_ByteOrderUnderICUCollation(t *testing.T) {
 	}
 	assert.Equal(t, []string{"B", "Zeta", "_x", "a", "a-2", "a1"}, got)
 }
+
+// An acquire whose caller gives up while the statement commits leaves no
+// lock behind once the statement's answer comes, when it ran alone as
+// when it ran in a batch: no resource stays taken, until its TTL, for a
+// caller that was told it failed. The commit is held up after its record
+// is written (commit_delay, with no siblings needed), where a cancel
+// cannot stop it.
+func TestAcquire_ACallerThatLeftDuringTheCommitLeavesNoLock(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		expired bool // the resource holds another owner's expired lock (acquireSQL replaces it)
+	}{{"free resource", false}, {"expired lock", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			db, svc, admin := slowCommitService(t)
+			t.Cleanup(func() { require.NoError(t, db.Close()) })
+			if tc.expired {
+				_, err := admin.Exec(`INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at)
+VALUES ('B', $1, $2, '2000-01-01T00:00:00.000000Z', '2000-01-01T00:00:01.000000Z')`, string(plan1.Type), plan1.ID)
+				require.NoError(t, err)
+			}
+
+			left, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+			defer cancel()
+			_, err := svc.Acquire(left, "A", plan1, time.Hour)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+
+			require.Eventually(t, func() bool {
+				var n int
+				err := admin.QueryRow(`SELECT count(*) FROM locks WHERE resource_id = $1 AND owner_id = 'A'`, plan1.ID).Scan(&n)
+				return err == nil && n == 0
+			}, 10*time.Second, 10*time.Millisecond, "the lock of a caller told that its acquire failed is still held")
+			_, err = svc.Acquire(ctx, "C", plan1, time.Minute)
+			require.NoError(t, err, "the resource stayed taken after its acquirer had left")
+		})
+	}
+}
+
+// Closing the store right after such a caller left, as the agents CLI
+// does when its --deadline ends, still leaves no lock: Close waits, a
+// moment, for the acquire's answer and releases what it took.
+func TestClose_ReleasesTheAcquireOfACallerThatLeft(t *testing.T) {
+	db, svc, admin := slowCommitService(t)
+	left, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	_, err := svc.Acquire(left, "A", plan1, time.Hour)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, db.Close())
+
+	var n int
+	require.NoError(t, admin.QueryRow(`SELECT count(*) FROM locks WHERE resource_id = $1`, plan1.ID).Scan(&n))
+	require.Zero(t, n, "a lock is held for a caller that was told its acquire failed, after the store closed")
+}
+
+// slowCommitService returns a store whose commits wait 100 ms after their
+// record is written (commit_delay, with no siblings needed), where a
+// cancel cannot stop them, a service on it, and a connection of the
+// test's own to the same schema.
+func slowCommitService(t *testing.T) (*postgres.DB, *application.LockService, *sql.DB) {
+	t.Helper()
+	dsn := testdb.Postgres(t)
+	db, err := postgres.Open(context.Background(), withParam(t, dsn, "options", "-c commit_delay=100000 -c commit_siblings=0"), postgres.Options{})
+	require.NoError(t, err)
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
+	require.NoError(t, err)
+	admin, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close() })
+	return db, svc, admin
+}
