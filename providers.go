@@ -135,6 +135,9 @@ func newContainer(ctx context.Context, svc *application.LockService, repo applic
 			return
 		}
 		_, err := repo.DeleteAllOwned(c.closeCtx, c.owner)
+		if err != nil && c.closeCtx.Err() != nil {
+			err = fmt.Errorf("releasing the locks of owner %q on shutdown: the database did not answer before the shutdown's deadline, and they stay held until their TTL (give Shutdown a longer context to release them): %w", c.owner, err)
+		}
 		sd.add(err)
 	}
 	return c, release, nil

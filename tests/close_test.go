@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -94,4 +95,32 @@ func testCloseWhileAcquiring(t *testing.T, db string) {
 		require.NoError(t, look.Close())
 		assert.Empty(t, left, "round %d: locks of %s left in the store after Close returned nil", round, owner)
 	}
+}
+
+// A shutdown whose release of the owner's locks the database does not
+// answer in time says so, and what becomes of the locks, rather than
+// return the bare deadline of its context.
+func TestContainer_ShutdownThatCannotReleaseSaysWhy(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	ctx := context.Background()
+	c, err := locks.Open(ctx, locks.Config{Database: dsn, Owner: "app"})
+	require.NoError(t, err)
+	_, err = c.Locks.Acquire(ctx, "app", domain.ResourceRef{Type: domain.ResourcePlan, ID: "p"}, time.Minute)
+	require.NoError(t, err)
+
+	admin, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	defer admin.Close()
+	hold, err := admin.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer hold.Rollback()
+	_, err = hold.Exec("LOCK TABLE locks IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	err = c.Shutdown(short)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Contains(t, err.Error(), `releasing the locks of owner "app"`)
+	require.Contains(t, err.Error(), "until their TTL")
 }
