@@ -121,37 +121,26 @@ func TestList_ByteOrderUnderICUCollation(t *testing.T) {
 }
 
 // An acquire whose caller gives up while the statement commits leaves no
-// lock behind once the statement's answer comes, when it ran alone as
-// when it ran in a batch: no resource stays taken, until its TTL, for a
-// caller that was told it failed. The commit is held up after its record
-// is written (commit_delay, with no siblings needed), where a cancel
-// cannot stop it.
+// lock behind once the statement's answer comes: no resource stays taken,
+// until its TTL, for a caller that was told it failed. The commit is held
+// up after its record is written (commit_delay, with no siblings needed),
+// where a cancel cannot stop it.
 func TestAcquire_ACallerThatLeftDuringTheCommitLeavesNoLock(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		expired bool // the resource holds another owner's expired lock (acquireSQL replaces it)
 	}{{"free resource", false}, {"expired lock", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
 			db, svc, admin := slowCommitService(t)
 			t.Cleanup(func() { require.NoError(t, db.Close()) })
-			if tc.expired {
-				_, err := admin.Exec(`INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at)
-VALUES ('B', $1, $2, '2000-01-01T00:00:00.000000Z', '2000-01-01T00:00:01.000000Z')`, string(plan1.Type), plan1.ID)
-				require.NoError(t, err)
-			}
-
-			left, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
-			defer cancel()
-			_, err := svc.Acquire(left, "A", plan1, time.Hour)
-			require.ErrorIs(t, err, context.DeadlineExceeded)
+			ref := leaveDuringCommit(t, svc, admin, tc.expired)
 
 			require.Eventually(t, func() bool {
 				var n int
-				err := admin.QueryRow(`SELECT count(*) FROM locks WHERE resource_id = $1 AND owner_id = 'A'`, plan1.ID).Scan(&n)
+				err := admin.QueryRow(`SELECT count(*) FROM locks WHERE resource_id = $1 AND owner_id = 'A'`, ref.ID).Scan(&n)
 				return err == nil && n == 0
 			}, 10*time.Second, 10*time.Millisecond, "the lock of a caller told that its acquire failed is still held")
-			_, err = svc.Acquire(ctx, "C", plan1, time.Minute)
+			_, err := svc.Acquire(context.Background(), "C", ref, time.Minute)
 			require.NoError(t, err, "the resource stayed taken after its acquirer had left")
 		})
 	}
@@ -162,15 +151,44 @@ VALUES ('B', $1, $2, '2000-01-01T00:00:00.000000Z', '2000-01-01T00:00:01.000000Z
 // moment, for the acquire's answer and releases what it took.
 func TestClose_ReleasesTheAcquireOfACallerThatLeft(t *testing.T) {
 	db, svc, admin := slowCommitService(t)
-	left, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-	defer cancel()
-	_, err := svc.Acquire(left, "A", plan1, time.Hour)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	ref := leaveDuringCommit(t, svc, admin, false)
 	require.NoError(t, db.Close())
 
 	var n int
-	require.NoError(t, admin.QueryRow(`SELECT count(*) FROM locks WHERE resource_id = $1`, plan1.ID).Scan(&n))
+	require.NoError(t, admin.QueryRow(`SELECT count(*) FROM locks WHERE resource_id = $1 AND owner_id = 'A'`, ref.ID).Scan(&n))
 	require.Zero(t, n, "a lock is held for a caller that was told its acquire failed, after the store closed")
+}
+
+// leaveDuringCommit has owner A acquire a resource with a context that
+// ends 30 ms later, while the acquire's commit waits, and returns the
+// resource. The commit waits only when no other session has flushed the
+// WAL past its record meanwhile (a busy server does so): an acquire that
+// succeeds is released, and the next resource is tried. With expired, the
+// resource first holds another owner's expired lock.
+func leaveDuringCommit(t *testing.T, svc *application.LockService, admin *sql.DB, expired bool) domain.ResourceRef {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 20 {
+		ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: fmt.Sprint("left-", i)}
+		if expired {
+			_, err := admin.Exec(`INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at)
+VALUES ('B', $1, $2, '2000-01-01T00:00:00.000000Z', '2000-01-01T00:00:01.000000Z')`, string(ref.Type), ref.ID)
+			require.NoError(t, err)
+		}
+		left, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+		_, err := svc.Acquire(left, "A", ref, time.Hour)
+		cancel()
+		if err == nil {
+			ok, err := svc.Release(ctx, "A", ref)
+			require.NoError(t, err)
+			require.True(t, ok)
+			continue
+		}
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		return ref
+	}
+	t.Fatal("no acquire outlasted its caller's context in 20 tries: the commits did not wait")
+	return domain.ResourceRef{}
 }
 
 // slowCommitService returns a store whose commits wait 100 ms after their
