@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -376,8 +377,13 @@ var undoVersionSQL = pgStatement(`DELETE FROM {locks} WHERE {id} = $1::bigint AN
 // no lock behind), then closes the Store.
 func (s *PostgresStore) Close() error {
 	s.stop()
-	s.batch.group.waitLeft(leftCloseGrace)
-	return s.Store.Close()
+	var unanswered error
+	if n := s.batch.group.waitLeft(leftCloseGrace); n > 0 {
+		unanswered = &domain.StoreError{Op: "close the lock store", Kind: domain.StoreUnreachable,
+			Advice: fmt.Sprintf("%d acquires whose callers had given up got no answer from it before the store closed, "+
+				"and if they committed, their locks last until their TTL; check that the server answers", n)}
+	}
+	return errors.Join(unanswered, s.Store.Close())
 }
 
 // leftCloseGrace bounds how long Close waits for the lone acquires whose

@@ -71,27 +71,76 @@ type batchGroup struct {
 	detached int
 	kicks    []func()
 	// left counts the lone acquires whose callers left and that still
-	// wait for their answers, to undo them (runOne).
-	left sync.WaitGroup
+	// wait for their answers, to undo them (runOne); leftIdle, when not
+	// nil, is closed when left comes back to zero. leftUnknown counts
+	// those whose outcome stayed unknown: an error instead of an answer,
+	// or an undo that got none.
+	left        int
+	leftIdle    chan struct{}
+	leftUnknown int
+}
+
+// maxLeft bounds the lone acquires of a store whose callers left and that
+// go on to their answers (runOne), each on a connection of the pool: a
+// statement that waits (behind another session's transaction on its
+// resource, or on a server that stopped answering) would otherwise hold
+// its connection for leftTimeout, and callers that give up and try again
+// could take the whole pool from the other calls. Past the bound, a
+// caller's statement is cut when it leaves, as before the undo: if it
+// committed all the same, its lock lasts until its TTL.
+const maxLeft = 2
+
+// tryLeave counts one more lone acquire whose caller left, if the bound
+// allows.
+func (g *batchGroup) tryLeave() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.left >= maxLeft {
+		return false
+	}
+	g.left++
+	return true
+}
+
+// leftEnded counts out a lone acquire whose caller left, its answer come
+// and undone (known), or its outcome unknown.
+func (g *batchGroup) leftEnded(known bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !known {
+		g.leftUnknown++
+	}
+	if g.left--; g.left == 0 && g.leftIdle != nil {
+		close(g.leftIdle)
+		g.leftIdle = nil
+	}
 }
 
 // waitLeft waits, for d at most, until the lone acquires whose callers
-// left have had their answers, and their acquisitions are undone; it
-// reports whether they all had.
-func (g *batchGroup) waitLeft(d time.Duration) bool {
-	done := make(chan struct{})
-	go func() {
-		g.left.Wait()
-		close(done)
-	}()
+// left have had their answers, and their acquisitions are undone. It
+// returns how many had not, or ended meanwhile with their outcome
+// unknown.
+func (g *batchGroup) waitLeft(d time.Duration) int {
+	g.mu.Lock()
+	unknown := g.leftUnknown
+	if g.left == 0 {
+		g.mu.Unlock()
+		return 0
+	}
+	if g.leftIdle == nil {
+		g.leftIdle = make(chan struct{})
+	}
+	idle := g.leftIdle
+	g.mu.Unlock()
 	t := time.NewTimer(d) // real time: it paces I/O, as leftTimeout does
 	defer t.Stop()
 	select {
-	case <-done:
-		return true
+	case <-idle:
 	case <-t.C:
-		return false
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.left + g.leftUnknown - unknown
 }
 
 // full says whether the group has as many detached batches as it may.
@@ -165,8 +214,8 @@ type batcher[Req, Res any] struct {
 	// connection or the server failed) rather than one of its rows'.
 	everyBody func(error) bool
 	// undo, when set, undoes res, the outcome of a member whose caller
-	// left before it came.
-	undo func(req Req, res Res)
+	// left before it came; it reports whether the database answered.
+	undo func(req Req, res Res) bool
 
 	// always runs every write through many, alone or not: see InBatches.
 	always bool
@@ -231,7 +280,8 @@ const leftTimeout = 10 * time.Second
 // leaves, it returns at once with the context's error, and the statement
 // goes on, until its answer or leftTimeout, so that an acquisition it
 // made is undone (released by its token and row version), as a batch's
-// is. Closing the store waits a moment for such statements (Close). Renewals and releases end with their callers' contexts: what they
+// is; at most maxLeft such statements at once. Closing the store waits a
+// moment for them (Close). Renewals and releases end with their callers' contexts: what they
 // commit stands, as in a batch.
 func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
 	if b.undo == nil {
@@ -257,16 +307,19 @@ func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
 		return a.res, a.err
 	case <-ctx.Done():
 	}
+	if !b.group.tryLeave() {
+		cut()
+		return zero, ctx.Err()
+	}
 	late := time.AfterFunc(leftTimeout, cut)
-	b.group.left.Add(1)
 	go func() {
-		defer b.group.left.Done()
 		a := <-answered
 		late.Stop()
 		cut()
-		if a.err == nil {
-			b.undo(req, a.res)
-		}
+		// An error leaves the outcome unknown (a connection cut after the
+		// commit, say), and so does an undo the database did not answer.
+		known := a.err == nil && b.undo(req, a.res)
+		b.group.leftEnded(known)
 	}()
 	return zero, ctx.Err()
 }

@@ -99,17 +99,19 @@ func (s *PostgresStore) newBatchers(p PostgresBatching, always bool) batchers {
 		every = func(error) bool { return true }
 	}
 	release := releaseBatch(p.Notice, p.ReleaseCommit)
-	undo := func(r writeReq, a made) {
+	undo := func(r writeReq, a made) bool {
 		if a.decided && !a.a.Reentered && a.version != "" {
-			s.undo(r.ref, a.a.Lock.Token, a.version)
+			return s.undo(r.ref, a.a.Lock.Token, a.version)
 		}
+		return true
 	}
 	b := batchers{
 		free: &batcher[writeReq, inserted]{one: s.acquireFreeOne, many: s.acquireFreeMany, everyBody: every,
-			undo: func(r writeReq, in inserted) {
+			undo: func(r writeReq, in inserted) bool {
 				if in.ok {
-					s.undo(r.ref, in.token, in.version)
+					return s.undo(r.ref, in.token, in.version)
 				}
+				return true
 			}},
 		acquire: &batcher[writeReq, made]{one: s.acquireOne(s.pick(acquireSQL)), many: s.acquireMany(s.pick(acquireBatchSQL)),
 			everyBody: every, undo: undo},
@@ -161,7 +163,10 @@ const undoTimeout = 10 * time.Second
 // it, which keeps the token, and that caller holds it; its update writes
 // a new version, even when its times are the batch's to the microsecond
 // (a clock that stands still, two calls in one microsecond).
-func (s *PostgresStore) undo(ref domain.ResourceRef, token int64, version string) {
+//
+// It reports whether the database answered (whether or not the version
+// was still there to release).
+func (s *PostgresStore) undo(ref domain.ResourceRef, token int64, version string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
 	defer cancel()
 	n, err := writeStatement(ctx, s.Store, func(ctx context.Context) (int64, error) {
@@ -174,6 +179,7 @@ func (s *PostgresStore) undo(ref domain.ResourceRef, token int64, version string
 	if err == nil && n > 0 {
 		s.occupied.note(ref, false)
 	}
+	return err == nil
 }
 
 // scanBatch runs a batch statement and sets the outcome of each member

@@ -11,6 +11,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	entsql "entgo.io/ent/dialect/sql"
 
@@ -296,9 +297,17 @@ func (s *Store) explain(ctx context.Context, err error, op string) error {
 // its own words (SQLite's "interrupted", or sql.ErrTxDone from a commit
 // whose transaction database/sql already rolled back), which would read
 // as a store failure. The caller learns that its context ended, as it
-// does when ctx ends before the call.
+// does when ctx ends before the call. A deadline that has passed counts
+// as ended even before ctx's timer says so: the driver's own timeouts,
+// which it derives from the same deadline (a dial's, a socket's), can
+// fire a moment earlier, and their "i/o timeout" would read as a server
+// that cannot be reached.
 func Explain(ctx context.Context, err error, op string, format func(op string, err error) error) error {
-	if cerr := ctx.Err(); cerr != nil {
+	cerr := ctx.Err()
+	if d, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(d) {
+		cerr = context.DeadlineExceeded
+	}
+	if cerr != nil {
 		if errors.Is(err, cerr) {
 			return err
 		}

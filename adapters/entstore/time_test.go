@@ -1,11 +1,15 @@
 package entstore
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/domain"
 )
 
 // formatTime must write exactly what time.Format writes with timeLayout,
@@ -34,3 +38,25 @@ func FuzzFormatTime(f *testing.F) {
 		}
 	})
 }
+
+// A driver's timeout that fires at the caller's deadline, a moment before
+// the context's own timer, is the caller's deadline, not a store failure.
+func TestExplain_ADeadlineThatPassedIsTheCallers(t *testing.T) {
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(context.Background()), time.Now().Add(-time.Millisecond))
+	defer cancel()
+	// A context whose timer has not fired yet: its deadline is past, and
+	// its Err still nil, as for a moment after the deadline.
+	early := deadlineOnly{ctx}
+	storeFailure := errors.New("dial tcp 127.0.0.1:5432: i/o timeout")
+	err := Explain(early, storeFailure, "read lock on plan/p", func(op string, err error) error {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err}
+	})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NotErrorIs(t, err, domain.ErrUnavailable)
+}
+
+// deadlineOnly is a context whose deadline has passed but whose Err is
+// still nil.
+type deadlineOnly struct{ context.Context }
+
+func (deadlineOnly) Err() error { return nil }
