@@ -87,8 +87,12 @@ type batchGroup struct {
 // its connection for leftTimeout, and callers that give up and try again
 // could take the whole pool from the other calls. Past the bound, a
 // caller's statement is cut when it leaves, as before the undo: if it
-// committed all the same, its lock lasts until its TTL.
-const maxLeft = 2
+// committed all the same, its lock lasts until its TTL. With maxDetached
+// batches, that leaves at least four of the pool's ten connections to the
+// other calls. Two proved too few: under a burst of cancellations on a
+// loaded machine, statements outlived their callers three and four at a
+// time and were cut.
+const maxLeft = 4
 
 // tryLeave counts one more lone acquire whose caller left, if the bound
 // allows.
