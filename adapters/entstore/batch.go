@@ -284,9 +284,10 @@ const leftTimeout = 10 * time.Second
 // leaves, it returns at once with the context's error, and the statement
 // goes on, until its answer or leftTimeout, so that an acquisition it
 // made is undone (released by its token and row version), as a batch's
-// is; at most maxLeft such statements at once. Closing the store waits a
-// moment for them (Close). Renewals and releases end with their callers' contexts: what they
-// commit stands, as in a batch.
+// is; at most maxLeft such statements at once, and Close waits a moment
+// for them. Past maxLeft, the statement is cut, and undone only if its
+// answer still says that it acquired. Renewals and releases end with
+// their callers' contexts: what they commit stands, as in a batch.
 func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
 	if b.undo == nil {
 		return b.one(ctx, req)
@@ -313,6 +314,11 @@ func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
 	}
 	if !b.group.tryLeave() {
 		cut()
+		go func() {
+			if a := <-answered; a.err == nil {
+				b.undo(req, a.res)
+			}
+		}()
 		return zero, ctx.Err()
 	}
 	late := time.AfterFunc(leftTimeout, cut)
