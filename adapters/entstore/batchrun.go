@@ -185,10 +185,11 @@ func (s *PostgresStore) undo(ref domain.ResourceRef, token int64, version string
 // scanBatch runs a batch statement and sets the outcome of each member
 // that a row names, as scan reads it, or leaves it to run alone. A member
 // that no row names keeps the zero outcome, which is always safe to act
-// on: nothing was inserted (the acquire goes on to acquireSQL), decided
-// (to Update), extended (to Update) or removed (there was nothing of the
-// caller's to remove).
-func scanBatch[Req, Res any](ctx context.Context, s *PostgresStore, ops []*batchOp[Req, Res], query string, args []any,
+// on: nothing was inserted (the acquire goes on to acquireSQL), extended
+// (to Update) or removed (there was nothing of the caller's to remove);
+// with unnamedAlone, it runs its own statement instead (an acquire the
+// batch could not decide: acquireMany).
+func scanBatch[Req, Res any](ctx context.Context, s *PostgresStore, ops []*batchOp[Req, Res], query string, args []any, unnamedAlone bool,
 	scan func(rows *sql.Rows) (n int64, res Res, alone bool, err error)) error {
 	rows, err := s.write.QueryContext(ctx, query, args...)
 	// A connection the driver knew to be bad was not sent the statement:
@@ -219,6 +220,13 @@ func scanBatch[Req, Res any](ctx context.Context, s *PostgresStore, ops []*batch
 	}
 	if err := rows.Close(); err != nil {
 		return err
+	}
+	if unnamedAlone {
+		for i, op := range ops {
+			if !named[i] {
+				op.alone = true
+			}
+		}
 	}
 	return nil
 }
@@ -266,7 +274,7 @@ func (s *PostgresStore) acquireFreeOne(ctx context.Context, r writeReq) (inserte
 
 // acquireFreeMany runs acquireFreeBatchSQL.
 func (s *PostgresStore) acquireFreeMany(ctx context.Context, ops []*batchOp[writeReq, inserted]) error {
-	return scanBatch(ctx, s, ops, acquireFreeBatchSQL, writeArgs(ops, false), func(rows *sql.Rows) (int64, inserted, bool, error) {
+	return scanBatch(ctx, s, ops, acquireFreeBatchSQL, writeArgs(ops, false), false, func(rows *sql.Rows) (int64, inserted, bool, error) {
 		var (
 			n       int64
 			token   int64
@@ -309,8 +317,7 @@ func (s *PostgresStore) acquireOne(statement string) func(context.Context, write
 // an Update transaction cut during its commit is not.
 func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*batchOp[writeReq, made]) error {
 	return func(ctx context.Context, ops []*batchOp[writeReq, made]) error {
-		named := make([]bool, len(ops))
-		err := scanBatch(ctx, s, ops, statement, writeArgs(ops, false), func(rows *sql.Rows) (int64, made, bool, error) {
+		return scanBatch(ctx, s, ops, statement, writeArgs(ops, false), true, func(rows *sql.Rows) (int64, made, bool, error) {
 			var (
 				n         int64
 				reentered bool
@@ -323,9 +330,6 @@ func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*b
 			if err := rows.Scan(&n, &reentered, &id, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2], &version); err != nil {
 				return 0, made{}, false, err
 			}
-			if n >= 1 && n <= int64(len(ops)) {
-				named[n-1] = true
-			}
 			if !id.Valid {
 				return n, made{}, false, nil
 			}
@@ -336,15 +340,6 @@ func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*b
 			a, err := acquisitionOf(op.req.ref, op.req.owner, reentered, id.Int64, times[0].String, times[1].String, prevID, prev)
 			return n, made{a: a, decided: true, version: version.String}, false, err
 		})
-		if err != nil {
-			return err
-		}
-		for i, op := range ops {
-			if !named[i] {
-				op.alone = true
-			}
-		}
-		return nil
 	}
 }
 
@@ -367,7 +362,7 @@ func (s *PostgresStore) renewOne(ctx context.Context, r writeReq) (extension, er
 
 // renewMany runs renewBatchSQL.
 func (s *PostgresStore) renewMany(ctx context.Context, ops []*batchOp[writeReq, extension]) error {
-	return scanBatch(ctx, s, ops, renewBatchSQL, writeArgs(ops, true), func(rows *sql.Rows) (int64, extension, bool, error) {
+	return scanBatch(ctx, s, ops, renewBatchSQL, writeArgs(ops, true), false, func(rows *sql.Rows) (int64, extension, bool, error) {
 		var (
 			n     int64
 			busy  bool
@@ -406,7 +401,7 @@ func (s *PostgresStore) releaseMany(query string) func(context.Context, []*batch
 			r := op.req
 			types[i], ids[i], owners[i], tokens[i], nows[i] = string(r.ref.Type), r.ref.ID, r.owner, r.token, r.now
 		}
-		return scanBatch(ctx, s, ops, query, []any{types, ids, owners, tokens, nows}, func(rows *sql.Rows) (int64, bool, bool, error) {
+		return scanBatch(ctx, s, ops, query, []any{types, ids, owners, tokens, nows}, false, func(rows *sql.Rows) (int64, bool, bool, error) {
 			var (
 				n    int64
 				busy bool

@@ -304,6 +304,7 @@ func (s *Store) explain(ctx context.Context, err error, op string) error {
 // that cannot be reached.
 func Explain(ctx context.Context, err error, op string, format func(op string, err error) error) error {
 	cerr := ctx.Err()
+	// Real time, not the service's clock: a context's deadline is on it.
 	if d, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(d) {
 		cerr = context.DeadlineExceeded
 	}
