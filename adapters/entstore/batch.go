@@ -234,8 +234,11 @@ type batcher[Req, Res any] struct {
 	queue  []*batchOp[Req, Res]
 	alone  int  // writes running alone, as their callers' statements
 	flying bool // a batch holds up the queue
-	group  *batchGroup
-	stats  WriteStats
+	// leading: a write that found nothing of its kind in flight yields
+	// before it runs alone (do); those that queue meanwhile wait for it.
+	leading bool
+	group   *batchGroup
+	stats   WriteStats
 }
 
 // WriteStats counts the writes of a PostgresStore.
@@ -348,16 +351,34 @@ func (b *batcher[Req, Res]) do(ctx context.Context, ref domain.ResourceRef, req 
 		}
 		return op.res, nil
 	}
+	var op *batchOp[Req, Res]
 	b.mu.Lock()
-	if b.alone == 0 && !b.flying && len(b.queue) == 0 {
-		b.alone++
-		b.countLocked(1)
+	if b.alone == 0 && !b.flying && !b.leading && len(b.queue) == 0 {
+		// Nothing of this kind is in flight: lead. The callers woken with
+		// this one (by the answer of a batch of another kind) arrive one
+		// after another; yield once so that they can queue, and run alone
+		// only if none did. Otherwise the first of them would run alone
+		// and the rest in a batch beside it: two statements for one.
+		b.leading = true
 		b.mu.Unlock()
-		defer b.landed()
-		return b.runOne(ctx, req)
+		b.yieldOnce()
+		b.mu.Lock()
+		b.leading = false
+		if len(b.queue) == 0 {
+			b.alone++
+			b.countLocked(1)
+			b.mu.Unlock()
+			defer b.landed()
+			return b.runOne(ctx, req)
+		}
+		op = &batchOp[Req, Res]{ref: ref, req: req, done: make(chan struct{})}
+		b.queue = append(b.queue, nil)
+		copy(b.queue[1:], b.queue)
+		b.queue[0] = op // first in line: it came first
+	} else {
+		op = &batchOp[Req, Res]{ref: ref, req: req, done: make(chan struct{})}
+		b.queue = append(b.queue, op)
 	}
-	op := &batchOp[Req, Res]{ref: ref, req: req, done: make(chan struct{})}
-	b.queue = append(b.queue, op)
 	b.startLocked()
 	b.mu.Unlock()
 	select {
@@ -436,7 +457,7 @@ func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
 // at 32 callers cycling acquire and release, the batches held half the
 // callers that each kind's queue could have (docs/performance.md).
 func (b *batcher[Req, Res]) startLocked() {
-	if b.flying || len(b.queue) == 0 || b.group.full() {
+	if b.flying || b.leading || len(b.queue) == 0 || b.group.full() {
 		return
 	}
 	b.flying = true
@@ -447,11 +468,7 @@ func (b *batcher[Req, Res]) startLocked() {
 // takes the next batch and sends it. Its callers may all have left
 // meanwhile: the queue is then free again.
 func (b *batcher[Req, Res]) gather() {
-	if b.yield != nil {
-		b.yield()
-	} else {
-		runtime.Gosched()
-	}
+	b.yieldOnce()
 	b.mu.Lock()
 	if len(b.queue) == 0 {
 		b.flying = false
@@ -465,6 +482,15 @@ func (b *batcher[Req, Res]) gather() {
 	}
 	b.mu.Unlock()
 	b.run(f, batch)
+}
+
+// yieldOnce lets the goroutines that are ready to run go first.
+func (b *batcher[Req, Res]) yieldOnce() {
+	if b.yield != nil {
+		b.yield()
+	} else {
+		runtime.Gosched()
+	}
 }
 
 // takeLocked takes the next batch from the queue: the oldest members, one

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,6 +72,72 @@ func (f *fakeBatcher) goAlone(t *testing.T) <-chan struct{} {
 	return done
 }
 
+// The first write of a kind that finds nothing of its kind in flight
+// yields before it runs alone; the writes that queue meanwhile (callers
+// woken together by the answer of a batch of another kind) leave with it
+// in one batch, rather than it alone and them in a batch beside it. The
+// yield here waits until the three others have queued, so that the test
+// does not depend on the scheduler's order.
+func TestBatcher_TheFirstCallerTakesThoseThatQueueWhileItYields(t *testing.T) {
+	f := newFakeBatcher()
+	close(f.release)
+	var lone atomic.Int32
+	one := f.batcher.one
+	f.batcher.one = func(ctx context.Context, req int) (int, error) {
+		lone.Add(1)
+		return one(ctx, req)
+	}
+	others := make(chan struct{})
+	var first sync.Once
+	f.batcher.yield = func() { first.Do(func() { <-others }) }
+
+	var wg sync.WaitGroup
+	call := func(i int) {
+		wg.Go(func() {
+			res, err := f.do(context.Background(), fakeRef(i), i)
+			require.NoError(t, err)
+			require.Equal(t, i, res)
+		})
+	}
+	call(1)
+	require.Eventually(t, func() bool {
+		f.batcher.mu.Lock()
+		defer f.batcher.mu.Unlock()
+		return f.batcher.leading
+	}, 10*time.Second, time.Millisecond)
+	for i := 2; i <= 4; i++ {
+		call(i)
+	}
+	require.Eventually(t, func() bool { return f.queued() == 3 }, 10*time.Second, time.Millisecond)
+	close(others)
+	answered := make(chan struct{})
+	go func() { wg.Wait(); close(answered) }()
+	select {
+	case <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the writes that queued while the first one yielded never got their answers")
+	}
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Equal(t, []int{4}, f.sizes, "the first caller and the three that queued while it yielded should share one batch")
+	require.Zero(t, lone.Load(), "no write should have run alone")
+}
+
+// A write that finds nothing of its kind in flight, and that no other
+// joins while it yields, runs its own statement, as a lone caller always
+// has.
+func TestBatcher_ALoneCallerRunsItsOwnStatement(t *testing.T) {
+	f := newFakeBatcher()
+	close(f.release)
+	res, err := f.do(context.Background(), fakeRef(1), 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, res)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Empty(t, f.sizes, "a lone write went through the batch statement")
+}
+
 // Callers that queue while the batch's goroutine yields, as callers woken
 // together by the answer of a batch of another kind do, leave with it: the
 // first of them does not take the batch before the others have queued.
@@ -78,9 +145,9 @@ func (f *fakeBatcher) goAlone(t *testing.T) <-chan struct{} {
 // not depend on the scheduler's order.
 func TestBatcher_GathersTheCallersThatQueueWhileItYields(t *testing.T) {
 	f := newFakeBatcher()
+	lone := f.goAlone(t)
 	all := make(chan struct{})
 	f.batcher.yield = func() { <-all }
-	lone := f.goAlone(t)
 
 	var wg sync.WaitGroup
 	for i := 1; i <= 5; i++ {
@@ -105,9 +172,9 @@ func TestBatcher_GathersTheCallersThatQueueWhileItYields(t *testing.T) {
 // the queue: the next write is not held up by a batch that never went.
 func TestBatcher_ABatchEveryCallerLeftBeforeItWentFreesTheQueue(t *testing.T) {
 	f := newFakeBatcher()
+	lone := f.goAlone(t)
 	yielded := make(chan struct{})
 	f.batcher.yield = func() { <-yielded }
-	lone := f.goAlone(t)
 	defer func() {
 		close(f.release)
 		<-lone
