@@ -370,24 +370,30 @@ func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef,
 // $2 its xmin.
 var undoVersionSQL = pgStatement(`DELETE FROM {locks} WHERE {id} = $1::bigint AND xmin = $2::xid`)
 
-// Close ends the batches still on their way, whose waiting callers get an
-// error that matches domain.ErrClosed, waits, leftCloseGrace at most, for
-// the lone acquires whose callers left to have their answers and be
-// undone (so that a program that gives up on an acquire and exits leaves
-// no lock behind), then closes the Store.
+// Close waits, leftCloseGrace at most, for the batches on their way and
+// the lone acquires whose callers left to have their answers, and for the
+// acquisitions of callers that left to be undone, so that a program that
+// gives up on an acquire and exits leaves no lock behind. Cutting them
+// sooner could cut a commit that the server completes unseen. It then
+// ends the batches still on their way, whose waiting callers get an
+// error that matches domain.ErrClosed, and closes the Store. It reports
+// the writes that got no answer, or whose outcome stayed unknown, in a
+// *domain.StoreError.
 func (s *PostgresStore) Close() error {
+	n := s.batch.group.quiet(leftCloseGrace)
 	s.stop()
 	var unanswered error
-	if n := s.batch.group.waitLeft(leftCloseGrace); n > 0 {
+	if n > 0 {
 		unanswered = &domain.StoreError{Op: "close the lock store", Kind: domain.StoreUnreachable,
-			Advice: fmt.Sprintf("%d acquires whose callers had given up got no answer from it before the store closed, "+
+			Advice: fmt.Sprintf("%d writes (acquires whose callers had given up, or batches) got no answer from it before the store closed, "+
 				"and if they committed, their locks last until their TTL; check that the server answers", n)}
 	}
 	return errors.Join(unanswered, s.Store.Close())
 }
 
-// leftCloseGrace bounds how long Close waits for the lone acquires whose
-// callers left: past it, such a lock lasts until its TTL.
+// leftCloseGrace bounds how long Close waits for the batches on their way
+// and the lone acquires whose callers left: past it, a lock they
+// committed lasts until its TTL.
 const leftCloseGrace = 2 * time.Second
 
 // DeleteOwned implements application.LockRepository: the Store's

@@ -71,13 +71,16 @@ type batchGroup struct {
 	detached int
 	kicks    []func()
 	// left counts the lone acquires whose callers left and that still
-	// wait for their answers, to undo them (runOne); leftIdle, when not
-	// nil, is closed when left comes back to zero. leftUnknown counts
-	// those whose outcome stayed unknown: an error instead of an answer,
-	// or an undo that got none.
-	left        int
-	leftIdle    chan struct{}
-	leftUnknown int
+	// wait for their answers, to undo them (runOne); flights, the batches
+	// on their way, until the acquisitions of their members that left are
+	// undone (hand). idle, when not nil, is closed when both come back to
+	// zero. unknown counts the writes whose outcome stayed unknown: a lone
+	// acquire or a batch member whose caller left and that got an error
+	// instead of an answer, or whose undo got none.
+	left    int
+	flights int
+	idle    chan struct{}
+	unknown int
 }
 
 // maxLeft bounds the lone acquires of a store whose callers left and that
@@ -112,39 +115,61 @@ func (g *batchGroup) leftEnded(known bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !known {
-		g.leftUnknown++
+		g.unknown++
 	}
-	if g.left--; g.left == 0 && g.leftIdle != nil {
-		close(g.leftIdle)
-		g.leftIdle = nil
+	g.left--
+	g.idleLocked()
+}
+
+// flightStarted counts a batch on its way.
+func (g *batchGroup) flightStarted() {
+	g.mu.Lock()
+	g.flights++
+	g.mu.Unlock()
+}
+
+// flightEnded counts out a batch, its answer handed out and the
+// acquisitions of its members that left undone, but for unknown of them.
+func (g *batchGroup) flightEnded(unknown int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.unknown += unknown
+	g.flights--
+	g.idleLocked()
+}
+
+// idleLocked closes idle if nothing is on its way. g.mu is held.
+func (g *batchGroup) idleLocked() {
+	if g.left == 0 && g.flights == 0 && g.idle != nil {
+		close(g.idle)
+		g.idle = nil
 	}
 }
 
-// waitLeft waits, for d at most, until the lone acquires whose callers
-// left have had their answers, and their acquisitions are undone. It
-// returns how many had not, or ended meanwhile with their outcome
-// unknown.
-func (g *batchGroup) waitLeft(d time.Duration) int {
+// quiet waits, for d at most, until the lone acquires whose callers left
+// and the batches on their way have had their answers, and the
+// acquisitions of callers that left are undone. It returns how many
+// writes had not (a batch counts once), or ended with their outcome
+// unknown since the group began: what a Close that cuts them leaves to
+// their TTLs.
+func (g *batchGroup) quiet(d time.Duration) int {
 	g.mu.Lock()
-	unknown := g.leftUnknown
-	if g.left == 0 {
+	if g.left > 0 || g.flights > 0 {
+		if g.idle == nil {
+			g.idle = make(chan struct{})
+		}
+		idle := g.idle
 		g.mu.Unlock()
-		return 0
+		t := time.NewTimer(d) // real time: it paces I/O, as leftTimeout does
+		select {
+		case <-idle:
+		case <-t.C:
+		}
+		t.Stop()
+		g.mu.Lock()
 	}
-	if g.leftIdle == nil {
-		g.leftIdle = make(chan struct{})
-	}
-	idle := g.leftIdle
-	g.mu.Unlock()
-	t := time.NewTimer(d) // real time: it paces I/O, as leftTimeout does
-	defer t.Stop()
-	select {
-	case <-idle:
-	case <-t.C:
-	}
-	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.left + g.leftUnknown - unknown
+	return g.left + g.flights + g.unknown
 }
 
 // full says whether the group has as many detached batches as it may.
@@ -480,6 +505,7 @@ func (b *batcher[Req, Res]) gather() {
 	for _, op := range batch {
 		op.flight = f
 	}
+	b.group.flightStarted()
 	b.mu.Unlock()
 	b.run(f, batch)
 }
@@ -549,9 +575,14 @@ func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 	if decided > 1 {
 		b.stats.Shared += int64(decided)
 	}
+	unknown := 0 // the members that left whose outcome no one will know
 	for _, op := range batch {
-		if op.left && op.err == nil && !op.alone && b.undo != nil {
-			undo = append(undo, op)
+		if op.left && !op.alone && b.undo != nil {
+			if op.err == nil {
+				undo = append(undo, op)
+			} else {
+				unknown++
+			}
 		}
 		close(op.done)
 	}
@@ -565,8 +596,11 @@ func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 		b.group.kick()
 	}
 	for _, op := range undo {
-		b.undo(op.req, op.res)
+		if !b.undo(op.req, op.res) {
+			unknown++
+		}
 	}
+	b.group.flightEnded(unknown)
 }
 
 // kick sends the next batch, if one waits.

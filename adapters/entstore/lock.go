@@ -45,6 +45,14 @@ const updateAttempts = 3
 // stored and active at the read. Anything else is decided again under the
 // write lock.
 func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
+	return s.update(ctx, ref, decide, nil)
+}
+
+// update is Update. When inserted is not nil, it is set to the row
+// version (PostgreSQL's xmin) of the lock that the run that stands
+// inserted, read in its transaction, so that the acquisition can be
+// undone by its token and version (PostgresStore.Update).
+func (s *Store) update(ctx context.Context, ref domain.ResourceRef, decide application.Decide, inserted *string) (domain.Lock, error) {
 	if s.contended.has(ref) {
 		cur, err := s.readLock(ctx, ref)
 		if err != nil {
@@ -75,7 +83,7 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 			if err != nil {
 				return domain.Lock{}, decided{err}
 			}
-			return s.apply(ctx, tx, ref, cur, change)
+			return s.apply(ctx, tx, ref, cur, change, inserted)
 		})
 		if !errors.Is(err, errRowChanged) {
 			break
@@ -108,7 +116,7 @@ func (d decided) Error() string { return d.err.Error() }
 // matched a row changed since would carry out a decision nobody took.
 // Another Update cannot change the row meanwhile (LockResource, or SQLite's
 // single writer), but a release or a cleanup can delete it.
-func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change) (domain.Lock, error) {
+func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change, inserted *string) (domain.Lock, error) {
 	switch change.Kind {
 	case application.ChangeExtend:
 		if cur == nil {
@@ -143,6 +151,11 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 			l.Owner, string(ref.Type), ref.ID, acquired, expires).Scan(&l.Token)
 		if err != nil {
 			return domain.Lock{}, err
+		}
+		if inserted != nil && tx != nil {
+			if err := tx.QueryRowContext(ctx, rowVersionSQL, l.Token).Scan(inserted); err != nil {
+				return domain.Lock{}, err
+			}
 		}
 		if l.AcquiredAt, err = parseTime(entlock.FieldAcquiredAt, acquired); err != nil {
 			return domain.Lock{}, err

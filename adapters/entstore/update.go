@@ -1,0 +1,122 @@
+package entstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+)
+
+// rowVersionSQL reads the row version (xmin) of the lock $1, as
+// undoVersionSQL names it.
+var rowVersionSQL = pgStatement(`SELECT xmin::text FROM {locks} WHERE {id} = $1::bigint`)
+
+// errCallerLeft ends an Update whose caller left before it decided:
+// nothing is written.
+var errCallerLeft = errors.New("the caller left before the decision")
+
+// Update implements application.LockRepository: the Store's transaction,
+// which, as a lone acquire (runOne), does not end with its caller's
+// context. Cut during its COMMIT, it could commit unseen, and a takeover
+// (of an expired lock, of a dead holder's) would hold the resource for a
+// caller told that it failed. When the caller leaves, it returns at once
+// with the context's error, and the transaction goes on, leftTimeout at
+// most: if it had not decided yet, it decides nothing and writes nothing;
+// if it inserted a lock, that acquisition is undone by its token and row
+// version, so that a later re-entry of the same owner is spared. A
+// renewal or a re-entry that commits stands, as in a batch. These
+// transactions count among the maxLeft that may outlive their callers;
+// past the bound, the transaction is cut as before, and undone only if
+// its answer still says that it inserted. Close waits for them as for the
+// lone acquires.
+func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
+	if err := ctx.Err(); err != nil {
+		return domain.Lock{}, s.failed(ctx, err, "update lock on", ref)
+	}
+	var (
+		mu   sync.Mutex
+		gone bool               // the caller left: decide no more
+		last application.Change // the last decision, the one that stands
+	)
+	track := func(cur *domain.Lock) (application.Change, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if gone {
+			return application.Change{}, errCallerLeft
+		}
+		c, err := decide(cur)
+		last = c
+		return c, err
+	}
+	type answer struct {
+		lock    domain.Lock
+		err     error
+		change  application.Change
+		version string
+		// panicked: decide panicked (the transaction was rolled back);
+		// the panic goes on to the caller, or, gone, where it was caught.
+		panicked bool
+		panic    any
+	}
+	run, cut := context.WithCancel(context.WithoutCancel(ctx))
+	answered := make(chan answer, 1)
+	go func() {
+		var a answer
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					a.panicked, a.panic = true, p
+				}
+			}()
+			a.lock, a.err = s.Store.update(run, ref, track, &a.version)
+		}()
+		mu.Lock()
+		a.change = last
+		mu.Unlock()
+		answered <- a
+	}()
+	select {
+	case a := <-answered:
+		cut()
+		if a.panicked {
+			panic(a.panic)
+		}
+		return a.lock, a.err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	gone = true // a decision taken from now on would be nobody's
+	mu.Unlock()
+	// undone says whether the outcome of a is known to leave nothing for
+	// the caller: an error of the decision (nothing written), a change
+	// that stands, or an insert undone.
+	undone := func(a answer) bool {
+		switch {
+		case a.panicked:
+			panic(a.panic)
+		case a.err != nil:
+			var se *domain.StoreError
+			return !errors.As(a.err, &se) && !errors.Is(a.err, context.Canceled) && !errors.Is(a.err, context.DeadlineExceeded)
+		case a.change.Kind != application.ChangeInsert || a.version == "":
+			return true
+		default:
+			return s.undo(ref, a.lock.Token, a.version)
+		}
+	}
+	if !s.batch.group.tryLeave() {
+		cut()
+		go func() { undone(<-answered) }()
+		return domain.Lock{}, s.failed(ctx, ctx.Err(), "update lock on", ref)
+	}
+	late := time.AfterFunc(leftTimeout, cut)
+	go func() {
+		a := <-answered
+		late.Stop()
+		cut()
+		s.batch.group.leftEnded(undone(a))
+	}()
+	return domain.Lock{}, s.failed(ctx, ctx.Err(), "update lock on", ref)
+}
