@@ -2,7 +2,9 @@ package postgres
 
 import (
 	"context"
+	"crypto/tls"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"hash/fnv"
 	"net"
@@ -91,7 +93,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	}
 	conns := newPool()
 	cfg.DialFunc = conns.dial(cfg.DialFunc)
-	sdb := stdlib.OpenDB(*cfg)
+	sdb := stdlib.OpenDB(*cfg, stdlib.OptionResetSession(heardFrom))
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 10
 	}
@@ -100,7 +102,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	sdb.SetConnMaxIdleTime(5 * time.Minute)
 	if err := sdb.PingContext(ctx); err != nil {
 		sdb.Close()
-		return nil, FormatError(op, err)
+		return nil, entstore.Explain(ctx, err, op, FormatError)
 	}
 	db := &DB{sql: sdb, conns: conns}
 	if err := db.migrate(ctx); err != nil {
@@ -248,6 +250,24 @@ func (p *pool) cutAll() {
 	for _, c := range conns {
 		_ = c.Close()
 	}
+}
+
+// heardFrom refuses a connection taken from the pool whose server spoke
+// while it sat idle (poolConn.spoke): database/sql then closes it and
+// takes another, before anything is sent. The driver pings a connection
+// idle for more than a second; a connection whose backend was terminated
+// a moment ago (by an operator, a pooler, a shutdown) would otherwise
+// fail the next statement with the server's farewell though nothing was
+// written. The check is one system call that never waits.
+func heardFrom(_ context.Context, conn *pgx.Conn) error {
+	c := conn.PgConn().Conn()
+	if t, ok := c.(*tls.Conn); ok {
+		c = t.NetConn()
+	}
+	if pc, ok := c.(*poolConn); ok && pc.spoke() {
+		return driver.ErrBadConn
+	}
+	return nil
 }
 
 // poolConn is a connection of a pool, which forgets it when it closes.

@@ -23,6 +23,13 @@ func FormatError(op string, err error) error {
 	if err == nil {
 		return nil
 	}
+	// A connection that could not be made is the server's failure, even
+	// when the driver says "context deadline exceeded": its connect_timeout
+	// is a deadline of its own, not the caller's (entstore.Explain tells
+	// the caller's apart, before this).
+	if connErr := (*pgconn.ConnectError)(nil); errors.As(err, &connErr) {
+		return storeError(op, domain.StoreUnreachable, redacted{err})
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
