@@ -26,9 +26,9 @@ import (
 var acquireStart = time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 
 // mustService opens a store on dsn (a new pool, so a new contention hint)
-// and a service on it at the mock clock mc. Its sessions carry the name
+// and a service on it at the clock mc. Its sessions carry the name
 // waitFor looks for.
-func mustService(t *testing.T, dsn string, mc *clock.Mock) *application.LockService {
+func mustService(t *testing.T, dsn string, mc application.Clock) *application.LockService {
 	t.Helper()
 	db, err := postgres.Open(context.Background(), withParam(t, dsn, "application_name", appName(t)), postgres.Options{})
 	require.NoError(t, err)

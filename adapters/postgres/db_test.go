@@ -178,13 +178,8 @@ func TestWrite_RunsAgainOnABadConnection(t *testing.T) {
 // acquire within a second of the kill failed (12 of 12); past a second,
 // the driver's own ping caught it.
 func TestAcquire_AfterItsIdleConnectionsWereTerminated(t *testing.T) {
-	dsn, app := testdb.WithApp(t, testdb.Postgres(t))
 	ctx := context.Background()
-	db, err := postgres.Open(ctx, dsn, postgres.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
-	require.NoError(t, err)
+	svc, app := mustService(t, testdb.Postgres(t), clock.New()), appName(t)
 	admin := rawPG(t, testdb.Postgres(t))
 
 	for i := range 3 {

@@ -222,11 +222,7 @@ func slowCommitService(t *testing.T) (*postgres.DB, *application.LockService, *s
 func TestAcquire_CallersThatLeaveDoNotTakeThePool(t *testing.T) {
 	dsn := testdb.Postgres(t)
 	ctx := context.Background()
-	db, err := postgres.Open(ctx, dsn, postgres.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
-	require.NoError(t, err)
+	svc := mustService(t, dsn, clock.New())
 
 	busy := domain.ResourceRef{Type: domain.ResourcePlan, ID: "busy"}
 	holder := rawPG(t, dsn)
