@@ -138,7 +138,8 @@ type Container struct {
 	closing  atomic.Bool // Close has begun: Write refuses
 	// closeCtx is the context of the Close call in progress, read by the
 	// release-all that Wire's cleanup runs.
-	closeCtx context.Context
+	closeCtx    context.Context
+	closeBudget string // the time closeCtx gives, in words
 }
 
 // Open builds the container that cfg describes. Opening applies the
@@ -213,14 +214,24 @@ func (c *Container) Clock() application.Clock { return c.clock }
 func (c *Container) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
 	defer cancel()
-	return c.Shutdown(ctx)
+	return c.shutdownWithin(ctx, "Close's "+DefaultShutdownTimeout.String())
 }
 
 // Shutdown is Close with a caller's context for the release of the locks.
 func (c *Container) Shutdown(ctx context.Context) error {
+	budget := "its context, which has no deadline"
+	if d, ok := ctx.Deadline(); ok {
+		budget = "its context's deadline, " + d.UTC().Format(time.RFC3339Nano)
+	}
+	return c.shutdownWithin(ctx, budget)
+}
+
+// shutdownWithin shuts the container down once; budget names the time
+// ctx gives it, for its errors.
+func (c *Container) shutdownWithin(ctx context.Context, budget string) error {
 	c.once.Do(func() {
 		c.closing.Store(true)
-		c.closeCtx = ctx
+		c.closeCtx, c.closeBudget = ctx, budget
 		c.cleanup()
 	})
 	return c.shutdown.err()

@@ -128,7 +128,14 @@ func newContainer(ctx context.Context, svc *application.LockService, repo applic
 			periodic.Stop()
 		}
 		if err := svc.Close(c.closeCtx); err != nil {
-			sd.add(err)
+			// The calls in flight did not end in time: releasing now could
+			// race one that commits a lock after the release.
+			what := "they stay held until their TTL, or until released elsewhere"
+			if c.keep {
+				what = "they stay held, as KeepLocksOnClose asks"
+			}
+			sd.add(fmt.Errorf("shutting down the lock service of owner %q: %w; its locks were not released: %s "+
+				"(give Shutdown a longer context than %s, or end the calls in flight first)", c.owner, err, what, c.closeBudget))
 			return
 		}
 		if c.keep {
@@ -136,7 +143,8 @@ func newContainer(ctx context.Context, svc *application.LockService, repo applic
 		}
 		_, err := repo.DeleteAllOwned(c.closeCtx, c.owner)
 		if err != nil && c.closeCtx.Err() != nil {
-			err = fmt.Errorf("releasing the locks of owner %q on shutdown: the database did not answer before the shutdown's deadline, and they stay held until their TTL (give Shutdown a longer context to release them): %w", c.owner, err)
+			err = fmt.Errorf("releasing the locks of owner %q on shutdown: the database did not answer before the shutdown's deadline (%s), "+
+				"and they stay held until their TTL (give Shutdown a longer context to release them): %w", c.owner, c.closeBudget, err)
 		}
 		sd.add(err)
 	}

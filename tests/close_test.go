@@ -124,3 +124,43 @@ func TestContainer_ShutdownThatCannotReleaseSaysWhy(t *testing.T) {
 	require.Contains(t, err.Error(), `releasing the locks of owner "app"`)
 	require.Contains(t, err.Error(), "until their TTL")
 }
+
+// A shutdown that gives up waiting for a call in flight does not release
+// the owner's locks (a release then could race the call's commit), and
+// its error says so, with the time it had.
+func TestContainer_ShutdownThatGaveUpOnACallSaysTheLocksStay(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	ctx := context.Background()
+	c, err := locks.Open(ctx, locks.Config{Database: dsn, Owner: "app"})
+	require.NoError(t, err)
+	_, err = c.Locks.Acquire(ctx, "app", domain.ResourceRef{Type: domain.ResourcePlan, ID: "p"}, time.Minute)
+	require.NoError(t, err)
+
+	admin, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	defer admin.Close()
+	hold, err := admin.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = hold.Exec("LOCK TABLE locks IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	inFlight := make(chan error, 1)
+	go func() {
+		_, err := c.Locks.Acquire(ctx, "app", domain.ResourceRef{Type: domain.ResourcePlan, ID: "q"}, time.Minute)
+		inFlight <- err
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, admin.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n))
+		return n > 0
+	}, 10*time.Second, time.Millisecond, "the acquire never waited for the table")
+
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	err = c.Shutdown(short)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Contains(t, err.Error(), `lock service of owner "app"`)
+	require.Contains(t, err.Error(), "its locks were not released")
+	require.Contains(t, err.Error(), "its context's deadline")
+	require.NoError(t, hold.Rollback())
+	<-inFlight
+}
