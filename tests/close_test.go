@@ -101,25 +101,13 @@ func testCloseWhileAcquiring(t *testing.T, db string) {
 // answer in time says so, and what becomes of the locks, rather than
 // return the bare deadline of its context.
 func TestContainer_ShutdownThatCannotReleaseSaysWhy(t *testing.T) {
-	dsn := testdb.Postgres(t)
 	ctx := context.Background()
-	c, err := locks.Open(ctx, locks.Config{Database: dsn, Owner: "app"})
-	require.NoError(t, err)
-	_, err = c.Locks.Acquire(ctx, "app", domain.ResourceRef{Type: domain.ResourcePlan, ID: "p"}, time.Minute)
-	require.NoError(t, err)
-
-	admin, err := sql.Open("pgx", dsn)
-	require.NoError(t, err)
-	defer admin.Close()
-	hold, err := admin.BeginTx(ctx, nil)
-	require.NoError(t, err)
+	c, _, hold := lockedTable(t)
 	defer hold.Rollback()
-	_, err = hold.Exec("LOCK TABLE locks IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
 
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	err = c.Shutdown(short)
+	err := c.Shutdown(short)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Contains(t, err.Error(), `releasing the locks of owner "app"`)
 	require.Contains(t, err.Error(), "until their TTL")
@@ -129,20 +117,8 @@ func TestContainer_ShutdownThatCannotReleaseSaysWhy(t *testing.T) {
 // the owner's locks (a release then could race the call's commit), and
 // its error says so, with the time it had.
 func TestContainer_ShutdownThatGaveUpOnACallSaysTheLocksStay(t *testing.T) {
-	dsn := testdb.Postgres(t)
 	ctx := context.Background()
-	c, err := locks.Open(ctx, locks.Config{Database: dsn, Owner: "app"})
-	require.NoError(t, err)
-	_, err = c.Locks.Acquire(ctx, "app", domain.ResourceRef{Type: domain.ResourcePlan, ID: "p"}, time.Minute)
-	require.NoError(t, err)
-
-	admin, err := sql.Open("pgx", dsn)
-	require.NoError(t, err)
-	defer admin.Close()
-	hold, err := admin.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	_, err = hold.Exec("LOCK TABLE locks IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
+	c, admin, hold := lockedTable(t)
 	inFlight := make(chan error, 1)
 	go func() {
 		_, err := c.Locks.Acquire(ctx, "app", domain.ResourceRef{Type: domain.ResourcePlan, ID: "q"}, time.Minute)
@@ -156,11 +132,33 @@ func TestContainer_ShutdownThatGaveUpOnACallSaysTheLocksStay(t *testing.T) {
 
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	err = c.Shutdown(short)
+	err := c.Shutdown(short)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Contains(t, err.Error(), `lock service of owner "app"`)
 	require.Contains(t, err.Error(), "its locks were not released")
 	require.Contains(t, err.Error(), "its context's deadline")
 	require.NoError(t, hold.Rollback())
 	<-inFlight
+}
+
+// lockedTable opens a container on PostgreSQL whose owner "app" holds a
+// lock, and returns it with a connection of the test's own and a
+// transaction on it that holds the locks table (LOCK TABLE), which the
+// caller rolls back.
+func lockedTable(t *testing.T) (*locks.Container, *sql.DB, *sql.Tx) {
+	t.Helper()
+	dsn := testdb.Postgres(t)
+	ctx := context.Background()
+	c, err := locks.Open(ctx, locks.Config{Database: dsn, Owner: "app"})
+	require.NoError(t, err)
+	_, err = c.Locks.Acquire(ctx, "app", domain.ResourceRef{Type: domain.ResourcePlan, ID: "p"}, time.Minute)
+	require.NoError(t, err)
+	admin, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close() })
+	hold, err := admin.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = hold.Exec("LOCK TABLE locks IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	return c, admin, hold
 }
