@@ -16,7 +16,7 @@ var rowVersionSQL = pgStatement(`SELECT xmin::text FROM {locks} WHERE {id} = $1:
 
 // errCallerLeft ends an Update whose caller left before it decided:
 // nothing is written.
-var errCallerLeft = errors.New("the caller left before the decision")
+var errCallerLeft = errors.New("the caller left before the decision stood")
 
 // Update implements application.LockRepository: the Store's transaction,
 // which, as a lone acquire (runOne), does not end with its caller's
@@ -24,9 +24,10 @@ var errCallerLeft = errors.New("the caller left before the decision")
 // (of an expired lock, of a dead holder's) would hold the resource for a
 // caller told that it failed. When the caller leaves, it returns at once
 // with the context's error, and the transaction goes on, leftTimeout at
-// most: if it had not decided yet, it decides nothing and writes nothing;
-// if it inserted a lock, that acquisition is undone by its token and row
-// version, so that a later re-entry of the same owner is spared. A
+// most: if it had not decided yet, or its caller left while it decided,
+// it writes nothing; if it inserted a lock, that acquisition is undone by
+// its token and row version, so that a later re-entry of the same owner
+// is spared. A
 // renewal or a re-entry that commits stands, as in a batch. These
 // transactions count among the maxLeft that may outlive their callers;
 // past the bound, the transaction is cut as before, and undone only if
@@ -48,6 +49,12 @@ func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, deci
 			return application.Change{}, errCallerLeft
 		}
 		c, err := decide(cur)
+		if ctx.Err() != nil {
+			// The caller left while it decided: the decision is nobody's,
+			// and the transaction ends with nothing written.
+			gone = true
+			return application.Change{}, errCallerLeft
+		}
 		last = c
 		return c, err
 	}
@@ -83,6 +90,9 @@ func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, deci
 		cut()
 		if a.panicked {
 			panic(a.panic)
+		}
+		if errors.Is(a.err, errCallerLeft) {
+			return domain.Lock{}, s.failed(ctx, ctx.Err(), "update lock on", ref)
 		}
 		return a.lock, a.err
 	case <-ctx.Done():
