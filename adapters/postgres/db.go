@@ -258,8 +258,17 @@ func (p *pool) cutAll() {
 // idle for more than a second; a connection whose backend was terminated
 // a moment ago (by an operator, a pooler, a shutdown) would otherwise
 // fail the next statement with the server's farewell though nothing was
-// written. The check is one system call that never waits.
-func heardFrom(_ context.Context, conn *pgx.Conn) error {
+// written. The check is one system call that never waits, made once pgx
+// has stopped its own reading of the socket (SyncConn): pgx reads in the
+// background while a write of its is slow, and that read may still wait
+// on the idle connection, holding the socket, which a peek would then
+// wait behind for as long as the server says nothing. SyncConn pings to
+// end such a read, within ctx; a connection that cannot be synced is
+// refused as well.
+func heardFrom(ctx context.Context, conn *pgx.Conn) error {
+	if err := conn.PgConn().SyncConn(ctx); err != nil {
+		return driver.ErrBadConn
+	}
 	c := conn.PgConn().Conn()
 	if t, ok := c.(*tls.Conn); ok {
 		c = t.NetConn()
