@@ -385,8 +385,8 @@ func (s *PostgresStore) Close() error {
 	var unanswered error
 	if n > 0 {
 		unanswered = &domain.StoreError{Op: "close the lock store", Kind: domain.StoreUnreachable,
-			Advice: fmt.Sprintf("%d writes (acquires whose callers had given up, or batches) got no answer from it before the store closed, "+
-				"and if they committed, their locks last until their TTL; check that the server answers", n)}
+			Advice: fmt.Sprintf("%d writes (acquires whose callers had given up, or batches) were cut or got no answer before the store closed, "+
+				"so their outcome is unknown: if they committed, their locks last until their TTL; check that the server answers", n)}
 	}
 	return errors.Join(unanswered, s.Store.Close())
 }

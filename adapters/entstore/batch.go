@@ -79,6 +79,9 @@ type batchGroup struct {
 	// instead of an answer, or whose undo got none.
 	left    int
 	flights int
+	// cut counts the acquires whose callers left past maxLeft, cut when
+	// they left, until their answers come: Close waits for them too.
+	cut     int
 	idle    chan struct{}
 	unknown int
 }
@@ -121,6 +124,26 @@ func (g *batchGroup) leftEnded(known bool) {
 	g.idleLocked()
 }
 
+// cutStarted counts an acquire cut when its caller left (past maxLeft),
+// until its answer comes.
+func (g *batchGroup) cutStarted() {
+	g.mu.Lock()
+	g.cut++
+	g.mu.Unlock()
+}
+
+// cutEnded counts out such an acquire, its answer come and undone
+// (known), or its outcome unknown.
+func (g *batchGroup) cutEnded(known bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !known {
+		g.unknown++
+	}
+	g.cut--
+	g.idleLocked()
+}
+
 // flightStarted counts a batch on its way.
 func (g *batchGroup) flightStarted() {
 	g.mu.Lock()
@@ -140,7 +163,7 @@ func (g *batchGroup) flightEnded(unknown int) {
 
 // idleLocked closes idle if nothing is on its way. g.mu is held.
 func (g *batchGroup) idleLocked() {
-	if g.left == 0 && g.flights == 0 && g.idle != nil {
+	if g.left == 0 && g.flights == 0 && g.cut == 0 && g.idle != nil {
 		close(g.idle)
 		g.idle = nil
 	}
@@ -154,7 +177,7 @@ func (g *batchGroup) idleLocked() {
 // their TTLs.
 func (g *batchGroup) quiet(d time.Duration) int {
 	g.mu.Lock()
-	if g.left > 0 || g.flights > 0 {
+	if g.left > 0 || g.flights > 0 || g.cut > 0 {
 		if g.idle == nil {
 			g.idle = make(chan struct{})
 		}
@@ -169,7 +192,7 @@ func (g *batchGroup) quiet(d time.Duration) int {
 		g.mu.Lock()
 	}
 	defer g.mu.Unlock()
-	return g.left + g.flights + g.unknown
+	return g.left + g.flights + g.cut + g.unknown
 }
 
 // full says whether the group has as many detached batches as it may.
@@ -245,6 +268,9 @@ type batcher[Req, Res any] struct {
 	// undo, when set, undoes res, the outcome of a member whose caller
 	// left before it came; it reports whether the database answered.
 	undo func(req Req, res Res) bool
+	// unwritten: PostgresBatching.Unwritten (nil: every failure leaves
+	// the outcome unknown).
+	unwritten func(error) bool
 
 	// always runs every write through many, alone or not: see InBatches.
 	always bool
@@ -340,13 +366,19 @@ func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
 		return a.res, a.err
 	case <-ctx.Done():
 	}
+	// An error leaves the outcome unknown (a connection cut after the
+	// commit, say), unless it shows that nothing was written, and so does
+	// an undo the database did not answer.
+	known := func(a answer) bool {
+		if a.err != nil {
+			return b.isUnwritten(a.err)
+		}
+		return b.undo(req, a.res)
+	}
 	if !b.group.tryLeave() {
 		cut()
-		go func() {
-			if a := <-answered; a.err == nil {
-				b.undo(req, a.res)
-			}
-		}()
+		b.group.cutStarted()
+		go func() { b.group.cutEnded(known(<-answered)) }()
 		return zero, ctx.Err()
 	}
 	late := time.AfterFunc(leftTimeout, cut)
@@ -354,12 +386,15 @@ func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
 		a := <-answered
 		late.Stop()
 		cut()
-		// An error leaves the outcome unknown (a connection cut after the
-		// commit, say), and so does an undo the database did not answer.
-		known := a.err == nil && b.undo(req, a.res)
-		b.group.leftEnded(known)
+		b.group.leftEnded(known(a))
 	}()
 	return zero, ctx.Err()
+}
+
+// isUnwritten says whether err, a write's failure, shows that it wrote
+// nothing (PostgresBatching.Unwritten).
+func (b *batcher[Req, Res]) isUnwritten(err error) bool {
+	return b.unwritten != nil && b.unwritten(err)
 }
 
 // do runs the write req on ref: at once and alone when nothing of its
@@ -580,7 +615,7 @@ func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 		if op.left && !op.alone && b.undo != nil {
 			if op.err == nil {
 				undo = append(undo, op)
-			} else {
+			} else if !b.isUnwritten(op.err) {
 				unknown++
 			}
 		}

@@ -23,6 +23,12 @@ type PostgresBatching struct {
 	// removed from the resource whose type and id are the expressions typ
 	// and id (pg_notify). Nil: no wake-up.
 	Notice func(typ, id string) string
+	// Unwritten says whether a write's error shows that it wrote nothing:
+	// its statement was never sent, or the server cancelled it (which it
+	// does not do to a commit under way). An acquire whose caller left and
+	// that failed so leaves nothing to undo; any other failure leaves its
+	// outcome unknown, which Close reports. Nil: every failure is unknown.
+	Unwritten func(error) bool
 	// ReleaseCommit is an SQL expression that a batch of releases
 	// evaluates for each lock it removes, for its effect on the commit of
 	// the batch's transaction (the PostgreSQL adapter's lets it return
@@ -122,6 +128,7 @@ func (s *PostgresStore) newBatchers(p PostgresBatching, always bool) batchers {
 	}
 	b.free.always, b.acquire.always, b.take.always, b.renew.always, b.release.always = always, always, always, always, always
 	b.free.life, b.acquire.life, b.take.life, b.renew.life, b.release.life = s.life, s.life, s.life, s.life, s.life
+	b.free.unwritten, b.acquire.unwritten, b.take.unwritten = p.Unwritten, p.Unwritten, p.Unwritten
 	g := &batchGroup{kicks: []func(){b.free.kick, b.acquire.kick, b.take.kick, b.renew.kick, b.release.kick}}
 	b.free.group, b.acquire.group, b.take.group, b.renew.group, b.release.group = g, g, g, g, g
 	b.group = g

@@ -108,6 +108,11 @@ func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, deci
 		case a.panicked:
 			panic(a.panic)
 		case a.err != nil:
+			if s.batching.Unwritten != nil && s.batching.Unwritten(a.err) {
+				return true
+			}
+			// The decision's own errors wrote nothing; the store's and a
+			// cut's leave the outcome unknown.
 			var se *domain.StoreError
 			return !errors.As(a.err, &se) && !errors.Is(a.err, context.Canceled) && !errors.Is(a.err, context.DeadlineExceeded)
 		case a.change.Kind != application.ChangeInsert || a.version == "":
@@ -118,7 +123,8 @@ func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, deci
 	}
 	if !s.batch.group.tryLeave() {
 		cut()
-		go func() { undone(<-answered) }()
+		s.batch.group.cutStarted()
+		go func() { s.batch.group.cutEnded(undone(<-answered)) }()
 		return domain.Lock{}, s.failed(ctx, ctx.Err(), "update lock on", ref)
 	}
 	late := time.AfterFunc(leftTimeout, cut)

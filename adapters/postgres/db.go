@@ -133,6 +133,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	}
 	db.store = entstore.NewPostgres(store, resourceKey, entstore.PostgresBatching{
 		EveryBody:     everyMembers,
+		Unwritten:     unwritten,
 		Notice:        releaseNotice(channel),
 		ReleaseCommit: releaseCommit,
 	})

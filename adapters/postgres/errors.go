@@ -120,6 +120,18 @@ func retryable(err error) bool {
 		errors.Is(err, driver.ErrBadConn)
 }
 
+// unwritten reports whether a write that failed with err wrote nothing:
+// the driver never sent it (a connection that could not be made, or that
+// it knew to be bad), or the server cancelled it (query_canceled: a cancel
+// reaches a statement while it runs or waits, never a commit under way,
+// whose interrupts the server holds off).
+func unwritten(err error) bool {
+	var pgErr *pgconn.PgError
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014" || errors.As(err, &connErr) ||
+		pgconn.SafeToRetry(err) || errors.Is(err, driver.ErrBadConn)
+}
+
 // SnapshotConflict reports whether err is PostgreSQL's refusal of a
 // statement whose transaction's snapshot conflicts with a change committed
 // since (serialization_failure): above READ COMMITTED, a locking read of

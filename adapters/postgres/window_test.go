@@ -222,7 +222,10 @@ func slowCommitService(t *testing.T) (*postgres.DB, *application.LockService, *s
 func TestAcquire_CallersThatLeaveDoNotTakeThePool(t *testing.T) {
 	dsn := testdb.Postgres(t)
 	ctx := context.Background()
-	svc := mustService(t, dsn, clock.New())
+	db, err := postgres.Open(ctx, dsn, postgres.Options{})
+	require.NoError(t, err)
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
+	require.NoError(t, err)
 
 	busy := domain.ResourceRef{Type: domain.ResourcePlan, ID: "busy"}
 	holder := rawPG(t, dsn)
@@ -249,6 +252,14 @@ func TestAcquire_CallersThatLeaveDoNotTakeThePool(t *testing.T) {
 		_, err := svc.Get(ctx, busy)
 		return errors.Is(err, domain.ErrNotFound)
 	}, 10*time.Second, 10*time.Millisecond, "an acquire whose caller left holds the resource")
+
+	// The statements cut past the bound got no answer the store could
+	// read (the driver reports its cancel as the context's error, whether
+	// the server cancelled the statement or committed it): Close says so.
+	err = db.Close()
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	require.Contains(t, err.Error(), "were cut or got no answer")
+	require.Contains(t, err.Error(), "until their TTL")
 }
 
 // A store that closes before the answer of an acquire whose caller left
