@@ -70,24 +70,22 @@ type batchGroup struct {
 	mu       sync.Mutex
 	detached int
 	kicks    []func()
-	// left counts the lone acquires whose callers left and that still
-	// wait for their answers, to undo them (runOne); flights, the batches
-	// on their way, until the acquisitions of their members that left are
-	// undone (hand). idle, when not nil, is closed when both come back to
-	// zero. unknown counts the writes whose outcome stayed unknown: a lone
-	// acquire or a batch member whose caller left and that got an error
-	// instead of an answer, or whose undo got none.
+	// left counts the writes whose callers left and that go on to their
+	// answers (outlive), within maxLeft. pending counts what Close waits
+	// for: those, the writes cut past the bound until their answers come,
+	// and the batches on their way until the acquisitions of their members
+	// that left are undone. idle, when not nil, is closed when pending
+	// comes back to zero. unknown counts the writes whose outcome stayed
+	// unknown: an error that does not show that nothing was written, or
+	// an undo that got no answer.
 	left    int
-	flights int
-	// cut counts the acquires whose callers left past maxLeft, cut when
-	// they left, until their answers come: Close waits for them too.
-	cut     int
+	pending int
 	idle    chan struct{}
 	unknown int
 }
 
-// maxLeft bounds the lone acquires of a store whose callers left and that
-// go on to their answers (runOne), each on a connection of the pool: a
+// maxLeft bounds the writes of a store whose callers left and that go on
+// to their answers (outlive), each on a connection of the pool: a
 // statement that waits (behind another session's transaction on its
 // resource, or on a server that stopped answering) would otherwise hold
 // its connection for leftTimeout, and callers that give up and try again
@@ -100,8 +98,8 @@ type batchGroup struct {
 // time and were cut.
 const maxLeft = 4
 
-// tryLeave counts one more lone acquire whose caller left, if the bound
-// allows.
+// tryLeave counts one more write whose caller left and that goes on, if
+// the bound allows.
 func (g *batchGroup) tryLeave() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -109,75 +107,53 @@ func (g *batchGroup) tryLeave() bool {
 		return false
 	}
 	g.left++
+	g.pending++
 	return true
 }
 
-// leftEnded counts out a lone acquire whose caller left, its answer come
-// and undone (known), or its outcome unknown.
+// leftEnded counts out such a write, its outcome known or not.
 func (g *batchGroup) leftEnded(known bool) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !known {
-		g.unknown++
-	}
 	g.left--
-	g.idleLocked()
+	g.mu.Unlock()
+	g.ended(unknownIf(!known))
 }
 
-// cutStarted counts an acquire cut when its caller left (past maxLeft),
-// until its answer comes.
-func (g *batchGroup) cutStarted() {
+// started counts one more write that Close must wait for: a batch on its
+// way, or a write cut past maxLeft until its answer comes.
+func (g *batchGroup) started() {
 	g.mu.Lock()
-	g.cut++
+	g.pending++
 	g.mu.Unlock()
 }
 
-// cutEnded counts out such an acquire, its answer come and undone
-// (known), or its outcome unknown.
-func (g *batchGroup) cutEnded(known bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !known {
-		g.unknown++
-	}
-	g.cut--
-	g.idleLocked()
-}
-
-// flightStarted counts a batch on its way.
-func (g *batchGroup) flightStarted() {
-	g.mu.Lock()
-	g.flights++
-	g.mu.Unlock()
-}
-
-// flightEnded counts out a batch, its answer handed out and the
-// acquisitions of its members that left undone, but for unknown of them.
-func (g *batchGroup) flightEnded(unknown int) {
+// ended counts out a write that Close waited for, unknown of whose
+// outcomes stayed unknown.
+func (g *batchGroup) ended(unknown int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.unknown += unknown
-	g.flights--
-	g.idleLocked()
-}
-
-// idleLocked closes idle if nothing is on its way. g.mu is held.
-func (g *batchGroup) idleLocked() {
-	if g.left == 0 && g.flights == 0 && g.cut == 0 && g.idle != nil {
+	if g.pending--; g.pending == 0 && g.idle != nil {
 		close(g.idle)
 		g.idle = nil
 	}
 }
 
-// quiet waits, for d at most, until the lone acquires whose callers left
-// and the batches on their way have had their answers, and the
-// acquisitions of callers that left are undone. It returns how many
-// writes had not (a batch counts once), or ended with their outcome
-// unknown since the group began: what a Close that cuts them leaves to
-// their TTLs.
+func unknownIf(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// quiet waits, for d at most, until the writes whose callers left and the
+// batches on their way have had their answers, and the acquisitions of
+// callers that left are undone. It returns how many had not (a batch
+// counts once), or ended with their outcome unknown since the group
+// began: what a Close that cuts them leaves to their TTLs.
 func (g *batchGroup) quiet(d time.Duration) int {
 	g.mu.Lock()
-	if g.left > 0 || g.flights > 0 || g.cut > 0 {
+	if g.pending > 0 {
 		if g.idle == nil {
 			g.idle = make(chan struct{})
 		}
@@ -192,7 +168,45 @@ func (g *batchGroup) quiet(d time.Duration) int {
 		g.mu.Lock()
 	}
 	defer g.mu.Unlock()
-	return g.left + g.flights + g.cut + g.unknown
+	return g.pending + g.unknown
+}
+
+// outlive runs op on a context that does not end with ctx, whose end
+// could cut a statement after the server committed it, unseen. It returns
+// op's answer and true if it came before ctx ended. Otherwise it returns
+// at once, false, and op goes on, leftTimeout at most, after leaving (if
+// set) has run; settle then reads its answer and says whether the outcome
+// is known (an acquisition undone, or nothing written). At most maxLeft
+// such writes go on at once; past the bound op is cut when its caller
+// leaves, and its answer is still settled. Close waits for them all.
+func outlive[T any](ctx context.Context, g *batchGroup, op func(context.Context) T, leaving func(), settle func(T) bool) (T, bool) {
+	run, cut := context.WithCancel(context.WithoutCancel(ctx))
+	answered := make(chan T, 1)
+	go func() { answered <- op(run) }()
+	select {
+	case a := <-answered:
+		cut()
+		return a, true
+	case <-ctx.Done():
+	}
+	if leaving != nil {
+		leaving()
+	}
+	var zero T
+	if !g.tryLeave() {
+		cut()
+		g.started()
+		go func() { g.ended(unknownIf(!settle(<-answered))) }()
+		return zero, false
+	}
+	late := time.AfterFunc(leftTimeout, cut)
+	go func() {
+		a := <-answered
+		late.Stop()
+		cut()
+		g.leftEnded(settle(a))
+	}()
+	return zero, false
 }
 
 // full says whether the group has as many detached batches as it may.
@@ -350,45 +364,26 @@ func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}
-	run, cut := context.WithCancel(context.WithoutCancel(ctx))
 	type answer struct {
 		res Res
 		err error
 	}
-	answered := make(chan answer, 1)
-	go func() {
+	a, ok := outlive(ctx, b.group, func(run context.Context) answer {
 		res, err := b.one(run, req)
-		answered <- answer{res, err}
-	}()
-	select {
-	case a := <-answered:
-		cut()
-		return a.res, a.err
-	case <-ctx.Done():
-	}
-	// An error leaves the outcome unknown (a connection cut after the
-	// commit, say), unless it shows that nothing was written, and so does
-	// an undo the database did not answer.
-	known := func(a answer) bool {
+		return answer{res, err}
+	}, nil, func(a answer) bool {
+		// An error leaves the outcome unknown (a connection cut after
+		// the commit, say), unless it shows that nothing was written, and
+		// so does an undo the database did not answer.
 		if a.err != nil {
 			return b.isUnwritten(a.err)
 		}
 		return b.undo(req, a.res)
-	}
-	if !b.group.tryLeave() {
-		cut()
-		b.group.cutStarted()
-		go func() { b.group.cutEnded(known(<-answered)) }()
+	})
+	if !ok {
 		return zero, ctx.Err()
 	}
-	late := time.AfterFunc(leftTimeout, cut)
-	go func() {
-		a := <-answered
-		late.Stop()
-		cut()
-		b.group.leftEnded(known(a))
-	}()
-	return zero, ctx.Err()
+	return a.res, a.err
 }
 
 // isUnwritten says whether err, a write's failure, shows that it wrote
@@ -540,7 +535,7 @@ func (b *batcher[Req, Res]) gather() {
 	for _, op := range batch {
 		op.flight = f
 	}
-	b.group.flightStarted()
+	b.group.started()
 	b.mu.Unlock()
 	b.run(f, batch)
 }
@@ -635,7 +630,7 @@ func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 			unknown++
 		}
 	}
-	b.group.flightEnded(unknown)
+	b.group.ended(unknown)
 }
 
 // kick sends the next batch, if one waits.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"time"
 
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -27,8 +26,8 @@ var errCallerLeft = errors.New("the caller left before the decision stood")
 // most: if it had not decided yet, or its caller left while it decided,
 // it writes nothing; if it inserted a lock, that acquisition is undone by
 // its token and row version, so that a later re-entry of the same owner
-// is spared. A
-// renewal or a re-entry that commits stands, as in a batch. These
+// is spared. A renewal or a re-entry that commits stands, as in a batch
+// (outlive). These
 // transactions count among the maxLeft that may outlive their callers;
 // past the bound, the transaction is cut as before, and undone only if
 // its answer still says that it inserted. Close waits for them as for the
@@ -68,42 +67,25 @@ func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, deci
 		panicked bool
 		panic    any
 	}
-	run, cut := context.WithCancel(context.WithoutCancel(ctx))
-	answered := make(chan answer, 1)
-	go func() {
-		var a answer
-		func() {
-			defer func() {
-				if p := recover(); p != nil {
-					a.panicked, a.panic = true, p
-				}
-			}()
-			a.lock, a.err = s.Store.update(run, ref, track, &a.version)
+	a, ok := outlive(ctx, s.batch.group, func(run context.Context) (a answer) {
+		defer func() {
+			if p := recover(); p != nil {
+				a.panicked, a.panic = true, p
+			}
+			mu.Lock()
+			a.change = last
+			mu.Unlock()
 		}()
+		a.lock, a.err = s.Store.update(run, ref, track, &a.version)
+		return a
+	}, func() {
 		mu.Lock()
-		a.change = last
+		gone = true // a decision taken from now on would be nobody's
 		mu.Unlock()
-		answered <- a
-	}()
-	select {
-	case a := <-answered:
-		cut()
-		if a.panicked {
-			panic(a.panic)
-		}
-		if errors.Is(a.err, errCallerLeft) {
-			return domain.Lock{}, s.failed(ctx, ctx.Err(), "update lock on", ref)
-		}
-		return a.lock, a.err
-	case <-ctx.Done():
-	}
-	mu.Lock()
-	gone = true // a decision taken from now on would be nobody's
-	mu.Unlock()
-	// undone says whether the outcome of a is known to leave nothing for
-	// the caller: an error of the decision (nothing written), a change
-	// that stands, or an insert undone.
-	undone := func(a answer) bool {
+	}, func(a answer) bool {
+		// Whether the outcome is known to leave nothing for the caller:
+		// an error of the decision (nothing written), a change that
+		// stands, or an insert undone.
 		switch {
 		case a.panicked:
 			panic(a.panic)
@@ -120,19 +102,14 @@ func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, deci
 		default:
 			return s.undo(ref, a.lock.Token, a.version)
 		}
-	}
-	if !s.batch.group.tryLeave() {
-		cut()
-		s.batch.group.cutStarted()
-		go func() { s.batch.group.cutEnded(undone(<-answered)) }()
+	})
+	switch {
+	case !ok:
+		return domain.Lock{}, s.failed(ctx, ctx.Err(), "update lock on", ref)
+	case a.panicked:
+		panic(a.panic)
+	case errors.Is(a.err, errCallerLeft):
 		return domain.Lock{}, s.failed(ctx, ctx.Err(), "update lock on", ref)
 	}
-	late := time.AfterFunc(leftTimeout, cut)
-	go func() {
-		a := <-answered
-		late.Stop()
-		cut()
-		s.batch.group.leftEnded(undone(a))
-	}()
-	return domain.Lock{}, s.failed(ctx, ctx.Err(), "update lock on", ref)
+	return a.lock, a.err
 }

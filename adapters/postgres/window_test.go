@@ -222,10 +222,7 @@ func slowCommitService(t *testing.T) (*postgres.DB, *application.LockService, *s
 func TestAcquire_CallersThatLeaveDoNotTakeThePool(t *testing.T) {
 	dsn := testdb.Postgres(t)
 	ctx := context.Background()
-	db, err := postgres.Open(ctx, dsn, postgres.Options{})
-	require.NoError(t, err)
-	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
-	require.NoError(t, err)
+	db, svc := unclosedService(t, dsn)
 
 	busy := domain.ResourceRef{Type: domain.ResourcePlan, ID: "busy"}
 	holder := rawPG(t, dsn)
@@ -267,10 +264,7 @@ func TestAcquire_CallersThatLeaveDoNotTakeThePool(t *testing.T) {
 func TestClose_SaysWhenAnAcquireWhoseCallerLeftHadNoAnswer(t *testing.T) {
 	dsn := testdb.Postgres(t)
 	ctx := context.Background()
-	db, err := postgres.Open(ctx, dsn, postgres.Options{})
-	require.NoError(t, err)
-	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
-	require.NoError(t, err)
+	db, svc := unclosedService(t, dsn)
 	admin := rawPG(t, dsn)
 	for _, q := range []string{
 		`CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$`,
@@ -282,7 +276,7 @@ func TestClose_SaysWhenAnAcquireWhoseCallerLeftHadNoAnswer(t *testing.T) {
 
 	left, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
-	_, err = svc.Acquire(left, "A", plan1, time.Minute)
+	_, err := svc.Acquire(left, "A", plan1, time.Minute)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	err = db.Close()
 	require.Error(t, err, "Close said nothing of an acquire it gave up waiting for")
@@ -374,4 +368,16 @@ func TestUpdate_ACallerThatLeftDuringTheCommitLeavesNoLock(t *testing.T) {
 				"the lock of a caller told that its Update failed is still held")
 		})
 	}
+}
+
+// unclosedService opens a store at dsn and a service on it with the real
+// clock, for a test that closes the store itself and checks what Close
+// says.
+func unclosedService(t *testing.T, dsn string) (*postgres.DB, *application.LockService) {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	require.NoError(t, err)
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
+	require.NoError(t, err)
+	return db, svc
 }
