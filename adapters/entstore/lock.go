@@ -209,7 +209,11 @@ func oneRow(res sql.Result, err error) error {
 
 // Get implements application.LockRepository.
 func (s *Store) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
-	cur, err := s.readLock(ctx, ref)
+	var cur *domain.Lock
+	err := s.reading(ctx, func(ctx context.Context) (err error) {
+		cur, err = s.readLock(ctx, ref)
+		return err
+	})
 	switch {
 	case err != nil:
 		return domain.Lock{}, s.explain(ctx, err, "get lock on "+ref.String())
@@ -231,7 +235,12 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 	if !f.ActiveAt.IsZero() {
 		q = q.Where(entlock.ExpiresAtGT(formatTime(f.ActiveAt)))
 	}
-	rows, err := q.Order(byBytes(entlock.FieldResourceType), byBytes(entlock.FieldResourceID)).All(ctx)
+	q = q.Order(byBytes(entlock.FieldResourceType), byBytes(entlock.FieldResourceID))
+	var rows []*ent.Lock
+	err := s.reading(ctx, func(ctx context.Context) (err error) {
+		rows, err = q.Clone().All(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, s.explain(ctx, err, "list locks")
 	}
@@ -353,7 +362,11 @@ func (s *Store) released(refs ...domain.ResourceRef) {
 
 // CountExpired implements application.LockRepository.
 func (s *Store) CountExpired(ctx context.Context, now time.Time) (int, error) {
-	n, err := s.readEnt.Lock.Query().Where(expiredAt(now)).Count(ctx)
+	var n int
+	err := s.reading(ctx, func(ctx context.Context) (err error) {
+		n, err = s.readEnt.Lock.Query().Where(expiredAt(now)).Count(ctx)
+		return err
+	})
 	if err != nil {
 		return 0, s.explain(ctx, err, "count expired locks")
 	}

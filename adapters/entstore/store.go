@@ -50,6 +50,11 @@ type Backend struct {
 	//
 	// kind says what the body runs, and so what it needs (see WriteKind).
 	WriteTx func(ctx context.Context, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) error) error
+	// Read, when set, runs one read, fn, and runs it again while it fails
+	// in a way that another connection may not: the connection ended
+	// under it (a server's backend terminated by an operator). It returns
+	// fn's last error as it is. Nil runs fn once.
+	Read func(ctx context.Context, fn func(context.Context) error) error
 	// LockResource, when set, runs first in every Update transaction and
 	// must keep any other Update of ref out until the transaction ends.
 	// Nil when beginning the transaction already excludes every other
@@ -275,6 +280,14 @@ func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(context
 	}
 	committed = true
 	return tx.Commit()
+}
+
+// reading runs the read fn through the backend's Read.
+func (s *Store) reading(ctx context.Context, fn func(context.Context) error) error {
+	if s.b.Read == nil {
+		return fn(ctx)
+	}
+	return s.b.Read(ctx, fn)
 }
 
 // failed explains err, when there is one, naming the operation on ref;

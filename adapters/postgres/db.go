@@ -118,6 +118,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	backend := entstore.Backend{
 		Dialect:      dialect.Postgres,
 		Write:        write,
+		Read:         read,
 		LockResource: lockResource,
 		TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 		FormatError:  FormatError,
@@ -309,6 +310,36 @@ func resourceKey(ref domain.ResourceRef) int64 {
 	h.Write([]byte{0})
 	h.Write([]byte(ref.ID))
 	return int64(h.Sum64())
+}
+
+// readAttempts bounds how often a read whose connection ended under it
+// is tried in all. database/sql itself tries up to three connections for
+// each, when the driver knows them bad before it sends anything.
+const readAttempts = 4
+
+// read runs fn, and runs it again when its connection ended under it
+// (sessionEnded): a read changes nothing, and another connection of the
+// pool, or a new one, may answer.
+func read(ctx context.Context, fn func(context.Context) error) error {
+	return entstore.Retry(ctx, readAttempts, sessionEnded, fn)
+}
+
+// sessionEnded reports a failure of the connection a statement ran on
+// rather than of the server: the driver knew the connection bad, it was
+// lost without a word, or the server ended the session (an operator's
+// pg_terminate_backend, a fast shutdown: admin_shutdown; a crash:
+// crash_shutdown). A server that cannot be reached at all fails the next
+// try to connect, which is not run again.
+func sessionEnded(err error) bool {
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "57P01" || pgErr.Code == "57P02"
+	}
+	return connectionLost(err) || pgconn.SafeToRetry(err)
 }
 
 // write runs fn, retrying it a bounded number of times with jittered
