@@ -328,16 +328,17 @@ func read(ctx context.Context, fn func(context.Context) error) error {
 // rather than of the server: the driver knew the connection bad, it was
 // lost without a word, or the server ended the session (an operator's
 // pg_terminate_backend, a fast shutdown: admin_shutdown; a crash:
-// crash_shutdown). A server that cannot be reached at all fails the next
-// try to connect, which is not run again.
+// crash_shutdown), even while the connection was being made. A server
+// that cannot be reached at all fails the next try to connect, which is
+// not run again.
 func sessionEnded(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) { // a new connection's session too, ended while it started
+		return pgErr.Code == "57P01" || pgErr.Code == "57P02"
+	}
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code == "57P01" || pgErr.Code == "57P02"
+		return false // no server answered
 	}
 	return connectionLost(err) || pgconn.SafeToRetry(err)
 }

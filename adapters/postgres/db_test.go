@@ -249,26 +249,40 @@ func TestRead_ThroughTerminatedConnections(t *testing.T) {
 	store := postgres.NewLockRepository(db)
 	svc, err := application.NewLockService(store, clock.New(), 0)
 	require.NoError(t, err)
-	admin := rawPG(t, testdb.Postgres(t))
 	ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "read-through-terminations"}
 	_, err = svc.Acquire(ctx, "A", ref, time.Minute)
 	require.NoError(t, err)
 
+	readThroughTerminations(t, app, 20*time.Millisecond, 50,
+		func() error { _, err := svc.Get(ctx, ref); return err },
+		func() error { _, err := store.List(ctx, application.ListFilter{Owner: "A"}); return err },
+		func() error { _, err := store.CountExpired(ctx, time.Now()); return err })
+}
+
+// readThroughTerminations runs each of reads in a loop, on 16 goroutines
+// in all (many more callers than a small pool has connections, so that
+// the pool stays full), while the idle backends of the sessions named app
+// are terminated every interval, waves times, and fails the test for each
+// read that failed.
+func readThroughTerminations(t *testing.T, app string, every time.Duration, waves int, reads ...func() error) {
+	t.Helper()
+	admin := rawPG(t, testdb.Postgres(t))
 	var (
 		stop  = make(chan struct{})
 		wg    sync.WaitGroup
-		reads atomic.Int64
+		count atomic.Int64
 		errs  = make(chan error, 64)
 	)
-	reader := func(read func() error) func() {
-		return func() {
+	for i := range 16 {
+		read := reads[i%len(reads)]
+		wg.Go(func() {
 			for {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				reads.Add(1)
+				count.Add(1)
 				if err := read(); err != nil {
 					select {
 					case errs <- err:
@@ -276,31 +290,21 @@ func TestRead_ThroughTerminatedConnections(t *testing.T) {
 					}
 				}
 			}
-		}
-	}
-	for i := range 16 { // many more callers than connections: the pool stays full
-		switch i % 3 {
-		case 0:
-			wg.Go(reader(func() error { _, err := svc.Get(ctx, ref); return err }))
-		case 1:
-			wg.Go(reader(func() error { _, err := store.List(ctx, application.ListFilter{Owner: "A"}); return err }))
-		default:
-			wg.Go(reader(func() error { _, err := store.CountExpired(ctx, time.Now()); return err }))
-		}
+		})
 	}
 	killed := 0
-	for range 50 {
+	for range waves {
 		var n int
 		require.NoError(t, admin.QueryRow(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 WHERE datname = current_database() AND application_name = $1 AND state = 'idle'`, app).Scan(&n))
 		killed += n
-		time.Sleep(20 * time.Millisecond) // paces the terminations; nothing waits on it
+		time.Sleep(every) // paces the terminations; nothing waits on it
 	}
 	close(stop)
 	wg.Wait()
 	close(errs)
 	require.NotZero(t, killed, "no backend was terminated: the test proved nothing")
 	for err := range errs {
-		t.Errorf("a read failed (%d reads, %d backends terminated): %v", reads.Load(), killed, err)
+		t.Errorf("a read failed (%d reads, %d backends terminated): %v", count.Load(), killed, err)
 	}
 }

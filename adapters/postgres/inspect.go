@@ -50,13 +50,13 @@ func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	cfg.RuntimeParams["default_transaction_read_only"] = "on"
 	conns := newPool()
 	cfg.DialFunc = conns.dial(cfg.DialFunc)
-	sdb := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(assertReadOnly))
+	sdb := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(assertReadOnly), stdlib.OptionResetSession(heardFrom))
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = inspectConns
 	}
 	sdb.SetMaxOpenConns(opts.MaxConns)
 	sdb.SetMaxIdleConns(opts.MaxConns)
-	if err := sdb.PingContext(ctx); err != nil {
+	if err := read(ctx, sdb.PingContext); err != nil {
 		sdb.Close()
 		return nil, FormatError(op, err)
 	}
@@ -99,6 +99,21 @@ type SchemaState struct {
 // them. It only reads: goose would create its version table in a schema
 // that lacks one.
 func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
+	var st SchemaState
+	err := read(ctx, func(ctx context.Context) (err error) {
+		st, err = db.schema(ctx)
+		return err
+	})
+	var se *domain.StoreError
+	if err != nil && !errors.As(err, &se) {
+		err = FormatError("read schema", err)
+	}
+	return st, err
+}
+
+// schema is Schema's reading, once; it returns the driver's errors as
+// they are.
+func (db *DB) schema(ctx context.Context) (SchemaState, error) {
 	const op = "read schema"
 	var (
 		st           SchemaState
@@ -111,7 +126,7 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($3)) IS NOT NULL`,
 		entlock.Table, entstore.VersionTable, entstore.LegacyVersionTable).Scan(&schema, &st.LocksTable, &ours, &legacy)
 	if err != nil {
-		return st, FormatError(op, err)
+		return st, err
 	}
 	// The module's own version table or, in a schema that only versions of
 	// the module older than that table have opened, goose's default one.
@@ -134,7 +149,7 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	err = db.sql.QueryRowContext(ctx, "SELECT is_applied FROM "+table+
 		" WHERE version_id = $1 ORDER BY id DESC LIMIT 1", version).Scan(&st.MigrationApplied)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return st, FormatError(op, err)
+		return st, err
 	}
 	return st, nil
 }
@@ -165,6 +180,12 @@ func CheckWritable(ctx context.Context, dsn string) error {
 		return storeError("check lock store", domain.StoreUnreachable, redacted{err})
 	}
 	op := "check lock store " + target(cfg)
+	// Only reads: run again on a new connection if the session ends.
+	return read(ctx, func(ctx context.Context) error { return checkWritable(ctx, cfg, op) })
+}
+
+// checkWritable is CheckWritable's check, once.
+func checkWritable(ctx context.Context, cfg *pgx.ConnConfig, op string) error {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return FormatError(op, err)
