@@ -96,7 +96,7 @@ func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*Serv
 		// component.
 		c.mono = SystemClock{}.Monotonic
 	}
-	if err := c.measure(ctx); err != nil {
+	if err := read(ctx, c.measure); err != nil {
 		return nil, FormatError("read the server's clock", err)
 	}
 	go c.refresh()
@@ -169,7 +169,7 @@ func (c *ServerClock) refresh() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := c.measure(ctx); err != nil {
+		if err := read(ctx, c.measure); err != nil {
 			c.mu.Lock()
 			c.lastErr = err
 			c.mu.Unlock()

@@ -253,7 +253,7 @@ func TestRead_ThroughTerminatedConnections(t *testing.T) {
 	_, err = svc.Acquire(ctx, "A", ref, time.Minute)
 	require.NoError(t, err)
 
-	readThroughTerminations(t, app, 20*time.Millisecond, 50,
+	readThroughTerminations(t, app, 40*time.Millisecond, 40,
 		func() error { _, err := svc.Get(ctx, ref); return err },
 		func() error { _, err := store.List(ctx, application.ListFilter{Owner: "A"}); return err },
 		func() error { _, err := store.CountExpired(ctx, time.Now()); return err })

@@ -118,3 +118,6 @@ const WatchClass = watchClass
 
 // Write is the store's Backend.Write: it runs fn, again when it may.
 func Write(ctx context.Context, fn func(context.Context) error) error { return write(ctx, fn) }
+
+// SessionEnded is the test of a read's failure that runs it again.
+func SessionEnded(err error) bool { return sessionEnded(err) }

@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -284,35 +283,4 @@ func scratchRole(t *testing.T, dsn string) string {
 	adminExec(t, dsn, "CREATE ROLE "+role+" LOGIN")
 	t.Cleanup(func() { adminExec(t, dsn, "DROP OWNED BY "+role+"; DROP ROLE "+role) })
 	return role
-}
-
-// The reads of an inspection (the CLI's lock list and diagnostics) run
-// again when an operator terminates their connection, as the service's
-// do: opening for inspection, Schema, the lock reads and CheckWritable.
-// Found by an outside review: 6 of 80 runs of `agents locks list` and 6
-// of 60 of `agents diagnostics` failed as unreachable while the CLI's
-// backends were terminated every 10 ms. (Terminated every 20–50 ms, a
-// read that opens a connection for each try can still meet a termination
-// at each of its four; here, every 100 ms.)
-func TestInspect_ThroughTerminatedConnections(t *testing.T) {
-	ctx := context.Background()
-	app := appName(t)
-	dsn := withParam(t, MigratedDSN(t), "application_name", app)
-	db, err := postgres.OpenReadOnly(ctx, dsn, postgres.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
-	store := postgres.NewLockRepository(db)
-
-	readThroughTerminations(t, app, 100*time.Millisecond, 20,
-		func() error { _, err := db.Schema(ctx); return err },
-		func() error { _, err := store.List(ctx, application.ListFilter{}); return err },
-		func() error { return postgres.CheckWritable(ctx, dsn) },
-		func() error {
-			db, err := postgres.OpenReadOnly(ctx, dsn, postgres.Options{})
-			if err != nil {
-				return err
-			}
-			_, err = db.Schema(ctx)
-			return errors.Join(err, db.Close())
-		})
 }
