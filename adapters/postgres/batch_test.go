@@ -438,42 +438,17 @@ type slowProxy struct {
 }
 
 func newSlowProxy(t *testing.T, target string, delay time.Duration) *slowProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &slowProxy{ln: ln, delay: delay}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	p := &slowProxy{delay: delay}
+	p.ln = newProxy(t, target, func(c, s net.Conn) {
+		go func() { io.Copy(s, c); s.Close() }()
+		forward(c, s, func([]byte) bool {
+			if p.slow.Load() {
+				time.Sleep(p.delay)
 			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go func() { io.Copy(s, c); s.Close() }()
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 {
-						if p.slow.Load() {
-							time.Sleep(p.delay)
-						}
-						if _, err := c.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
+			return true
+		})
+		c.Close()
+	})
 	return p
 }
 

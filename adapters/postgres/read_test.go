@@ -32,58 +32,13 @@ type cutProxy struct {
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &cutProxy{ln: ln}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go func() { // the server's answers
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 {
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							break
-						}
-					}
-					if err != nil {
-						break
-					}
-				}
-				c.Close()
-			}()
-			go func() { // the client's messages
-				defer s.Close()
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if p.cut(buf[:n]) {
-							return
-						}
-						if _, werr := s.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
+	p := &cutProxy{}
+	p.ln = newProxy(t, target, func(c, s net.Conn) {
+		go func() { forward(c, s, nil); c.Close() }() // the server's answers
+		forward(s, c, func(b []byte) bool { return !p.cut(b) })
+		s.Close()
+		c.Close()
+	})
 	return p
 }
 
