@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
@@ -243,20 +244,28 @@ func TestOpen_ASilentServerCannotBeReached(t *testing.T) {
 func TestRead_ThroughTerminatedConnections(t *testing.T) {
 	ctx := context.Background()
 	app := appName(t)
-	db, err := postgres.Open(ctx, withParam(t, testdb.Postgres(t), "application_name", app), postgres.Options{MaxConns: 2})
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
-	store := postgres.NewLockRepository(db)
-	svc, err := application.NewLockService(store, clock.New(), 0)
-	require.NoError(t, err)
 	ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "read-through-terminations"}
-	_, err = svc.Acquire(ctx, "A", ref, time.Minute)
-	require.NoError(t, err)
+	store, svc := heldBy(t, withParam(t, testdb.Postgres(t), "application_name", app), 2, "A", ref)
 
 	readThroughTerminations(t, app, 40*time.Millisecond, 40,
 		func() error { _, err := svc.Get(ctx, ref); return err },
 		func() error { _, err := store.List(ctx, application.ListFilter{Owner: "A"}); return err },
 		func() error { _, err := store.CountExpired(ctx, time.Now()); return err })
+}
+
+// heldBy opens a store on dsn with a pool of conns connections, and a
+// service on it in which owner holds ref for a minute.
+func heldBy(t *testing.T, dsn string, conns int, owner string, ref domain.ResourceRef) (*entstore.PostgresStore, *application.LockService) {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: conns})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	store := postgres.NewLockRepository(db)
+	svc, err := application.NewLockService(store, clock.New(), 0)
+	require.NoError(t, err)
+	_, err = svc.Acquire(context.Background(), owner, ref, time.Minute)
+	require.NoError(t, err)
+	return store, svc
 }
 
 // readThroughTerminations runs each of reads in a loop, on 16 goroutines

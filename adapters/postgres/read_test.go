@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -93,15 +92,8 @@ func TestRead_RunsAgainWhenItsConnectionIsLost(t *testing.T) {
 	px := newCutProxy(t, u.Host)
 	via := px.through(t, dsn)
 
-	db, err := postgres.Open(ctx, via, postgres.Options{MaxConns: 1})
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
-	store := postgres.NewLockRepository(db)
-	svc, err := application.NewLockService(store, clock.New(), 0)
-	require.NoError(t, err)
 	ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "cut-under-a-read"}
-	_, err = svc.Acquire(ctx, "A", ref, time.Minute)
-	require.NoError(t, err)
+	store, svc := heldBy(t, via, 1, "A", ref)
 	ro, err := postgres.OpenReadOnly(ctx, via, postgres.Options{MaxConns: 1})
 	require.NoError(t, err)
 	t.Cleanup(func() { ro.Close() })
