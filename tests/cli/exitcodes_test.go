@@ -55,7 +55,7 @@ func TestCLIRun_ExitCodeFlags(t *testing.T) {
 			ready, term := filepath.Join(a.dir, "ready"), filepath.Join(a.dir, "term")
 			args := append([]string{"--owner", "runner", "locks", "run", "plan", "p1", "--ttl", "5s", "--conflict-exit-code", "75"}, tc.flags...)
 			p := a.start(append(args, "--", "sh", "-c", stopsOnTerm, ready, term)...)
-			awaitPID(t, ready)
+			p.awaitPID(ready)
 			a.mustRun("--owner", "runner", "locks", "release", "plan", "p1")
 			r := p.wait()
 			assert.Equal(t, tc.want, r.code, "stderr: %s", r.stderr)

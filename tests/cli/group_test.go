@@ -66,7 +66,7 @@ func TestCLI_DeadHolderWorkOutlivesAgents(t *testing.T) {
 		pidfile := filepath.Join(a.dir, "grandchild")
 		p := a.start("locks", "run", "plan", "p1", "--ttl", "1h", "--", "sh", "-c", withGrandchild, pidfile)
 		lock := heldBy(t, a, p)
-		grandchild := awaitPID(t, pidfile)
+		grandchild := p.awaitPID(pidfile)
 		pgid, err := syscall.Getpgid(grandchild)
 		require.NoError(t, err)
 		assert.Equal(t, groupOf(t, lock), pgid, "the command's children run in the group the owner names")
@@ -97,7 +97,7 @@ func TestCLI_DeadHolderWorkOutlivesAgents(t *testing.T) {
 		pidfile := filepath.Join(a.dir, "grandchild")
 		p := a.start("locks", "run", "plan", "p1", "--ttl", "1h", "--", "sh", "-c", withGrandchild, pidfile)
 		lock := heldBy(t, a, p)
-		grandchild := awaitPID(t, pidfile)
+		grandchild := p.awaitPID(pidfile)
 		group := groupOf(t, lock)
 
 		// Both die as one: agents, stopped first, cannot act on its
@@ -129,7 +129,7 @@ func TestCLIRun_SignalsReachTheGroup(t *testing.T) {
 		a := newAgents(t)
 		pidfile := filepath.Join(a.dir, "grandchild")
 		p := a.start("--owner", "alice", "locks", "run", "plan", "p1", "--", "sh", "-c", withGrandchild, pidfile)
-		grandchild := awaitPID(t, pidfile)
+		grandchild := p.awaitPID(pidfile)
 		p.signal(syscall.SIGTERM)
 		r := p.wait()
 		assert.Equal(t, 128+15, r.code, "stderr: %s", r.stderr)
@@ -144,7 +144,7 @@ func TestCLIRun_SignalsReachTheGroup(t *testing.T) {
 		// SIGKILL, after the grace, stops them.
 		p := a.start("--json", "--owner", "runner", "locks", "run", "plan", "p1", "--ttl", "5s", "--grace", "1s", "--",
 			"sh", "-c", `trap '' TERM; `+withGrandchild, pidfile)
-		grandchild := awaitPID(t, pidfile)
+		grandchild := p.awaitPID(pidfile)
 		a.mustRun("--owner", "runner", "locks", "release", "plan", "p1")
 		a.mustRun("--owner", "other", "locks", "acquire", "plan", "p1")
 		r := p.wait()

@@ -26,7 +26,7 @@ func TestCLIRun_KeeperThenAgentsKilledRefusesWhileTheGroupLives(t *testing.T) {
 	pidfile := filepath.Join(a.dir, "grandchild")
 	p := a.start("locks", "run", "plan", "p1", "--ttl", "1h", "--", "sh", "-c", withGrandchild, pidfile)
 	lock := heldBy(t, a, p)
-	grandchild := awaitPID(t, pidfile)
+	grandchild := p.awaitPID(pidfile)
 	group := groupOf(t, lock)
 
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGSTOP)) // agents cannot react

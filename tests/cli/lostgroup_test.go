@@ -25,7 +25,7 @@ func TestCLIRun_LostLockWaitsForTheWholeGroup(t *testing.T) {
 	p := a.start("--owner", "X", "--json", "locks", "run", "plan", "p1", "--ttl", "5s", "--grace", "1s",
 		"--", "sh", "-c", script, pidfile)
 	heldBy(t, a, p)
-	grandchild := awaitPID(t, pidfile)
+	grandchild := p.awaitPID(pidfile)
 
 	lostAt := time.Now()
 	a.mustRun("--owner", "X", "locks", "release", "plan", "p1") // the lock is lost: removed
@@ -49,7 +49,7 @@ func TestCLIRun_ForwardedSignalWaitsForTheWholeGroup(t *testing.T) {
 	p := a.start("--owner", "X", "locks", "run", "plan", "p1", "--ttl", "5s", "--grace", "1s",
 		"--", "sh", "-c", script, pidfile)
 	heldBy(t, a, p)
-	grandchild := awaitPID(t, pidfile)
+	grandchild := p.awaitPID(pidfile)
 
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	r := p.wait()

@@ -76,21 +76,61 @@ func (p *proc) signal(sig syscall.Signal) {
 	require.NoError(p.t, p.cmd.Process.Signal(sig))
 }
 
-// awaitPID waits until a command has written its pid to path, which it does
-// once it is ready, and returns the pid.
-func awaitPID(t *testing.T, path string) int {
-	t.Helper()
-	var pid int
-	require.Eventually(t, func() bool {
-		b, err := os.ReadFile(path)
-		if err != nil || !bytes.HasSuffix(b, []byte("\n")) {
-			return false
+// awaitPID waits until the command agents runs has written its pid to
+// path, which it does once it is ready, and returns the pid.
+func (p *proc) awaitPID(path string) int {
+	p.t.Helper()
+	pids := p.awaitPIDs(path)
+	require.Len(p.t, pids, 1, "%s holds one pid", path)
+	return pids[0]
+}
+
+// awaitPIDs waits until the command agents runs has written its pids, on
+// one line, to path, and returns them; they are killed when the test ends.
+// If agents exits first (it could not open its store or take the lock),
+// the test fails at once with what agents printed.
+func (p *proc) awaitPIDs(path string) []int {
+	p.t.Helper()
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if pids := readPIDs(path); pids != nil {
+			p.t.Cleanup(func() {
+				for _, pid := range pids {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			})
+			return pids
 		}
-		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
-		return err == nil
-	}, 10*time.Second, 5*time.Millisecond, "the command never wrote %s", path)
-	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
-	return pid
+		select {
+		case <-p.done:
+			require.FailNow(p.t, "agents exited before its command was ready",
+				"exit code %d; the command never wrote %s\nstdout: %s\nstderr: %s",
+				p.cmd.ProcessState.ExitCode(), path, p.stdout.String(), p.stderr.String())
+		case <-deadline:
+			require.FailNow(p.t, "the command never wrote its pids", "%s; agents is still running", path)
+		case <-tick.C:
+		}
+	}
+}
+
+// readPIDs returns the pids on the line in path, or nil until the line is
+// whole.
+func readPIDs(path string) []int {
+	b, err := os.ReadFile(path)
+	if err != nil || !bytes.HasSuffix(b, []byte("\n")) {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			return nil
+		}
+		pids = append(pids, pid)
+	}
+	return pids
 }
 
 // dead reports whether process pid has ended: it is gone, or a zombie that
@@ -237,7 +277,7 @@ func TestCLIRun_ForwardsSignals(t *testing.T) {
 			p := a.start("--owner", "alice", "locks", "run", "plan", "p1", "--", "sh", "-c",
 				`trap 'echo "$2" > "$1"; sleep 0.3; exit 42' INT TERM; echo $$ > "$0"; while :; do sleep 0.05; done`,
 				ready, got, sig.String())
-			awaitPID(t, ready)
+			p.awaitPID(ready)
 			p.signal(sig)
 			r := p.wait()
 			assert.Equal(t, 42, r.code, "the command's status; stderr: %s", r.stderr)
@@ -260,7 +300,7 @@ func TestCLIRun_LostLockStopsCommand(t *testing.T) {
 	a := newAgents(t)
 	ready, term := filepath.Join(a.dir, "ready"), filepath.Join(a.dir, "term")
 	p := a.start("--json", "--owner", "runner", "locks", "run", "plan", "p1", "--ttl", "5s", "--", "sh", "-c", stopsOnTerm, ready, term)
-	pid := awaitPID(t, ready)
+	pid := p.awaitPID(ready)
 
 	p.signal(syscall.SIGSTOP)
 	var ls []lock
@@ -298,7 +338,7 @@ func TestCLIRun_GraceThenSIGKILL(t *testing.T) {
 	ready := filepath.Join(a.dir, "ready")
 	p := a.start("--json", "--owner", "runner", "locks", "run", "plan", "p1", "--ttl", "5s", "--grace", "1s", "--",
 		"sh", "-c", ignoresTerm, ready)
-	pid := awaitPID(t, ready)
+	pid := p.awaitPID(ready)
 	a.mustRun("--owner", "runner", "locks", "release", "plan", "p1")
 	a.mustRun("--owner", "other", "locks", "acquire", "plan", "p1")
 
@@ -325,7 +365,7 @@ func TestCLIRun_ParentDeath(t *testing.T) {
 	a := newAgents(t)
 	ready := filepath.Join(a.dir, "ready")
 	p := a.start("--owner", "runner", "locks", "run", "plan", "p1", "--", "sh", "-c", `echo $$ > "$0"; exec sleep 60`, ready)
-	pid := awaitPID(t, ready)
+	pid := p.awaitPID(ready)
 	require.False(t, dead(pid))
 	p.signal(syscall.SIGKILL)
 	p.wait()

@@ -3,11 +3,8 @@
 package cli
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -46,7 +43,7 @@ func TestCLIRun_StoppedAgentsCommandStopsBeforeTheExpiry(t *testing.T) {
 	first := a.start("--json", "--owner", "first", "locks", "run", "plan", "p1", "--ttl", "5s", "--",
 		"sh", "-c", `sleep 1000 & echo "$$ $!" > "$0"; wait`, pids)
 	heldBy(t, a, first)
-	work := awaitPIDs(t, pids)
+	work := first.awaitPIDs(pids)
 
 	require.NoError(t, first.cmd.Process.Signal(syscall.SIGSTOP)) // agents only: not the keeper, not CMD
 	t.Cleanup(func() { _ = first.cmd.Process.Signal(syscall.SIGCONT) })
@@ -99,32 +96,4 @@ func TestCLIRun_LiveAgentsKeepsItsCommand(t *testing.T) {
 	r := a.run("--owner", "first", "locks", "run", "plan", "p1", "--ttl", "5s", "--", "sleep", "7")
 	assert.Equal(t, 0, r.code, "stderr: %s", r.stderr)
 	assert.Empty(t, r.stderr)
-}
-
-// awaitPIDs waits until the command has written its pids, on one line,
-// to path.
-func awaitPIDs(t *testing.T, path string) []int {
-	t.Helper()
-	var pids []int
-	require.Eventually(t, func() bool {
-		b, err := os.ReadFile(path)
-		if err != nil || !bytes.HasSuffix(b, []byte("\n")) {
-			return false
-		}
-		pids = pids[:0]
-		for _, f := range strings.Fields(string(b)) {
-			pid, err := strconv.Atoi(f)
-			if err != nil {
-				return false
-			}
-			pids = append(pids, pid)
-		}
-		return true
-	}, 10*time.Second, 5*time.Millisecond, "the command never wrote %s", path)
-	t.Cleanup(func() {
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	})
-	return pids
 }
