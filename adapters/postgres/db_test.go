@@ -246,35 +246,14 @@ func TestRead_ThroughTerminatedConnections(t *testing.T) {
 	app := appName(t)
 	ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "read-through-terminations"}
 	store, svc := heldBy(t, withParam(t, testdb.Postgres(t), "application_name", app), 2, "A", ref)
-
-	readThroughTerminations(t, app, 40*time.Millisecond, 40,
+	reads := []func() error{
 		func() error { _, err := svc.Get(ctx, ref); return err },
 		func() error { _, err := store.List(ctx, application.ListFilter{Owner: "A"}); return err },
-		func() error { _, err := store.CountExpired(ctx, time.Now()); return err })
-}
+		func() error { _, err := store.CountExpired(ctx, time.Now()); return err },
+	}
 
-// heldBy opens a store on dsn with a pool of conns connections, and a
-// service on it in which owner holds ref for a minute.
-func heldBy(t *testing.T, dsn string, conns int, owner string, ref domain.ResourceRef) (*entstore.PostgresStore, *application.LockService) {
-	t.Helper()
-	db, err := postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: conns})
-	require.NoError(t, err)
-	t.Cleanup(func() { db.Close() })
-	store := postgres.NewLockRepository(db)
-	svc, err := application.NewLockService(store, clock.New(), 0)
-	require.NoError(t, err)
-	_, err = svc.Acquire(context.Background(), owner, ref, time.Minute)
-	require.NoError(t, err)
-	return store, svc
-}
-
-// readThroughTerminations runs each of reads in a loop, on 16 goroutines
-// in all (many more callers than a small pool has connections, so that
-// the pool stays full), while the idle backends of the sessions named app
-// are terminated every interval, waves times, and fails the test for each
-// read that failed.
-func readThroughTerminations(t *testing.T, app string, every time.Duration, waves int, reads ...func() error) {
-	t.Helper()
+	// 16 readers, many more than the pool's 2 connections, so that the
+	// pool stays full, while the idle backends are terminated every 40 ms.
 	admin := rawPG(t, testdb.Postgres(t))
 	var (
 		stop  = make(chan struct{})
@@ -302,12 +281,12 @@ func readThroughTerminations(t *testing.T, app string, every time.Duration, wave
 		})
 	}
 	killed := 0
-	for range waves {
+	for range 40 {
 		var n int
 		require.NoError(t, admin.QueryRow(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 WHERE datname = current_database() AND application_name = $1 AND state = 'idle'`, app).Scan(&n))
 		killed += n
-		time.Sleep(every) // paces the terminations; nothing waits on it
+		time.Sleep(40 * time.Millisecond) // paces the terminations; nothing waits on it
 	}
 	close(stop)
 	wg.Wait()
@@ -316,4 +295,19 @@ WHERE datname = current_database() AND application_name = $1 AND state = 'idle'`
 	for err := range errs {
 		t.Errorf("a read failed (%d reads, %d backends terminated): %v", count.Load(), killed, err)
 	}
+}
+
+// heldBy opens a store on dsn with a pool of conns connections, and a
+// service on it in which owner holds ref for a minute.
+func heldBy(t *testing.T, dsn string, conns int, owner string, ref domain.ResourceRef) (*entstore.PostgresStore, *application.LockService) {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: conns})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	store := postgres.NewLockRepository(db)
+	svc, err := application.NewLockService(store, clock.New(), 0)
+	require.NoError(t, err)
+	_, err = svc.Acquire(context.Background(), owner, ref, time.Minute)
+	require.NoError(t, err)
+	return store, svc
 }
