@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 	if db := os.Getenv(envHoldWriteLock); db != "" {
 		os.Exit(holdWriteLock(db))
 	}
+	if stamps := os.Getenv(envWriteStamps); stamps != "" {
+		os.Exit(writeStamps(stamps, os.Args[1]))
+	}
 	os.Exit(buildAndRun(m))
 }
 
