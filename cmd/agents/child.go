@@ -69,9 +69,9 @@ func (p *child) result() commandDoc {
 	return doc
 }
 
-// notifySignals is Main.Signals of the agents process: SIGINT and SIGTERM,
-// which "locks run" forwards to its command.
+// notifySignals is Main.Signals of the agents process: SIGINT, SIGTERM
+// and SIGHUP, which "locks run" forwards to its command.
 func notifySignals(c chan<- os.Signal) (stop func()) {
-	signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(c, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	return func() { signal.Stop(c) }
 }

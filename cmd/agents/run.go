@@ -35,8 +35,8 @@ type Main struct {
 	// Location is the time zone of human output; nil means time.Local.
 	Location *time.Location
 	// Signals delivers to c the signals that "locks run" forwards to its
-	// command, until stop is called; nil means SIGINT and SIGTERM through
-	// signal.Notify.
+	// command, until stop is called; nil means SIGINT, SIGTERM and SIGHUP
+	// through signal.Notify.
 	Signals func(c chan<- os.Signal) (stop func())
 }
 
