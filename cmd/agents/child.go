@@ -21,6 +21,10 @@ type child struct {
 	// lapsed says why the keeper stopped the group, having heard of no
 	// renewal of the lock before its expiry; empty if it did not.
 	lapsed string
+	// killedGroup is set once agents itself has sent SIGKILL to the whole
+	// group, the keeper with it (a command still running --grace after
+	// SIGTERM): the keeper's death that follows is agents' own doing.
+	killedGroup bool
 	// group is the process group the command runs in; nil for agents'.
 	group *group
 }

@@ -364,6 +364,13 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 			}
 		case <-guard:
 			guard = nil
+			if p.killedGroup && why() == "was killed by SIGKILL" {
+				// By agents' own SIGKILL to the group (below), which
+				// reached every process of the work at once: no guard
+				// was lost behind agents' back, and that message went
+				// out already.
+				break
+			}
 			p.unguarded = fmt.Sprintf("the keeper of the command's process group (pid %d) %s: nothing would stop "+
 				"the command's processes were agents to die, so agents killed the group (SIGKILL)", p.group.id(), why())
 			p.reported = true
@@ -409,6 +416,9 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 			if done != nil {
 				fmt.Fprintf(c.stderr, "%s: the command (pid %d) was still running %s after SIGTERM: sending SIGKILL\n",
 					c.prog(), p.cmd.Process.Pid, short(grace))
+				// To the whole group at once, the keeper too: no process
+				// it forks meanwhile escapes a signal to the group.
+				p.killedGroup = true
 				_ = p.kill()
 			} else {
 				// Only leftovers: the keeper must live on to guard them
