@@ -150,6 +150,9 @@ func (c *invocation) finish(err error) int {
 		exit = coded.exit
 	}
 	msg := c.redact(oneLine(err.Error()))
+	if ce := (*cobraError)(nil); errors.As(err, &ce) {
+		msg = c.redact(cobraLine(err.Error()))
+	}
 	if db, _, dberr := c.database(); dberr == nil && errors.Is(err, domain.ErrUnavailable) {
 		// Say which, when the store did not. Compared redacted: the store
 		// quotes a DSN with its password hidden.
