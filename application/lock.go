@@ -349,9 +349,11 @@ func (s *LockService) cleanupExpired(ctx context.Context) (int, error) {
 			return total, err
 		}
 		if held >= 0 && total > held {
-			// No lock expires at a past instant after the purge began, so
-			// the store has reported removing locks it never held: it will
-			// report full batches for ever.
+			// A lock written after the purge began expires after the
+			// instant of its write (clocks agreeing), so none joins the
+			// locks expired at the purge's now: the store has reported
+			// removing locks it never held, and will go on reporting full
+			// batches.
 			return total, &domain.StoreError{Op: "clean up expired locks", Advice: "the store breaks a promise of " +
 				"application.LockRepository (check it with package locktest)", Err: fmt.Errorf(
 				"DeleteExpired reported removing %d expired locks in this purge, more than the %d the store held "+
