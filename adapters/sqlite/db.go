@@ -68,10 +68,16 @@ type Options struct {
 // Open opens (creating it if needed) the database at pathOrURI, applies the
 // pending migrations and returns the store.
 //
+// A file it refuses is left as it was: every refusal is decided by
+// reading only, before the first write.
+//
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
 // no file, such as an in-memory database; a *domain.StoreError whose kind
-// names the cause: StoreUnreachable for a missing directory, StoreReadOnly,
-// StoreCorrupt for a file that is not a database, StoreBusy.
+// names the cause: StoreUnreachable for a missing directory, or wrapping a
+// *LinkedFileError for a file with more than one name; StoreReadOnly;
+// StoreCorrupt for a file that is not a database; StoreSchema wrapping
+// ErrForeignLocksTable for a file with a locks table that the store did not
+// create; StoreBusy.
 func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -81,13 +87,22 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if readOnlyMode(dsn) {
 		return nil, readOnlyModeError("open lock store "+path, dsn) // before anything is created
 	}
+	op := "open lock store " + path
 	if err := createPrivate(path); err != nil {
-		return nil, FormatError("open lock store "+path, err)
+		return nil, FormatError(op, err)
+	}
+	if err := checkOneName(op, path); err != nil {
+		return nil, err
 	}
 	// Refuse a store this process cannot write before SQLite opens it:
 	// SQLite would open it read-only, leave -wal and -shm files behind, and
 	// fail only at the first write.
 	if err := CheckWritable(dsn); err != nil {
+		return nil, err
+	}
+	// Every other reason to refuse the file is found before the first
+	// write: the journal switch to WAL that the store's connections make.
+	if err := preflight(ctx, op, dsn, path); err != nil {
 		return nil, err
 	}
 	rdb, err := sql.Open("sqlite", dsn)

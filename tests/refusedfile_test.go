@@ -1,0 +1,196 @@
+package tests
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/domain"
+)
+
+// A file that locks.Open refuses is left byte for byte as it was: its
+// digest, its journal mode, and no file beside it that was not there.
+
+// fileState is what must not change in a refused file's directory: each
+// file's digest, and the journal mode of the one Open was given.
+type fileState struct {
+	digests map[string][32]byte
+	journal string
+}
+
+// stateOf reads the state of dir, whose file db is given to Open. It reads
+// the files only while no connection of this process has them open.
+func stateOf(t *testing.T, dir, db string) fileState {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	st := fileState{digests: map[string][32]byte{}}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		require.NoError(t, err)
+		st.digests[e.Name()] = sha256.Sum256(b)
+	}
+	st.journal = journalMode(t, db)
+	return st
+}
+
+// journalMode reads a SQLite file's journal mode from its header (bytes
+// 18 and 19 are 2 in WAL mode, 1 in a rollback journal mode), without
+// SQLite, which could create -wal and -shm files to read it: "wal",
+// "rollback", or "not a database".
+func journalMode(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	switch {
+	case len(b) < 100 || string(b[:16]) != "SQLite format 3\x00":
+		return "not a database"
+	case b[18] == 2 && b[19] == 2:
+		return "wal"
+	default:
+		return "rollback"
+	}
+}
+
+// appFile makes a SQLite file at path as another application would, in
+// the default rollback journal mode, with what the statements leave.
+func appFile(t *testing.T, path, statements string) {
+	t.Helper()
+	sdb, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(delete)")
+	require.NoError(t, err)
+	_, err = sdb.Exec(statements)
+	require.NoError(t, err)
+	require.NoError(t, sdb.Close())
+}
+
+// lockFile makes a lock database at path, closed, holding one lock.
+func lockFile(t *testing.T, path string) {
+	t.Helper()
+	c, err := locks.Open(context.Background(), locks.Config{Database: path, Owner: "ghost", KeepLocksOnClose: true})
+	require.NoError(t, err)
+	_, err = c.Locks.Acquire(context.Background(), "ghost", stressResources[0], 0)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+}
+
+func TestRefusedFile_Unchanged(t *testing.T) {
+	cases := []struct {
+		name string
+		// make makes the file in dir and returns what Open is given, and
+		// the file it names.
+		make func(t *testing.T, dir string) (database, file string)
+		// check checks the refusal.
+		check func(t *testing.T, err error)
+	}{
+		{"NotADatabase", func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "notes.txt")
+			require.NoError(t, os.WriteFile(p, []byte("these are not the locks you are looking for\n"), 0o600))
+			return p, p
+		}, func(t *testing.T, err error) {
+			assert.True(t, domain.IsStoreKind(err, domain.StoreCorrupt), "%v", err)
+		}},
+		{"ALocksTableOfItsOwn", func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "app.sqlite")
+			appFile(t, p, "CREATE TABLE locks (name TEXT, holder TEXT); INSERT INTO locks VALUES ('door', 'ann')")
+			return p, p
+		}, checkForeignLocksTable},
+		{"ALocksTableAndOtherTables", func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "app.sqlite")
+			appFile(t, p, "CREATE TABLE users (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT); "+
+				"CREATE TABLE locks (name TEXT, holder TEXT); INSERT INTO users (name) VALUES ('ann')")
+			return p, p
+		}, checkForeignLocksTable},
+		{"ALocksTableOfTheStoresShapeMadeByHand", func(t *testing.T, dir string) (string, string) {
+			// The shape of the store's table, without its migration's
+			// record: made by hand, or by another program.
+			p := filepath.Join(dir, "app.sqlite")
+			appFile(t, p, "CREATE TABLE `locks` (`id` integer NOT NULL PRIMARY KEY AUTOINCREMENT, `owner_id` varchar(255) NOT NULL, "+
+				"`resource_type` varchar(50) NOT NULL, `resource_id` varchar(255) NOT NULL, `acquired_at` varchar(30) NOT NULL, `expires_at` varchar(30) NOT NULL)")
+			return p, p
+		}, checkForeignLocksTable},
+		{"ReadOnlyURI", func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "agents.db")
+			lockFile(t, p)
+			return "file:" + p + "?mode=ro", p
+		}, func(t *testing.T, err error) {
+			assert.True(t, domain.IsStoreKind(err, domain.StoreReadOnly), "%v", err)
+		}},
+		{"HardLinked", func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "agents.db")
+			lockFile(t, p)
+			require.NoError(t, os.Link(p, filepath.Join(dir, "other.db")))
+			return filepath.Join(dir, "other.db"), p
+		}, func(t *testing.T, err error) { checkHardLinked(t, err, 2) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			database, file := tc.make(t, dir)
+			before := stateOf(t, dir, file)
+			c, err := locks.Open(context.Background(), locks.Config{Database: database, Owner: "op"})
+			if err == nil {
+				c.Close()
+			}
+			require.Error(t, err, "Open must refuse the file")
+			require.ErrorIs(t, err, domain.ErrUnavailable)
+			tc.check(t, err)
+			assert.Equal(t, before, stateOf(t, dir, file), "a refused file is left as it was: %v", err)
+		})
+	}
+}
+
+// checkForeignLocksTable checks the refusal of a file with a locks table
+// that the store's migration did not create.
+func checkForeignLocksTable(t *testing.T, err error) {
+	t.Helper()
+	assert.True(t, domain.IsStoreKind(err, domain.StoreSchema), "%v", err)
+	assert.Contains(t, err.Error(), "a table named locks that the lock store did not create")
+	assert.Contains(t, err.Error(), "point the service at a lock database of its own")
+	assert.NotContains(t, err.Error(), "already exists", "the refusal comes before any statement that writes")
+}
+
+// checkHardLinked checks the refusal of a file with more than one name.
+func checkHardLinked(t *testing.T, err error, links uint64) {
+	t.Helper()
+	var le *sqlite.LinkedFileError
+	require.True(t, errors.As(err, &le), "a *sqlite.LinkedFileError: %v", err)
+	assert.Equal(t, links, le.Links)
+	assert.Contains(t, err.Error(), "hard links")
+	assert.Contains(t, err.Error(), "remove the other names")
+}
+
+// TestRefusedFile_HardLinkMadeWhileOpen: a name linked to a lock database
+// while a container holds a lock through the first name is refused, and
+// so is the first name for any later opener, since the file now has two;
+// the holder keeps its lock.
+func TestRefusedFile_HardLinkMadeWhileOpen(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.db")
+	holder := MustOpen(t, locks.Config{Database: a, Owner: "A"})
+	l, err := holder.Locks.Acquire(ctx, "A", stressResources[0], 0)
+	require.NoError(t, err)
+	b := filepath.Join(dir, "b.db")
+	require.NoError(t, os.Link(a, b))
+	for _, name := range []string{b, a} {
+		_, err := locks.Open(ctx, locks.Config{Database: name, Owner: "B"})
+		require.Error(t, err, name)
+		checkHardLinked(t, err, 2)
+	}
+	assert.NoFileExists(t, b+"-wal", "the refused name gets no journal of its own")
+	got, err := holder.Locks.Get(ctx, stressResources[0])
+	require.NoError(t, err)
+	assert.Equal(t, l.Token, got.Token)
+}
