@@ -160,7 +160,7 @@ func NewLockRepository(db *DB) *entstore.FreeFirstStore { return db.store }
 // a queue of the processes' writers, and its errors. No per-resource lock
 // is needed: BEGIN IMMEDIATE already keeps every other writer out.
 func (db *DB) backend() entstore.Backend {
-	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, FormatError: FormatError,
+	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, FormatError: db.formatError,
 		Released: db.wake.freed}
 }
 
