@@ -194,3 +194,40 @@ func TestRefusedFile_HardLinkMadeWhileOpen(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, l.Token, got.Token)
 }
+
+// TestRefusedFile_RemovedWhileOpen: a name linked to an open lock database
+// and the first name then removed (a rename, in two steps) leaves the
+// file one name that a new opener accepts, with a journal of its own; and
+// a name removed outright lets a new opener create a new, empty database
+// by it. Either way the processes that had it open stop writing at their
+// next write, rather than grant locks that those by the new name cannot
+// see.
+func TestRefusedFile_RemovedWhileOpen(t *testing.T) {
+	ctx := context.Background()
+	for name, replace := range map[string]func(t *testing.T, path string){
+		"RenamedByALink": func(t *testing.T, path string) {
+			require.NoError(t, os.Link(path, path+".new"))
+			require.NoError(t, os.Remove(path))
+		},
+		"Removed": func(t *testing.T, path string) { require.NoError(t, os.Remove(path)) },
+		"Replaced": func(t *testing.T, path string) {
+			require.NoError(t, os.Remove(path))
+			lockFile(t, path) // another process opens it by that name: a new database
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "a.db")
+			holder := MustOpen(t, locks.Config{Database: path, Owner: "A"})
+			_, err := holder.Locks.Acquire(ctx, "A", stressResources[0], 0)
+			require.NoError(t, err)
+			replace(t, path)
+			_, err = holder.Locks.Acquire(ctx, "A", stressResources[1], 0)
+			require.Error(t, err, "a write through a file that its name no longer names")
+			require.ErrorIs(t, err, domain.ErrUnavailable)
+			var re *sqlite.ReplacedFileError
+			require.True(t, errors.As(err, &re), "a *sqlite.ReplacedFileError: %v", err)
+			assert.Contains(t, err.Error(), "acquire lock on "+stressResources[1].String())
+			assert.Contains(t, err.Error(), "open the store again")
+		})
+	}
+}

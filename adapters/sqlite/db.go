@@ -6,6 +6,7 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
+	"os"
 	"time"
 
 	"entgo.io/ent/dialect"
@@ -53,8 +54,11 @@ type DB struct {
 	checkpoints checkpointer
 	// wake carries wake-ups to and from the other processes on the file;
 	// nil where it cannot (see wakeFile).
-	wake  *wakeFile
-	path  string
+	wake *wakeFile
+	path string
+	// file is the database file as Open found it, which every write
+	// checks path still names (checkFile); nil for a read-only handle.
+	file  os.FileInfo
 	store *entstore.FreeFirstStore
 }
 
@@ -94,6 +98,10 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if err := checkOneName(op, path); err != nil {
 		return nil, err
 	}
+	file, err := os.Stat(path)
+	if err != nil {
+		return nil, FormatError(op, err)
+	}
 	// Refuse a store this process cannot write before SQLite opens it:
 	// SQLite would open it read-only, leave -wal and -shm files behind, and
 	// fail only at the first write.
@@ -122,7 +130,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	rdb.SetMaxIdleConns(maxReaders)
 	wdb.SetMaxOpenConns(1)
 	wdb.SetMaxIdleConns(1)
-	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path}
+	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path, file: file}
 	db.commits.db = db
 	db.checkpoints.init(rdb, path+"-wal")
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {

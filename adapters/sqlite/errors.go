@@ -31,6 +31,10 @@ func FormatError(op string, err error) error {
 	if errors.As(err, &se) || isDomainError(err) {
 		return err
 	}
+	var re *ReplacedFileError
+	if errors.As(err, &re) {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: replacedAdvice}
+	}
 	if SnapshotConflict(err) {
 		return &domain.StaleSnapshotError{Op: op, What: staleSnapshot, Advice: staleSnapshotAdvice, Err: err}
 	}

@@ -1,7 +1,9 @@
 package sqlite
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 
 	"github.com/cleveragents/locks/domain"
@@ -48,6 +50,55 @@ func checkOneName(op, path string) error {
 	if n := linkCount(fi); n > 1 {
 		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Advice: linkedFileAdvice,
 			Err: &LinkedFileError{Path: path, Links: n}}
+	}
+	return nil
+}
+
+// ReplacedFileError reports that the name a store was opened by no longer
+// names the file it has open: the file was removed, renamed, or replaced
+// by another. A process that opens the name now gets another database (a
+// new, empty one where nothing is left), or the same pages with a journal
+// of its own, and could grant the locks this store holds; so the store
+// writes no more. It comes wrapped in a *domain.StoreError (kind
+// StoreUnreachable); match it with errors.As.
+type ReplacedFileError struct {
+	// Path is the name the store was opened by.
+	Path string
+	// Removed: the name names no file now (otherwise another file).
+	Removed bool
+}
+
+func (e *ReplacedFileError) Error() string {
+	now := "names another file"
+	if e.Removed {
+		now = "names no file"
+	}
+	return fmt.Sprintf("%s %s now: the database file the store opened was removed, renamed or replaced while it was open, "+
+		"so processes that open %s now use another database", e.Path, now, e.Path)
+}
+
+// replacedAdvice is what to do about a ReplacedFileError.
+const replacedAdvice = "close the store and open the store again by the database's name as it is now, " +
+	"in every process that had it open, and move a lock database only while no process has it open"
+
+// checkFile refuses to write when the store's name no longer names the
+// file it opened (see ReplacedFileError). It runs before each write
+// transaction, as this process's writer, and costs one stat(2). A second
+// name alone does not stop the processes that have the file open: each
+// new opener refuses it (checkOneName), and a backup made with hard links
+// (cp -al, rsnapshot) must not stop a running service.
+func (db *DB) checkFile() error {
+	if db.file == nil {
+		return nil
+	}
+	fi, err := os.Stat(db.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return &ReplacedFileError{Path: db.path, Removed: true}
+	case err != nil:
+		return nil // not this check's to judge: SQLite reports what it meets
+	case !os.SameFile(fi, db.file):
+		return &ReplacedFileError{Path: db.path}
 	}
 	return nil
 }
