@@ -1,3 +1,5 @@
+//go:build unix
+
 package tests
 
 import (
@@ -7,7 +9,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -228,6 +232,66 @@ func TestRefusedFile_RemovedWhileOpen(t *testing.T) {
 			require.True(t, errors.As(err, &re), "a *sqlite.ReplacedFileError: %v", err)
 			assert.Contains(t, err.Error(), "acquire lock on "+stressResources[1].String())
 			assert.Contains(t, err.Error(), "open the store again")
+		})
+	}
+}
+
+// TestRefusedFile_PlantedLockSideFile: the side file "<db>-lock", by
+// which the processes queue their writes, is the store's own. Something
+// else planted at its name (a symbolic link, which Open would follow and
+// create the target of; a FIFO, whose open would block for ever; a hard
+// link to another file) is refused before the database is written, with
+// what is wrong and what to do; the target is left as it was.
+func TestRefusedFile_PlantedLockSideFile(t *testing.T) {
+	for name, plant := range map[string]func(t *testing.T, side, victim string){
+		"DanglingSymlink": func(t *testing.T, side, victim string) { require.NoError(t, os.Symlink(victim, side)) },
+		"Symlink": func(t *testing.T, side, victim string) {
+			require.NoError(t, os.WriteFile(victim, []byte("secret"), 0o600))
+			require.NoError(t, os.Symlink(victim, side))
+		},
+		"FIFO": func(t *testing.T, side, victim string) { require.NoError(t, syscall.Mkfifo(side, 0o600)) },
+		"HardLink": func(t *testing.T, side, victim string) {
+			require.NoError(t, os.WriteFile(victim, []byte("secret"), 0o600))
+			require.NoError(t, os.Link(victim, side))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			db := filepath.Join(dir, "agents.db")
+			lockFile(t, db)
+			require.NoError(t, os.Remove(db+"-lock"))
+			victim := filepath.Join(t.TempDir(), "victim")
+			plant(t, db+"-lock", victim)
+			before := stateOf(t, dir, db)
+			_, victimErr := os.Lstat(victim)
+
+			done := make(chan error, 1)
+			go func() {
+				c, err := locks.Open(context.Background(), locks.Config{Database: db, Owner: "op"})
+				if err == nil {
+					c.Close()
+				}
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				// Unblock the open of the FIFO so that the test can end.
+				if f, ferr := os.OpenFile(db+"-lock", os.O_WRONLY|syscall.O_NONBLOCK, 0); ferr == nil {
+					f.Close()
+				}
+				t.Fatal("Open blocked on the side file")
+			}
+			require.Error(t, err, "a planted side file is refused")
+			require.ErrorIs(t, err, domain.ErrUnavailable)
+			var se *sqlite.SideFileError
+			require.True(t, errors.As(err, &se), "a *sqlite.SideFileError: %v", err)
+			assert.Contains(t, err.Error(), db+"-lock")
+			assert.Contains(t, err.Error(), "remove it")
+			assert.Equal(t, before, stateOf(t, dir, db), "the database is left as it was")
+			_, victimAfter := os.Lstat(victim)
+			assert.Equal(t, victimErr == nil, victimAfter == nil, "nothing created through the link")
 		})
 	}
 }

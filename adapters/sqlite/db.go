@@ -110,6 +110,11 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	}
 	// Every other reason to refuse the file is found before the first
 	// write: the journal switch to WAL that the store's connections make.
+	if haveFileLocks {
+		if err := checkSideFile(path + "-lock"); err != nil {
+			return nil, FormatError(op, err)
+		}
+	}
 	if err := preflight(ctx, op, dsn, path); err != nil {
 		return nil, err
 	}

@@ -35,6 +35,10 @@ func FormatError(op string, err error) error {
 	if errors.As(err, &re) {
 		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: replacedAdvice}
 	}
+	var sfe *SideFileError
+	if errors.As(err, &sfe) {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: sideFileAdvice}
+	}
 	if SnapshotConflict(err) {
 		return &domain.StaleSnapshotError{Op: op, What: staleSnapshot, Advice: staleSnapshotAdvice, Err: err}
 	}
