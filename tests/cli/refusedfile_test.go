@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"context"
 	"crypto/sha256"
 	"database/sql"
 	"os"
@@ -10,9 +11,13 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/domain"
 )
 
 // fileState is what a refusal must not change in a database's directory:
@@ -203,4 +208,31 @@ func TestCLI_HardLinkedDatabase(t *testing.T) {
 	require.NoError(t, os.Remove(b))
 	r := a.run("--owner", "B", "locks", "acquire", "plan", "p1")
 	assert.Equal(t, 3, r.code, "A still holds it: %s", r.stderr)
+}
+
+// TestCLI_HardLinkedWhileHeld: A holds plan/p1 through a.db in a process
+// that has the file open (its journal is a.db-wal); B runs agents through
+// a hard link b.db made meanwhile, and must not be told it acquired it.
+func TestCLI_HardLinkedWhileHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a := newAgents(t)
+	a.mustRun("--owner", "A", "locks", "acquire", "plan", "setup") // the database exists
+	holder, err := locks.Open(ctx, locks.Config{Database: a.db, Owner: "A"})
+	require.NoError(t, err)
+	defer holder.Close()
+	held, err := holder.Locks.Acquire(ctx, "A", domain.ResourceRef{Type: domain.ResourcePlan, ID: "p1"}, time.Hour)
+	require.NoError(t, err)
+	b := filepath.Join(a.dir, "b.db")
+	require.NoError(t, os.Link(a.db, b))
+
+	r := a.runEnv(nil, "--db", b, "--owner", "B", "locks", "acquire", "plan", "p1")
+	assert.Equal(t, 1, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+	assert.NotContains(t, r.stdout, "Acquired")
+	assert.Contains(t, r.stderr, "has 2 names (hard links)")
+	assert.NoFileExists(t, b+"-wal", "no journal of its own for the second name")
+
+	got, err := holder.Locks.Get(ctx, held.Resource)
+	require.NoError(t, err)
+	assert.Equal(t, held.Token, got.Token)
 }
