@@ -29,9 +29,11 @@ func (e *LinkedFileError) Error() string {
 		"by name, so two names are two databases, and two processes could both hold the same lock", e.Path, e.Links)
 }
 
-// linkedFileAdvice is what to do about a LinkedFileError.
-const linkedFileAdvice = "use one name for the database file and remove the other names " +
-	"(find them with: find / -xdev -samefile FILE), in every program that opens it"
+// linkedFileAdvice says what to do about a LinkedFileError for path.
+func linkedFileAdvice(path string) string {
+	return "use one name for the database file in every program that opens it, and remove the other names " +
+		"(find them with: find / -xdev -samefile " + path + ")"
+}
 
 // checkOneName refuses a database file with more than one name (see
 // LinkedFileError). It follows a symbolic link, as SQLite does (the
@@ -48,7 +50,7 @@ func checkOneName(op, path string) error {
 		return nil // a missing or unreadable file: the open reports it
 	}
 	if n := linkCount(fi); n > 1 {
-		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Advice: linkedFileAdvice,
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Advice: linkedFileAdvice(path),
 			Err: &LinkedFileError{Path: path, Links: n}}
 	}
 	return nil

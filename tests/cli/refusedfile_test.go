@@ -192,7 +192,7 @@ func TestCLI_HardLinkedDatabase(t *testing.T) {
 		assert.NotContains(t, r.stdout, "Acquired")
 		assert.Contains(t, r.stderr, db+" has 2 names (hard links)")
 		assert.Contains(t, r.stderr, "two names are two databases")
-		assert.Contains(t, r.stderr, "use one name for the database file and remove the other names")
+		assert.Contains(t, r.stderr, "use one name for the database file in every program that opens it, and remove the other names (find them with: find / -xdev -samefile "+db+")")
 
 		r = a.runEnv(nil, "--db", db, "--json", "--owner", "B", "locks", "acquire", "plan", "p1")
 		assert.Equal(t, 1, r.code)
