@@ -295,3 +295,18 @@ func TestRefusedFile_PlantedLockSideFile(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusedFile_RelativePathAfterChdir: a store opened by a relative
+// name keeps writing after the process changes its directory: SQLite
+// resolved the name at open, and so does the check that the name still
+// names the file.
+func TestRefusedFile_RelativePathAfterChdir(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	t.Chdir(dir)
+	c := MustOpen(t, locks.Config{Database: "agents.db", Owner: "A"})
+	t.Chdir(t.TempDir())
+	_, err := c.Locks.Acquire(ctx, "A", stressResources[0], 0)
+	require.NoError(t, err)
+	assert.NoFileExists(t, "agents.db")
+}

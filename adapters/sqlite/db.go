@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"time"
 
 	"entgo.io/ent/dialect"
@@ -57,8 +58,11 @@ type DB struct {
 	wake *wakeFile
 	path string
 	// file is the database file as Open found it, which every write
-	// checks path still names (checkFile); nil for a read-only handle.
+	// checks that abs still names (checkFile); nil for a read-only
+	// handle. abs is path made absolute at Open, as SQLite resolves it
+	// then: a later chdir changes neither.
 	file  os.FileInfo
+	abs   string
 	store *entstore.FreeFirstStore
 }
 
@@ -102,6 +106,10 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, FormatError(op, err)
 	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, FormatError(op, err)
+	}
 	// Refuse a store this process cannot write before SQLite opens it:
 	// SQLite would open it read-only, leave -wal and -shm files behind, and
 	// fail only at the first write.
@@ -135,7 +143,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	rdb.SetMaxIdleConns(maxReaders)
 	wdb.SetMaxOpenConns(1)
 	wdb.SetMaxIdleConns(1)
-	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path, file: file}
+	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path, file: file, abs: abs}
 	db.commits.db = db
 	db.checkpoints.init(rdb, path+"-wal")
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {

@@ -93,7 +93,7 @@ func (db *DB) checkFile() error {
 	if db.file == nil {
 		return nil
 	}
-	fi, err := os.Stat(db.path)
+	fi, err := os.Stat(db.abs)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return &ReplacedFileError{Path: db.path, Removed: true}
