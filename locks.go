@@ -151,7 +151,10 @@ type Container struct {
 // that names no kind of database Open accepts (the error lists them) and
 // a PostgreSQL DSN in a program that does not import PostgresPackage (the
 // error says to import it); *domain.StoreError when the store cannot be
-// opened, migrated or cleaned.
+// opened, migrated or cleaned. A SQLite file that Open refuses is left as
+// it was; among the refusals (see sqlite.Open), a file with more than one
+// name wraps a *sqlite.LinkedFileError, and a file whose locks table the
+// store did not create matches sqlite.ErrForeignLocksTable.
 func Open(ctx context.Context, cfg Config) (*Container, error) {
 	kind, err := databaseKind(cfg.Database)
 	if err != nil {

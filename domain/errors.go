@@ -295,6 +295,10 @@ const (
 	StoreFull
 	// StoreSchema: the database does not have the expected schema.
 	StoreSchema
+	// StoreTokensExhausted: the database has issued the largest fencing
+	// token it can store, and can grant no more locks. Tokens only grow,
+	// so no retry helps: the service needs a new lock database.
+	StoreTokensExhausted
 )
 
 var storeKindText = map[StoreErrorKind]struct{ what, advice string }{
@@ -305,6 +309,8 @@ var storeKindText = map[StoreErrorKind]struct{ what, advice string }{
 	StoreUnreachable: {"cannot be reached", "check the path or DSN and that the directory exists"},
 	StoreFull:        {"is full", "free disk space"},
 	StoreSchema:      {"does not have the expected schema", "let the service open it once so that its migrations run"},
+	StoreTokensExhausted: {"has issued its last fencing token, and can grant no more locks",
+		"move the service to a new lock database, whose tokens start again at 1: first have the resources that check tokens forget the last token they accepted, or they will refuse the new, smaller ones"},
 }
 
 // String returns a short name for the kind.
@@ -322,6 +328,8 @@ func (k StoreErrorKind) String() string {
 		return "full"
 	case StoreSchema:
 		return "schema"
+	case StoreTokensExhausted:
+		return "tokens-exhausted"
 	default:
 		return "internal"
 	}

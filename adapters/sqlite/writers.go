@@ -77,7 +77,7 @@ func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(path+"-lock", os.O_RDONLY|os.O_CREATE, fi.Mode().Perm())
+	f, err := openSideFile(path+"-lock", fi.Mode().Perm())
 	if errors.Is(err, fs.ErrPermission) {
 		return q, nil
 	}

@@ -148,14 +148,20 @@ func (c *invocation) checkStore(ctx context.Context, db string, isDefault bool, 
 		if err != nil {
 			return err
 		}
-		if !st.migrationApplied && len(st.otherTables) > 0 {
+		if !st.migrationApplied && (len(st.otherTables) > 0 || st.locksTable) {
 			// Another application's file, even one with a locks table of
-			// its own: the migration would add its tables, then fail.
-			tables := strings.Join(st.otherTables, ", ")
-			if st.locksTable {
-				tables += ", and a locks table that the lock module did not create"
+			// its own and nothing else: locks.Open would refuse the
+			// latter too, but this message names what the file holds.
+			var tables string
+			switch {
+			case len(st.otherTables) == 0:
+				tables = "a locks table that the lock module did not create"
+			case st.locksTable:
+				tables = "tables " + strings.Join(st.otherTables, ", ") + ", and a locks table that the lock module did not create"
+			default:
+				tables = "tables " + strings.Join(st.otherTables, ", ")
 			}
-			return &noStoreError{msg: fmt.Sprintf("%s is a database of another application (tables %s): "+
+			return &noStoreError{msg: fmt.Sprintf("%s is a database of another application (%s): "+
 				"check --db (or AGENTS_DB); the lock commands add no tables to a database that the application embedding the lock module has not set up",
 				db, tables)}
 		}
