@@ -102,6 +102,11 @@ func (c *invocation) database() (db string, isDefault bool, err error) {
 		return "", false, usagef("--db: a URL of scheme %q names no database that agents can use; "+
 			"pass a SQLite file path, a file: URI (file:/path/agents.db?_busy_timeout=5000) or a postgres:// (or postgresql://) URL", scheme)
 	}
+	// A malformed PostgreSQL keyword/value DSN, or white space alone,
+	// names no file: the module refuses it before anything is created.
+	if err := locks.ValidateDatabase(db); err != nil {
+		return "", false, err
+	}
 	if isDir(sqliteFile(db)) {
 		return "", false, &noStoreError{msg: fmt.Sprintf("%s is a directory, not a lock database: "+
 			"check --db (or AGENTS_DB) and name the database file in it (the default is %s)", db, defaultFile)}
