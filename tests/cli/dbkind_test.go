@@ -74,9 +74,9 @@ func TestCLI_MalformedDSNIsNoFile(t *testing.T) {
 				"host=127.0.0.1 user=postgres dbname=test sslmode=disable connect_timeout": `"connect_timeout" has no "=" and value`,
 				"host=127.0.0.1 stray dbname=test":                                         `"stray" has no "=" and value`,
 				"host=127.0.0.1 password='secret dbname=test":                              "opens a quote (') that never closes",
-				"HOST=127.0.0.1":                                                           `"HOST" is not a libpq keyword`,
-				" ":                                                                        "is blank",
-				"\n":                                                                       "is blank",
+				"HOST=127.0.0.1": `"HOST" is not a libpq keyword`,
+				" ":              "is blank",
+				"\n":             "is blank",
 			} {
 				r := a.runEnv(nil, append([]string{"--json", "--db", dsn}, args...)...)
 				assert.Equal(t, 2, r.code, "%q: %s", dsn, r.stderr)
