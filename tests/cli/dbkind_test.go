@@ -2,6 +2,7 @@ package cli
 
 import (
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -60,7 +61,8 @@ func TestCLI_DBNamesNoDatabaseFile(t *testing.T) {
 // TestCLI_MalformedDSNIsNoFile: a --db that reads as a PostgreSQL
 // keyword/value DSN but is malformed (a keyword without its value, a stray
 // word, an unterminated quote, a keyword in upper case), or that is white
-// space alone, is a validation error (exit 2) for every command, and no
+// space alone, or a file: URI whose pragma would change the journal the
+// module keeps, is a validation error (exit 2) for every command, and no
 // file appears in the working directory, even for acquire and run, which
 // may create a database (AGENTS_CREATE=1).
 func TestCLI_MalformedDSNIsNoFile(t *testing.T) {
@@ -74,11 +76,19 @@ func TestCLI_MalformedDSNIsNoFile(t *testing.T) {
 				"host=127.0.0.1 user=postgres dbname=test sslmode=disable connect_timeout": `"connect_timeout" has no "=" and value`,
 				"host=127.0.0.1 stray dbname=test":                                         `"stray" has no "=" and value`,
 				"host=127.0.0.1 password='secret dbname=test":                              "opens a quote (') that never closes",
-				"HOST=127.0.0.1": `"HOST" is not a libpq keyword`,
-				" ":              "is blank",
-				"\n":             "is blank",
+				"HOST=127.0.0.1":                         `"HOST" is not a libpq keyword`,
+				" ":                                      "is blank",
+				"\n":                                     "is blank",
+				"file:x.db?_pragma=journal_mode(delete)": "_journal_mode=DELETE",
 			} {
 				r := a.runEnv(nil, append([]string{"--json", "--db", dsn}, args...)...)
+				if name == "diagnostics" && strings.HasPrefix(dsn, "file:") {
+					// Diagnostics reports the refusal as its failed
+					// database check (exit 1).
+					assert.Equal(t, 1, r.code, "%q: %s", dsn, r.stderr)
+					assert.Contains(t, r.stdout, says, "%q", dsn)
+					continue
+				}
 				assert.Equal(t, 2, r.code, "%q: %s", dsn, r.stderr)
 				assert.Contains(t, r.stderr, says, "%q", dsn)
 				assert.NotContains(t, r.stderr, "secret")
