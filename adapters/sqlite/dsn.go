@@ -170,6 +170,23 @@ func falsy(v string) bool {
 	return slices.Contains([]string{"0", "no", "false", "off"}, strings.ToLower(v))
 }
 
+// InMemory reports whether pathOrURI names an in-memory SQLite database
+// (":memory:", a file: URI with mode=memory, the memdb VFS, or an empty
+// name), which DSN refuses: it lives and dies with one process, and each
+// connection of the store would get one of its own.
+func InMemory(pathOrURI string) bool {
+	if pathOrURI == ":memory:" {
+		return true
+	}
+	rest, ok := strings.CutPrefix(pathOrURI, "file:")
+	if !ok {
+		return false
+	}
+	path, query, _ := strings.Cut(rest, "?")
+	q, err := url.ParseQuery(query)
+	return err == nil && inMemory("file:"+path, q)
+}
+
 // inMemory reports whether SQLite would open base (a "file:" URI without
 // its query) with query q as something other than one file that every
 // connection shares: ":memory:", mode=memory, the memdb VFS, or an empty

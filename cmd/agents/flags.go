@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -82,11 +83,13 @@ func (c *invocation) database() (db string, isDefault bool, err error) {
 		}
 		return filepath.Join(dir, "cleveragents", defaultFile), true, nil
 	}
-	switch db {
-	case "":
+	switch {
+	case db == "":
 		return "", false, usagef("--db must not be empty")
-	case locks.MemoryDatabase:
-		return "", false, usagef("--db %s would give every run an empty store of its own; pass a file", db)
+	case sqlite.InMemory(db):
+		return "", false, usagef("--db %s names an in-memory SQLite database, which lives and dies with one process "+
+			"and cannot be shared between processes: each agents command would get an empty one of its own; "+
+			"name a file (or leave --db out for the default database), or a postgres:// URL to share the locks between hosts", db)
 	}
 	if locks.IsPostgres(db) {
 		if err := checkPostgresURL(db); err != nil {
