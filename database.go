@@ -226,10 +226,22 @@ func checkKeywordValue(database string) error {
 		named = named || libpqKeywords[k]
 	}
 	if !named {
-		return malformed(fmt.Sprintf("it names none of libpq's connection keywords (host, dbname, user, ...): "+
-			"for a PostgreSQL server, give host= and dbname=; for a SQLite file of that name, write ./%s", database))
+		name := "./" + database
+		if slices.ContainsFunc(keys, looksSecret) {
+			name = "./NAME" // the string may hold a secret: not quoted
+		}
+		return malformed("it names none of libpq's connection keywords (host, dbname, user, ...): " +
+			"for a PostgreSQL server, give host= and dbname=; for a SQLite file of that name, write " + name)
 	}
 	return nil
+}
+
+// looksSecret reports whether a keyword's value may be a secret, which an
+// error must not quote.
+func looksSecret(key string) bool {
+	k := strings.ToLower(key)
+	return strings.Contains(k, "pass") || strings.Contains(k, "token") || strings.Contains(k, "key") ||
+		strings.Contains(k, "secret") || strings.Contains(k, "auth")
 }
 
 // isLibpqSpace reports whether r is white space in libpq's keyword/value

@@ -109,6 +109,7 @@ func TestOpen_KeywordValueNeverAFile(t *testing.T) {
 		"HOST=x":                                   `"HOST" is not a libpq keyword: they are lower case (host)`,
 		"host=db Dbname=test":                      `"Dbname" is not a libpq keyword: they are lower case (dbname)`,
 		"notes=2024.db":                            `for a SQLite file of that name, write ./notes=2024.db`,
+		"api_token=secret":                         `write ./NAME`,
 		"host=db dbname=test password=secret conn": `"conn" has no "=" and value`,
 		"host=db\x00 dbname=test":                  "NUL",
 	} {
