@@ -31,7 +31,10 @@ var settings = []struct{ key, value string }{
 // write transactions, unless the URI already sets them (_txlock excepted).
 //
 // Errors: a *domain.ValidationError (Field "database") for an empty path, a
-// URI whose query does not parse, or an in-memory database (see inMemory).
+// URI whose query does not parse, an in-memory database (see InMemory), or
+// a parameter that would break what the store promises (see checkParams:
+// a _pragma of a setting the store makes itself, a journal that is OFF or
+// in MEMORY, nolock=1, a unix-* VFS), naming the parameter.
 func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 	if pathOrURI == "" {
 		return "", &domain.ValidationError{Field: "database", Reason: "must name a SQLite file"}
