@@ -249,7 +249,7 @@ func looksSecret(key string) bool {
 func isLibpqSpace(r rune) bool { return strings.ContainsRune(libpqSpace, r) }
 
 // libpqKeywords are libpq's connection keywords (and search_path, which
-// pgx passes on to the server): a keyword/value string with one of them is
+// pgx passes on to the server; and servicefile, which only pgx reads): a keyword/value string with one of them is
 // a PostgreSQL DSN.
 var libpqKeywords = map[string]bool{
 	"host": true, "hostaddr": true, "port": true, "dbname": true, "user": true, "password": true,
@@ -262,4 +262,8 @@ var libpqKeywords = map[string]bool{
 	"requirepeer": true, "ssl_min_protocol_version": true, "ssl_max_protocol_version": true,
 	"krbsrvname": true, "gsslib": true, "gssdelegation": true, "service": true,
 	"target_session_attrs": true, "load_balance_hosts": true, "search_path": true,
+	// libpq 18's, and pgx's own servicefile.
+	"min_protocol_version": true, "max_protocol_version": true, "sslkeylogfile": true, "scram_client_key": true,
+	"scram_server_key": true, "oauth_issuer": true, "oauth_client_id": true, "oauth_client_secret": true,
+	"oauth_scope": true, "servicefile": true,
 }
