@@ -249,8 +249,8 @@ func looksSecret(key string) bool {
 func isLibpqSpace(r rune) bool { return strings.ContainsRune(libpqSpace, r) }
 
 // libpqKeywords are libpq's connection keywords (and search_path, which
-// pgx passes on to the server; and servicefile, which only pgx reads): a keyword/value string with one of them is
-// a PostgreSQL DSN.
+// pgx passes on to the server, and servicefile, which only pgx reads): a
+// well-formed keyword/value string with one of them is a PostgreSQL DSN.
 var libpqKeywords = map[string]bool{
 	"host": true, "hostaddr": true, "port": true, "dbname": true, "user": true, "password": true,
 	"passfile": true, "require_auth": true, "channel_binding": true, "connect_timeout": true,
