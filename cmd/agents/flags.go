@@ -88,7 +88,7 @@ func (c *invocation) database() (db string, isDefault bool, err error) {
 		return "", false, usagef("--db must not be empty")
 	case sqlite.InMemory(db):
 		return "", false, usagef("--db %s names an in-memory SQLite database, which lives and dies with one process "+
-			"and cannot be shared between processes: each agents command would get an empty one of its own; "+
+			"and cannot be shared between processes: it would give every run an empty store of its own; "+
 			"name a file (or leave --db out for the default database), or a postgres:// URL to share the locks between hosts", db)
 	}
 	if locks.IsPostgres(db) {
