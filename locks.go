@@ -58,7 +58,8 @@ type Config struct {
 	// "host=... dbname=..." form; the program must import PostgresPackage),
 	// or MemoryDatabase. A new SQLite file is created with mode 0600; its
 	// directory must exist. A URL of any other scheme (mysql://, http://)
-	// is refused.
+	// is refused, and so is a string that reads as libpq's keyword/value
+	// form but is malformed (see ValidateDatabase): it never names a file.
 	Database string
 	// Owner identifies this process in the locks it takes; empty means
 	// DefaultOwner(). Every lock the owner holds is released by Close.

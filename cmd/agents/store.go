@@ -48,6 +48,13 @@ func (e *noStoreError) Error() string { return e.msg }
 // Is makes errors.Is(err, errNoStore) true.
 func (e *noStoreError) Is(target error) bool { return target == errNoStore }
 
+// noDefaultStore says that the default database, db, does not exist yet,
+// to a user who named none (who has no --db to check).
+func noDefaultStore(db string) string {
+	return fmt.Sprintf("there is no lock database yet at the default path %s: "+
+		"the first 'agents locks acquire' or 'agents locks run' creates it there (--db or AGENTS_DB name another)", db)
+}
+
 // onlyCreators ends the advice of a refusal.
 const onlyCreators = "only 'agents locks acquire' and 'agents locks run' create a lock database, " +
 	"and only at the default path or with --create"
@@ -189,6 +196,9 @@ func (c *invocation) openReadOnly(ctx context.Context, db string) (*inspection, 
 	sq, err := sqlite.OpenReadOnly(ctx, db, sqlite.Options{})
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		if _, isDefault, _ := c.database(); isDefault {
+			return nil, &noStoreError{msg: noDefaultStore(db)}
+		}
 		return nil, &noStoreError{msg: fmt.Sprintf("there is no lock database at %s: check --db (or AGENTS_DB); %s", db, onlyCreators)}
 	case err != nil:
 		return nil, err
