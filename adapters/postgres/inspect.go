@@ -92,6 +92,9 @@ type SchemaState struct {
 	MigrationApplied bool
 	// LocksTable: a table named locks exists in Schema, whoever created it.
 	LocksTable bool
+	// SearchPath is the session's search_path, for a message that says
+	// why Schema is empty; User is the user the session runs as.
+	SearchPath, User string
 }
 
 // Schema reports whether MigrationName has been applied and whether the
@@ -120,11 +123,11 @@ func (db *DB) schema(ctx context.Context) (SchemaState, error) {
 		schema       *string
 		ours, legacy bool
 	)
-	err := db.sql.QueryRowContext(ctx, `SELECT current_schema(),
+	err := db.sql.QueryRowContext(ctx, `SELECT current_schema(), current_setting('search_path'), current_user,
 		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($1)) IS NOT NULL,
 		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($2)) IS NOT NULL,
 		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($3)) IS NOT NULL`,
-		entlock.Table, entstore.VersionTable, entstore.LegacyVersionTable).Scan(&schema, &st.LocksTable, &ours, &legacy)
+		entlock.Table, entstore.VersionTable, entstore.LegacyVersionTable).Scan(&schema, &st.SearchPath, &st.User, &st.LocksTable, &ours, &legacy)
 	if err != nil {
 		return st, err
 	}
