@@ -197,7 +197,7 @@ func CheckWritable(ctx context.Context, dsn string) error {
 
 // checkWritable is CheckWritable's check, once.
 func checkWritable(ctx context.Context, cfg *pgx.ConnConfig, op string) error {
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := newSessionParams(cfg).connectOne(ctx, op, cfg)
 	if err != nil {
 		return FormatError(op, err)
 	}

@@ -194,6 +194,51 @@ func (p *sessionParams) open(ctx context.Context, op string, sdb *sql.DB, cfg *p
 	return nil
 }
 
+// connectOne makes one connection outside any pool, for a check of its
+// own (CheckWritable), as open would for a pool: with the parameters at
+// startup, or, through a pooler that refuses or ignores them there, by
+// set_config; a pooler that shares sessions is refused, before anything
+// is set.
+func (p *sessionParams) connectOne(ctx context.Context, op string, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil && !p.refused(err) {
+		return nil, err
+	}
+	if err == nil {
+		pid, err := backendPID(ctx, conn)
+		if err != nil || pid == conn.PgConn().PID() || len(p.names) == 0 {
+			return conn, err // the server itself, or nothing to set
+		}
+		var set bool
+		err = conn.QueryRow(ctx, "SELECT bool_and(current_setting(k, true) IS NOT DISTINCT FROM v) FROM unnest($1::text[], $2::text[]) AS p(k, v)",
+			pgx.QueryExecModeSimpleProtocol, p.names, p.values).Scan(&set)
+		if err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, err
+		}
+		if err := refusePooling(ctx, op, p.connect(cfg)); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, err
+		}
+		if set {
+			return conn, nil
+		}
+		conn.Close(context.WithoutCancel(ctx)) // the pooler ignored them
+	} else if err := refusePooling(ctx, op, p.connect(cfg)); err != nil {
+		return nil, err
+	}
+	p.afterSet.Store(true)
+	conn, err = p.connect(cfg)(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.afterConnect(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return conn, nil
+}
+
 // behindPooler reports whether sdb's connections go through a pooler: a
 // connection to the server itself has the backend process id that the
 // server announced at its startup, one through a pooler the pooler's own.

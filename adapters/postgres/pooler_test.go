@@ -82,6 +82,7 @@ func TestPgBouncer_SessionMode(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, st.MigrationApplied && st.LocksTable, "%+v", st)
 	assert.Equal(t, schema, st.Schema)
+	require.NoError(t, postgres.CheckWritable(ctx, dsn), "the check of a writable store, through the pooler")
 }
 
 // Behind PgBouncer in transaction mode, which lends a server session for
@@ -99,6 +100,7 @@ func TestPgBouncer_TransactionModeRefused(t *testing.T) {
 	assert.ErrorContains(t, err, "pool_mode=session")
 	_, err = postgres.OpenReadOnly(ctx, dsn, postgres.Options{})
 	require.ErrorIs(t, err, postgres.ErrTransactionPooling)
+	require.ErrorIs(t, postgres.CheckWritable(ctx, dsn), postgres.ErrTransactionPooling)
 
 	var n int
 	require.NoError(t, admin.QueryRow(`SELECT count(*) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace

@@ -413,3 +413,31 @@ func TestCLI_Postgres_SearchPathNamesNoSchema(t *testing.T) {
 	}
 	assertNothingCreated(t, a)
 }
+
+// TestCLI_PgBouncer: through PgBouncer in session mode the commands work
+// as on the server, diagnostics included; in transaction mode every
+// command refuses the URL, saying why and what to do.
+func TestCLI_PgBouncer(t *testing.T) {
+	t.Run("SessionMode", func(t *testing.T) {
+		a := newAgents(t)
+		a.db = testdb.PgBouncer(t, testdb.EnvPgBouncerSession)
+		a.mustRun("--owner", "A", "locks", "acquire", "plan", "p1")
+		assert.Contains(t, a.mustRun("locks", "list").stdout, "p1")
+		a.mustRun("diagnostics")
+		a.mustRun("--owner", "A", "locks", "release", "plan", "p1")
+	})
+	t.Run("TransactionModeRefused", func(t *testing.T) {
+		a := newAgents(t)
+		a.db = testdb.PgBouncer(t, testdb.EnvPgBouncerTransaction)
+		for _, args := range [][]string{
+			{"--owner", "A", "locks", "acquire", "plan", "p1"},
+			{"locks", "list"},
+			{"diagnostics"},
+		} {
+			r := a.run(args...)
+			assert.Equal(t, 1, r.code, "%v: %s", args, r.stderr)
+			assert.Contains(t, r.stdout+r.stderr, "pooler in transaction or statement mode", "%v", args)
+			assert.Contains(t, r.stdout+r.stderr, "pool_mode=session", "%v", args)
+		}
+	})
+}
