@@ -283,8 +283,10 @@ func (p *sessionParams) behindPooler(ctx context.Context, sdb *sql.DB) (pooler, 
 // its own; A reads its own again. In session mode A keeps its session
 // (its two readings agree) and B has another; a pooler that lends
 // sessions per transaction gives B the session that A just let go (the
-// most recently used, PgBouncer's default), or, if B holds it, another
-// to A. Both speak the simple protocol, which prepares nothing.
+// most recently used, PgBouncer's default), or, when B got another, a
+// session other than its first to A (the first in the queue, with
+// PgBouncer's server_round_robin). Both speak the simple protocol, which
+// prepares nothing.
 func sharedSessions(ctx context.Context, connect func(context.Context) (*pgx.Conn, error)) (bool, error) {
 	a, err := connect(ctx)
 	if err != nil {
@@ -309,8 +311,13 @@ func sharedSessions(ctx context.Context, connect func(context.Context) (*pgx.Con
 	if err != nil {
 		return false, err
 	}
+	if other == first {
+		// Shared; A's next statement would wait for the session B holds
+		// (for ever in a pool of one session), so it is not asked.
+		return true, nil
+	}
 	again, err := backendPID(ctx, a)
-	return other == first || again != first, err
+	return again != first, err
 }
 
 // backendPID returns the process id of the server session that runs
