@@ -176,3 +176,36 @@ func TestServerClock_SystemClock(t *testing.T) {
 	defer sc.Close()
 	requireServerTime(t, raw, sc, "the system clock")
 }
+
+// The server read its clock somewhere within the round trip of the
+// fastest sample: at its midpoint, give or take half of it. Over a link
+// slow the same both ways, the midpoint is right to within the link's
+// jitter, so the estimate must be much closer to the server's time than
+// the half round trip (which a loopback link makes too small to see): an
+// estimate that forgot the half round trip runs a whole one-way delay
+// ahead, and one that subtracted it twice. The server's time is read
+// directly, past the proxy.
+func TestServerClock_HalfTheRoundTripThroughASlowLink(t *testing.T) {
+	const delay = 150 * time.Millisecond // each way
+	dsn := MigratedDSN(t)
+	raw := rawPG(t, dsn)
+	ctx := context.Background()
+	ro, err := postgres.OpenReadOnly(ctx, newLaggyProxy(t, dsn, delay), postgres.Options{MaxConns: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { ro.Close() })
+	sc, err := postgres.NewServerClock(ctx, ro, postgres.SystemClock{})
+	require.NoError(t, err)
+	defer sc.Close()
+
+	_, uncertainty, err := sc.Offset()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, uncertainty, delay, "the round trip went through the slow link: the test measures it")
+	bound := delay / 2
+	before := serverNow(t, raw)
+	now := sc.Now()
+	after := serverNow(t, raw)
+	assert.False(t, now.Before(before.Add(-bound)) || now.After(after.Add(bound)),
+		"the estimate %s is off the server's time (read as %s then %s) by more than %s, half the one-way delay %s: "+
+			"the half round trip is not accounted for",
+		now.Format(time.RFC3339Nano), before.Format(time.RFC3339Nano), after.Format(time.RFC3339Nano), bound, delay)
+}

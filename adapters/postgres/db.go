@@ -52,9 +52,12 @@ type Options struct {
 // Open connects to the database that dsn names (a postgres:// URL or a
 // key=value string, as pgx accepts), applies the pending migrations under
 // a session lock, so that processes starting together apply them once,
-// and returns the store.
+// and returns the store. It works through a connection pooler in session
+// mode, and refuses one in transaction or statement mode (pooler.go).
 //
-// Errors: a *domain.StoreError whose kind names the cause.
+// Errors: a *domain.StoreError whose kind names the cause; of kind
+// StoreUnreachable, matching ErrTransactionPooling, for a pooler that
+// shares server sessions between connections.
 func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	op := "open lock store " + Redact(dsn)
 	cfg, err := pgx.ParseConfig(WithConnectTimeout(dsn))
@@ -93,14 +96,17 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	}
 	conns := newPool()
 	cfg.DialFunc = conns.dial(cfg.DialFunc)
-	sdb := stdlib.OpenDB(*cfg, stdlib.OptionResetSession(heardFrom))
+	// A pooler may refuse these parameters at startup; they then go by
+	// set_config, and a pooler that shares sessions is refused (pooler.go).
+	params := newSessionParams(cfg)
+	sdb := stdlib.OpenDB(*cfg, append(params.connectOptions(nil), stdlib.OptionResetSession(heardFrom))...)
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 10
 	}
 	sdb.SetMaxOpenConns(opts.MaxConns)
 	sdb.SetMaxIdleConns(opts.MaxConns)
 	sdb.SetConnMaxIdleTime(5 * time.Minute)
-	if err := sdb.PingContext(ctx); err != nil {
+	if err := params.open(ctx, op, sdb, cfg); err != nil {
 		sdb.Close()
 		return nil, entstore.Explain(ctx, err, op, FormatError)
 	}
@@ -138,7 +144,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		Notice:        releaseNotice(channel),
 		ReleaseCommit: releaseCommit,
 	})
-	db.wake = newListener(cfg, channel)
+	db.wake = newListener(params.listenerConfig(cfg), channel)
 	return db, nil
 }
 

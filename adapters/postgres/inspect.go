@@ -38,7 +38,9 @@ const inspectConns = 2
 // before they reach the server.
 //
 // Errors: a *domain.StoreError; StoreUnreachable when the server cannot be
-// reached, the database does not exist or the login is refused.
+// reached, the database does not exist or the login is refused, or
+// (matching ErrTransactionPooling) the DSN names a pooler that shares
+// server sessions between connections.
 func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -50,13 +52,16 @@ func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	cfg.RuntimeParams["default_transaction_read_only"] = "on"
 	conns := newPool()
 	cfg.DialFunc = conns.dial(cfg.DialFunc)
-	sdb := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(assertReadOnly), stdlib.OptionResetSession(heardFrom))
+	// Through a pooler that refuses it at startup, the parameter goes by
+	// set_config, as Open's do, and assertReadOnly checks it all the same.
+	params := newSessionParams(cfg)
+	sdb := stdlib.OpenDB(*cfg, append(params.connectOptions(assertReadOnly), stdlib.OptionResetSession(heardFrom))...)
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = inspectConns
 	}
 	sdb.SetMaxOpenConns(opts.MaxConns)
 	sdb.SetMaxIdleConns(opts.MaxConns)
-	if err := read(ctx, sdb.PingContext); err != nil {
+	if err := read(ctx, func(ctx context.Context) error { return params.open(ctx, op, sdb, cfg) }); err != nil {
 		sdb.Close()
 		return nil, FormatError(op, err)
 	}
@@ -71,9 +76,12 @@ var errWritable = errors.New("the server did not make the connection read-only (
 	"connect to the server directly rather than through a pooler that drops startup parameters")
 
 // assertReadOnly refuses a new connection whose transactions could write.
+// It prepares nothing (the simple protocol): through a pooler that lends
+// sessions per transaction, a prepared statement would stay behind on a
+// session this connection may not get again.
 func assertReadOnly(ctx context.Context, conn *pgx.Conn) error {
 	var ro string
-	if err := conn.QueryRow(ctx, "SELECT current_setting('transaction_read_only')").Scan(&ro); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT current_setting('transaction_read_only')", pgx.QueryExecModeSimpleProtocol).Scan(&ro); err != nil {
 		return err
 	}
 	if ro != "on" {
@@ -92,6 +100,9 @@ type SchemaState struct {
 	MigrationApplied bool
 	// LocksTable: a table named locks exists in Schema, whoever created it.
 	LocksTable bool
+	// SearchPath is the session's search_path, for a message that says
+	// why Schema is empty; User is the user the session runs as.
+	SearchPath, User string
 }
 
 // Schema reports whether MigrationName has been applied and whether the
@@ -120,11 +131,11 @@ func (db *DB) schema(ctx context.Context) (SchemaState, error) {
 		schema       *string
 		ours, legacy bool
 	)
-	err := db.sql.QueryRowContext(ctx, `SELECT current_schema(),
+	err := db.sql.QueryRowContext(ctx, `SELECT current_schema(), current_setting('search_path'), current_user,
 		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($1)) IS NOT NULL,
 		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($2)) IS NOT NULL,
 		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($3)) IS NOT NULL`,
-		entlock.Table, entstore.VersionTable, entstore.LegacyVersionTable).Scan(&schema, &st.LocksTable, &ours, &legacy)
+		entlock.Table, entstore.VersionTable, entstore.LegacyVersionTable).Scan(&schema, &st.SearchPath, &st.User, &st.LocksTable, &ours, &legacy)
 	if err != nil {
 		return st, err
 	}
@@ -186,7 +197,7 @@ func CheckWritable(ctx context.Context, dsn string) error {
 
 // checkWritable is CheckWritable's check, once.
 func checkWritable(ctx context.Context, cfg *pgx.ConnConfig, op string) error {
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := newSessionParams(cfg).connectOne(ctx, op, cfg)
 	if err != nil {
 		return FormatError(op, err)
 	}

@@ -143,7 +143,9 @@ func TestOpenReadOnly_NoSuchSchema(t *testing.T) {
 	defer db.Close()
 	st, err := db.Schema(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, postgres.SchemaState{}, st)
+	assert.Equal(t, postgres.SchemaState{SearchPath: "locks_no_such_schema", User: st.User}, st,
+		"no schema, and the search_path that names none")
+	assert.NotEmpty(t, st.User)
 
 	err = postgres.CheckWritable(context.Background(), dsn)
 	assert.True(t, domain.IsStoreKind(err, domain.StoreReadOnly), "%v", err)

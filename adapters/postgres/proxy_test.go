@@ -2,7 +2,9 @@ package postgres_test
 
 import (
 	"net"
+	"net/url"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -51,4 +53,21 @@ func forward(dst, src net.Conn, each func([]byte) bool) {
 			return
 		}
 	}
+}
+
+// newLaggyProxy forwards TCP to target, holding every chunk for delay in
+// each direction: a link with a round trip of twice delay, the same both
+// ways. It returns dsn with its host replaced by the proxy's.
+func newLaggyProxy(t *testing.T, dsn string, delay time.Duration) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	hold := func([]byte) bool { time.Sleep(delay); return true }
+	ln := newProxy(t, u.Host, func(c, s net.Conn) {
+		go func() { forward(c, s, hold); c.Close() }() // the server's answers
+		forward(s, c, hold)
+		s.Close()
+	})
+	u.Host = ln.Addr().String()
+	return u.String()
 }

@@ -101,6 +101,9 @@ type schemaState struct {
 	// search_path names none).
 	server bool
 	schema string
+	// searchPath and user are the session's search_path and user, for a
+	// refusal that says why schema is "".
+	searchPath, user string
 	// otherTables are the tables of a SQLite file that belong to neither
 	// the lock store nor SQLite.
 	otherTables []string

@@ -115,8 +115,12 @@ func (c *invocation) postgresOpenAdvice(ctx context.Context, dsn string, err err
 			"or set a longer --deadline (or AGENTS_TIMEOUT)", dsn, d, cause)
 	}
 	if errors.As(err, &se) && se.Kind == domain.StoreUnreachable && se.Err != nil {
+		advice := postgres.Advice(domain.StoreUnreachable)
+		if se.Advice != "" {
+			advice = se.Advice // the adapter's own, for a cause it knows (a pooler in transaction mode)
+		}
 		return fmt.Sprintf("cannot connect to %s: %v; %s (diagnostics never creates a database or a schema)",
-			dsn, se.Err, postgres.Advice(domain.StoreUnreachable))
+			dsn, se.Err, advice)
 	}
 	return err.Error()
 }

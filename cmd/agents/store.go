@@ -59,6 +59,13 @@ func noDefaultStore(db string) string {
 const onlyCreators = "only 'agents locks acquire' and 'agents locks run' create a lock database, " +
 	"and only at the default path or with --create"
 
+// serverCreators ends the advice of a refusal of a PostgreSQL database,
+// where the lock commands that create the locks table need no flag: they
+// create it in the search_path's first schema, never a schema or a
+// database.
+const serverCreators = "'agents locks acquire' and 'agents locks run' with the same URL, or the application, " +
+	"create the locks table in the first schema of the search_path that exists"
+
 // registerCreate adds --create to the commands that may create a database.
 func (c *invocation) registerCreate(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.create, "create", false, "create the lock database that --db names if there is none yet (env AGENTS_CREATE=1); "+
@@ -221,7 +228,8 @@ func postgresInspection(db *postgres.DB) *inspection {
 	return &inspection{repo: postgres.NewLockRepository(db), close: db.Close,
 		schema: func(ctx context.Context) (schemaState, error) {
 			st, err := db.Schema(ctx)
-			return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable, schema: st.Schema, server: true}, err
+			return schemaState{migrationApplied: st.MigrationApplied, locksTable: st.LocksTable, schema: st.Schema,
+				searchPath: st.SearchPath, user: st.User, server: true}, err
 		}}
 }
 
@@ -236,14 +244,19 @@ func (c *invocation) requireSchema(ctx context.Context, ro *inspection, db strin
 	if st.locksTable && st.migrationApplied {
 		return nil
 	}
-	where := db
+	if st.server && st.schema == "" {
+		return &noStoreError{msg: fmt.Sprintf("%s is not a lock database: the search_path (%s) names no schema that exists and that user %q may use, "+
+			"so there is no locks table to read; create the schema and grant the user USAGE and CREATE on it, or set search_path "+
+			"(in the URL, or for the user or the database) to the schema of the lock database; %s", db, st.searchPath, st.user, serverCreators)}
+	}
+	where, creators := db, onlyCreators
 	if st.server {
-		where = fmt.Sprintf("%s (schema %q)", db, st.schema)
+		where, creators = fmt.Sprintf("%s (schema %q)", db, st.schema), serverCreators
 	}
 	what := "no locks table"
 	if st.locksTable {
 		what = "a locks table that the lock store's migration did not create"
 	}
 	return &noStoreError{msg: fmt.Sprintf("%s is not a lock database: it has %s; check --db (or AGENTS_DB, or the search_path of a URL) "+
-		"names the lock database, and run 'agents diagnostics' with the same --db to see what it holds; %s", where, what, onlyCreators)}
+		"names the lock database, and run 'agents diagnostics' with the same --db to see what it holds; %s", where, what, creators)}
 }

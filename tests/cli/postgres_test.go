@@ -382,3 +382,62 @@ func TestCLI_Postgres_EmptySchemaRefused(t *testing.T) {
 	a.mustRun("--owner", "A", "locks", "acquire", "plan", "p1")
 	assert.Contains(t, a.mustRun("locks", "list").stdout, "p1")
 }
+
+// TestCLI_Postgres_SearchPathNamesNoSchema: a URL whose search_path names
+// no schema that exists is refused with what is wrong (the search_path)
+// and what to do (create the schema or fix the search_path), not as a
+// schema named "", and without advising --create, which PostgreSQL does
+// not need: it creates no schema anyway.
+func TestCLI_Postgres_SearchPathNamesNoSchema(t *testing.T) {
+	t.Parallel()
+	a := newPGAgents(t)
+	u, err := url.Parse(a.db)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("search_path", "locks_no_such_schema")
+	u.RawQuery = q.Encode()
+	a.db = u.String()
+	for _, args := range [][]string{
+		{"locks", "list"},
+		{"locks", "cleanup"},
+		{"--owner", "A", "locks", "release-all"},
+	} {
+		r := a.run(args...)
+		assert.Equal(t, 1, r.code, "%v: %s", args, r.stderr)
+		assert.Contains(t, r.stderr, "the search_path (locks_no_such_schema) names no schema that exists", "%v", args)
+		assert.Contains(t, r.stderr, "create the schema", "%v", args)
+		assert.NotContains(t, r.stderr, `(schema "")`, "%v", args)
+		assert.NotContains(t, r.stderr, "--create", "%v", args)
+		r = a.run(append([]string{"--json"}, args...)...)
+		assertError(t, r, "no_database")
+	}
+	assertNothingCreated(t, a)
+}
+
+// TestCLI_PgBouncer: through PgBouncer in session mode the commands work
+// as on the server, diagnostics included; in transaction mode every
+// command refuses the URL, saying why and what to do.
+func TestCLI_PgBouncer(t *testing.T) {
+	t.Run("SessionMode", func(t *testing.T) {
+		a := newAgents(t)
+		a.db = testdb.PgBouncer(t, testdb.EnvPgBouncerSession)
+		a.mustRun("--owner", "A", "locks", "acquire", "plan", "p1")
+		assert.Contains(t, a.mustRun("locks", "list").stdout, "p1")
+		a.mustRun("diagnostics")
+		a.mustRun("--owner", "A", "locks", "release", "plan", "p1")
+	})
+	t.Run("TransactionModeRefused", func(t *testing.T) {
+		a := newAgents(t)
+		a.db = testdb.PgBouncer(t, testdb.EnvPgBouncerTransaction)
+		for _, args := range [][]string{
+			{"--owner", "A", "locks", "acquire", "plan", "p1"},
+			{"locks", "list"},
+			{"diagnostics"},
+		} {
+			r := a.run(args...)
+			assert.Equal(t, 1, r.code, "%v: %s", args, r.stderr)
+			assert.Contains(t, r.stdout+r.stderr, "pooler in transaction or statement mode", "%v", args)
+			assert.Contains(t, r.stdout+r.stderr, "pool_mode=session", "%v", args)
+		}
+	})
+}
