@@ -12,7 +12,7 @@ import (
 // opened and waiters of other processes poll the database.
 type wakeFile struct{}
 
-func openWakeFile(string) *wakeFile { return nil }
+func openWakeFile(string) (*wakeFile, error) { return nil, nil }
 
 func (*wakeFile) freed(...domain.ResourceRef) {}
 
