@@ -223,11 +223,25 @@ func TestWakeups_OtherNamesOfOneDatabase(t *testing.T) {
 // needed, and one opened by the relative name would find, or create,
 // another file.
 func TestOpen_RelativePathThenChdir(t *testing.T) {
-	dir := t.TempDir()
-	t.Chdir(dir)
-	db := openWake(t, "agents.db")
-	elsewhere := t.TempDir()
-	t.Chdir(elsewhere)
+	for _, readOnly := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ReadOnly=%v", readOnly), func(t *testing.T) {
+			dir := t.TempDir()
+			t.Chdir(dir)
+			db := openWake(t, "agents.db")
+			if readOnly {
+				ro, err := sqlite.OpenReadOnly(context.Background(), "agents.db", sqlite.Options{})
+				require.NoError(t, err)
+				t.Cleanup(func() { ro.Close() })
+				db = ro
+			}
+			elsewhere := t.TempDir()
+			t.Chdir(elsewhere)
+			readsOneDatabase(t, db, elsewhere)
+		})
+	}
+}
+
+func readsOneDatabase(t *testing.T, db *sqlite.DB, elsewhere string) {
 	errs := make(chan error)
 	for range 16 { // more than the readers kept open: new connections
 		go func() {
