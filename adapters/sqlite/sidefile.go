@@ -68,8 +68,13 @@ func sidePath(path string) string {
 
 // withPath returns dsn, made by DSN, naming the file path instead: the
 // store's connections are opened one by one as they are needed, and a
-// relative name would reach another file after a chdir.
+// relative name would reach another file after a chdir. Only a path from
+// the root of a Unix file system is put in a URI this way (Windows's
+// drive letters are left to the DSN as it was given).
 func withPath(dsn, path string) string {
+	if !strings.HasPrefix(path, "/") {
+		return dsn
+	}
 	_, query, _ := strings.Cut(dsn, "?")
 	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + query
 }
