@@ -279,11 +279,12 @@ func (w *wakeFile) loop(in *os.File, done chan struct{}) {
 			w.mu.Unlock()
 			return // closed, or replaced
 		}
-		if moved && !gone {
+		if (moved || all) && !gone {
 			// The file may no longer be the one at the path (removed,
-			// replaced): the releases then go to the new one, so the
-			// watch moves there at once, rather than at this process's
-			// next release or wait, or never.
+			// replaced; or an overflow may have dropped the news): the
+			// releases then go to the new one, so the watch moves there
+			// at once, rather than at this process's next release or
+			// wait, or never.
 			w.refresh()
 			if w.in != in {
 				w.mu.Unlock()
