@@ -58,7 +58,8 @@ type Config struct {
 	// "host=... dbname=..." form; the program must import PostgresPackage),
 	// or MemoryDatabase. A new SQLite file is created with mode 0600; its
 	// directory must exist. A URL of any other scheme (mysql://, http://)
-	// is refused.
+	// is refused, and so is a string that reads as libpq's keyword/value
+	// form but is malformed (see ValidateDatabase): it never names a file.
 	Database string
 	// Owner identifies this process in the locks it takes; empty means
 	// DefaultOwner(). Every lock the owner holds is released by Close.
@@ -151,7 +152,10 @@ type Container struct {
 // that names no kind of database Open accepts (the error lists them) and
 // a PostgreSQL DSN in a program that does not import PostgresPackage (the
 // error says to import it); *domain.StoreError when the store cannot be
-// opened, migrated or cleaned.
+// opened, migrated or cleaned. A SQLite file that Open refuses is left as
+// it was; among the refusals (see sqlite.Open), a file with more than one
+// name wraps a *sqlite.LinkedFileError, and a file whose locks table the
+// store did not create matches sqlite.ErrForeignLocksTable.
 func Open(ctx context.Context, cfg Config) (*Container, error) {
 	kind, err := databaseKind(cfg.Database)
 	if err != nil {

@@ -27,6 +27,9 @@ type timedBatches struct {
 	limits []int
 }
 
+// CountExpired counts the rows left, as an honest store does.
+func (r *timedBatches) CountExpired(context.Context, time.Time) (int, error) { return r.rows, nil }
+
 func (r *timedBatches) DeleteExpired(_ context.Context, _ time.Time, limit int) (int, error) {
 	r.limits = append(r.limits, limit)
 	n := min(limit, r.rows)
@@ -248,4 +251,71 @@ func TestLockService_StartCleanup(t *testing.T) {
 			assert.Equal(t, "cleanup_interval", ve.Field)
 		}
 	})
+}
+
+// reportsFullBatches holds held expired locks and removes them, but its
+// DeleteExpired reports its limit whatever it removed (a store that
+// returns the limit it bound, not the rows it deleted); its CountExpired
+// counts what is left, honestly or, when countLeft is set, not.
+type reportsFullBatches struct {
+	failingRepo
+	held      int
+	countLeft int // what CountExpired says, when not -1
+	batches   atomic.Int64
+}
+
+func (r *reportsFullBatches) DeleteExpired(_ context.Context, _ time.Time, limit int) (int, error) {
+	r.batches.Add(1)
+	r.held -= min(limit, r.held)
+	return limit, nil
+}
+
+func (r *reportsFullBatches) CountExpired(context.Context, time.Time) (int, error) {
+	if r.countLeft >= 0 {
+		return r.countLeft, nil
+	}
+	return r.held, nil
+}
+
+// A purge loops until a batch comes back short of its limit: on a store
+// whose DeleteExpired never does, it stops with an error that names the
+// broken promise, instead of looping for ever (a loop the contract suite
+// hung in).
+func TestLockService_CleanupEndsOnAStoreThatReportsFullBatches(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		countLeft int
+	}{
+		{"HonestCount", -1},
+		{"CountThatNeverDrops", 5000}, // CountExpired lies too
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			repo := &reportsFullBatches{held: 250, countLeft: tc.countLeft}
+			svc, err := application.NewLockService(repo, clock.NewMock(), 0)
+			require.NoError(t, err)
+			type result struct {
+				n   int
+				err error
+			}
+			done := make(chan result, 1)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() {
+				n, err := svc.CleanupExpired(ctx)
+				done <- result{n, err}
+			}()
+			var r result
+			select {
+			case r = <-done:
+			case <-time.After(10 * time.Second):
+				cancel()
+				<-done
+				t.Fatalf("CleanupExpired still looped after %d batches on a store whose DeleteExpired always reports its limit", repo.batches.Load())
+			}
+			require.ErrorIs(t, r.err, domain.ErrUnavailable)
+			assert.Contains(t, r.err.Error(), "DeleteExpired reported removing")
+			assert.Contains(t, r.err.Error(), "fewer than its limit once no more have expired")
+			t.Logf("after %d batches: %v", repo.batches.Load(), r.err)
+		})
+	}
 }

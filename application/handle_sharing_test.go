@@ -201,6 +201,97 @@ func TestHandle_FailedReleaseStaysRetryable(t *testing.T) {
 	assert.Error(t, rerr, "the released first handle renewed the second handle's lock")
 }
 
+// deletedThenFailed removes the lock on a DeleteToken, once armed, and
+// then reports a failure: a release whose DELETE committed but whose
+// answer never came back (the connection cut after the commit).
+type deletedThenFailed struct {
+	*memory.LockRepository
+	mu    sync.Mutex
+	armed bool
+}
+
+func (r *deletedThenFailed) arm() {
+	r.mu.Lock()
+	r.armed = true
+	r.mu.Unlock()
+}
+
+func (r *deletedThenFailed) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
+	ok, err := r.LockRepository.DeleteToken(ctx, ref, token, now)
+	r.mu.Lock()
+	armed := r.armed
+	r.armed = false
+	r.mu.Unlock()
+	if armed && ok && err == nil {
+		return false, &domain.StoreError{Op: "release lock on " + ref.String(), Kind: domain.StoreUnreachable,
+			Err: errors.New("connection reset after the commit")}
+	}
+	return ok, err
+}
+
+// A release that fails after the store removed the row leaves the handle
+// its place in the service, as Release promises: no other handle of the
+// service takes the resource, although the store has no lock on it,
+// until the handle's expiry as it knew it, or a retry of the release.
+func TestHandle_FailedReleaseKeepsItsPlace(t *testing.T) {
+	ctx := context.Background()
+	setup := func(t *testing.T) (*clock.Mock, *application.LockService, *application.Handle) {
+		t.Helper()
+		mc := shareMock()
+		repo := &deletedThenFailed{LockRepository: memory.NewLockRepository()}
+		svc, err := application.NewLockService(repo, mc, 0)
+		require.NoError(t, err)
+		first, err := svc.Take(ctx, "A", sharePlan, application.AcquireOptions{TTL: time.Minute})
+		require.NoError(t, err)
+		repo.arm()
+		ok, err := first.Release(ctx)
+		require.ErrorIs(t, err, domain.ErrUnavailable, "the store failed the release")
+		require.False(t, ok)
+		_, err = svc.Get(ctx, sharePlan)
+		require.ErrorIs(t, err, domain.ErrNotFound, "the failed release had removed the row")
+		return mc, svc, first
+	}
+	refused := func(t *testing.T, svc *application.LockService, first *application.Handle) {
+		t.Helper()
+		for _, owner := range []string{"B", "A"} {
+			second, err := svc.Take(ctx, owner, sharePlan, application.AcquireOptions{TTL: time.Minute})
+			if err == nil {
+				_, _ = second.Release(ctx)
+				t.Fatalf("owner %s took %s (token %d) in the process whose handle (token %d) still holds its place "+
+					"after a release that failed: two handles of one service held at once", owner, sharePlan, second.Lock().Token, first.Lock().Token)
+			}
+			var conflict *domain.LockConflictError
+			require.ErrorAs(t, err, &conflict, "owner %s", owner)
+			assert.True(t, conflict.InProcess, "owner %s: refused by the handle of this process", owner)
+			assert.Equal(t, first.Lock().Token, conflict.Holder.Token, "owner %s: the holder named is the first handle", owner)
+		}
+	}
+
+	t.Run("UntilItsExpiry", func(t *testing.T) {
+		mc, svc, first := setup(t)
+		refused(t, svc, first)
+		mc.Add(time.Minute - time.Microsecond)
+		refused(t, svc, first)
+		mc.Add(time.Microsecond) // the first handle's expiry: its place is gone
+		second, err := svc.Take(ctx, "B", sharePlan, application.AcquireOptions{TTL: time.Minute})
+		require.NoError(t, err, "at the first handle's expiry the resource is free")
+		assert.Greater(t, second.Lock().Token, first.Lock().Token)
+		_, err = second.Release(ctx)
+		require.NoError(t, err)
+	})
+	t.Run("UntilTheRetry", func(t *testing.T) {
+		_, svc, first := setup(t)
+		refused(t, svc, first)
+		ok, err := first.Release(ctx)
+		require.NoError(t, err, "the retry finds no lock: the failed attempt removed it")
+		assert.False(t, ok)
+		second, err := svc.Take(ctx, "B", sharePlan, application.AcquireOptions{TTL: time.Minute})
+		require.NoError(t, err, "once the release is retried the resource is free")
+		_, err = second.Release(ctx)
+		require.NoError(t, err)
+	})
+}
+
 // An owner-scoped Acquire is another acquisition, even of the same owner:
 // a Take never re-enters it in the store (DecideTake) and is refused with
 // SameOwner set, naming it.

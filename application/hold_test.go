@@ -377,6 +377,12 @@ func TestHandle_KeepAlive(t *testing.T) {
 		assert.Equal(t, domain.LostStoreFailing, lost.Reason)
 		assert.Equal(t, holdStart.Add(ttl), lost.At)
 		assert.Contains(t, lost.Error(), "had not completed when the lock expired")
+		// A store that never answered is an unavailable store: the loss
+		// matches both, and says so, with what to do.
+		require.ErrorIs(t, lost, domain.ErrUnavailable)
+		require.ErrorIs(t, lost, domain.ErrExpired)
+		assert.Contains(t, lost.Error(), "the lock store could not be reached")
+		assert.Contains(t, lost.Error(), "check that the database is reachable")
 		repo.failWith(nil)
 		_, err := svc.Acquire(ctx, "B", plan, 0)
 		require.NoError(t, err, "the resource is free for another owner")

@@ -3,6 +3,7 @@ package application
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/cleveragents/locks/domain"
@@ -303,7 +304,16 @@ func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int
 // writer queued behind a batch waits about that long, not for the whole
 // backlog. It stops early, with the count so far, if ctx is cancelled.
 //
-// Errors: *domain.StoreError; ctx.Err() when cancelled between batches;
+// It stops at a batch that comes back short of its limit, as
+// LockRepository.DeleteExpired promises once no more have expired. A
+// purge long enough to need cleanupCountAfter full batches asks the store
+// once how many expired locks are left (CountExpired): the purge then
+// never reports removing more than the store held, and one on a store
+// whose DeleteExpired keeps reporting full batches ends with an error
+// that says so, instead of looping for ever.
+//
+// Errors: *domain.StoreError, also for a store that reports removing more
+// expired locks than it held; ctx.Err() when cancelled between batches;
 // domain.ErrClosed after Close.
 func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
 	if err := s.gate.enter(); err != nil {
@@ -317,10 +327,18 @@ func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
 	return n, err
 }
 
+// cleanupCountAfter is how many full batches a purge runs before it asks
+// the store how many expired locks are left: the count costs a read, which
+// a purge of a few batches (most of them) does without.
+const cleanupCountAfter = 4
+
 func (s *LockService) cleanupExpired(ctx context.Context) (int, error) {
 	now := s.Now()
 	total, limit := 0, cleanupFirstBatch
-	for {
+	// held is how many expired locks the store held when the purge
+	// began, once counted: removed so far, and left (CountExpired).
+	held, left := -1, 0
+	for batch := 1; ; batch++ {
 		start := s.clock.Now()
 		n, err := s.repo.DeleteExpired(ctx, now, limit)
 		total += n
@@ -329,6 +347,25 @@ func (s *LockService) cleanupExpired(ctx context.Context) (int, error) {
 		}
 		if err := ctx.Err(); err != nil {
 			return total, err
+		}
+		if held >= 0 && total > held {
+			// A lock written after the purge began expires after the
+			// instant of its write (clocks agreeing), so none joins the
+			// locks expired at the purge's now: the store has reported
+			// removing locks it never held, and will go on reporting full
+			// batches.
+			return total, &domain.StoreError{Op: "clean up expired locks", Advice: "the store breaks a promise of " +
+				"application.LockRepository (check it with package locktest)", Err: fmt.Errorf(
+				"DeleteExpired reported removing %d expired locks in this purge, more than the %d the store held "+
+					"(%d reported removed by batch %d, and %d left then by CountExpired); it must return fewer than its limit "+
+					"once no more have expired, so the purge stopped rather than loop for ever",
+				total, held, held-left, cleanupCountAfter, left)}
+		}
+		if batch == cleanupCountAfter {
+			if left, err = s.repo.CountExpired(ctx, now); err != nil {
+				return total, err
+			}
+			held = total + left
 		}
 		// Between two batches, the writers that queued behind the last
 		// one go first: the next batch queues behind them (SQLite's

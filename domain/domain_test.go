@@ -168,13 +168,17 @@ func TestLockLostError_UnknownExpiry(t *testing.T) {
 		"after it expired at 2026-01-01T00:00:00Z")
 }
 
-// A loss matches ErrExpired whatever its reason, and ErrClosed only when
-// the service closed.
+// A loss matches ErrExpired whatever its reason, ErrClosed only when the
+// service closed, and ErrUnavailable when the store failed every renewal,
+// whatever the last failure was (a renewal that never answered is no
+// *domain.StoreError).
 func TestLockLostError_Is(t *testing.T) {
 	for _, r := range []domain.LostReason{domain.LostExpired, domain.LostTakenOver, domain.LostStoreFailing, domain.LostClosed, domain.LostRemoved} {
-		err := fmt.Errorf("wrapped: %w", &domain.LockLostError{Reason: r, NewHolder: &domain.Lock{}})
+		err := fmt.Errorf("wrapped: %w", &domain.LockLostError{Reason: r, NewHolder: &domain.Lock{},
+			Err: errors.New("the renewal had not completed when the lock expired")})
 		assert.ErrorIs(t, err, domain.ErrExpired, r.String())
 		assert.Equal(t, r == domain.LostClosed, errors.Is(err, domain.ErrClosed), r.String())
+		assert.Equal(t, r == domain.LostStoreFailing, errors.Is(err, domain.ErrUnavailable), r.String())
 		assert.NotErrorIs(t, err, domain.ErrConflict, r.String())
 	}
 }

@@ -146,7 +146,9 @@ const (
 	// LostTakenOver: another owner holds the resource now (NewHolder).
 	LostTakenOver
 	// LostStoreFailing: every renewal failed (Err is the last failure)
-	// until the lock's expiry passed.
+	// until the lock's expiry passed: the store answered with an error,
+	// or not in time (unreachable, or blocked by another writer). The
+	// loss matches ErrUnavailable too.
 	LostStoreFailing
 	// LostClosed: the lock service was closed while the lock was kept
 	// alive; the container releases the owner's locks.
@@ -196,8 +198,10 @@ func (e *LockLostError) Error() string {
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: owner %q took it over (token %d)%s; %s",
 			l.Owner, l.Resource, l.Token, e.NewHolder.Owner, e.NewHolder.Token, e.takenWhen(), next)
 	case LostStoreFailing:
-		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the store failed every renewal until the lock expired at %s (last failure: %v); %s",
-			l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), e.Err, next)
+		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the lock store could not be reached, or did not answer in time, "+
+			"so no renewal completed before the lock expired at %s (last failure: %v); stop the work it protected, "+
+			"check that the database is reachable and not kept busy (a long write transaction, a stalled disk or network), then acquire it again",
+			l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), e.Err)
 	case LostClosed:
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the lock service was closed; %s",
 			l.Owner, l.Resource, l.Token, next)
@@ -242,10 +246,15 @@ func (e *LockLostError) takenWhen() string {
 	return fmt.Sprintf(" at %s, after it expired at %s", at(took), at(expires))
 }
 
-// Is makes errors.Is(err, ErrExpired) true, and errors.Is(err, ErrClosed)
-// too for a lock lost because the service closed (LostClosed).
+// Is makes errors.Is(err, ErrExpired) true; errors.Is(err, ErrClosed)
+// too for a lock lost because the service closed (LostClosed); and
+// errors.Is(err, ErrUnavailable) too for a lock lost because the store
+// failed every renewal (LostStoreFailing), whatever its last failure: a
+// renewal that never answered (the store blocked, the network gone)
+// carries no *StoreError, and is the store's unavailability all the same.
 func (e *LockLostError) Is(target error) bool {
-	return target == ErrExpired || (target == ErrClosed && e.Reason == LostClosed)
+	return target == ErrExpired || (target == ErrClosed && e.Reason == LostClosed) ||
+		(target == ErrUnavailable && e.Reason == LostStoreFailing)
 }
 
 // Unwrap returns the last store failure, if any.
@@ -286,6 +295,10 @@ const (
 	StoreFull
 	// StoreSchema: the database does not have the expected schema.
 	StoreSchema
+	// StoreTokensExhausted: the database has issued the largest fencing
+	// token it can store, and can grant no more locks. Tokens only grow,
+	// so no retry helps: the service needs a new lock database.
+	StoreTokensExhausted
 )
 
 var storeKindText = map[StoreErrorKind]struct{ what, advice string }{
@@ -296,6 +309,8 @@ var storeKindText = map[StoreErrorKind]struct{ what, advice string }{
 	StoreUnreachable: {"cannot be reached", "check the path or DSN and that the directory exists"},
 	StoreFull:        {"is full", "free disk space"},
 	StoreSchema:      {"does not have the expected schema", "let the service open it once so that its migrations run"},
+	StoreTokensExhausted: {"has issued its last fencing token, and can grant no more locks",
+		"move the service to a new lock database, whose tokens start again at 1: first have the resources that check tokens forget the last token they accepted, or they will refuse the new, smaller ones"},
 }
 
 // String returns a short name for the kind.
@@ -313,6 +328,8 @@ func (k StoreErrorKind) String() string {
 		return "full"
 	case StoreSchema:
 		return "schema"
+	case StoreTokensExhausted:
+		return "tokens-exhausted"
 	default:
 		return "internal"
 	}

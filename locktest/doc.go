@@ -32,17 +32,23 @@
 //     consecutive). A re-entry or renewal with a shorter TTL shortens the
 //     lock: the new expiry is now+ttl.
 //   - Concurrency: sixteen owners race for one resource and exactly one
-//     wins; eight workers hand a resource over two hundred times and two
-//     are never inside at once; Get, List and CountExpired read while
+//     wins; eight workers hand a resource over two hundred times, two
+//     are never inside at once, and each holder's token is larger than
+//     every earlier holder's (not only than the tokens its own goroutine
+//     drew); Get, List and CountExpired read while
 //     others write; eight resources change hands at once and no token is
 //     handed out twice, nor a smaller one after a larger on a resource.
 //   - Repository: the port's own promises, without the service: Update
 //     returns its Decide function's error unchanged and rolls back on a
 //     panic (a store still locked after it fails within seconds, not at
 //     go test's timeout), returns the lock as stored (in UTC), a
-//     ChangeExtend stores the expiry given, earlier or later;
-//     DeleteExpired removes at most limit locks, and fewer only when no
-//     more have expired; a context that ended before a write, or
+//     ChangeExtend stores the expiry given, earlier or later; a Decide
+//     that changes nothing (ChangeNone) is given the lock as stored and
+//     gets it back unchanged (the zero Lock when there is none), and
+//     nothing is written; DeleteExpired removes at most limit locks, and
+//     fewer only when no more have expired (a store that keeps reporting
+//     full batches fails the service's purge with an error saying so,
+//     rather than keep it looping); a context that ended before a write, or
 //     mid-write, is the context's error and writes nothing; List orders
 //     ids by their bytes.
 //   - Acquirer, Taker, Renewer, and Handles/TokenRenewer: the optional

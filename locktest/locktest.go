@@ -657,7 +657,9 @@ func testConcurrency(t *testing.T, newRepo NewRepository) {
 		wg.Wait()
 		require.Len(t, tokens, workers*rounds)
 		for i := 1; i < len(tokens); i++ {
-			require.Greater(t, tokens[i], tokens[i-1], "tokens increase in the order of entry")
+			require.Greater(t, tokens[i], tokens[i-1], "tokens increase in the order of entry: "+
+				"a holder with a smaller token than its predecessor's is refused by every fence the predecessor passed, "+
+				"and the predecessor's late writes pass (a token drawn before the write that orders the holders?)")
 		}
 	})
 	t.Run("ReadsDuringWrites", func(t *testing.T) { testReadsDuringWrites(t, newRepo) })

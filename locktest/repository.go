@@ -91,6 +91,46 @@ func testRepository(t *testing.T, newRepo NewRepository) {
 		}
 	})
 
+	t.Run("ChangeNoneReturnsTheLock", func(t *testing.T) {
+		// A Decide that changes nothing gets the lock as stored back,
+		// active or expired, and the store is left as it was: a caller
+		// that reads through Update (to decide under the write's
+		// exclusion) relies on the answer.
+		repo := newRepo(t)
+		none := func(saw **domain.Lock) application.Decide {
+			return func(cur *domain.Lock) (application.Change, error) {
+				*saw = cur
+				return application.Change{}, nil
+			}
+		}
+		var saw *domain.Lock
+		got, err := repo.Update(ctx, plan1, none(&saw))
+		require.NoError(t, err)
+		assert.Nil(t, saw, "Decide is given nil for a resource with no lock")
+		assert.Equal(t, domain.Lock{}, got, "Update with ChangeNone returns the zero Lock when there was none")
+		_, err = repo.Get(ctx, plan1)
+		require.ErrorIs(t, err, domain.ErrNotFound, "Update with ChangeNone wrote a lock")
+
+		held, err := repo.Update(ctx, plan1, insert("A", Start, Start.Add(time.Minute)))
+		require.NoError(t, err)
+		expired, err := repo.Update(ctx, plan2, insert("B", Start.Add(-time.Hour), Start.Add(-time.Second)))
+		require.NoError(t, err)
+		for _, l := range []domain.Lock{held, expired} {
+			got, err := repo.Update(ctx, l.Resource, none(&saw))
+			require.NoError(t, err)
+			if assert.NotNil(t, saw, "Decide is given the lock on %s", l.Resource) {
+				assert.Equal(t, l, *saw, "Decide is given the lock on %s as stored", l.Resource)
+			}
+			assert.Equal(t, l, got, "Update with ChangeNone returns the lock on %s unchanged, as stored", l.Resource)
+			stored, err := repo.Get(ctx, l.Resource)
+			require.NoError(t, err)
+			assert.Equal(t, l, stored, "Update with ChangeNone leaves the lock on %s as it was", l.Resource)
+		}
+		next, err := repo.Update(ctx, project1, insert("C", Start, Start.Add(time.Minute)))
+		require.NoError(t, err)
+		assert.Greater(t, next.Token, expired.Token, "the next token is still greater than every earlier one")
+	})
+
 	t.Run("DeleteExpiredAtMostLimit", func(t *testing.T) {
 		repo := newRepo(t)
 		const expired = 5

@@ -69,3 +69,13 @@ func ownerOrRoot(fi fs.FileInfo) error {
 func effectiveAccess(path string, mode uint32) error {
 	return unix.Faccessat(unix.AT_FDCWD, path, mode, unix.AT_EACCESS)
 }
+
+// linkCount returns how many names (hard links) the file fi describes
+// has.
+func linkCount(fi fs.FileInfo) uint64 {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 1
+	}
+	return uint64(st.Nlink) //nolint:unconvert // uint16 on some systems
+}

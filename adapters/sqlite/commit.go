@@ -276,6 +276,9 @@ func (c *committer) runBatch() {
 				return err
 			}
 			defer unlock()
+			if err := c.db.checkFile(); err != nil {
+				return err // not busy: not retried
+			}
 			if !claimed && c.aloneWithOneStatement() {
 				take(c.claim())
 			}

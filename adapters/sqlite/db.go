@@ -6,6 +6,8 @@ import (
 	"embed"
 	"errors"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"time"
 
 	"entgo.io/ent/dialect"
@@ -53,8 +55,14 @@ type DB struct {
 	checkpoints checkpointer
 	// wake carries wake-ups to and from the other processes on the file;
 	// nil where it cannot (see wakeFile).
-	wake  *wakeFile
-	path  string
+	wake *wakeFile
+	path string
+	// file is the database file as Open found it, which every write
+	// checks that abs still names (checkFile); nil for a read-only
+	// handle. abs is path made absolute at Open, as SQLite resolves it
+	// then: a later chdir changes neither.
+	file  os.FileInfo
+	abs   string
 	store *entstore.FreeFirstStore
 }
 
@@ -68,10 +76,16 @@ type Options struct {
 // Open opens (creating it if needed) the database at pathOrURI, applies the
 // pending migrations and returns the store.
 //
+// A file it refuses is left as it was: every refusal is decided by
+// reading only, before the first write.
+//
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
 // no file, such as an in-memory database; a *domain.StoreError whose kind
-// names the cause: StoreUnreachable for a missing directory, StoreReadOnly,
-// StoreCorrupt for a file that is not a database, StoreBusy.
+// names the cause: StoreUnreachable for a missing directory, or wrapping a
+// *LinkedFileError for a file with more than one name; StoreReadOnly;
+// StoreCorrupt for a file that is not a database; StoreSchema wrapping
+// ErrForeignLocksTable for a file with a locks table that the store did not
+// create; StoreBusy.
 func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -81,13 +95,25 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if readOnlyMode(dsn) {
 		return nil, readOnlyModeError("open lock store "+path, dsn) // before anything is created
 	}
+	op := "open lock store " + path
 	// A side file planted by someone else is refused before anything is
 	// created (openSideFile checks again, on the file it opens).
 	if err := checkSideFiles(sidePath(path)); err != nil {
-		return nil, sideFileStoreError("open lock store "+path, err)
+		return nil, FormatError(op, err)
 	}
 	if err := createPrivate(path); err != nil {
-		return nil, FormatError("open lock store "+path, err)
+		return nil, FormatError(op, err)
+	}
+	if err := checkOneName(op, path); err != nil {
+		return nil, err
+	}
+	file, err := os.Stat(path)
+	if err != nil {
+		return nil, FormatError(op, err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, FormatError(op, err)
 	}
 	// Every connection, and every side file, names the file that path
 	// names now: connections are opened as they are needed, and a
@@ -99,6 +125,11 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	// SQLite would open it read-only, leave -wal and -shm files behind, and
 	// fail only at the first write.
 	if err := CheckWritable(dsn); err != nil {
+		return nil, err
+	}
+	// Every other reason to refuse the file is found before the first
+	// write: the journal switch to WAL that the store's connections make.
+	if err := preflight(ctx, op, dsn, path); err != nil {
 		return nil, err
 	}
 	rdb, err := sql.Open("sqlite", dsn)
@@ -118,7 +149,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	rdb.SetMaxIdleConns(maxReaders)
 	wdb.SetMaxOpenConns(1)
 	wdb.SetMaxIdleConns(1)
-	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path}
+	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path, file: file, abs: abs}
 	db.commits.db = db
 	db.checkpoints.init(rdb, path+"-wal")
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {
@@ -129,11 +160,11 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	// store: opening anything else leaves nothing beside it.
 	if db.writers, err = openWriterQueue(real, busyTimeout(dsn)); err != nil {
 		db.Close()
-		return nil, sideFileStoreError("open lock store "+path, err)
+		return nil, FormatError(op, err)
 	}
 	if db.wake, err = openWakeFile(real); err != nil {
 		db.Close()
-		return nil, sideFileStoreError("open lock store "+path, err)
+		return nil, FormatError(op, err)
 	}
 	if db.commits.savepoints, err = prepareSavepoints(ctx, wdb); err != nil {
 		db.Close()
@@ -159,7 +190,7 @@ func NewLockRepository(db *DB) *entstore.FreeFirstStore { return db.store }
 // a queue of the processes' writers, and its errors. No per-resource lock
 // is needed: BEGIN IMMEDIATE already keeps every other writer out.
 func (db *DB) backend() entstore.Backend {
-	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, FormatError: FormatError,
+	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, FormatError: db.formatError,
 		Released: db.wake.freed}
 }
 

@@ -31,7 +31,10 @@ var settings = []struct{ key, value string }{
 // write transactions, unless the URI already sets them (_txlock excepted).
 //
 // Errors: a *domain.ValidationError (Field "database") for an empty path, a
-// URI whose query does not parse, or an in-memory database (see inMemory).
+// URI whose query does not parse, an in-memory database (see InMemory), or
+// a parameter that would break what the store promises (see checkParams:
+// a _pragma of a setting the store makes itself, a journal that is OFF or
+// in MEMORY, nolock=1, a unix-* VFS), naming the parameter.
 func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 	if pathOrURI == "" {
 		return "", &domain.ValidationError{Field: "database", Reason: "must name a SQLite file"}
@@ -65,6 +68,9 @@ func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 				"mode=%s in %q is none of SQLite's access modes, ro, rw, rwc and memory (in lower case)", m, redact(pathOrURI))}
 		}
 	}
+	if err := checkParams(q, pathOrURI); err != nil {
+		return "", err
+	}
 	if inMemory(base, q) {
 		return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
 			"%q names an in-memory SQLite database, which each connection of the store would see as "+
@@ -83,6 +89,105 @@ func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 		}
 	}
 	return base + "?" + q.Encode(), nil
+}
+
+// pragmaAdvice says why DSN refuses a "_pragma" of each name, and what to
+// write instead. The module sets these itself, on every connection; a
+// _pragma runs before the module's own settings (the driver applies the
+// _pragma list first), so that one connection switches, for instance, the
+// journal while the others hold the file open, and the open fails busy
+// after creating the file; or the module's setting silently undoes it.
+var pragmaAdvice = map[string]string{
+	"journal_mode": "the module sets the journal (WAL) on every connection: ask for a rollback journal with " +
+		"_journal_mode=DELETE, TRUNCATE or PERSIST instead",
+	"synchronous":        "the module sets synchronous on every connection: write _synchronous=FULL (or NORMAL) instead",
+	"busy_timeout":       "the module's file lock waits as long as SQLite's busy timeout: write _busy_timeout=MILLISECONDS instead (or set Options.BusyTimeout)",
+	"locking_mode":       "the lock store is shared by every process on the file, which locking_mode=EXCLUSIVE would keep out: drop it",
+	"wal_autocheckpoint": "the module runs the checkpoints itself, away from the writes: drop it",
+	"journal_size_limit": "the module runs the checkpoints and bounds the WAL itself: drop it",
+	"user_version":       "it would change the file on every connection, even one the module then refuses: drop it",
+	"application_id":     "it would change the file on every connection, even one the module then refuses: drop it",
+	"schema_version":     "it would change the file on every connection, even one the module then refuses: drop it",
+	"writable_schema":    "it lets a statement corrupt the schema the module relies on: drop it",
+}
+
+// checkParams refuses the parameters of a file: URI (its query q) that
+// would break what the module promises: a journal that survives a crash,
+// SQLite's file locks
+// keeping the processes apart, and a refused file left as it was. uri is
+// the URI as given, for the messages.
+func checkParams(q url.Values, uri string) error {
+	refuse := func(param, why string) error {
+		return &domain.ValidationError{Field: "database", Reason: fmt.Sprintf("%s in %q is refused: %s", param, redact(uri), why)}
+	}
+	for _, p := range q["_pragma"] {
+		if strings.Contains(p, ";") {
+			return refuse("_pragma="+p, "give one pragma per _pragma parameter, without \";\"")
+		}
+		// A bare name ("_pragma=journal_mode") only reads the setting.
+		if name, arg := pragmaParts(p); arg != "" && pragmaAdvice[name] != "" {
+			return refuse("_pragma="+p, pragmaAdvice[name])
+		}
+	}
+	for _, key := range []string{"_journal_mode", "_journal"} {
+		for _, v := range q[key] {
+			if strings.EqualFold(v, "OFF") || strings.EqualFold(v, "MEMORY") {
+				return refuse(key+"="+v, "without a journal on disk, a crash during a commit can corrupt the database: "+
+					"use WAL (the default), DELETE, TRUNCATE or PERSIST")
+			}
+		}
+	}
+	for _, v := range q["nolock"] {
+		if v != "" && v != "0" {
+			return refuse("nolock="+v, "SQLite would take no file locks, and two processes could hold the same lock: drop it")
+		}
+	}
+	for _, v := range q["vfs"] {
+		if strings.HasPrefix(v, "unix-") {
+			return refuse("vfs="+v, "this VFS locks the file differently from the module's other processes (or not at all), "+
+				"so two processes could hold the same lock: drop it")
+		}
+	}
+	return nil
+}
+
+// pragmaParts splits a _pragma parameter, "name(arg)" or "name=arg" as
+// the driver runs it after "pragma ", into its name, lower case and
+// without a schema ("main.journal_mode"), and its argument, lower case and
+// trimmed ("" when it only reads the setting).
+func pragmaParts(p string) (name, arg string) {
+	p = strings.ToLower(strings.TrimSpace(p))
+	i := strings.IndexAny(p, "(=")
+	if i < 0 {
+		i = len(p)
+	}
+	name = strings.TrimSpace(p[:i])
+	if j := strings.LastIndexByte(name, '.'); j >= 0 {
+		name = name[j+1:]
+	}
+	return name, strings.Trim(p[i:], " (=)")
+}
+
+// falsy reports whether v is one of the driver's false booleans.
+func falsy(v string) bool {
+	return slices.Contains([]string{"0", "no", "false", "off"}, strings.ToLower(v))
+}
+
+// InMemory reports whether pathOrURI names an in-memory SQLite database
+// (":memory:", a file: URI with mode=memory, the memdb VFS, or an empty
+// name), which DSN refuses: it lives and dies with one process, and each
+// connection of the store would get one of its own.
+func InMemory(pathOrURI string) bool {
+	if pathOrURI == ":memory:" {
+		return true
+	}
+	rest, ok := strings.CutPrefix(pathOrURI, "file:")
+	if !ok {
+		return false
+	}
+	path, query, _ := strings.Cut(rest, "?")
+	q, err := url.ParseQuery(query)
+	return err == nil && inMemory("file:"+path, q)
 }
 
 // inMemory reports whether SQLite would open base (a "file:" URI without
@@ -128,16 +233,16 @@ func uriPath(base string) string {
 }
 
 // readOnlyMode reports whether a DSN made by DSN asks SQLite to open the
-// database read-only (mode=ro, or immutable=1, which also promises that
-// nobody writes the file): the store could not write through it, and
-// SQLite would still leave files behind (-wal and -shm, or an empty
-// database where there was none).
+// database read-only (mode=ro; immutable=1, which also promises that
+// nobody writes the file; query_only): the store could not write through
+// it, and SQLite would still leave files behind (-wal and -shm, or an
+// empty database where there was none).
 func readOnlyMode(dsn string) bool {
 	return readOnlyParam(dsn) != ""
 }
 
 // readOnlyParam returns the parameter of a DSN made by DSN that makes it
-// read-only, or "".
+// read-only (mode=ro, immutable, a query_only pragma or _query_only), or "".
 func readOnlyParam(dsn string) string {
 	_, query, _ := strings.Cut(dsn, "?")
 	q, _ := url.ParseQuery(query)
@@ -146,6 +251,16 @@ func readOnlyParam(dsn string) string {
 		return "mode=ro"
 	case slices.ContainsFunc(q["immutable"], func(v string) bool { return v != "" && v != "0" }):
 		return "immutable=" + q.Get("immutable")
+	}
+	for _, v := range q["_query_only"] {
+		if !falsy(v) {
+			return "_query_only=" + v
+		}
+	}
+	for _, p := range q["_pragma"] {
+		if name, arg := pragmaParts(p); name == "query_only" && arg != "" && !falsy(arg) {
+			return "_pragma=" + p
+		}
 	}
 	return ""
 }

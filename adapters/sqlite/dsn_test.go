@@ -130,3 +130,74 @@ func TestDSN_UnknownMode(t *testing.T) {
 		require.NoError(t, err, uri)
 	}
 }
+
+// TestDSN_ParametersTheModuleDecides: a file: URI parameter that would
+// break what the module promises (the journal it keeps, a store every
+// process can write, the file locks that keep processes apart, a file
+// left as it was) is refused before anything is created, with an error
+// that names it; one that does not is accepted.
+func TestDSN_ParametersTheModuleDecides(t *testing.T) {
+	ctx := context.Background()
+	for query, says := range map[string]string{
+		"_pragma=journal_mode(delete)":                        "_pragma=journal_mode(delete)",
+		"_pragma=JOURNAL_MODE%3DWAL":                          "_pragma=JOURNAL_MODE=WAL",
+		"_pragma=main.journal_mode(delete)":                   "_journal_mode=",
+		"_pragma=%20journal_mode%20(truncate)":                "journal_mode",
+		"_pragma=synchronous(full)":                           "_synchronous=",
+		"_pragma=busy_timeout(100)":                           "_busy_timeout=",
+		"_pragma=locking_mode(exclusive)":                     "locking_mode",
+		"_pragma=wal_autocheckpoint(1)":                       "checkpoints",
+		"_pragma=journal_size_limit(1)":                       "checkpoints",
+		"_pragma=user_version(7)":                             "user_version",
+		"_pragma=foreign_keys(1)%3Bpragma%20journal_mode=off": "one pragma",
+		"_journal_mode=OFF":                                   "_journal_mode=OFF",
+		"_journal=memory":                                     "_journal=memory",
+		"nolock=1":                                            "nolock=1",
+		"vfs=unix-none":                                       "vfs=unix-none",
+		"vfs=unix-dotfile":                                    "vfs=unix-dotfile",
+	} {
+		t.Run(query, func(t *testing.T) {
+			dir := t.TempDir()
+			t.Chdir(dir)
+			uri := "file:x.db?" + query
+			for _, open := range []func() error{
+				func() error { _, err := sqlite.DSN(uri, 0); return err },
+				func() error { _, err := sqlite.Open(ctx, uri, sqlite.Options{}); return err },
+				func() error { _, err := locks.Open(ctx, locks.Config{Database: uri}); return err },
+			} {
+				err := open()
+				var ve *domain.ValidationError
+				require.ErrorAs(t, err, &ve)
+				assert.Equal(t, "database", ve.Field)
+				assert.Contains(t, ve.Reason, says)
+			}
+			entries, err := os.ReadDir(dir)
+			require.NoError(t, err)
+			assert.Empty(t, entries, "a refused URI creates nothing")
+		})
+	}
+	for _, query := range []string{"_pragma=foreign_keys(1)", "_pragma=cache_size(-4000)", "_journal_mode=DELETE",
+		"_journal=truncate", "_synchronous=FULL", "_query_only=0", "nolock=0", "vfs=unix", "_pragma=locking_mode"} {
+		path := filepath.Join(t.TempDir(), "x.db")
+		db, err := sqlite.Open(ctx, "file:"+path+"?"+query, sqlite.Options{})
+		require.NoError(t, err, query)
+		require.NoError(t, db.Close())
+	}
+}
+
+// TestDSN_QueryOnlyIsReadOnly: a URI that makes every connection read-only
+// with query_only is refused by Open as mode=ro is, before anything is
+// created (it used to create the file and fail at the first write).
+func TestDSN_QueryOnlyIsReadOnly(t *testing.T) {
+	ctx := context.Background()
+	for _, query := range []string{"_pragma=query_only(1)", "_pragma=QUERY_ONLY%20=%20true", "_query_only=1", "_query_only=yes"} {
+		dir := t.TempDir()
+		t.Chdir(dir)
+		_, err := sqlite.Open(ctx, "file:x.db?"+query, sqlite.Options{})
+		require.True(t, domain.IsStoreKind(err, domain.StoreReadOnly), "%s: %v", query, err)
+		assert.ErrorContains(t, err, "drop ", query)
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		assert.Empty(t, entries, "%s: a refused URI creates nothing", query)
+	}
+}

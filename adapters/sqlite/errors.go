@@ -3,13 +3,17 @@ package sqlite
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
+	"math"
 	"strings"
+	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/cleveragents/locks/domain"
+	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
 // FormatError translates an error of the driver, of Ent or of the file
@@ -26,6 +30,14 @@ func FormatError(op string, err error) error {
 	var se *domain.StoreError
 	if errors.As(err, &se) || isDomainError(err) {
 		return err
+	}
+	var re *ReplacedFileError
+	if errors.As(err, &re) {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: replacedAdvice}
+	}
+	var sfe *SideFileError
+	if errors.As(err, &sfe) {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: sideFileAdvice}
 	}
 	if SnapshotConflict(err) {
 		return &domain.StaleSnapshotError{Op: op, What: staleSnapshot, Advice: staleSnapshotAdvice, Err: err}
@@ -111,4 +123,31 @@ func isBusy(err error) bool {
 		return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
 	}
 	return false
+}
+
+// maxToken is the largest token the locks table's AUTOINCREMENT issues:
+// SQLite's largest rowid.
+const maxToken = math.MaxInt64
+
+// formatError is FormatError for the store's own operations, which can
+// tell one more cause apart: SQLite refuses an insert with SQLITE_FULL,
+// the code of a full disk, also when AUTOINCREMENT has issued its largest
+// rowid, which is the locks table's last fencing token. Only for that
+// code does it read the sequence, through the reading pool, to tell
+// which it is.
+func (db *DB) formatError(op string, err error) error {
+	ferr := FormatError(op, err)
+	if !domain.IsStoreKind(ferr, domain.StoreFull) {
+		return ferr
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var last int64
+	qerr := db.sql.QueryRowContext(ctx, "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = ?), 0), "+
+		"coalesce((SELECT max(id) FROM "+entlock.Table+"), 0))", entlock.Table).Scan(&last)
+	if qerr != nil || last < maxToken {
+		return ferr
+	}
+	return &domain.StoreError{Op: op, Kind: domain.StoreTokensExhausted,
+		Err: fmt.Errorf("the last token issued is %d, the largest SQLite can store (SQLite reports it as a full database: %w)", last, err)}
 }

@@ -44,7 +44,8 @@ var errNotDatabase = errors.New("the file does not begin with the SQLite header"
 // no file, such as an in-memory database; a *domain.StoreError:
 // StoreUnreachable wrapping fs.ErrNotExist when the file does not exist,
 // StoreCorrupt when it is not a database, StoreUnreachable with advice when
-// this user cannot read it safely now.
+// this user cannot read it safely now, or wrapping a *LinkedFileError when
+// the file has more than one name.
 func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -52,6 +53,11 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	}
 	path := filePath(dsn)
 	op := "inspect lock store " + path
+	// A second name reads through a journal of its own, which lacks what
+	// the processes that write through the other name committed.
+	if err := checkOneName(op, path); err != nil {
+		return nil, err
+	}
 	// The reading connections are opened as they are needed: all of them
 	// must reach the file that path names now, whatever the process's
 	// working directory by then (sidePath).

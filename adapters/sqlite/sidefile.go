@@ -1,57 +1,128 @@
 package sqlite
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
-
-	"github.com/cleveragents/locks/domain"
 )
 
-// ErrUntrustedSideFile is matched (errors.Is) by the error of Open when a
-// side file of the database, "<database>-lock" or "<database>-wake", is
-// something the store did not make and must not use: a symbolic link, a
-// FIFO, a directory, a file with other names (hard links) or a file of a
-// user who could not write the database. Another local user may have put
-// it there to make the store write through it, or hang on it. Open
-// refuses it and leaves it, and what it points at, as they are; remove it
-// and open again (the store creates its own).
-var ErrUntrustedSideFile = errors.New("a side file of the lock store is not one the store can trust")
-
-// sideFileError says which side file is refused, and why.
-type sideFileError struct {
-	path   string
-	reason string
+// SideFileError reports that something other than the store's own file
+// is at the name of one of its side files, "<database>-lock" or
+// "<database>-wake": a symbolic link, a FIFO or another kind of file, a
+// file with more than one name, or a file of a user who could not write
+// the database. Another local user may have put it there: following it
+// would create, write, chmod or lock a file somewhere else, or block for
+// ever on a FIFO. It comes wrapped in a *domain.StoreError (kind
+// StoreUnreachable), so it matches domain.ErrUnavailable too; match it
+// with errors.As.
+type SideFileError struct {
+	// Path is the side file's name.
+	Path string
+	// Problem says what is there instead.
+	Problem string
 }
 
-func (e *sideFileError) Error() string {
-	return fmt.Sprintf("%s %s: the lock store did not make it, and will not use it", e.path, e.reason)
+func (e *SideFileError) Error() string {
+	return fmt.Sprintf("%s %s: it must be a regular file of the lock store's own", e.Path, e.Problem)
 }
 
-// Is makes errors.Is(err, ErrUntrustedSideFile) true.
-func (e *sideFileError) Is(target error) bool { return target == ErrUntrustedSideFile }
+// sideFileAdvice is what to do about a SideFileError.
+const sideFileAdvice = "remove it (it holds no data, and the store creates it again) once you know who put it there; " +
+	"if another user could, keep the database in a directory that only its users can write"
 
-// sideFileStoreError turns the refusal of a side file into the store's
-// error, advising what to do.
-func sideFileStoreError(op string, err error) error {
-	var se *sideFileError
-	if !errors.As(err, &se) {
-		return FormatError(op, err)
+// sideFileProblem says what is wrong with fi, which lstat(2) or fstat(2)
+// returned for a side file of the database whose owner is db, or "" when
+// the store may use it: a regular file with one name, of a user who may
+// write the database (foreignOwner).
+func sideFileProblem(fi fs.FileInfo, db dbOwner) string {
+	switch m := fi.Mode(); {
+	case m&fs.ModeSymlink != 0:
+		return "is a symbolic link"
+	case m&fs.ModeNamedPipe != 0:
+		return "is a FIFO (named pipe)"
+	case !m.IsRegular():
+		return fmt.Sprintf("is not a regular file (mode %s)", m.Type())
+	case linkCount(fi) > 1:
+		return fmt.Sprintf("has %d names (hard links)", linkCount(fi))
 	}
-	return &domain.StoreError{Op: op, Kind: domain.StoreInternal, Err: err,
-		Advice: "remove " + se.path + " (another user may have put it there: see who owns it first); " +
-			"the lock store creates its own when it opens"}
+	return foreignOwner(fi, db)
+}
+
+// checkSideFile refuses what is at the name of the side file path of the
+// database db when the store may not use it (sideFileProblem). It only
+// looks (lstat), so that Open can refuse before it creates or writes the
+// database; a missing file is fine (the store creates it).
+func checkSideFile(db, path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil // missing, or for the open to report
+	}
+	if p := sideFileProblem(fi, ownerOf(db)); p != "" {
+		return &SideFileError{Path: path, Problem: p}
+	}
+	return nil
+}
+
+// checkSideFiles refuses the side files of the database at path (named
+// by sidePath) that the store would open here and must not use
+// (checkSideFile). Opening each one checks again, on the file opened,
+// since one may be planted between the two.
+func checkSideFiles(path string) error {
+	var names []string
+	if haveFileLocks {
+		names = append(names, path+"-lock")
+	}
+	if haveWakeFile {
+		names = append(names, path+"-wake")
+	}
+	for _, name := range names {
+		if err := checkSideFile(path, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openSideFile opens the side file name of the database db with flag
+// (os.O_RDONLY or os.O_RDWR, with or without os.O_CREATE; perm for a new
+// file), without following a symbolic link or waiting on a FIFO
+// (sideFileFlags), and refuses (a *SideFileError) what checkSideFile
+// refuses, having changed nothing: lstat before the open cannot see what
+// is put there between the two.
+func openSideFile(db, name string, flag int, perm fs.FileMode) (*os.File, error) {
+	f, err := os.OpenFile(name, flag|sideFileFlags, perm)
+	if err != nil {
+		// ELOOP for a symbolic link on Linux (EMLINK, EFTYPE on some
+		// BSDs), EISDIR for a directory opened for writing: say what is
+		// there rather than the errno.
+		if cerr := checkSideFile(db, name); cerr != nil {
+			return nil, cerr
+		}
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil {
+		if p := sideFileProblem(fi, ownerOf(db)); p != "" {
+			err = &SideFileError{Path: name, Problem: p}
+		}
+	}
+	if err != nil {
+		f.Close() // a FIFO opened without blocking, or a file left as it was
+		return nil, err
+	}
+	return f, nil
 }
 
 // sidePath returns the name on which the side files of the database at
-// path are made: absolute, so that a chdir of the process does not move
-// them, and with every symbolic link resolved, as SQLite resolves them
-// for its -wal and -shm files, so that every name of the database's
-// directory, and a symbolic link to the database, lead to one set of side
-// files. Where the file does not exist yet, its directory is resolved.
+// path are made, and which the store's connections open: absolute, so
+// that a chdir of the process does not move them, and with every symbolic
+// link resolved, as SQLite resolves them for its -wal and -shm files, so
+// that every name of the database's directory, and a symbolic link to the
+// database, lead to one set of side files. Where the file does not exist
+// yet, its directory is resolved.
 func sidePath(path string) string {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -77,38 +148,4 @@ func withPath(dsn, path string) string {
 	}
 	_, query, _ := strings.Cut(dsn, "?")
 	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + query
-}
-
-// sideSuffixes are the side files the module makes beside a database.
-var sideSuffixes = []string{"-lock", "-wake"}
-
-// checkSideFiles refuses, before anything is created or changed, the side
-// files of the database at path (resolved by sidePath) that the store
-// must not use (see trustSideFile). Opening each one checks again, on
-// the file opened, since one may be planted between the two.
-func checkSideFiles(path string) error {
-	for _, suffix := range sideSuffixes {
-		if err := checkSideFile(path, path+suffix); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// notRegular names what a side file is when it is not a regular file.
-func notRegular(mode fs.FileMode) string {
-	switch {
-	case mode&fs.ModeSymlink != 0:
-		return "is a symbolic link"
-	case mode&fs.ModeNamedPipe != 0:
-		return "is a FIFO (named pipe)"
-	case mode.IsDir():
-		return "is a directory"
-	case mode&fs.ModeSocket != 0:
-		return "is a socket"
-	case mode&fs.ModeDevice != 0:
-		return "is a device"
-	default:
-		return "is not a regular file"
-	}
 }

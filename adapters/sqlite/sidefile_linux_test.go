@@ -114,12 +114,13 @@ func openWithin(t *testing.T, path string) (*sqlite.DB, error) {
 func requireRefused(t *testing.T, err error, name string) {
 	t.Helper()
 	require.Error(t, err, "a planted %s was accepted", name)
-	assert.ErrorIs(t, err, sqlite.ErrUntrustedSideFile)
+	var sfe *sqlite.SideFileError
+	require.ErrorAs(t, err, &sfe)
+	assert.Equal(t, name, sfe.Path)
 	assert.ErrorIs(t, err, domain.ErrUnavailable)
-	var se *domain.StoreError
-	require.ErrorAs(t, err, &se)
+	assert.True(t, domain.IsStoreKind(err, domain.StoreUnreachable), "%v", err)
 	assert.Contains(t, err.Error(), name)
-	assert.Contains(t, err.Error(), "remove")
+	assert.Contains(t, err.Error(), "remove it")
 }
 
 // TestOpen_PlantedSideFile: a symlink, FIFO, directory or hard link that
@@ -214,7 +215,7 @@ func TestOpen_ForeignSideFile(t *testing.T) {
 			require.NoError(t, os.Chown(path+side, 54321, 54321))
 			_, err := openWithin(t, path)
 			requireRefused(t, err, path+side)
-			assert.True(t, errors.Is(err, sqlite.ErrUntrustedSideFile))
+			assert.Contains(t, err.Error(), "belongs to uid 54321")
 		})
 	}
 }

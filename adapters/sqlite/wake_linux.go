@@ -60,6 +60,9 @@ type wakeFile struct {
 	closed   bool
 }
 
+// haveWakeFile: Open opens the wake file here.
+const haveWakeFile = true
+
 type wakeSub struct{ c chan struct{} }
 
 const (
@@ -75,7 +78,7 @@ const (
 // file's permissions) the wake file of the database at path, a name
 // resolved by sidePath. It returns nil, and no error, where it cannot:
 // wake-ups are an optimisation, and waiters then poll. It refuses (a
-// *sideFileError) a wake file it must not use (see openSideFile), which
+// *SideFileError) a wake file it must not use (see openSideFile), which
 // another user may have planted for the store to write through.
 func openWakeFile(path string) (*wakeFile, error) {
 	fi, err := os.Stat(path)
@@ -84,7 +87,7 @@ func openWakeFile(path string) (*wakeFile, error) {
 	}
 	w := &wakeFile{db: path, path: path + "-wake"}
 	if w.f, w.writable, err = w.open(fi.Mode().Perm()); err != nil {
-		if errors.Is(err, ErrUntrustedSideFile) {
+		if sfe := (*SideFileError)(nil); errors.As(err, &sfe) {
 			return nil, err
 		}
 		return nil, nil

@@ -12,6 +12,9 @@ import (
 // opened and waiters of other processes poll the database.
 type wakeFile struct{}
 
+// haveWakeFile: no wake file is opened here.
+const haveWakeFile = false
+
 func openWakeFile(string) (*wakeFile, error) { return nil, nil }
 
 func (*wakeFile) freed(...domain.ResourceRef) {}

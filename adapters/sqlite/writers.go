@@ -69,7 +69,7 @@ const politeDelay = 200 * time.Microsecond
 // only costs the queue: the writes go through SQLite's busy handler, as
 // they did before the queue existed. Something at the side file's name
 // that the store must not use (a symbolic link, a FIFO, another user's
-// file: see openSideFile) is refused with a *sideFileError, unchanged.
+// file: see openSideFile) is refused with a *SideFileError, unchanged.
 func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
 	q := &writerQueue{timeout: timeout}
 	if !haveFileLocks || path == "" {

@@ -25,3 +25,7 @@ func tryLockFile(f *os.File) bool {
 }
 
 func unlockFile(f *os.File) { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }
+
+// sideFileFlags open a side file without following a symbolic link, and
+// without waiting for a writer when a FIFO is there.
+const sideFileFlags = syscall.O_NOFOLLOW | syscall.O_NONBLOCK

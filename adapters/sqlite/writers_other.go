@@ -12,3 +12,6 @@ func lockFile(*os.File) error { return nil }
 func tryLockFile(*os.File) bool { return true }
 
 func unlockFile(*os.File) {}
+
+// sideFileFlags: no side file is opened here (haveFileLocks is false).
+const sideFileFlags = 0

@@ -21,6 +21,10 @@ type child struct {
 	// lapsed says why the keeper stopped the group, having heard of no
 	// renewal of the lock before its expiry; empty if it did not.
 	lapsed string
+	// killedGroup is set once agents itself has sent SIGKILL to the whole
+	// group, the keeper with it (a command still running --grace after
+	// SIGTERM): the keeper's death that follows is agents' own doing.
+	killedGroup bool
 	// group is the process group the command runs in; nil for agents'.
 	group *group
 }
@@ -69,9 +73,9 @@ func (p *child) result() commandDoc {
 	return doc
 }
 
-// notifySignals is Main.Signals of the agents process: SIGINT and SIGTERM,
-// which "locks run" forwards to its command.
+// notifySignals is Main.Signals of the agents process: SIGINT, SIGTERM
+// and SIGHUP, which "locks run" forwards to its command.
 func notifySignals(c chan<- os.Signal) (stop func()) {
-	signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(c, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	return func() { signal.Stop(c) }
 }

@@ -154,10 +154,10 @@ func startGroup(in io.Reader) (*group, error) {
 		_ = cmd.Process.Kill() // a stopped keeper dies too
 		<-g.exited
 		err := fmt.Errorf("the keeper of the process group %s before it was ready", g.guardWhy)
-		if g.guardWhy == "was killed by SIGINT" {
-			// A Ctrl-C that reached the keeper in the instant after its
-			// fork, before it left agents' process group: the user's
-			// interrupt, not a failure to start.
+		if g.guardWhy == "was killed by SIGINT" || g.guardWhy == "was killed by SIGHUP" {
+			// A Ctrl-C (or a terminal's hangup) that reached the keeper in
+			// the instant after its fork, before it left agents' process
+			// group: the user's interrupt, not a failure to start.
 			err = fmt.Errorf("%w: %v", context.Canceled, err)
 		}
 		return nil, err

@@ -99,8 +99,31 @@ func (c *invocation) deadlineError(err error) error {
 	return &domain.StoreError{Op: fmt.Sprintf("database %s: no answer within %s", db, d), Kind: domain.StoreUnreachable,
 		Advice: fmt.Sprintf("%s waited that long to connect to it or for a statement to finish; %s, or set a longer --deadline (or AGENTS_TIMEOUT)",
 			c.prog(), check),
-		Err: err}
+		Err: withoutAdvice{err}}
 }
+
+// withoutAdvice is an error that the deadline ended, told without the
+// advice of the store errors in its chain: that advice is for a failure of
+// its own ("check the host, port, database name, user and password", for
+// a connection that the deadline cut short), and the deadline's advice
+// says what to do. errors.Is and errors.As see the chain as it is.
+type withoutAdvice struct{ err error }
+
+func (e withoutAdvice) Error() string {
+	msg := e.err.Error()
+	for cur := e.err; cur != nil; cur = errors.Unwrap(cur) {
+		if se, ok := cur.(*domain.StoreError); ok {
+			bare := se.Op
+			if se.Err != nil {
+				bare += ": " + se.Err.Error()
+			}
+			msg = strings.Replace(msg, se.Error(), bare, 1)
+		}
+	}
+	return msg
+}
+
+func (e withoutAdvice) Unwrap() error { return e.err }
 
 // waits reports whether the command waits for as long as it takes: run,
 // while its command runs, and acquire --wait. Their deadline bounds

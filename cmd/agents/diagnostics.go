@@ -200,6 +200,11 @@ func (c *invocation) openAdvice(path string, err error) string {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		_, isDefault, _ := c.database()
+		if isDefault {
+			return fmt.Sprintf("there is no lock database yet at the default path %s: to create it, run '%s', "+
+				"or start the application (diagnostics never creates one; the first 'agents locks acquire' or 'agents locks run' does)",
+				path, c.setupCommand(true))
+		}
 		if dir := filepath.Dir(sqliteFile(path)); !isDefault && !isDir(dir) {
 			return fmt.Sprintf("there is no database at %s, nor a directory %s: check --db (or AGENTS_DB); to create a lock database there, "+
 				"create the directory, then run '%s', or start the application (diagnostics never creates one)", path, dir, c.setupCommand(true))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/cleveragents/locks/domain"
 )
@@ -113,6 +114,32 @@ func (e *codedError) Unwrap() error { return e.error }
 type cobraError struct{ err error }
 
 func (e *cobraError) Error() string { return e.err.Error() }
+
+// cobraLine puts the text of a *cobraError on one line, for the JSON
+// message: cobra's suggestions ("\n\nDid you mean this?\n\tacquire\n")
+// become one readable clause, `; did you mean "acquire"?`.
+func cobraLine(text string) string {
+	const did = "\n\nDid you mean this?\n"
+	msg, suggestions, found := strings.Cut(text, did)
+	if !found {
+		return oneLine(strings.TrimRight(msg, "\n"))
+	}
+	var names []string
+	for _, s := range strings.Split(suggestions, "\n") {
+		if s = strings.TrimSpace(s); s != "" {
+			names = append(names, strconv.Quote(s))
+		}
+	}
+	msg = oneLine(strings.TrimRight(msg, "\n"))
+	switch len(names) {
+	case 0:
+		return msg
+	case 1:
+		return fmt.Sprintf("%s; did you mean %s?", msg, names[0])
+	default:
+		return fmt.Sprintf("%s; did you mean %s or %s?", msg, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
+	}
+}
 
 func (e *cobraError) Unwrap() error { return e.err }
 

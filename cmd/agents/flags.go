@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -82,11 +83,13 @@ func (c *invocation) database() (db string, isDefault bool, err error) {
 		}
 		return filepath.Join(dir, "cleveragents", defaultFile), true, nil
 	}
-	switch db {
-	case "":
+	switch {
+	case db == "":
 		return "", false, usagef("--db must not be empty")
-	case locks.MemoryDatabase:
-		return "", false, usagef("--db %s would give every run an empty store of its own; pass a file", db)
+	case sqlite.InMemory(db):
+		return "", false, usagef("--db %s names an in-memory SQLite database, which lives and dies with one process "+
+			"and cannot be shared between processes: it would give every run an empty store of its own; "+
+			"name a file (or leave --db out for the default database), or a postgres:// URL to share the locks between hosts", db)
 	}
 	if locks.IsPostgres(db) {
 		if err := checkPostgresURL(db); err != nil {
@@ -101,6 +104,11 @@ func (c *invocation) database() (db string, isDefault bool, err error) {
 	} else if ok && scheme != "file" {
 		return "", false, usagef("--db: a URL of scheme %q names no database that agents can use; "+
 			"pass a SQLite file path, a file: URI (file:/path/agents.db?_busy_timeout=5000) or a postgres:// (or postgresql://) URL", scheme)
+	}
+	// A malformed PostgreSQL keyword/value DSN, or white space alone,
+	// names no file: the module refuses it before anything is created.
+	if err := locks.ValidateDatabase(db); err != nil {
+		return "", false, err
 	}
 	if isDir(sqliteFile(db)) {
 		return "", false, &noStoreError{msg: fmt.Sprintf("%s is a directory, not a lock database: "+

@@ -26,7 +26,7 @@ import (
 //
 //	'd'                          agents is done: exit, leaving the group be
 //	'h' sent                     agents runs (sent: its CLOCK_BOOTTIME)
-//	'l' expiry lead grace        the lease, on every acquisition and renewal
+//	'l' expiry lead kill grace   the lease, on every acquisition and renewal
 //
 // as little-endian int64 nanoseconds; EOF before 'd' means agents died.
 // The keeper writes 'r' once it is ready, and 'e' and its CLOCK_BOOTTIME
@@ -35,7 +35,7 @@ const (
 	msgDone  = 'd'
 	msgBeat  = 'h'
 	msgLease = 'l'
-	leaseLen = 1 + 3*8
+	leaseLen = 1 + 4*8
 	beatLen  = 1 + 8
 	stopLen  = 1 + 8
 )
@@ -57,6 +57,18 @@ const (
 // renewal at TTL/2 always comes first (a fifth of the TTL, at most 2 s).
 func leaseLead(ttl time.Duration) time.Duration { return min(ttl/5, 2*time.Second) }
 
+// killLead is how long before the lock's expiry the keeper SIGKILLs what
+// is left of a silent agents' group, whatever --grace says: another owner
+// may take the lock at the expiry itself, so the kill must land before
+// it, not on it. It covers the keeper's own lateness (a poll that wakes
+// late on a loaded machine, the kernel delivering SIGKILL to every
+// member) with room to spare: a twentieth of the TTL, at least 200 ms,
+// and never more than half the lead, so that SIGTERM always comes first
+// (250 ms for a 5 s lock, 1 s from a 20 s one on).
+func killLead(ttl time.Duration) time.Duration {
+	return min(max(ttl/20, 200*time.Millisecond), leaseLead(ttl)/2)
+}
+
 // bootNow reads CLOCK_BOOTTIME, in nanoseconds.
 func bootNow() int64 {
 	var ts unix.Timespec
@@ -77,14 +89,15 @@ func (g *group) lease(left func() time.Duration, ttl, grace time.Duration) {
 	if g == nil {
 		return
 	}
-	lead := leaseLead(ttl)
+	lead, kill := leaseLead(ttl), killLead(ttl)
 	now := bootNow()
 	expiry := now + int64(left())
 	var msg [leaseLen]byte
 	msg[0] = msgLease
 	binary.LittleEndian.PutUint64(msg[1:], uint64(expiry))
 	binary.LittleEndian.PutUint64(msg[9:], uint64(lead))
-	binary.LittleEndian.PutUint64(msg[17:], uint64(grace))
+	binary.LittleEndian.PutUint64(msg[17:], uint64(kill))
+	binary.LittleEndian.PutUint64(msg[25:], uint64(grace))
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.leases == nil {
@@ -227,13 +240,16 @@ func keep() int {
 // lease is what the keeper knows of the lock, in CLOCK_BOOTTIME
 // nanoseconds: zero expiry before the first lease.
 type lease struct {
-	expiry, lead, grace int64
+	// lead is how long before the expiry a silent agents' group gets
+	// SIGTERM (leaseLead), kill how long before it SIGKILL (killLead).
+	expiry, lead, kill, grace int64
 	// beat is when agents last beat (or the keeper started).
 	beat int64
 	// termAt is when the keeper sent SIGTERM to the group; zero before.
 	// killAt is when it SIGKILLs what is left: grace later, but no later
-	// than the expiry when it stopped the group ahead of it (a silent
-	// agents cannot renew, and another owner may take the lock then).
+	// than kill before the expiry when it stopped the group ahead of it
+	// (a silent agents cannot renew, and another owner may take the lock
+	// at the expiry).
 	termAt, killAt int64
 	// cleared is set once no member is left after the SIGKILL.
 	cleared bool
@@ -258,7 +274,8 @@ func (k *lease) read(buf []byte) ([]byte, bool) {
 			}
 			k.expiry = int64(binary.LittleEndian.Uint64(buf[1:]))
 			k.lead = int64(binary.LittleEndian.Uint64(buf[9:]))
-			k.grace = int64(binary.LittleEndian.Uint64(buf[17:]))
+			k.kill = int64(binary.LittleEndian.Uint64(buf[17:]))
+			k.grace = int64(binary.LittleEndian.Uint64(buf[25:]))
 			buf = buf[leaseLen:]
 		default:
 			return nil, false // not agents' words: ignored
@@ -291,7 +308,9 @@ func (k *lease) step(now int64) int {
 			_ = syscall.Kill(0, syscall.SIGCONT) // a stopped member must act on it
 			k.termAt, k.killAt = now, now+k.grace
 			if now < k.expiry {
-				k.killAt = min(k.killAt, k.expiry)
+				// Silent: SIGKILL lands ahead of the expiry, at once if
+				// the keeper woke too late for that.
+				k.killAt = min(k.killAt, k.expiry-k.kill)
 			}
 			next = min(next, k.killAt)
 		} else {

@@ -126,9 +126,17 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	// Every renewal tells the keeper the new expiry: it stops the group
 	// should agents stop renewing without dying (see group.lease). Set
 	// before the lock is taken, while nothing else reads it.
+	// The expiry is on the store's clock (the server's time, on
+	// PostgreSQL), so what is left of it is read on that clock too, not on
+	// this host's: a server whose clock runs ahead would otherwise have
+	// the keeper act late.
 	var leaseTTL time.Duration // the handle's, set before the keep-alive starts
+	storeClock := ctr.Clock()
+	left := func(l domain.Lock) func() time.Duration {
+		return func() time.Duration { return l.ExpiresAt.Sub(storeClock.Now()) }
+	}
 	ctr.Locks.SetObserver(renewals{ref: ref, lease: func(l domain.Lock) {
-		g.lease(func() time.Duration { return l.ExpiresAt.Sub(c.clock.Now()) }, leaseTTL, grace)
+		g.lease(left(l), leaseTTL, grace)
 	}})
 	h, err := waitRounds(c, ctx, opts, func(ctx context.Context, opts application.AcquireOptions) (*application.Handle, error) {
 		return ctr.Locks.Take(ctx, owner, ref, opts)
@@ -150,7 +158,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	}
 	l := h.Lock()
 	leaseTTL = h.TTL()
-	g.lease(func() time.Duration { return l.ExpiresAt.Sub(c.clock.Now()) }, leaseTTL, grace) // before CMD starts
+	g.lease(left(l), leaseTTL, grace) // before CMD starts
 	keep, stopKeep := context.WithCancel(bg)
 	defer stopKeep()
 	held := h.KeepAlive(keep)
@@ -356,6 +364,13 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 			}
 		case <-guard:
 			guard = nil
+			if p.killedGroup && why() == "was killed by SIGKILL" {
+				// By agents' own SIGKILL to the group (below), which
+				// reached every process of the work at once: no guard
+				// was lost behind agents' back, and that message went
+				// out already.
+				break
+			}
 			p.unguarded = fmt.Sprintf("the keeper of the command's process group (pid %d) %s: nothing would stop "+
 				"the command's processes were agents to die, so agents killed the group (SIGKILL)", p.group.id(), why())
 			p.reported = true
@@ -401,6 +416,9 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 			if done != nil {
 				fmt.Fprintf(c.stderr, "%s: the command (pid %d) was still running %s after SIGTERM: sending SIGKILL\n",
 					c.prog(), p.cmd.Process.Pid, short(grace))
+				// To the whole group at once, the keeper too: no process
+				// it forks meanwhile escapes a signal to the group.
+				p.killedGroup = true
 				_ = p.kill()
 			} else {
 				// Only leftovers: the keeper must live on to guard them

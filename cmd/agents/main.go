@@ -25,9 +25,13 @@ import (
 )
 
 func main() {
-	// An interrupt cancels the command in progress. "locks run" catches the
-	// same signals itself once its command runs, and forwards them to it.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// An interrupt cancels the command in progress; so does a hangup (a
+	// closed terminal, a shell that hangs up its jobs), which would
+	// otherwise end agents with nothing cleaned up and, under "locks
+	// run", leave CMD running under a lock nobody renews. "locks run"
+	// catches the same signals itself once its command runs, and forwards
+	// them to it.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	m := &Main{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Env: os.Getenv, Clock: clock.New()}
 	code := m.Run(ctx, os.Args[1:])
 	stop()

@@ -206,7 +206,8 @@ func TestMain_DefaultDatabase(t *testing.T) {
 		h.env = map[string]string{"XDG_DATA_HOME": data}
 		r := h.run("diagnostics")
 		assert.Equal(t, exitFailure, r.code)
-		assert.Contains(t, r.stdout, "there is no database at "+filepath.Join(data, "cleveragents", "agents.db"))
+		assert.Contains(t, r.stdout, "there is no lock database yet at the default path "+filepath.Join(data, "cleveragents", "agents.db"))
+		assert.NotContains(t, r.stdout, "check --db", "the user passed none")
 		assert.NoDirExists(t, filepath.Join(data, "cleveragents"))
 	})
 	t.Run("NoHome", func(t *testing.T) {

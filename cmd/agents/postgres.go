@@ -47,7 +47,7 @@ func oneLine(msg string) string {
 func (c *invocation) inspectPostgres(ctx context.Context, dsn string) (check, *inspection) {
 	db, err := postgres.OpenReadOnly(ctx, dsn, postgres.Options{})
 	if err != nil {
-		return check{Name: "database", Status: statusFail, Detail: c.postgresOpenAdvice(dsn, err)}, nil
+		return check{Name: "database", Status: statusFail, Detail: c.postgresOpenAdvice(ctx, dsn, err)}, nil
 	}
 	database := check{Name: "database", Status: statusOK, Detail: dsn + " accepts connections, and this user can write there"}
 	if err := postgres.CheckWritable(ctx, dsn); err != nil {
@@ -100,9 +100,20 @@ func (c *invocation) checkServerClock(ctx context.Context, db *postgres.DB, in *
 }
 
 // postgresOpenAdvice says why the server did not let diagnostics in, and
-// what to do.
-func (c *invocation) postgresOpenAdvice(dsn string, err error) string {
+// what to do: when the deadline (ctx's) ended the attempt, only what
+// bears on that, not the advice for a refused connection (host, user,
+// password), which it was not.
+func (c *invocation) postgresOpenAdvice(ctx context.Context, dsn string, err error) string {
 	var se *domain.StoreError
+	if errors.Is(context.Cause(ctx), errDeadline) {
+		d, _ := c.deadline()
+		cause := err
+		if errors.As(err, &se) && se.Err != nil {
+			cause = se.Err
+		}
+		return fmt.Sprintf("no answer from %s within %s: %v; check that the server is up, reachable from this host and not overloaded, "+
+			"or set a longer --deadline (or AGENTS_TIMEOUT)", dsn, d, cause)
+	}
 	if errors.As(err, &se) && se.Kind == domain.StoreUnreachable && se.Err != nil {
 		return fmt.Sprintf("cannot connect to %s: %v; %s (diagnostics never creates a database or a schema)",
 			dsn, se.Err, postgres.Advice(domain.StoreUnreachable))

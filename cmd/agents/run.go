@@ -35,8 +35,8 @@ type Main struct {
 	// Location is the time zone of human output; nil means time.Local.
 	Location *time.Location
 	// Signals delivers to c the signals that "locks run" forwards to its
-	// command, until stop is called; nil means SIGINT and SIGTERM through
-	// signal.Notify.
+	// command, until stop is called; nil means SIGINT, SIGTERM and SIGHUP
+	// through signal.Notify.
 	Signals func(c chan<- os.Signal) (stop func())
 }
 
@@ -150,6 +150,9 @@ func (c *invocation) finish(err error) int {
 		exit = coded.exit
 	}
 	msg := c.redact(oneLine(err.Error()))
+	if ce := (*cobraError)(nil); errors.As(err, &ce) {
+		msg = c.redact(cobraLine(err.Error()))
+	}
 	if db, _, dberr := c.database(); dberr == nil && errors.Is(err, domain.ErrUnavailable) {
 		// Say which, when the store did not. Compared redacted: the store
 		// quotes a DSN with its password hidden.

@@ -48,6 +48,13 @@ func (e *noStoreError) Error() string { return e.msg }
 // Is makes errors.Is(err, errNoStore) true.
 func (e *noStoreError) Is(target error) bool { return target == errNoStore }
 
+// noDefaultStore says that the default database, db, does not exist yet,
+// to a user who named none (who has no --db to check).
+func noDefaultStore(db string) string {
+	return fmt.Sprintf("there is no lock database yet at the default path %s: "+
+		"the first 'agents locks acquire' or 'agents locks run' creates it there (--db or AGENTS_DB name another)", db)
+}
+
 // onlyCreators ends the advice of a refusal.
 const onlyCreators = "only 'agents locks acquire' and 'agents locks run' create a lock database, " +
 	"and only at the default path or with --create"
@@ -148,14 +155,20 @@ func (c *invocation) checkStore(ctx context.Context, db string, isDefault bool, 
 		if err != nil {
 			return err
 		}
-		if !st.migrationApplied && len(st.otherTables) > 0 {
+		if !st.migrationApplied && (len(st.otherTables) > 0 || st.locksTable) {
 			// Another application's file, even one with a locks table of
-			// its own: the migration would add its tables, then fail.
-			tables := strings.Join(st.otherTables, ", ")
-			if st.locksTable {
-				tables += ", and a locks table that the lock module did not create"
+			// its own and nothing else: locks.Open would refuse the
+			// latter too, but this message names what the file holds.
+			var tables string
+			switch {
+			case len(st.otherTables) == 0:
+				tables = "a locks table that the lock module did not create"
+			case st.locksTable:
+				tables = "tables " + strings.Join(st.otherTables, ", ") + ", and a locks table that the lock module did not create"
+			default:
+				tables = "tables " + strings.Join(st.otherTables, ", ")
 			}
-			return &noStoreError{msg: fmt.Sprintf("%s is a database of another application (tables %s): "+
+			return &noStoreError{msg: fmt.Sprintf("%s is a database of another application (%s): "+
 				"check --db (or AGENTS_DB); the lock commands add no tables to a database that the application embedding the lock module has not set up",
 				db, tables)}
 		}
@@ -183,6 +196,9 @@ func (c *invocation) openReadOnly(ctx context.Context, db string) (*inspection, 
 	sq, err := sqlite.OpenReadOnly(ctx, db, sqlite.Options{})
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		if _, isDefault, _ := c.database(); isDefault {
+			return nil, &noStoreError{msg: noDefaultStore(db)}
+		}
 		return nil, &noStoreError{msg: fmt.Sprintf("there is no lock database at %s: check --db (or AGENTS_DB); %s", db, onlyCreators)}
 	case err != nil:
 		return nil, err

@@ -8,9 +8,11 @@ package mapstore
 import (
 	"cmp"
 	"context"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cleveragents/locks/application"
@@ -41,6 +43,22 @@ const (
 	// lock in one write, which holds the store for as long as the backlog
 	// takes.
 	BugNoLimit Bug = "no-limit"
+	// BugFullBatches reports DeleteExpired's limit as the count removed,
+	// whatever it removed, as a SQL store that returns the limit it bound
+	// rather than the rows the statement affected would: a caller that
+	// purges in batches until one comes back short never stops.
+	BugFullBatches Bug = "full-batches"
+	// BugNoneZero returns the zero Lock from an Update whose Decide
+	// changed nothing, where the port promises the current lock, as a SQL
+	// store that returns the row of its write would when it wrote none.
+	BugNoneZero Bug = "none-zero"
+	// BugTokenEarly draws a new lock's token before it takes the mutex
+	// that orders the writes, as a SQL store that draws from a sequence
+	// before the statement that waits for the row would: the tokens never
+	// repeat and grow on each goroutine, but a writer that drew first and
+	// wrote last hands out a smaller token after a larger one, and a
+	// fenced write of the newer holder's predecessor passes.
+	BugTokenEarly Bug = "token-early"
 )
 
 // Store implements application.LockRepository in a map. It is safe for
@@ -49,7 +67,8 @@ type Store struct {
 	bug       Bug
 	mu        sync.Mutex
 	locks     map[domain.ResourceRef]domain.Lock
-	lastToken int64 // only grows, also when the map empties
+	lastToken int64        // only grows, also when the map empties
+	early     atomic.Int64 // the token counter of BugTokenEarly
 }
 
 // New returns an empty store with the bug planted (none for "").
@@ -62,6 +81,14 @@ func New(bug Bug) *Store {
 func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
 	if err := ctx.Err(); err != nil {
 		return domain.Lock{}, err
+	}
+	var early int64
+	if s.bug == BugTokenEarly {
+		early = s.early.Add(1)
+		// A round trip to the database between the draw and the write,
+		// of varying length as on a network: a fixed one would keep the
+		// writers in the order they drew.
+		time.Sleep(time.Duration(rand.IntN(100)) * time.Microsecond)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock() // also when decide panics
@@ -77,6 +104,9 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 	case application.ChangeInsert:
 		l := change.Lock
 		l.Resource, l.Token = ref, s.nextToken()
+		if s.bug == BugTokenEarly {
+			l.Token = early
+		}
 		l.AcquiredAt, l.ExpiresAt = l.AcquiredAt.UTC(), l.ExpiresAt.UTC()
 		s.locks[ref] = l
 		return l, nil
@@ -89,7 +119,7 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 		s.locks[ref] = l
 		return l, nil
 	}
-	if cur == nil {
+	if cur == nil || s.bug == BugNoneZero {
 		return domain.Lock{}, nil
 	}
 	return *cur, nil
@@ -170,7 +200,11 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 	if s.bug == BugNoLimit {
 		limit = -1
 	}
-	return s.deleteAll(ctx, limit, func(l domain.Lock) bool { return s.expired(l, now) })
+	n, err := s.deleteAll(ctx, limit, func(l domain.Lock) bool { return s.expired(l, now) })
+	if s.bug == BugFullBatches && err == nil {
+		n = limit
+	}
+	return n, err
 }
 
 // CountExpired counts the locks expired at now.

@@ -117,8 +117,15 @@ func TestCLI_DefaultDatabase(t *testing.T) {
 
 	r = a.runEnv(nil, "locks", "list")
 	assert.Equal(t, 1, r.code)
-	assert.Contains(t, r.stderr, "there is no lock database at "+filepath.Join(data, "cleveragents", "agents.db"))
+	// The user passed no --db: the message says the default database does
+	// not exist yet, and what creates it, not "check --db".
+	assert.Contains(t, r.stderr, "there is no lock database yet at the default path "+filepath.Join(data, "cleveragents", "agents.db"))
+	assert.Contains(t, r.stderr, "the first 'agents locks acquire' or 'agents locks run' creates it")
+	assert.NotContains(t, r.stderr, "check --db")
 	assert.NoDirExists(t, data, "only the commands that take a lock create the database")
+	r = a.runEnv(nil, "diagnostics")
+	assert.NotContains(t, r.stdout, "check --db")
+	assert.Contains(t, r.stdout, "there is no lock database yet at the default path")
 
 	r = a.runEnv(nil, "--owner", "A", "locks", "acquire", "plan", "p1")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -138,4 +145,32 @@ func TestCLI_DefaultDatabase(t *testing.T) {
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+}
+
+// TestCLI_InMemoryDatabase: an in-memory SQLite database, in any of its
+// spellings, is a usage error for every command that says why (it lives
+// and dies with one process) and what to pass instead; it never advises
+// --create, which could not help.
+func TestCLI_InMemoryDatabase(t *testing.T) {
+	t.Parallel()
+	for name, args := range everyCommand {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			a := newAgents(t).unasked()
+			a.wd = t.TempDir()
+			for _, db := range []string{":memory:", "file::memory:", "file:x.db?mode=memory", "file:x?vfs=memdb"} {
+				for _, create := range [][]string{nil, {"AGENTS_CREATE=1"}} {
+					r := a.runEnv(create, append([]string{"--db", db}, args...)...)
+					assert.Equal(t, 2, r.code, "%s: %s", db, r.stderr)
+					assert.Contains(t, r.stderr, "in-memory SQLite database", db)
+					assert.Contains(t, r.stderr, "cannot be shared between processes", db)
+					assert.Contains(t, r.stderr, "postgres://", db)
+					assert.NotContains(t, r.stderr, "--create", db)
+				}
+			}
+			entries, err := os.ReadDir(a.wd)
+			require.NoError(t, err)
+			assert.Empty(t, entries)
+		})
+	}
 }

@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 	if db := os.Getenv(envHoldWriteLock); db != "" {
 		os.Exit(holdWriteLock(db))
 	}
+	if stamps := os.Getenv(envWriteStamps); stamps != "" {
+		os.Exit(writeStamps(stamps, os.Args[1]))
+	}
 	os.Exit(buildAndRun(m))
 }
 
@@ -65,6 +68,8 @@ type agents struct {
 	dir string
 	db  string
 	env []string
+	// wd is the working directory of the commands; "" is the test's.
+	wd string
 }
 
 func newAgents(t *testing.T) *agents {
@@ -104,6 +109,7 @@ func (a *agents) runProgram(env []string, name string, args ...string) result {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(slices.Clone(a.env), env...)
+	cmd.Dir = a.wd
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -31,3 +31,26 @@ func TestCLI_CobraWay(t *testing.T) {
 	assert.Equal(t, 0, r.code, r.stderr)
 	assert.True(t, strings.HasPrefix(r.stdout, "Usage: agents locks COMMAND"), r.stdout)
 }
+
+// TestCLI_MistypedCommandJSON: with --json, cobra's suggestion is one
+// readable sentence in the error's message (it used to be cobra's lines
+// run together: `...  Did you mean this?; locks `), with the usage error's
+// exit code and JSON keys.
+func TestCLI_MistypedCommandJSON(t *testing.T) {
+	t.Parallel()
+	a := newAgents(t)
+	for args, want := range map[string]string{
+		"lock":         `unknown command "lock" for "agents"; did you mean "locks"?`,
+		"locks aquire": `unknown command "aquire" for "agents locks"; did you mean "acquire"?`,
+		"locks ren":    `unknown command "ren" for "agents locks"; did you mean "run" or "renew"?`,
+		"locks frob":   `unknown command "frob" for "agents locks"`,
+	} {
+		r := a.run(append([]string{"--json"}, strings.Fields(args)...)...)
+		assert.Equal(t, 2, r.code, args)
+		var doc map[string]map[string]any
+		r.decode(t, &doc)
+		assertKeys(t, doc["error"], "code", "message")
+		assert.Equal(t, "validation", doc["error"]["code"], args)
+		assert.Equal(t, want, doc["error"]["message"], args)
+	}
+}

@@ -136,6 +136,37 @@ func TestCLIRun_SignalsReachTheGroup(t *testing.T) {
 		assert.Eventually(t, func() bool { return dead(grandchild) }, 10*time.Second, 10*time.Millisecond,
 			"the grandchild got SIGTERM too")
 	})
+	t.Run("LostLockNoFalseKeeperReport", func(t *testing.T) {
+		t.Parallel()
+		// Agents SIGKILLs the whole group once --grace has passed, its
+		// keeper with it: that is agents' own doing, not a keeper that was
+		// killed behind its back, and must not be reported as one ("the
+		// keeper ... was killed by SIGKILL ...; run the command again").
+		// Whether agents hears of the keeper's death before CMD's is a
+		// race, so several rounds run at once.
+		for _, round := range []string{"1", "2", "3", "4"} {
+			t.Run(round, func(t *testing.T) {
+				t.Parallel()
+				a := newAgents(t)
+				pidfile := filepath.Join(a.dir, "grandchild")
+				p := a.start("--json", "--owner", "runner", "locks", "run", "plan", "p1", "--ttl", "5s", "--grace", "1s", "--",
+					"sh", "-c", `trap '' TERM; `+withGrandchild, pidfile)
+				grandchild := p.awaitPID(pidfile)
+				a.mustRun("--owner", "runner", "locks", "release", "plan", "p1")
+				a.mustRun("--owner", "other", "locks", "acquire", "plan", "p1")
+				r := p.wait()
+				assert.Equal(t, 4, r.code, "stderr: %s", r.stderr)
+				assert.Contains(t, r.stderr, "was still running 1s after SIGTERM: sending SIGKILL")
+				assert.NotContains(t, r.stderr, "keeper of the command's process group")
+				assert.NotContains(t, r.stderr, "run the command again")
+				var doc runDoc
+				r.decode(t, &doc)
+				require.NotNil(t, doc.Lost)
+				assert.Equal(t, "taken_over", doc.Lost.Reason)
+				assert.True(t, dead(grandchild), "the grandchild got SIGKILL too")
+			})
+		}
+	})
 	t.Run("LostLock", func(t *testing.T) {
 		t.Parallel()
 		a := newAgents(t)

@@ -263,11 +263,13 @@ func TestCLIRun_DefaultOwner(t *testing.T) {
 	assert.Regexp(t, fmt.Sprintf(`^%s:%d:[0-9a-f]{8}(/proc1:[0-9a-f-]{36}:[0-9]+:[0-9]+:g[0-9]+)?\n$`, regexp.QuoteMeta(host), p.cmd.Process.Pid), r.stdout)
 }
 
-// TestCLIRun_ForwardsSignals: SIGINT and SIGTERM sent to agents reach CMD;
-// agents waits for it, releases the lock and exits with CMD's status.
+// TestCLIRun_ForwardsSignals: SIGINT, SIGTERM and SIGHUP sent to agents
+// reach CMD; agents waits for it, releases the lock and exits with CMD's
+// status. (SIGHUP, a closed terminal or a shell's hangup of its jobs, used
+// to kill agents with 129 while CMD ran on under a lock nobody renewed.)
 func TestCLIRun_ForwardsSignals(t *testing.T) {
 	t.Parallel()
-	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
 		t.Run(strings.ToUpper(sig.String()[:1])+sig.String()[1:], func(t *testing.T) {
 			t.Parallel()
 			a := newAgents(t)
@@ -275,7 +277,7 @@ func TestCLIRun_ForwardsSignals(t *testing.T) {
 			// The command takes its time to stop: the lock stays held until
 			// it has.
 			p := a.start("--owner", "alice", "locks", "run", "plan", "p1", "--", "sh", "-c",
-				`trap 'echo "$2" > "$1"; sleep 0.3; exit 42' INT TERM; echo $$ > "$0"; while :; do sleep 0.05; done`,
+				`trap 'echo "$2" > "$1"; sleep 0.3; exit 42' INT TERM HUP; echo $$ > "$0"; while :; do sleep 0.05; done`,
 				ready, got, sig.String())
 			p.awaitPID(ready)
 			p.signal(sig)
@@ -423,6 +425,38 @@ func TestCLI_Wait(t *testing.T) {
 		r.decode(t, &doc)
 		assert.GreaterOrEqual(t, doc.Error.WaitedSeconds, 1.0)
 	})
+}
+
+// TestCLI_HangupEndsAWait: SIGHUP ends a --wait as an interrupt does
+// (exit 3, "Interrupted after waiting"), and "locks run" then runs nothing
+// and takes nothing.
+func TestCLI_HangupEndsAWait(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range [][]string{
+		{"locks", "acquire", "plan", "p1", "--wait"},
+		{"locks", "run", "plan", "p1", "--wait", "--", "sh", "-c", `echo ran`},
+	} {
+		t.Run(strings.Join(cmd[:2], ""), func(t *testing.T) {
+			t.Parallel()
+			a := newAgents(t)
+			a.mustRun("--owner", "A", "locks", "acquire", "plan", "p1", "--ttl", "1h")
+			p := a.start(append([]string{"--owner", "B"}, cmd...)...)
+			// Waiting: the wait's first refusal is stored nowhere, so give
+			// it time to start (a hangup earlier than that ends agents as
+			// well, by the signal itself or by the same interrupt).
+			select {
+			case <-p.done:
+				require.FailNow(t, "the waiter did not wait", "stderr: %s", p.stderr.String())
+			case <-time.After(500 * time.Millisecond):
+			}
+			p.signal(syscall.SIGHUP)
+			r := p.wait()
+			assert.Equal(t, 3, r.code, "stderr: %s", r.stderr)
+			assert.Contains(t, r.stderr, "Interrupted after waiting")
+			assert.Empty(t, r.stdout)
+			assert.Equal(t, map[string]string{"p1": "A"}, a.holders())
+		})
+	}
 }
 
 // TestCLI_RunDoesNotReenter: locks run holds its lock as one acquisition;
