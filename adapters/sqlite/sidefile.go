@@ -43,6 +43,8 @@ func sideFileProblem(fi fs.FileInfo, db dbOwner) string {
 		return "is a symbolic link"
 	case m&fs.ModeNamedPipe != 0:
 		return "is a FIFO (named pipe)"
+	case m.IsDir():
+		return "is a directory"
 	case !m.IsRegular():
 		return fmt.Sprintf("is not a regular file (mode %s)", m.Type())
 	case linkCount(fi) > 1:
