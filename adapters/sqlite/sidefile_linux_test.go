@@ -219,3 +219,28 @@ func TestOpen_ForeignSideFile(t *testing.T) {
 		})
 	}
 }
+
+// TestOpen_SideFileOfTheWritingGroup: a side file that a member of the
+// database's group made, where that group may write the database, is the
+// shared database's own and is used.
+func TestOpen_SideFileOfTheWritingGroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to make a file of another user")
+	}
+	path := filepath.Join(t.TempDir(), "agents.db")
+	db, err := sqlite.Open(context.Background(), path, sqlite.Options{})
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	require.NoError(t, os.Chown(path, 0, 54321))
+	require.NoError(t, os.Chmod(path, 0o660))
+	for _, side := range []string{"-wake", "-lock"} {
+		require.NoError(t, os.Chown(path+side, 54322, 54321))
+	}
+	db, err = openWithin(t, path)
+	require.NoError(t, err)
+	require.NotNil(t, db.Wakeups())
+
+	require.NoError(t, os.Chmod(path, 0o640)) // the group may no longer write it
+	_, err = openWithin(t, path)
+	requireRefused(t, err, path+"-lock")
+}
