@@ -96,6 +96,11 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		return nil, readOnlyModeError("open lock store "+path, dsn) // before anything is created
 	}
 	op := "open lock store " + path
+	// A side file planted by someone else is refused before anything is
+	// created (openSideFile checks again, on the file it opens).
+	if err := checkSideFiles(sidePath(path)); err != nil {
+		return nil, FormatError(op, err)
+	}
 	if err := createPrivate(path); err != nil {
 		return nil, FormatError(op, err)
 	}
@@ -110,6 +115,12 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, FormatError(op, err)
 	}
+	// Every connection, and every side file, names the file that path
+	// names now: connections are opened as they are needed, and a
+	// relative path would lead elsewhere after a chdir, or a symbolic
+	// link once it is changed.
+	real := sidePath(path)
+	dsn = withPath(dsn, real)
 	// Refuse a store this process cannot write before SQLite opens it:
 	// SQLite would open it read-only, leave -wal and -shm files behind, and
 	// fail only at the first write.
@@ -118,11 +129,6 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	}
 	// Every other reason to refuse the file is found before the first
 	// write: the journal switch to WAL that the store's connections make.
-	if haveFileLocks {
-		if err := checkSideFile(path + "-lock"); err != nil {
-			return nil, FormatError(op, err)
-		}
-	}
 	if err := preflight(ctx, op, dsn, path); err != nil {
 		return nil, err
 	}
@@ -152,11 +158,14 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	}
 	// The side file comes only once the file has proved to be a lock
 	// store: opening anything else leaves nothing beside it.
-	if db.writers, err = openWriterQueue(path, busyTimeout(dsn)); err != nil {
+	if db.writers, err = openWriterQueue(real, busyTimeout(dsn)); err != nil {
 		db.Close()
-		return nil, FormatError("open lock store "+path, err)
+		return nil, FormatError(op, err)
 	}
-	db.wake = openWakeFile(path)
+	if db.wake, err = openWakeFile(real); err != nil {
+		db.Close()
+		return nil, FormatError(op, err)
+	}
 	if db.commits.savepoints, err = prepareSavepoints(ctx, wdb); err != nil {
 		db.Close()
 		return nil, FormatError("open lock store "+path, err)

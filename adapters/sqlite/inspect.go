@@ -58,6 +58,10 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	if err := checkOneName(op, path); err != nil {
 		return nil, err
 	}
+	// The reading connections are opened as they are needed: all of them
+	// must reach the file that path names now, whatever the process's
+	// working directory by then (sidePath).
+	dsn = withPath(dsn, sidePath(path))
 	wal, err := readHeader(ctx, dsn, path)
 	if errors.Is(err, errNotDatabase) {
 		return nil, &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}

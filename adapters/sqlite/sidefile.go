@@ -1,19 +1,23 @@
 package sqlite
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
-	"syscall"
+	"path/filepath"
+	"strings"
 )
 
 // SideFileError reports that something other than the store's own file
-// is at the name of one of its side files: a symbolic link, a FIFO or
-// another kind of file, or a file with more than one name. Following it
-// would create or lock a file somewhere else, or block for ever on a
-// FIFO. It comes wrapped in a *domain.StoreError (kind StoreUnreachable),
-// so it matches domain.ErrUnavailable too; match it with errors.As.
+// is at the name of one of its side files, "<database>-lock" or
+// "<database>-wake": a symbolic link, a FIFO or another kind of file, a
+// file with more than one name, or a file of a user who could not write
+// the database. Another local user may have put it there: following it
+// would create, write, chmod or lock a file somewhere else, or block for
+// ever on a FIFO. It comes wrapped in a *domain.StoreError (kind
+// StoreUnreachable), so it matches domain.ErrUnavailable too; match it
+// with errors.As.
 type SideFileError struct {
 	// Path is the side file's name.
 	Path string
@@ -30,56 +34,120 @@ const sideFileAdvice = "remove it (it holds no data, and the store creates it ag
 	"if another user could, keep the database in a directory that only its users can write"
 
 // sideFileProblem says what is wrong with fi, which lstat(2) or fstat(2)
-// returned for a side file's name, or "" when it is a regular file with
-// one name.
-func sideFileProblem(fi fs.FileInfo) string {
+// returned for a side file of the database whose owner is db, or "" when
+// the store may use it: a regular file with one name, of a user who may
+// write the database (foreignOwner).
+func sideFileProblem(fi fs.FileInfo, db dbOwner) string {
 	switch m := fi.Mode(); {
 	case m&fs.ModeSymlink != 0:
 		return "is a symbolic link"
+	case m&fs.ModeNamedPipe != 0:
+		return "is a FIFO (named pipe)"
+	case m.IsDir():
+		return "is a directory"
 	case !m.IsRegular():
 		return fmt.Sprintf("is not a regular file (mode %s)", m.Type())
 	case linkCount(fi) > 1:
 		return fmt.Sprintf("has %d names (hard links)", linkCount(fi))
 	}
-	return ""
+	return foreignOwner(fi, db)
 }
 
-// checkSideFile refuses what is at the name of the side file path when it
-// is not a regular file with one name. It only looks (lstat), so that Open
-// can refuse before it writes the database; a missing file is fine (the
-// store creates it).
-func checkSideFile(path string) error {
+// checkSideFile refuses what is at the name of the side file path of the
+// database db when the store may not use it (sideFileProblem). It only
+// looks (lstat), so that Open can refuse before it creates or writes the
+// database; a missing file is fine (the store creates it).
+func checkSideFile(db, path string) error {
 	fi, err := os.Lstat(path)
 	if err != nil {
 		return nil // missing, or for the open to report
 	}
-	if p := sideFileProblem(fi); p != "" {
+	if p := sideFileProblem(fi, ownerOf(db)); p != "" {
 		return &SideFileError{Path: path, Problem: p}
 	}
 	return nil
 }
 
-// openSideFile opens (creating it with mode perm if missing) the side file
-// path for reading, without following a symbolic link or waiting on a
-// FIFO (sideFileFlags), and refuses what checkSideFile refuses: lstat
-// before the open cannot see what is put there between the two.
-func openSideFile(path string, perm fs.FileMode) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|sideFileFlags, perm)
-	if errors.Is(err, syscall.ELOOP) {
-		return nil, &SideFileError{Path: path, Problem: "is a symbolic link"}
+// checkSideFiles refuses the side files of the database at path (named
+// by sidePath) that the store would open here and must not use
+// (checkSideFile). Opening each one checks again, on the file opened,
+// since one may be planted between the two.
+func checkSideFiles(path string) error {
+	var names []string
+	if haveFileLocks {
+		names = append(names, path+"-lock")
 	}
+	if haveWakeFile {
+		names = append(names, path+"-wake")
+	}
+	for _, name := range names {
+		if err := checkSideFile(path, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openSideFile opens the side file name of the database db with flag
+// (os.O_RDONLY or os.O_RDWR, with or without os.O_CREATE; perm for a new
+// file), without following a symbolic link or waiting on a FIFO
+// (sideFileFlags), and refuses (a *SideFileError) what checkSideFile
+// refuses, having changed nothing: lstat before the open cannot see what
+// is put there between the two.
+func openSideFile(db, name string, flag int, perm fs.FileMode) (*os.File, error) {
+	f, err := os.OpenFile(name, flag|sideFileFlags, perm)
 	if err != nil {
+		// ELOOP for a symbolic link on Linux (EMLINK, EFTYPE on some
+		// BSDs), EISDIR for a directory opened for writing: say what is
+		// there rather than the errno.
+		if cerr := checkSideFile(db, name); cerr != nil {
+			return nil, cerr
+		}
 		return nil, err
 	}
 	fi, err := f.Stat()
 	if err == nil {
-		if p := sideFileProblem(fi); p != "" {
-			err = &SideFileError{Path: path, Problem: p}
+		if p := sideFileProblem(fi, ownerOf(db)); p != "" {
+			err = &SideFileError{Path: name, Problem: p}
 		}
 	}
 	if err != nil {
-		f.Close()
+		f.Close() // a FIFO opened without blocking, or a file left as it was
 		return nil, err
 	}
 	return f, nil
+}
+
+// sidePath returns the name on which the side files of the database at
+// path are made, and which the store's connections open: absolute, so
+// that a chdir of the process does not move them, and with every symbolic
+// link resolved, as SQLite resolves them for its -wal and -shm files, so
+// that every name of the database's directory, and a symbolic link to the
+// database, lead to one set of side files. Where the file does not exist
+// yet, its directory is resolved.
+func sidePath(path string) string {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return path
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		return real
+	}
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
+		return filepath.Join(dir, filepath.Base(abs))
+	}
+	return abs
+}
+
+// withPath returns dsn, made by DSN, naming the file path instead: the
+// store's connections are opened one by one as they are needed, and a
+// relative name would reach another file after a chdir. Only a path from
+// the root of a Unix file system is put in a URI this way (Windows's
+// drive letters are left to the DSN as it was given).
+func withPath(dsn, path string) string {
+	if !strings.HasPrefix(path, "/") {
+		return dsn
+	}
+	_, query, _ := strings.Cut(dsn, "?")
+	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + query
 }

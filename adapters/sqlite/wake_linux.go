@@ -5,6 +5,7 @@ package sqlite
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"io/fs"
 	"math/rand/v2"
@@ -40,18 +41,27 @@ import (
 // its own, like the writers' "-lock" file.
 type wakeFile struct {
 	f        *os.File
-	path     string
+	db       string // the database, as sidePath resolved it
+	path     string // db + "-wake"
 	writable bool   // false: this process may watch but not write (another user's file)
 	dev, ino uint64 // which file f is
 
-	mu       sync.Mutex
-	in       *os.File // the inotify instance, from the first Watch on; nil while it cannot be had
+	mu sync.Mutex
+	// in is the inotify instance, while any watch is on and one could be
+	// had: it is closed when the last watch stops, since each user may
+	// have only a few (fs.inotify.max_user_instances, 128 by default),
+	// and a store that has stopped waiting must not keep one from others.
+	in       *os.File
 	done     chan struct{}
 	last     [wakeSlots + 1]uint64
 	subs     [wakeSlots + 1]map[*wakeSub]struct{}
 	watchers [wakeSlots + 1]int // watches per slot: the OFD lock is held while > 0
+	watching int                // watches in all
 	closed   bool
 }
+
+// haveWakeFile: Open opens the wake file here.
+const haveWakeFile = true
 
 type wakeSub struct{ c chan struct{} }
 
@@ -65,20 +75,25 @@ const (
 )
 
 // openWakeFile opens (creating it beside the database, with the database
-// file's permissions) the wake file of the database at path. It returns
-// nil, and no error, where it cannot: wake-ups are an optimisation, and
-// waiters then poll.
-func openWakeFile(path string) *wakeFile {
+// file's permissions) the wake file of the database at path, a name
+// resolved by sidePath. It returns nil, and no error, where it cannot:
+// wake-ups are an optimisation, and waiters then poll. It refuses (a
+// *SideFileError) a wake file it must not use (see openSideFile), which
+// another user may have planted for the store to write through.
+func openWakeFile(path string) (*wakeFile, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	w := &wakeFile{path: path + "-wake"}
-	if w.f, w.writable, err = openWake(w.path, fi.Mode().Perm()); err != nil {
-		return nil
+	w := &wakeFile{db: path, path: path + "-wake"}
+	if w.f, w.writable, err = w.open(fi.Mode().Perm()); err != nil {
+		if sfe := (*SideFileError)(nil); errors.As(err, &sfe) {
+			return nil, err
+		}
+		return nil, nil
 	}
 	w.identify()
-	return w
+	return w, nil
 }
 
 // identify notes which file w.f is, for refresh.
@@ -89,17 +104,19 @@ func (w *wakeFile) identify() {
 	}
 }
 
-// openWake opens the wake file at name, creating it with perm, or only
-// for reading where this user may not write it.
-func openWake(name string, perm os.FileMode) (f *os.File, writable bool, err error) {
-	f, err = os.OpenFile(name, os.O_RDWR|os.O_CREATE, perm)
+// open opens the wake file, creating it with perm, or only for reading
+// where this user may not write it; never through a symbolic link, never
+// blocking (openSideFile).
+func (w *wakeFile) open(perm os.FileMode) (f *os.File, writable bool, err error) {
+	f, err = openSideFile(w.db, w.path, os.O_RDWR|os.O_CREATE, perm)
 	if errors.Is(err, fs.ErrPermission) {
-		f, err = os.OpenFile(name, os.O_RDONLY, 0)
+		f, err = openSideFile(w.db, w.path, os.O_RDONLY, 0)
 		return f, false, err
 	}
 	if err == nil {
 		// The umask may have taken bits the database has: whoever may
-		// write the database must be able to signal its releases.
+		// write the database must be able to signal its releases. The
+		// descriptor's file is the one checked, so this reaches no other.
 		_ = f.Chmod(perm)
 	}
 	return f, err == nil, err
@@ -172,6 +189,7 @@ func (w *wakeFile) Watch(ref domain.ResourceRef) (<-chan struct{}, func()) {
 		w.subs[slot] = make(map[*wakeSub]struct{})
 	}
 	w.subs[slot][sub] = struct{}{}
+	w.watching++
 	if w.watchers[slot]++; w.watchers[slot] == 1 {
 		w.lockSlot(slot, unix.F_RDLCK)
 	}
@@ -186,6 +204,13 @@ func (w *wakeFile) unwatch(slot int, sub *wakeSub) {
 	if w.watchers[slot]--; w.watchers[slot] == 0 && !w.closed {
 		w.lockSlot(slot, unix.F_UNLCK)
 	}
+	if w.watching--; w.watching == 0 && w.in != nil && !w.closed {
+		// Nobody waits: give the instance back (its loop ends without
+		// touching w); the next Watch starts another.
+		in := w.in
+		w.in, w.done = nil, nil
+		in.Close()
+	}
 }
 
 // lockSlot takes (F_RDLCK) or lets go of (F_UNLCK) this process's mark
@@ -196,16 +221,27 @@ func (w *wakeFile) lockSlot(slot int, typ int16) {
 	_ = unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk)
 }
 
+// wakeEvents are what the watch hears: a write, and a change of the
+// file's links (IN_ATTRIB: removed, or replaced by a rename; IN_MOVE_SELF:
+// renamed away), after which the file at the path is another one, where
+// the releases now go (see refresh).
+const wakeEvents = unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_MOVE_SELF
+
 // start begins watching the file, with w.mu held. It reads the slots
-// first: a release written after that is seen by the watch.
+// after the watch is on: a release written after that is seen by the
+// watch.
 func (w *wakeFile) start() {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return // EMFILE: the user's inotify instances are all taken
 	}
-	if _, err := unix.InotifyAddWatch(fd, w.path, unix.IN_MODIFY); err != nil {
-		unix.Close(fd)
-		return
+	// Watch the file open here, through its descriptor, not whatever the
+	// name leads to by now; without /proc, the name, never followed.
+	if _, err := unix.InotifyAddWatch(fd, fmt.Sprintf("/proc/self/fd/%d", w.f.Fd()), wakeEvents); err != nil {
+		if _, err := unix.InotifyAddWatch(fd, w.path, wakeEvents|unix.IN_DONT_FOLLOW); err != nil {
+			unix.Close(fd)
+			return
+		}
 	}
 	w.readSlots()
 	w.in = os.NewFile(uintptr(fd), "inotify "+w.path) // non-blocking: reads wait in the runtime's poller
@@ -232,25 +268,40 @@ func (w *wakeFile) loop(in *os.File, done chan struct{}) {
 			w.mu.Unlock()
 			return // closed, or replaced by refresh
 		}
-		all, gone := false, false
+		all, gone, moved := false, false, false
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
 			mask := binary.NativeEndian.Uint32(buf[off+4:])
 			size := int(binary.NativeEndian.Uint32(buf[off+12:]))
-			all = all || mask&unix.IN_Q_OVERFLOW != 0 // events were dropped
-			gone = gone || mask&unix.IN_IGNORED != 0  // the file was removed
+			all = all || mask&unix.IN_Q_OVERFLOW != 0                     // events were dropped
+			gone = gone || mask&unix.IN_IGNORED != 0                      // the watch was removed
+			moved = moved || mask&(unix.IN_ATTRIB|unix.IN_MOVE_SELF) != 0 // its links changed
 			off += unix.SizeofInotifyEvent + size
 		}
 		w.mu.Lock()
+		if w.closed || w.in != in {
+			w.mu.Unlock()
+			return // closed, or replaced
+		}
+		if (moved || all) && !gone {
+			// The file may no longer be the one at the path (removed,
+			// replaced; or an overflow may have dropped the news): the
+			// releases then go to the new one, so the watch moves there
+			// at once, rather than at this process's next release or
+			// wait, or never.
+			w.refresh()
+			if w.in != in {
+				w.mu.Unlock()
+				return // refresh started another watch, and woke everyone
+			}
+		}
 		switch {
 		case gone:
 			// Nothing will be heard on this instance again: wake
 			// everyone, who look at the store, and let the next Watch
 			// start over on a file of that name.
-			if !w.closed && w.in == in {
-				w.in, w.done = nil, nil
-				w.wakeAll()
-				in.Close()
-			}
+			w.in, w.done = nil, nil
+			w.wakeAll()
+			in.Close()
 			w.mu.Unlock()
 			return
 		case all:
@@ -264,27 +315,31 @@ func (w *wakeFile) loop(in *os.File, done chan struct{}) {
 }
 
 // refresh makes sure, with w.mu held, that the wake file this process
-// has open is the one at its path. Someone may have removed it, and
-// another process created a new one since: writing to, marking or
-// watching the removed one would then reach no one, and no inotify event
-// says so while this process keeps it open. So it opens the one at the
-// path (creating it), takes this process's marks there again, and moves
-// the watch over, waking every watcher (a release may have gone to the
-// new file meanwhile). One stat(2) when nothing changed.
+// has open is the one at its path. Someone may have removed or replaced
+// it, and another process created a new one since: writing to, marking
+// or watching the removed one would then reach no one. So it opens the
+// one at the path (creating it), takes this process's marks there again,
+// and moves the watch over, waking every watcher (a release may have gone
+// to the new file meanwhile). A watching process hears the change of
+// links (loop) and calls this at once; every release, watch and
+// Contended call it too. One lstat(2) when nothing changed.
 func (w *wakeFile) refresh() {
 	var cur unix.Stat_t
 	if w.closed {
 		return
 	}
-	if err := unix.Stat(w.path, &cur); err == nil && cur.Dev == w.dev && cur.Ino == w.ino {
+	if err := unix.Lstat(w.path, &cur); err == nil && cur.Dev == w.dev && cur.Ino == w.ino {
 		return
 	}
 	var st unix.Stat_t
 	if unix.Fstat(int(w.f.Fd()), &st) != nil {
 		return
 	}
-	f, writable, err := openWake(w.path, os.FileMode(st.Mode).Perm())
+	f, writable, err := w.open(os.FileMode(st.Mode).Perm())
 	if err != nil {
+		// Nothing there that can be made, or something planted there
+		// that must not be used: keep the file open here, which reaches
+		// no one; waiters find releases on their fallback reads.
 		return
 	}
 	old := w.f

@@ -4,6 +4,7 @@ package sqlite_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -77,4 +78,184 @@ func TestWakeups_WakeFileRemoved(t *testing.T) {
 		requireWoken(t, c, "a release after the wake file's removal was not heard")
 		stop()
 	}
+}
+
+// inotifyInstances counts this process's inotify instances.
+func inotifyInstances(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	n := 0
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && target == "anon_inode:inotify" {
+			n++
+		}
+	}
+	return n
+}
+
+// Stores that waited and stopped waiting keep no inotify instance: each
+// user has few (128 by default), and a store that keeps one after its wait
+// takes it from every other program of the user. The next wait watches
+// again.
+func TestWakeups_InotifyReleasedAfterWait(t *testing.T) {
+	before := inotifyInstances(t)
+	dir := t.TempDir()
+	dbs := make([]*sqlite.DB, 20)
+	for i := range dbs {
+		dbs[i] = openWake(t, filepath.Join(dir, "agents.db"))
+		c, stop := dbs[i].Wakeups().Watch(wakeRef)
+		require.NotNil(t, c)
+		stop()
+	}
+	assert.Equal(t, before, inotifyInstances(t), "inotify instances left open by stores that no longer wait")
+
+	c, stop := dbs[0].Wakeups().Watch(wakeRef)
+	defer stop()
+	assert.Equal(t, before+1, inotifyInstances(t), "a wait watches again")
+	sqlite.Freed(dbs[1], wakeRef)
+	requireWoken(t, c, "a release was not heard by a watch started again")
+}
+
+// drain takes a pending wake-up off c, if any.
+func drain(c <-chan struct{}) {
+	select {
+	case <-c:
+	default:
+	}
+}
+
+// A watch that is on when its wake file is removed or replaced moves to
+// the new file at once: the releases go there, and a waiter left on the
+// old one would read only on its fallback, once a second, until it
+// released or waited again. Two releases in a row must be heard: the move
+// itself wakes the watcher once.
+func TestWakeups_WatchMovesToReplacedFile(t *testing.T) {
+	for _, how := range []string{"Removed", "RenamedOver"} {
+		for _, late := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/LateReleaser=%v", how, late), func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "agents.db")
+				waiter := openWake(t, path)
+				var releaser *sqlite.DB
+				if !late {
+					releaser = openWake(t, path)
+				}
+				c, stop := waiter.Wakeups().Watch(wakeRef) // a wait that goes on
+				defer stop()
+				switch how {
+				case "Removed":
+					require.NoError(t, os.Remove(path+"-wake"))
+				case "RenamedOver":
+					require.NoError(t, os.WriteFile(path+"-new", nil, 0o600))
+					require.NoError(t, os.Rename(path+"-new", path+"-wake"))
+				}
+				if late {
+					releaser = openWake(t, path)
+				}
+				for i := range 2 {
+					drain(c)
+					sqlite.Freed(releaser, wakeRef)
+					requireWokenWithin(t, c, 10*time.Second, fmt.Sprintf("release %d after the wake file was %s was not heard", i+1, how))
+				}
+			})
+		}
+	}
+}
+
+// requireWokenWithin is requireWoken with a bound of its own.
+func requireWokenWithin(t *testing.T, c <-chan struct{}, d time.Duration, why string) {
+	t.Helper()
+	require.NotNil(t, c, "the watch was refused")
+	select {
+	case <-c:
+	case <-time.After(d):
+		t.Fatal(why)
+	}
+}
+
+// A database named through a symbolic link to it, or to its directory,
+// or by a relative path before a chdir, shares its wake-ups with the
+// processes that name it otherwise: the side files are the real name's,
+// and a chdir moves nothing. No watch here has a fallback: a wake-up that
+// comes is a release heard.
+func TestWakeups_OtherNamesOfOneDatabase(t *testing.T) {
+	cases := map[string]func(t *testing.T, real string) string{
+		"SymlinkToFile": func(t *testing.T, real string) string {
+			link := filepath.Join(t.TempDir(), "link.db")
+			require.NoError(t, os.Symlink(real, link))
+			return link
+		},
+		"SymlinkToDirectory": func(t *testing.T, real string) string {
+			link := filepath.Join(t.TempDir(), "dir")
+			require.NoError(t, os.Symlink(filepath.Dir(real), link))
+			return filepath.Join(link, filepath.Base(real))
+		},
+		"RelativeThenChdir": func(t *testing.T, real string) string {
+			t.Chdir(filepath.Dir(real))
+			return filepath.Base(real)
+		},
+	}
+	for name, otherName := range cases {
+		t.Run(name, func(t *testing.T) {
+			real := filepath.Join(t.TempDir(), "agents.db")
+			releaser := openWake(t, real)
+			waiter := openWake(t, otherName(t, real))
+			elsewhere := t.TempDir()
+			t.Chdir(elsewhere)
+
+			c, stop := waiter.Wakeups().Watch(wakeRef)
+			defer stop()
+			assert.True(t, releaser.Wakeups().Contended(wakeRef), "the waiter's mark is on another file")
+			for i := range 2 {
+				drain(c)
+				sqlite.Freed(releaser, wakeRef)
+				requireWokenWithin(t, c, 10*time.Second, fmt.Sprintf("release %d through the real name was not heard", i+1))
+			}
+			entries, err := os.ReadDir(elsewhere)
+			require.NoError(t, err)
+			assert.Empty(t, entries, "files appeared in the directory the process moved to")
+		})
+	}
+}
+
+// After a chdir, every connection of a store opened by a relative path
+// still reads the one database: connections are opened as they are
+// needed, and one opened by the relative name would find, or create,
+// another file.
+func TestOpen_RelativePathThenChdir(t *testing.T) {
+	for _, readOnly := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ReadOnly=%v", readOnly), func(t *testing.T) {
+			dir := t.TempDir()
+			t.Chdir(dir)
+			db := openWake(t, "agents.db")
+			if readOnly {
+				ro, err := sqlite.OpenReadOnly(context.Background(), "agents.db", sqlite.Options{})
+				require.NoError(t, err)
+				t.Cleanup(func() { ro.Close() })
+				db = ro
+			}
+			elsewhere := t.TempDir()
+			t.Chdir(elsewhere)
+			readsOneDatabase(t, db, elsewhere)
+		})
+	}
+}
+
+func readsOneDatabase(t *testing.T, db *sqlite.DB, elsewhere string) {
+	errs := make(chan error)
+	for range 16 { // more than the readers kept open: new connections
+		go func() {
+			st, err := db.Schema(context.Background())
+			if err == nil && !st.MigrationApplied {
+				err = fmt.Errorf("a connection reads a database without the lock table")
+			}
+			errs <- err
+		}()
+	}
+	for range 16 {
+		assert.NoError(t, <-errs)
+	}
+	entries, err := os.ReadDir(elsewhere)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "files appeared in the directory the process moved to")
 }

@@ -12,7 +12,10 @@ import (
 // opened and waiters of other processes poll the database.
 type wakeFile struct{}
 
-func openWakeFile(string) *wakeFile { return nil }
+// haveWakeFile: no wake file is opened here.
+const haveWakeFile = false
+
+func openWakeFile(string) (*wakeFile, error) { return nil, nil }
 
 func (*wakeFile) freed(...domain.ResourceRef) {}
 

@@ -67,7 +67,9 @@ const politeDelay = 200 * time.Microsecond
 // SQLite's, and flock locks belong to the open file, not the process. A side file that this
 // process cannot open (another user's, more private than the database)
 // only costs the queue: the writes go through SQLite's busy handler, as
-// they did before the queue existed.
+// they did before the queue existed. Something at the side file's name
+// that the store must not use (a symbolic link, a FIFO, another user's
+// file: see openSideFile) is refused with a *SideFileError, unchanged.
 func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
 	q := &writerQueue{timeout: timeout}
 	if !haveFileLocks || path == "" {
@@ -77,7 +79,7 @@ func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := openSideFile(path+"-lock", fi.Mode().Perm())
+	f, err := openSideFile(path, path+"-lock", os.O_RDONLY|os.O_CREATE, fi.Mode().Perm())
 	if errors.Is(err, fs.ErrPermission) {
 		return q, nil
 	}
