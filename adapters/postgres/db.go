@@ -137,6 +137,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		Unwritten:     unwritten,
 		Notice:        releaseNotice(channel),
 		ReleaseCommit: releaseCommit,
+		RowBusy:       lockNotAvailable,
 	})
 	db.wake = newListener(cfg, channel)
 	return db, nil
