@@ -270,8 +270,10 @@ func TestCLI_RunEndedBeforeItsStuckRenewal(t *testing.T) {
 // nothing any more) waits no longer than a share of it, where it used to
 // wait a fixed 3 s, which made a 1 s deadline end the command 5 s after
 // the server went silent (found by an outside review).
+//
+// It does not run beside the parallel tests: the open and the acquire,
+// before the server goes silent, must fit in the short deadline.
 func TestCLI_DeadlineAfterOpenShort(t *testing.T) {
-	t.Parallel()
 	const deadline = 1500 * time.Millisecond
 	for _, name := range []string{"AcquireWait", "RunWait"} {
 		t.Run(name, func(t *testing.T) {
