@@ -210,13 +210,13 @@ type listener struct {
 	ctx    context.Context // ends at close, and with it every wait of the loop
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the loop has returned
-	// closing is the context of the close in progress, which bounds the
-	// farewell (farewell); set, with closed, before ctx ends.
-	closing context.Context
 
 	mu      sync.Mutex
 	started bool
 	closed  bool
+	// closing is the context of the close in progress, which bounds the
+	// farewell (farewell); set with closed, before ctx ends.
+	closing context.Context
 	pid     uint32 // the listening backend, 0 while not connected
 	watches map[domain.ResourceRef]map[*watch]struct{}
 	// held are the resources whose watch lock the connection holds.
