@@ -221,7 +221,10 @@ func (c *Container) Close() error {
 	return c.shutdownWithin(ctx, "Close's "+DefaultShutdownTimeout.String())
 }
 
-// Shutdown is Close with a caller's context for the release of the locks.
+// Shutdown is Close with a caller's context for the release of the locks
+// and the closing of the store: on PostgreSQL, the store's farewell to
+// the other processes (that this one waits for no lock any more) takes
+// at most half of what remains of ctx, and none once it has ended.
 func (c *Container) Shutdown(ctx context.Context) error {
 	budget := "its context, which has no deadline"
 	if d, ok := ctx.Deadline(); ok {
@@ -236,6 +239,7 @@ func (c *Container) shutdownWithin(ctx context.Context, budget string) error {
 	c.once.Do(func() {
 		c.closing.Store(true)
 		c.closeCtx, c.closeBudget = ctx, budget
+		c.shutdown.setContext(ctx)
 		c.cleanup()
 	})
 	return c.shutdown.err()
@@ -258,10 +262,31 @@ func DefaultOwner() string {
 	return fmt.Sprintf("%s:%d:%s", proc.Hostname(), os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// shutdown collects the errors of the cleanups that Wire runs on Close.
+// shutdown collects the errors of the cleanups that Wire runs on Close,
+// and gives them the context of the Close or Shutdown that runs them.
 type shutdown struct {
 	mu   sync.Mutex
 	errs []error
+	ctx  context.Context
+}
+
+// setContext records the context of the Close or Shutdown in progress,
+// before the cleanups run.
+func (s *shutdown) setContext(ctx context.Context) {
+	s.mu.Lock()
+	s.ctx = ctx
+	s.mu.Unlock()
+}
+
+// context returns the context of the Close or Shutdown in progress:
+// closing the store waits for the server within its deadline.
+func (s *shutdown) context() context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx == nil {
+		return context.Background()
+	}
+	return s.ctx
 }
 
 func newShutdown() *shutdown { return &shutdown{} }

@@ -79,7 +79,7 @@ func provideBackend(ctx context.Context, cfg Config, b backend.Backend, sd *shut
 	if err != nil {
 		return nil, nil, err
 	}
-	return s, func() { sd.add(s.Close()) }, nil
+	return s, func() { sd.add(s.Close(sd.context())) }, nil
 }
 
 // The parts of a registered store that the service and the container use.

@@ -217,6 +217,14 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			}
 		}
 		left := last.Holder.ExpiresAt.Sub(last.Now)
+		if last.RowHeld || left <= 0 {
+			// The lock has expired but cannot change hands yet (a
+			// transaction of the holder's holds its row): there is no
+			// expiry to sleep until, and no release may wake us when the
+			// transaction ends. Look again after a pause, as for any
+			// holder of another process.
+			left = waitBackoffMax
+		}
 		pause := left // a handle of this service: its release wakes us
 		switch {
 		case last.InProcess:

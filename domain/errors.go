@@ -54,6 +54,12 @@ type LockConflictError struct {
 	// Acquire of that owner, another process given the same owner id, or a
 	// handle whose release did not complete.
 	SameOwner bool
+	// RowHeld says that Holder's lock has expired, but still cannot change
+	// hands: another transaction of the database holds its row. That is
+	// the holder's fenced transaction (it checked its fence before the
+	// expiry and has not ended: docs/lifecycle.md), or a write of the lock
+	// in flight. The lock changes hands once that transaction ends.
+	RowHeld bool
 }
 
 func (e *LockConflictError) Error() string {
@@ -64,6 +70,12 @@ func (e *LockConflictError) Error() string {
 	if e.Nested {
 		return fmt.Sprintf("%s is already held by the handle whose work this call runs in (owner %q, token %d): taking it again would wait for itself; "+
 			"use that handle, or pass AcquireOptions.Reentrant to re-enter it", e.Holder.Resource, e.Holder.Owner, e.Holder.Token)
+	}
+	if e.RowHeld {
+		return fmt.Sprintf("%s is still held by owner %q (token %d): its lock expired at %s, but a transaction that holds the lock's row "+
+			"(the holder's fenced write, which checked its fence before the expiry) has not ended%s; the lock changes hands once it commits or "+
+			"rolls back: wait for it (AcquireOptions.Wait), or ask the holder to end that transaction",
+			e.Holder.Resource, e.Holder.Owner, e.Holder.Token, e.Holder.ExpiresAt.UTC().Format(time.RFC3339Nano), waited)
 	}
 	if e.SameOwner && !e.InProcess {
 		return fmt.Sprintf("%s is held by another acquisition of owner %q (token %d, acquired %s, expires %s, in %s)%s: "+

@@ -66,7 +66,28 @@ var pgStatement = strings.NewReplacer(
 	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
 	"{serverNow}", `to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`,
 	"{layout}", `'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'`,
+	"{rowWait}", rowWaitSQL,
 ).Replace
+
+// rowWait bounds how long acquireSQL and takeSQL wait for the row of an
+// expired lock that another transaction holds: long enough for the
+// writes that hold a lock row for a moment (a release, a renewal, a
+// cleanup, a batch), far shorter than a fenced transaction, which holds
+// its lock's row (FOR KEY SHARE) until it ends and may run on past the
+// lock's expiry. Such a lock does not change hands while the transaction
+// runs: a statement that waited for it held its caller, and every
+// acquire queued behind it on the resource's advisory lock, for as long
+// as the transaction ran, past any deadline but the caller's context.
+// Past rowWait the statement fails (lock_not_available), writing
+// nothing, and the acquire is refused with a conflict that names the
+// holder and says that its row is held (PostgresBatching.RowBusy).
+const rowWait = 500 * time.Millisecond
+
+// rowWaitSQL sets lock_timeout to rowWait for the rest of the statement's
+// transaction, or leaves it as it is when it is shorter already (a role
+// or a DSN that sets one).
+var rowWaitSQL = fmt.Sprintf(`set_config('lock_timeout', CEIL(EXTRACT(EPOCH FROM LEAST(NULLIF(current_setting('lock_timeout')::interval, interval '0'), `+
+	`interval '%d milliseconds')) * 1000)::bigint::text, true)`, rowWait.Milliseconds())
 
 // serverNow reads the server's clock (clock_timestamp()) through q, in
 // the stored time's precision.
@@ -149,6 +170,9 @@ RETURNING {id}, xmin::text`)
 //     version's and older ones', never interleave: an Update that read the
 //     row and then inserts can never meet a row this statement inserted
 //     meanwhile (a unique violation).
+//   - bound sets lock_timeout to rowWait, once the advisory lock is held,
+//     for old's wait for the row of an expired lock that another
+//     transaction holds (a fenced one may hold it past the expiry).
 //   - old deletes a lock that has expired at now, whoever held it: a
 //     change of hands. It must have expired on the server's clock too
 //     ({serverNow}, read when the row is tested): now is this host's
@@ -182,10 +206,11 @@ RETURNING {id}, xmin::text`)
 // or inserted with the lock it replaced, if any, and the inserted row's
 // version (its xmin, for undo).
 var acquireSQL = pgStatements(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
+bound AS MATERIALIZED (SELECT {rowWait} FROM held),
 old AS (
   DELETE FROM {locks}
   WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {expires} <= $5::varchar
-    AND EXISTS (SELECT FROM held) AND {expiredOnServer}
+    AND EXISTS (SELECT FROM bound) AND {expiredOnServer}
   RETURNING {id}, {owner}, {acquired}, {expires}),
 re AS (
   UPDATE {locks} SET {expires} = $6::varchar
@@ -211,10 +236,11 @@ FROM ins LEFT JOIN old ON true`)
 // row comes back, and the read that follows names it). Parameters and
 // result as acquireSQL's; the first column is always false.
 var takeSQL = pgStatements(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint)),
+bound AS MATERIALIZED (SELECT {rowWait} FROM held),
 old AS (
   DELETE FROM {locks}
   WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {expires} <= $5::varchar
-    AND EXISTS (SELECT FROM held) AND {expiredOnServer}
+    AND EXISTS (SELECT FROM bound) AND {expiredOnServer}
   RETURNING {id}, {owner}, {acquired}, {expires}),
 ins AS (
   INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
@@ -287,6 +313,9 @@ func (s *PostgresStore) acquireBy(ctx context.Context, ref domain.ResourceRef, o
 	m, err := statement.do(ctx, ref, req)
 	for again := 0; ; again++ {
 		if err != nil {
+			if held := s.rowHeld(ctx, err, ref, owner, now, expires, decide); held != nil {
+				return application.Acquisition{}, held
+			}
 			return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
 		}
 		if m.decided {
@@ -346,6 +375,36 @@ func (s *PostgresStore) refusalOnServer(ctx context.Context, ref domain.Resource
 		return err
 	}
 	return nil
+}
+
+// rowHeld explains an acquire statement that could not have the row of
+// the lock it met within rowWait (PostgresBatching.RowBusy): the lock as
+// it is now, read outside the statement, refuses the caller (it was
+// renewed meanwhile, or is another owner's and active), or it has expired
+// and its row is held by another transaction, most likely the holder's
+// fenced one, which the lock does not change hands before: a conflict
+// either way, which a waiting caller waits on. It returns nil when
+// neither holds (the lock is gone, or the wait was for something else,
+// such as the advisory lock under a lock_timeout of the caller's role):
+// the statement's error then stands.
+func (s *PostgresStore) rowHeld(ctx context.Context, err error, ref domain.ResourceRef, owner string, now, expires time.Time,
+	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) error {
+	if s.batching.RowBusy == nil || !s.batching.RowBusy(err) || ctx.Err() != nil {
+		return nil
+	}
+	cur, rerr := s.readLock(ctx, ref)
+	if rerr != nil || cur == nil {
+		return nil
+	}
+	if _, derr := decide(cur, owner, ref, now, expires); errors.Is(derr, domain.ErrConflict) {
+		s.contended.note(ref, true)
+		return derr
+	}
+	if !cur.ExpiredAt(now) {
+		return nil
+	}
+	s.contended.note(ref, true)
+	return &domain.LockConflictError{Holder: *cur, Now: now, RowHeld: true}
 }
 
 // acquireFree runs acquireFreeSQL; ok says whether it inserted the lock.

@@ -34,6 +34,11 @@ type PostgresBatching struct {
 	// the batch's transaction (the PostgreSQL adapter's lets it return
 	// before the WAL flush). Empty: none.
 	ReleaseCommit string
+	// RowBusy says whether an acquire statement's error is its refusal
+	// to wait longer than rowWait for a lock's row that another
+	// transaction holds (lock_not_available): nothing was written. Nil:
+	// no error is.
+	RowBusy func(error) bool
 }
 
 // writeReq is one member of a batch of acquires or renewals: its

@@ -399,6 +399,16 @@ func expiredAt(now time.Time) predicate.Lock {
 // than the other can put seconds ahead, and a cleanup must never purge a
 // lock that is still active on the server (another host would then take
 // it before its expiry).
+//
+// On PostgreSQL the subquery also locks the rows it chooses, FOR UPDATE
+// SKIP LOCKED: a row that another transaction holds is left for a later
+// cleanup rather than waited for. A fenced transaction holds its lock's
+// row (FOR KEY SHARE) until it ends, and may run on past the lock's
+// expiry: the lock does not change hands meanwhile, and a cleanup that
+// waited for it held up the Open of every new container (its startup
+// cleanup) for as long as the transaction ran. The row a cleanup then
+// deletes is one it has locked, tested again by the DELETE's own WHERE
+// (above), so skipping decides nothing on a weaker test.
 func deleteExpired(dialectName string, now time.Time, limit int, onServer bool) (string, []any) {
 	b := entsql.Dialect(dialectName)
 	expired := func() *entsql.Predicate {
@@ -415,6 +425,9 @@ func deleteExpired(dialectName string, now time.Time, limit int, onServer bool) 
 		Where(expired()).
 		OrderBy(entlock.FieldExpiresAt).
 		Limit(limit)
+	if dialectName == dialect.Postgres {
+		batch.ForUpdate(entsql.WithLockAction(entsql.SkipLocked))
+	}
 	return b.Delete(entlock.Table).Where(entsql.And(
 		expired(),
 		entsql.In(entlock.FieldID, batch),

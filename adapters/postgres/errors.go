@@ -124,12 +124,21 @@ func retryable(err error) bool {
 // the driver never sent it (a connection that could not be made, or that
 // it knew to be bad), or the server cancelled it (query_canceled: a cancel
 // reaches a statement while it runs or waits, never a commit under way,
-// whose interrupts the server holds off).
+// whose interrupts the server holds off), or ended its wait for a lock
+// (lock_not_available: a statement's wait, never a commit's).
 func unwritten(err error) bool {
 	var pgErr *pgconn.PgError
 	var connErr *pgconn.ConnectError
-	return errors.As(err, &pgErr) && pgErr.Code == "57014" || errors.As(err, &connErr) ||
+	return errors.As(err, &pgErr) && (pgErr.Code == "57014" || pgErr.Code == "55P03") || errors.As(err, &connErr) ||
 		pgconn.SafeToRetry(err) || errors.Is(err, driver.ErrBadConn)
+}
+
+// lockNotAvailable reports PostgreSQL's refusal of a statement that
+// waited for a lock longer than its lock_timeout (lock_not_available):
+// the statement was aborted, and wrote nothing.
+func lockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // SnapshotConflict reports whether err is PostgreSQL's refusal of a

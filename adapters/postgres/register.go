@@ -38,7 +38,7 @@ func openBackend(ctx context.Context, opts backend.Options) (*backend.Store, err
 	if local == nil {
 		local = clock.New()
 	}
-	s := &backend.Store{Repository: NewLockRepository(db), Clock: local, Wakeups: db.Wakeups(), Close: db.Close}
+	s := &backend.Store{Repository: NewLockRepository(db), Clock: local, Wakeups: db.Wakeups(), Close: db.CloseContext}
 	if opts.LocalTime {
 		return s, nil
 	}
@@ -51,9 +51,9 @@ func openBackend(ctx context.Context, opts backend.Options) (*backend.Store, err
 		return nil, err
 	}
 	s.Clock = c
-	s.Close = func() error {
+	s.Close = func(ctx context.Context) error {
 		c.Close()
-		return db.Close()
+		return db.CloseContext(ctx)
 	}
 	return s, nil
 }

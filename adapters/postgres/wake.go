@@ -107,8 +107,15 @@ const (
 	talkTimeout = 5 * time.Second
 	// byeTimeout is long enough for a loaded server: a farewell that times
 	// out leaves this process's marks with the others until they age out
-	// (remoteTTL), and a second was seen to be too short under load.
+	// (remoteTTL), and a second was seen to be too short under load. A
+	// caller that closes with a deadline of its own (DB.CloseContext)
+	// shortens it to half of what remains (byeShare), so that a server
+	// that went silent does not hold a short command for 3 s.
 	byeTimeout = 3 * time.Second
+	// byeShare is the share of what remains of a closing caller's
+	// deadline that the farewell may take: the rest is left for the
+	// pool's connections, which close after it.
+	byeShare = 2
 	// listenerAppName is the application_name of a listener's connection,
 	// for pg_stat_activity, after the DSN's own if it sets one.
 	listenerAppName = "cleveragents-locks listener"
@@ -207,6 +214,9 @@ type listener struct {
 	mu      sync.Mutex
 	started bool
 	closed  bool
+	// closing is the context of the close in progress, which bounds the
+	// farewell (farewell); set with closed, before ctx ends.
+	closing context.Context
 	pid     uint32 // the listening backend, 0 while not connected
 	watches map[domain.ResourceRef]map[*watch]struct{}
 	// held are the resources whose watch lock the connection holds.
@@ -329,14 +339,16 @@ func (l *listener) start() {
 }
 
 // close stops the loop, which says goodbye if it announced anything, and
-// closes its connection.
-func (l *listener) close() {
+// closes its connection, within byeTimeout and within half of what
+// remains of ctx (farewell).
+func (l *listener) close(ctx context.Context) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
 	started := l.started
 	l.closed = true
+	l.closing = ctx
 	l.mu.Unlock()
 	l.cancel()
 	if started {
@@ -597,11 +609,16 @@ func (l *listener) receive(payload string) {
 func (l *listener) hangUp(conn *pgx.Conn) {
 	l.mu.Lock()
 	bye := l.closed && l.said
+	closing := l.closing
 	l.pid, l.interrupt = 0, nil
 	l.touch()
 	l.mu.Unlock()
-	if bye {
-		ctx, cancel := context.WithTimeout(context.Background(), byeTimeout)
+	if closing == nil {
+		closing = context.Background() // a drop, not a close: no caller waits
+	}
+	ctx, cancel := farewell(closing)
+	defer cancel()
+	if bye && ctx.Err() == nil {
 		say := conn
 		if conn.IsClosed() {
 			// Close cut a statement of the loop short, which closes
@@ -609,20 +626,38 @@ func (l *listener) hangUp(conn *pgx.Conn) {
 			// the same bound.
 			if c, err := pgx.ConnectConfig(ctx, l.cfg); err == nil {
 				say = c
-				defer l.closeConn(c)
+				defer closeConn(ctx, c)
 			}
 		}
 		_, _ = say.Exec(ctx, "SELECT pg_notify($1, $2)", l.channel, "x"+l.instance)
-		cancel()
 	}
-	l.closeConn(conn)
+	closeConn(ctx, conn)
+}
+
+// farewell returns the context that bounds the listener's farewell and
+// the closing of its connection: byeTimeout, and at most 1/byeShare of
+// what remains of closing, the context of the close in progress. A
+// farewell cut short costs the others a hand-over delay until this
+// process's marks age out (remoteTTL), never a lock; a caller that
+// closes within a deadline, such as a command of the CLI against a
+// server that went silent, must not wait a fixed 3 s beyond it.
+func farewell(closing context.Context) (context.Context, context.CancelFunc) {
+	bound := byeTimeout
+	if d, ok := closing.Deadline(); ok {
+		bound = min(bound, time.Until(d)/byeShare)
+	}
+	return context.WithTimeout(closing, bound)
 }
 
 func (l *listener) closeConn(conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), byeTimeout)
 	defer cancel()
-	_ = conn.Close(ctx)
+	closeConn(ctx, conn)
 }
+
+// closeConn closes conn within ctx: pgx sends the server its Terminate
+// message and closes the socket, waiting at most until ctx ends.
+func closeConn(ctx context.Context, conn *pgx.Conn) { _ = conn.Close(ctx) }
 
 // wakeAll wakes every watcher, with l.mu held.
 func (l *listener) wakeAll() {

@@ -59,10 +59,19 @@ func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool, a
 	})
 }
 
-// close closes the container. The command's result is out already, so a
-// failure to close is a warning, not a change of the exit code.
+// close closes the container within the deadline (and Close's own
+// bound, if shorter): against a server that went silent, closing waits
+// for it no longer than the command's other statements do. The command's
+// result is out already, so a failure to close is a warning, not a
+// change of the exit code.
 func (c *invocation) close(ctr *locks.Container) {
-	if err := ctr.Close(); err != nil {
+	bound := locks.DefaultShutdownTimeout
+	if d, err := c.deadline(); err == nil {
+		bound = min(bound, d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	if err := ctr.Shutdown(ctx); err != nil {
 		fmt.Fprintf(c.stderr, "%s: warning: %s\n", c.prog(), c.redact(err.Error()))
 	}
 }

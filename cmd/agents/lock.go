@@ -84,6 +84,14 @@ func (c *invocation) printConflict(e *domain.LockConflictError) {
 	case e.Cause != nil:
 		fmt.Fprintf(c.stderr, "Interrupted after waiting %s.\n", short(waited))
 	}
+	if e.RowHeld {
+		// The lock has expired, but a transaction of the holder's (a
+		// fenced write) still holds its row: it changes hands when that
+		// transaction ends, not at an expiry.
+		fmt.Fprintf(c.stderr, "Its lock has expired, but a transaction that holds its row (the holder's fenced write) has not ended: "+
+			"wait for it (--wait), or ask its holder to end that transaction.\n")
+		return
+	}
 	fmt.Fprintf(c.stderr, "Wait until it is released or expires (%s left), or ask its holder to release it.\n",
 		short(h.Remaining(now).Round(time.Second)))
 }

@@ -39,8 +39,10 @@ type Store struct {
 	Clock   application.Clock
 	Wakeups application.Wakeups
 	// Close stops whatever Open started and closes the database; the
-	// container calls it last, after releasing its owner's locks.
-	Close func() error
+	// container calls it last, after releasing its owner's locks, with
+	// the context of its Close or Shutdown, whose deadline bounds what
+	// closing waits for the server.
+	Close func(ctx context.Context) error
 }
 
 // Backend is a kind of store that Open can open.

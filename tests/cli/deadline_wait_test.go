@@ -27,6 +27,8 @@ type muteProxy struct {
 	gate      chan struct{} // closed by mute
 	listened  bool
 	listening chan struct{} // closed once a client has sent LISTEN
+	heard     bool
+	announced chan struct{} // closed once the server notified a client that one watches plan/p1
 }
 
 // newMuteProxy starts a proxy to the server of dsn and returns dsn with
@@ -35,7 +37,7 @@ func newMuteProxy(t *testing.T, dsn string) (string, *muteProxy) {
 	t.Helper()
 	u, err := url.Parse(dsn)
 	require.NoError(t, err)
-	p := &muteProxy{gate: make(chan struct{}), listening: make(chan struct{})}
+	p := &muteProxy{gate: make(chan struct{}), listening: make(chan struct{}), announced: make(chan struct{})}
 	server := u.Host
 	u.Host = listen(t, func(client net.Conn) {
 		conn, err := net.Dial("tcp", server)
@@ -73,9 +75,32 @@ func (p *muteProxy) forward(dst, src net.Conn, fromClient bool) {
 			}
 			p.mu.Unlock()
 		}
+		// A notification's payload ends with a zero byte: the server
+		// delivers a listener's announcement that it watches plan/p1
+		// ("+<instance>:plan:p1") to the listener itself too.
+		if !fromClient && bytes.Contains(buf[:n], []byte(":plan:p1\x00")) {
+			p.mu.Lock()
+			if !p.heard {
+				p.heard = true
+				close(p.announced)
+			}
+			p.mu.Unlock()
+		}
 		if _, err := dst.Write(buf[:n]); err != nil {
 			return
 		}
+	}
+}
+
+// awaitAnnounced waits until the listener of a process of agents has
+// announced that it watches plan/p1 and heard its own announcement: it
+// listens, and says goodbye when it closes.
+func (p *muteProxy) awaitAnnounced(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.announced:
+	case <-time.After(15 * time.Second):
+		require.FailNow(t, "the waiter never announced its watch")
 	}
 }
 
@@ -237,4 +262,43 @@ func TestCLI_RunEndedBeforeItsStuckRenewal(t *testing.T) {
 	assert.Nil(t, doc.Lost, "the command ended while the lock was held")
 	assert.False(t, doc.Released)
 	assert.Contains(t, r.stderr, "the lock could not be released")
+}
+
+// TestCLI_DeadlineAfterOpenShort: the same silent server with a short
+// deadline. Closing the store is bounded by the deadline too: the
+// listener's farewell to the other processes (that this one watches
+// nothing any more) waits no longer than a share of it, where it used to
+// wait a fixed 3 s, which made a 1 s deadline end the command 5 s after
+// the server went silent (found by an outside review).
+//
+// It does not run beside the parallel tests: the open and the acquire,
+// before the server goes silent, must fit in the short deadline.
+func TestCLI_DeadlineAfterOpenShort(t *testing.T) {
+	const deadline = 1500 * time.Millisecond
+	for _, name := range []string{"AcquireWait", "RunWait"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			a := newPGAgents(t)
+			a.mustRun("--owner", "holder", "locks", "acquire", "plan", "p1", "--ttl", "1h")
+			proxied, proxy := newMuteProxy(t, a.db)
+			a.db = proxied
+			args := []string{"--owner", "op", "--json", "locks", "acquire", "--wait", "plan", "p1"}
+			if name == "RunWait" {
+				args = []string{"--owner", "op", "--json", "locks", "run", "--wait", "plan", "p1", "--", "true"}
+			}
+			a.env = append(a.env, "AGENTS_TIMEOUT="+deadline.String())
+			p := a.start(args...)
+			proxy.awaitAnnounced(t)
+			proxy.mute()
+			start := time.Now()
+			r := p.wait()
+			took := time.Since(start)
+			t.Logf("ended %s after the server went silent (deadline %s)", took.Round(time.Millisecond), deadline)
+			assert.Equal(t, 1, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+			assert.Contains(t, r.stderr, "no answer within "+deadline.String())
+			// Twice the deadline for the wait's last round and its
+			// statement, and the deadline for closing, at most.
+			assert.Less(t, took, 3*deadline, "the deadline is %s", deadline)
+		})
+	}
 }

@@ -36,7 +36,11 @@ func background(op func() error, err *error) <-chan struct{} {
 // A fence checked in a transaction keeps its lock from changing hands
 // until the transaction ends: a takeover, a cleanup and a release all wait
 // for the commit, and then go ahead. Without that, a fenced write could
-// commit after another owner took the plan.
+// commit after another owner took the plan. On PostgreSQL, where the
+// transaction holds the lock's row and may run on for long, a takeover
+// does not wait: it is refused with a conflict that says a transaction
+// holds the row; a cleanup skips the row; both then go ahead once the
+// transaction has ended.
 func TestCheckFence_HoldsTheLockUntilCommit(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, database string) {
 		ctx := context.Background()
@@ -64,6 +68,21 @@ func TestCheckFence_HoldsTheLockUntilCommit(t *testing.T) {
 			tx, a := fenced(ref)
 			var b domain.Lock
 			var err error
+			if locks.IsPostgres(database) {
+				_, err = c.Locks.Acquire(ctx, "B", ref, ttl)
+				var conflict *domain.LockConflictError
+				require.ErrorAs(t, err, &conflict, "the takeover must not happen before the fenced commit")
+				assert.True(t, conflict.RowHeld)
+				assert.Equal(t, a.Token, conflict.Holder.Token)
+				_, xerr := tx.ExecContext(ctx, "UPDATE plans SET phase = 'fenced' WHERE id = '"+plan1.ID+"'")
+				require.NoError(t, xerr)
+				require.NoError(t, tx.Commit())
+				b, err = c.Locks.Acquire(ctx, "B", ref, ttl)
+				require.NoError(t, err)
+				assert.Greater(t, b.Token, a.Token)
+				assert.Equal(t, "fenced", mustLoad(t, plans, plan1.ID).Phase)
+				return
+			}
 			done := background(func() (err error) { b, err = c.Locks.Acquire(ctx, "B", ref, ttl); return }, &err)
 			require.Never(t, finished(done), stillBlocked, 10*time.Millisecond, "the takeover must wait for the fenced commit")
 			_, xerr := tx.ExecContext(ctx, "UPDATE plans SET phase = 'fenced' WHERE id = '"+plan1.ID+"'")
@@ -75,9 +94,22 @@ func TestCheckFence_HoldsTheLockUntilCommit(t *testing.T) {
 			assert.Equal(t, "fenced", mustLoad(t, plans, plan1.ID).Phase)
 		})
 		t.Run("cleanup", func(t *testing.T) {
-			tx, _ := fenced(domain.ResourceRef{Type: domain.ResourcePlan, ID: "cleaned"})
+			ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "cleaned"}
+			tx, a := fenced(ref)
 			var n int
 			var err error
+			if locks.IsPostgres(database) {
+				_, err = c.Locks.CleanupExpired(ctx) // the earlier subtests' locks have expired too
+				require.NoError(t, err)
+				got, err := c.Locks.Get(ctx, ref)
+				require.NoError(t, err, "the cleanup skips the row the fenced transaction holds")
+				assert.Equal(t, a.Token, got.Token)
+				require.NoError(t, tx.Commit())
+				n, err = c.Locks.CleanupExpired(ctx)
+				require.NoError(t, err)
+				assert.Positive(t, n)
+				return
+			}
 			done := background(func() (err error) { n, err = c.Locks.CleanupExpired(ctx); return }, &err)
 			require.Never(t, finished(done), stillBlocked, 10*time.Millisecond, "the cleanup must wait for the fenced commit")
 			require.NoError(t, tx.Commit())
