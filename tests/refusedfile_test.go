@@ -4,8 +4,6 @@ package tests
 
 import (
 	"context"
-	"crypto/sha256"
-	"database/sql"
 	"errors"
 	"os"
 	"path/filepath"
@@ -19,65 +17,11 @@ import (
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/tests/filestate"
 )
 
 // A file that locks.Open refuses is left byte for byte as it was: its
 // digest, its journal mode, and no file beside it that was not there.
-
-// fileState is what must not change in a refused file's directory: each
-// file's digest, and the journal mode of the one Open was given.
-type fileState struct {
-	digests map[string][32]byte
-	journal string
-}
-
-// stateOf reads the state of dir, whose file db is given to Open. It reads
-// the files only while no connection of this process has them open.
-func stateOf(t *testing.T, dir, db string) fileState {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	st := fileState{digests: map[string][32]byte{}}
-	for _, e := range entries {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		require.NoError(t, err)
-		st.digests[e.Name()] = sha256.Sum256(b)
-	}
-	st.journal = journalMode(t, db)
-	return st
-}
-
-// journalMode reads a SQLite file's journal mode from its header (bytes
-// 18 and 19 are 2 in WAL mode, 1 in a rollback journal mode), without
-// SQLite, which could create -wal and -shm files to read it: "wal",
-// "rollback", or "not a database".
-func journalMode(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	switch {
-	case len(b) < 100 || string(b[:16]) != "SQLite format 3\x00":
-		return "not a database"
-	case b[18] == 2 && b[19] == 2:
-		return "wal"
-	default:
-		return "rollback"
-	}
-}
-
-// appFile makes a SQLite file at path as another application would, in
-// the default rollback journal mode, with what the statements leave.
-func appFile(t *testing.T, path, statements string) {
-	t.Helper()
-	sdb, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(delete)")
-	require.NoError(t, err)
-	_, err = sdb.Exec(statements)
-	require.NoError(t, err)
-	require.NoError(t, sdb.Close())
-}
 
 // lockFile makes a lock database at path, closed, holding one lock.
 func lockFile(t *testing.T, path string) {
@@ -107,12 +51,12 @@ func TestRefusedFile_Unchanged(t *testing.T) {
 		}},
 		{"ALocksTableOfItsOwn", func(t *testing.T, dir string) (string, string) {
 			p := filepath.Join(dir, "app.sqlite")
-			appFile(t, p, "CREATE TABLE locks (name TEXT, holder TEXT); INSERT INTO locks VALUES ('door', 'ann')")
+			filestate.AppFile(t, p, "CREATE TABLE locks (name TEXT, holder TEXT); INSERT INTO locks VALUES ('door', 'ann')")
 			return p, p
 		}, checkForeignLocksTable},
 		{"ALocksTableAndOtherTables", func(t *testing.T, dir string) (string, string) {
 			p := filepath.Join(dir, "app.sqlite")
-			appFile(t, p, "CREATE TABLE users (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT); "+
+			filestate.AppFile(t, p, "CREATE TABLE users (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT); "+
 				"CREATE TABLE locks (name TEXT, holder TEXT); INSERT INTO users (name) VALUES ('ann')")
 			return p, p
 		}, checkForeignLocksTable},
@@ -120,7 +64,7 @@ func TestRefusedFile_Unchanged(t *testing.T) {
 			// The shape of the store's table, without its migration's
 			// record: made by hand, or by another program.
 			p := filepath.Join(dir, "app.sqlite")
-			appFile(t, p, "CREATE TABLE `locks` (`id` integer NOT NULL PRIMARY KEY AUTOINCREMENT, `owner_id` varchar(255) NOT NULL, "+
+			filestate.AppFile(t, p, "CREATE TABLE `locks` (`id` integer NOT NULL PRIMARY KEY AUTOINCREMENT, `owner_id` varchar(255) NOT NULL, "+
 				"`resource_type` varchar(50) NOT NULL, `resource_id` varchar(255) NOT NULL, `acquired_at` varchar(30) NOT NULL, `expires_at` varchar(30) NOT NULL)")
 			return p, p
 		}, checkForeignLocksTable},
@@ -142,7 +86,7 @@ func TestRefusedFile_Unchanged(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			database, file := tc.make(t, dir)
-			before := stateOf(t, dir, file)
+			before := filestate.Of(t, dir, file)
 			c, err := locks.Open(context.Background(), locks.Config{Database: database, Owner: "op"})
 			if err == nil {
 				c.Close()
@@ -150,7 +94,7 @@ func TestRefusedFile_Unchanged(t *testing.T) {
 			require.Error(t, err, "Open must refuse the file")
 			require.ErrorIs(t, err, domain.ErrUnavailable)
 			tc.check(t, err)
-			assert.Equal(t, before, stateOf(t, dir, file), "a refused file is left as it was: %v", err)
+			assert.Equal(t, before, filestate.Of(t, dir, file), "a refused file is left as it was: %v", err)
 		})
 	}
 }
@@ -262,7 +206,7 @@ func TestRefusedFile_PlantedLockSideFile(t *testing.T) {
 			require.NoError(t, os.Remove(db+"-lock"))
 			victim := filepath.Join(t.TempDir(), "victim")
 			plant(t, db+"-lock", victim)
-			before := stateOf(t, dir, db)
+			before := filestate.Of(t, dir, db)
 			_, victimErr := os.Lstat(victim)
 
 			done := make(chan error, 1)
@@ -289,7 +233,7 @@ func TestRefusedFile_PlantedLockSideFile(t *testing.T) {
 			require.True(t, errors.As(err, &se), "a *sqlite.SideFileError: %v", err)
 			assert.Contains(t, err.Error(), db+"-lock")
 			assert.Contains(t, err.Error(), "remove it")
-			assert.Equal(t, before, stateOf(t, dir, db), "the database is left as it was")
+			assert.Equal(t, before, filestate.Of(t, dir, db), "the database is left as it was")
 			_, victimAfter := os.Lstat(victim)
 			assert.Equal(t, victimErr == nil, victimAfter == nil, "nothing created through the link")
 		})

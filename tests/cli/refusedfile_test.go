@@ -4,8 +4,6 @@ package cli
 
 import (
 	"context"
-	"crypto/sha256"
-	"database/sql"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,59 +16,8 @@ import (
 
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/tests/filestate"
 )
-
-// fileState is what a refusal must not change in a database's directory:
-// each file's digest, and the journal mode of the file --db names.
-type fileState struct {
-	digests map[string][32]byte
-	journal string
-}
-
-func stateOf(t *testing.T, dir, db string) fileState {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	st := fileState{digests: map[string][32]byte{}}
-	for _, e := range entries {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		require.NoError(t, err)
-		st.digests[e.Name()] = sha256.Sum256(b)
-	}
-	st.journal = journalMode(t, db)
-	return st
-}
-
-// journalMode reads a SQLite file's journal mode from its header (bytes
-// 18 and 19 are 2 in WAL mode), without SQLite, which could create -wal
-// and -shm files to read it.
-func journalMode(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	switch {
-	case len(b) < 100 || string(b[:16]) != "SQLite format 3\x00":
-		return "not a database"
-	case b[18] == 2 && b[19] == 2:
-		return "wal"
-	default:
-		return "rollback"
-	}
-}
-
-// appDB makes a SQLite file at path as another application would, in the
-// default rollback journal mode.
-func appDB(t *testing.T, path, statements string) {
-	t.Helper()
-	sdb, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(delete)")
-	require.NoError(t, err)
-	_, err = sdb.Exec(statements)
-	require.NoError(t, err)
-	require.NoError(t, sdb.Close())
-}
 
 // TestCLI_RefusedFileUnchanged runs every command that docs/cli.md says
 // refuses a file against each such file, and checks that the file and its
@@ -114,18 +61,18 @@ func TestCLI_RefusedFileUnchanged(t *testing.T) {
 		}, want: "not a valid database"},
 		{name: "ALocksTableOfItsOwn", make: func(t *testing.T, dir string) (string, string) {
 			p := filepath.Join(dir, "app.sqlite")
-			appDB(t, p, "CREATE TABLE locks (name TEXT, holder TEXT); INSERT INTO locks VALUES ('door', 'ann')")
+			filestate.AppFile(t, p, "CREATE TABLE locks (name TEXT, holder TEXT); INSERT INTO locks VALUES ('door', 'ann')")
 			return p, p
 		}, want: "a locks table that the lock "},
 		{name: "ALocksTableAndOtherTables", make: func(t *testing.T, dir string) (string, string) {
 			p := filepath.Join(dir, "app.sqlite")
-			appDB(t, p, "CREATE TABLE users (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT); "+
+			filestate.AppFile(t, p, "CREATE TABLE users (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT); "+
 				"CREATE TABLE locks (name TEXT, holder TEXT); INSERT INTO users (name) VALUES ('ann')")
 			return p, p
 		}, want: "a locks table that the lock "},
 		{name: "OtherTablesOnly", make: func(t *testing.T, dir string) (string, string) {
 			p := filepath.Join(dir, "app.sqlite")
-			appDB(t, p, "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes (body) VALUES ('keep me')")
+			filestate.AppFile(t, p, "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes (body) VALUES ('keep me')")
 			return p, p
 		}, want: "check --db"},
 		{name: "LockDatabaseHardLinked", make: func(t *testing.T, dir string) (string, string) {
@@ -152,14 +99,14 @@ func TestCLI_RefusedFileUnchanged(t *testing.T) {
 			dir := reachableDir(t)
 			db, file := tc.make(t, dir)
 			for name, args := range commands {
-				before := stateOf(t, dir, file)
+				before := filestate.Of(t, dir, file)
 				var r result
 				if tc.asNobody {
 					r, _ = timedRun(t, bin, nobody, append([]string{"--db", db}, args...)...)
 				} else {
 					r, _ = timedRun(t, agentsBin, (*syscall.Credential)(nil), append([]string{"--db", db}, args...)...)
 				}
-				assert.Equal(t, before, stateOf(t, dir, file), "%s changed the file: exit %d\nstdout: %s\nstderr: %s", name, r.code, r.stdout, r.stderr)
+				assert.Equal(t, before, filestate.Of(t, dir, file), "%s changed the file: exit %d\nstdout: %s\nstderr: %s", name, r.code, r.stdout, r.stderr)
 				if slices.Contains(tc.works, name) {
 					assert.Equal(t, 0, r.code, "%s: %s", name, r.stderr)
 					continue
