@@ -7,6 +7,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -72,6 +73,48 @@ func TestTake_WokenAcrossContainersOnOneFile(t *testing.T) {
 	assert.Greater(t, r.h.Lock().Token, held.Lock().Token)
 	_, err = r.h.Release(ctx)
 	require.NoError(t, err)
+}
+
+// Two waiting containers of one process on one file are both woken by
+// the releases in a third: they watch one file, for which the process's
+// one inotify instance has one watch, and each must hear it.
+func TestTake_TwoContainersOnOneFileBothWoken(t *testing.T) {
+	ctx := context.Background()
+	db := filepath.Join(t.TempDir(), "agents.db")
+	holder := MustOpen(t, locks.Config{Database: db, Owner: "A"})
+	refs := []domain.ResourceRef{plan1, plan2}
+	var held []*application.Handle
+	for _, ref := range refs {
+		h, err := holder.Locks.Take(ctx, "A", ref, application.AcquireOptions{TTL: time.Hour})
+		require.NoError(t, err)
+		held = append(held, h)
+	}
+	done := make(chan error, len(refs))
+	for i, ref := range refs {
+		clk := &reportingClock{Mock: newMock(), set: make(chan time.Duration, 64)}
+		owner := fmt.Sprintf("W%d", i)
+		waiter := MustOpen(t, locks.Config{Database: db, Owner: owner, Clock: clk})
+		go func() {
+			h, err := waiter.Locks.Take(ctx, owner, ref, application.AcquireOptions{Wait: true})
+			if err == nil {
+				_, err = h.Release(ctx)
+			}
+			done <- err
+		}()
+		<-clk.set // it sleeps, watching; its clock never moves
+	}
+	for _, h := range held {
+		_, err := h.Release(ctx)
+		require.NoError(t, err)
+	}
+	for range refs {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(time.Minute):
+			t.Fatal("a waiting container was not woken by the release in the other container")
+		}
+	}
 }
 
 // A release that sends no wake-up (a program that deletes the row itself)

@@ -47,12 +47,11 @@ type wakeFile struct {
 	dev, ino uint64 // which file f is
 
 	mu sync.Mutex
-	// in is the inotify instance, while any watch is on and one could be
-	// had: it is closed when the last watch stops, since each user may
-	// have only a few (fs.inotify.max_user_instances, 128 by default),
-	// and a store that has stopped waiting must not keep one from others.
-	in       *os.File
-	done     chan struct{}
+	// in and wd are the process's inotify instance and this file's watch
+	// there (see inotifier), while any watch of this store is on and one
+	// could be had; nil and 0 otherwise.
+	in       *inotifyInstance
+	wd       int32
 	last     [wakeSlots + 1]uint64
 	subs     [wakeSlots + 1]map[*wakeSub]struct{}
 	watchers [wakeSlots + 1]int // watches per slot: the OFD lock is held while > 0
@@ -205,11 +204,9 @@ func (w *wakeFile) unwatch(slot int, sub *wakeSub) {
 		w.lockSlot(slot, unix.F_UNLCK)
 	}
 	if w.watching--; w.watching == 0 && w.in != nil && !w.closed {
-		// Nobody waits: give the instance back (its loop ends without
-		// touching w); the next Watch starts another.
-		in := w.in
-		w.in, w.done = nil, nil
-		in.Close()
+		// Nobody waits here: take the watch off, and let the instance go
+		// if no other store watches; the next Watch starts over.
+		w.stop()
 	}
 }
 
@@ -227,90 +224,65 @@ func (w *wakeFile) lockSlot(slot int, typ int16) {
 // the releases now go (see refresh).
 const wakeEvents = unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_MOVE_SELF
 
-// start begins watching the file, with w.mu held. It reads the slots
-// after the watch is on: a release written after that is seen by the
-// watch.
+// start begins watching the file, with w.mu held, on the process's
+// inotify instance (see inotifier). It reads the slots after the watch is
+// on: a release written after that is seen by the watch. Where no watch
+// can be had, w.in stays nil and the waiters poll.
 func (w *wakeFile) start() {
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		return // EMFILE: the user's inotify instances are all taken
-	}
 	// Watch the file open here, through its descriptor, not whatever the
 	// name leads to by now; without /proc, the name, never followed.
-	if _, err := unix.InotifyAddWatch(fd, fmt.Sprintf("/proc/self/fd/%d", w.f.Fd()), wakeEvents); err != nil {
-		if _, err := unix.InotifyAddWatch(fd, w.path, wakeEvents|unix.IN_DONT_FOLLOW); err != nil {
-			unix.Close(fd)
-			return
-		}
+	in, wd, ok := inotify.watch(w, fmt.Sprintf("/proc/self/fd/%d", w.f.Fd()), w.path)
+	if !ok {
+		return
 	}
+	w.in, w.wd = in, wd
 	w.readSlots()
-	w.in = os.NewFile(uintptr(fd), "inotify "+w.path) // non-blocking: reads wait in the runtime's poller
-	w.done = make(chan struct{})
-	go w.loop(w.in, w.done)
 }
 
-// loop reads the watch's events until the file closes, and after each
-// wakes the watchers whose slots changed.
-func (w *wakeFile) loop(in *os.File, done chan struct{}) {
-	defer close(done)
-	buf := make([]byte, 64*unix.SizeofInotifyEvent)
-	for {
-		n, err := in.Read(buf)
-		if err != nil {
-			w.mu.Lock()
-			if !w.closed && w.in == in {
-				// The instance failed: wake everyone, who look at the
-				// store, and let the next Watch start another one.
-				w.in, w.done = nil, nil
-				w.wakeAll()
-				in.Close()
-			}
-			w.mu.Unlock()
-			return // closed, or replaced by refresh
+// stop takes this store's watch off, with w.mu held, and returns the
+// instance's done channel where that was its last watch (see
+// inotifier.unwatch).
+func (w *wakeFile) stop() (done <-chan struct{}) {
+	done = inotify.unwatch(w.in, w.wd, w)
+	w.in, w.wd = nil, 0
+	return done
+}
+
+// heard handles the events that in reported for the watch wd, which w had
+// when they were read: a write, a change of the file's links, the removal
+// of the watch, or (IN_Q_OVERFLOW) events lost.
+func (w *wakeFile) heard(in *inotifyInstance, wd int32, mask uint32) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || w.in != in || w.wd != wd {
+		return // stopped, or moved to another watch, since they were read
+	}
+	all := mask&unix.IN_Q_OVERFLOW != 0                   // events were dropped
+	gone := mask&unix.IN_IGNORED != 0                     // the watch was removed
+	moved := mask&(unix.IN_ATTRIB|unix.IN_MOVE_SELF) != 0 // its links changed
+	if (moved || all) && !gone {
+		// The file may no longer be the one at the path (removed,
+		// replaced; or an overflow may have dropped the news): the
+		// releases then go to the new one, so the watch moves there at
+		// once, rather than at this process's next release or wait, or
+		// never.
+		w.refresh()
+		if w.in != in || w.wd != wd {
+			return // refresh moved the watch, and woke everyone
 		}
-		all, gone, moved := false, false, false
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			mask := binary.NativeEndian.Uint32(buf[off+4:])
-			size := int(binary.NativeEndian.Uint32(buf[off+12:]))
-			all = all || mask&unix.IN_Q_OVERFLOW != 0                     // events were dropped
-			gone = gone || mask&unix.IN_IGNORED != 0                      // the watch was removed
-			moved = moved || mask&(unix.IN_ATTRIB|unix.IN_MOVE_SELF) != 0 // its links changed
-			off += unix.SizeofInotifyEvent + size
-		}
-		w.mu.Lock()
-		if w.closed || w.in != in {
-			w.mu.Unlock()
-			return // closed, or replaced
-		}
-		if (moved || all) && !gone {
-			// The file may no longer be the one at the path (removed,
-			// replaced; or an overflow may have dropped the news): the
-			// releases then go to the new one, so the watch moves there
-			// at once, rather than at this process's next release or
-			// wait, or never.
-			w.refresh()
-			if w.in != in {
-				w.mu.Unlock()
-				return // refresh started another watch, and woke everyone
-			}
-		}
-		switch {
-		case gone:
-			// Nothing will be heard on this instance again: wake
-			// everyone, who look at the store, and let the next Watch
-			// start over on a file of that name.
-			w.in, w.done = nil, nil
-			w.wakeAll()
-			in.Close()
-			w.mu.Unlock()
-			return
-		case all:
-			w.readSlots()
-			w.wakeAll()
-		default:
-			w.wakeChanged()
-		}
-		w.mu.Unlock()
+	}
+	switch {
+	case gone:
+		// Nothing will be heard on this watch again (inotify already
+		// forgot it): wake everyone, who look at the store, and let the
+		// next Watch start over on a file of that name.
+		w.in, w.wd = nil, 0
+		w.wakeAll()
+	case all:
+		w.readSlots()
+		w.wakeAll()
+	default:
+		w.wakeChanged()
 	}
 }
 
@@ -351,10 +323,12 @@ func (w *wakeFile) refresh() {
 		}
 	}
 	old.Close() // another file than the database: closing it drops only our marks there
-	if in := w.in; in != nil {
-		w.in, w.done = nil, nil
-		in.Close() // its loop ends without touching w
+	if in, wd := w.in, w.wd; in != nil {
+		// Watch the new file before the old one's watch goes: were it
+		// this process's last, the instance would close and open again.
+		w.in, w.wd = nil, 0
 		w.start()
+		inotify.unwatch(in, wd, w)
 		w.wakeAll()
 	}
 }
@@ -411,12 +385,210 @@ func (w *wakeFile) close() error {
 		return nil
 	}
 	w.mu.Lock()
+	var done <-chan struct{}
+	if w.in != nil {
+		done = w.stop()
+	}
 	w.closed = true
-	in, done := w.in, w.done
 	w.mu.Unlock()
-	if in != nil {
-		in.Close()
-		<-done
+	if done != nil {
+		<-done // this store's watch was the process's last: its reader ends
 	}
 	return w.f.Close()
+}
+
+// inotify is the process's one inotify instance, which every store's
+// watches share: each user may have only a few instances
+// (fs.inotify.max_user_instances, 128 by default), and 200 stores waiting
+// at once, with one each, took them all from every other program of the
+// user. The instance opens with the first watch of any store and closes
+// when the last one stops.
+var inotify inotifier
+
+// inotifier keeps the process's inotify instance and who listens to each
+// of its watches.
+//
+// The lock order is wakeFile.mu, then inotifier.mu: a store watches and
+// unwatches with its own lock held, so the reader never holds this one
+// while it hands events to a store.
+type inotifier struct {
+	mu sync.Mutex
+	in *inotifyInstance // nil: no watch is on
+}
+
+// inotifyInstance is one inotify instance and its reader. Watch
+// descriptors are the instance's: a stale one, read from an instance
+// that has closed since, must not reach a store watching on the next.
+type inotifyInstance struct {
+	f  *os.File // non-blocking: reads wait in the runtime's poller
+	fd int
+	// subs lists, for each watch, the stores that listen to it. inotify
+	// gives one watch per file per instance, and the same descriptor to
+	// every inotify_add_watch of one file: the stores of this process on
+	// one database (several containers, a probe beside a service) share
+	// it, and each must hear its events. The watch is removed when its
+	// last store stops listening.
+	subs map[int32]map[*wakeFile]struct{}
+	done chan struct{} // closed when the reader has ended
+}
+
+// watch adds a watch on w's wake file, through fdPath (its descriptor
+// under /proc), or, without /proc, through path, never followed; it opens
+// the instance if none is open. ok is false where neither can be had
+// (the user's instances or watches are all taken): the waiters poll.
+func (n *inotifier) watch(w *wakeFile, fdPath, path string) (in *inotifyInstance, wd int32, ok bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	in = n.in
+	if in == nil {
+		fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+		if err != nil {
+			return nil, 0, false // EMFILE: the user's inotify instances are all taken
+		}
+		in = &inotifyInstance{fd: fd, subs: make(map[int32]map[*wakeFile]struct{})}
+	}
+	// Every watch asks for the same events; IN_MASK_ADD all the same, so
+	// that a second store on a file never takes events from the first.
+	wd, err := addWatch(in.fd, fdPath, path)
+	if err != nil {
+		if n.in == nil {
+			unix.Close(in.fd)
+		}
+		return nil, 0, false
+	}
+	if n.in == nil {
+		in.f = os.NewFile(uintptr(in.fd), "inotify")
+		in.done = make(chan struct{})
+		n.in = in
+		go n.read(in)
+	}
+	if in.subs[wd] == nil {
+		in.subs[wd] = make(map[*wakeFile]struct{})
+	}
+	in.subs[wd][w] = struct{}{}
+	return in, wd, true
+}
+
+func addWatch(fd int, fdPath, path string) (int32, error) {
+	const events = wakeEvents | unix.IN_MASK_ADD
+	wd, err := unix.InotifyAddWatch(fd, fdPath, events)
+	if err != nil {
+		wd, err = unix.InotifyAddWatch(fd, path, events|unix.IN_DONT_FOLLOW)
+	}
+	return int32(wd), err
+}
+
+// unwatch stops w listening to the watch wd of in, removes the watch if
+// no store listens to it any more, and closes the instance if it has no
+// watch left; it then returns the instance's done channel, which closes
+// when its reader has ended (the reader may be waiting for a store's
+// lock: only a caller that holds none may wait for it).
+func (n *inotifier) unwatch(in *inotifyInstance, wd int32, w *wakeFile) (done <-chan struct{}) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if in == nil || n.in != in {
+		return nil // that instance has failed and closed since
+	}
+	subs := in.subs[wd]
+	if _, ok := subs[w]; !ok {
+		return nil // inotify removed the watch (IN_IGNORED) already
+	}
+	delete(subs, w)
+	if len(subs) == 0 {
+		delete(in.subs, wd)
+		_, _ = unix.InotifyRmWatch(in.fd, uint32(wd))
+	}
+	if len(in.subs) == 0 {
+		return n.close(in)
+	}
+	return nil
+}
+
+// close closes in, the current instance, with n.mu held: its reader then
+// ends, touching no store.
+func (n *inotifier) close(in *inotifyInstance) <-chan struct{} {
+	n.in = nil
+	in.f.Close()
+	return in.done
+}
+
+// heard is an event to hand to a store.
+type heard struct {
+	w    *wakeFile
+	wd   int32
+	mask uint32
+}
+
+// read reads in's events until it closes, and hands each to the stores
+// that listen to its watch.
+func (n *inotifier) read(in *inotifyInstance) {
+	defer close(in.done)
+	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
+	var masks map[int32]uint32
+	var to []heard
+	for {
+		nr, err := in.f.Read(buf)
+		to = to[:0]
+		n.mu.Lock()
+		if n.in != in {
+			n.mu.Unlock()
+			return // closed: no store listens any more
+		}
+		if err != nil {
+			// The instance failed: every store's watch is gone with it.
+			// Wake everyone, who look at the store; the next Watch opens
+			// another instance.
+			for wd, subs := range in.subs {
+				for w := range subs {
+					to = append(to, heard{w, wd, unix.IN_IGNORED})
+				}
+			}
+			n.close(in)
+			n.mu.Unlock()
+			for _, h := range to {
+				h.w.heard(in, h.wd, h.mask)
+			}
+			return
+		}
+		clear(masks)
+		if masks == nil {
+			masks = make(map[int32]uint32)
+		}
+		var overflow uint32
+		for off := 0; off+unix.SizeofInotifyEvent <= nr; {
+			wd := int32(binary.NativeEndian.Uint32(buf[off:]))
+			mask := binary.NativeEndian.Uint32(buf[off+4:])
+			size := int(binary.NativeEndian.Uint32(buf[off+12:]))
+			if mask&unix.IN_Q_OVERFLOW != 0 {
+				overflow = unix.IN_Q_OVERFLOW // wd -1: events of any watch were dropped
+			} else {
+				masks[wd] |= mask
+			}
+			off += unix.SizeofInotifyEvent + size
+		}
+		if overflow != 0 {
+			for wd := range in.subs {
+				masks[wd] |= overflow
+			}
+		}
+		for wd, mask := range masks {
+			for w := range in.subs[wd] {
+				to = append(to, heard{w, wd, mask})
+			}
+			if mask&unix.IN_IGNORED != 0 {
+				// inotify removed the watch (its file is gone), or this
+				// is the news of an inotify_rm_watch, whose watch was
+				// forgotten here already: descriptors are not reused at
+				// once, so that none of a later watch is taken for it.
+				delete(in.subs, wd)
+			}
+		}
+		if len(in.subs) == 0 {
+			n.close(in)
+		}
+		n.mu.Unlock()
+		for _, h := range to {
+			h.w.heard(in, h.wd, h.mask)
+		}
+	}
 }

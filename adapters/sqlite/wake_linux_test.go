@@ -259,3 +259,79 @@ func readsOneDatabase(t *testing.T, db *sqlite.DB, elsewhere string) {
 	require.NoError(t, err)
 	assert.Empty(t, entries, "files appeared in the directory the process moved to")
 }
+
+// All the stores of a process share one inotify instance: each user has
+// few (fs.inotify.max_user_instances, 128 by default), and 200 stores
+// waiting at once with one each took them all, so that every other
+// program of the user failed to watch anything (and the last stores'
+// waiters polled). Every waiter is still woken by its release, and no
+// instance is left once the waits end.
+func TestWakeups_OneInotifyInstanceForAllStores(t *testing.T) {
+	const stores = 200
+	before := inotifyInstances(t)
+	dir := t.TempDir()
+	dbs := make([]*sqlite.DB, stores)
+	for i := range dbs {
+		dbs[i] = openWake(t, filepath.Join(dir, fmt.Sprintf("agents%d.db", i)))
+	}
+	cs := make([]<-chan struct{}, stores)
+	stops := make([]func(), stores)
+	refused := 0
+	for i, db := range dbs {
+		cs[i], stops[i] = db.Wakeups().Watch(wakeRef)
+		t.Cleanup(stops[i]) // before the stores close, should the test stop early
+		if cs[i] == nil {
+			refused++
+		}
+	}
+	assert.LessOrEqual(t, inotifyInstances(t)-before, 1, "inotify instances held by %d waiting stores", stores)
+	require.Zero(t, refused, "watches refused: their waiters poll")
+	for i, db := range dbs {
+		sqlite.Freed(db, wakeRef)
+		requireWokenWithin(t, cs[i], 10*time.Second, fmt.Sprintf("store %d: its release was not heard", i))
+	}
+	for _, stop := range stops {
+		stop()
+	}
+	assert.Equal(t, before, inotifyInstances(t), "inotify instances left open after the waits ended")
+}
+
+// Stores of one process on one file watch one inode, for which inotify
+// gives one watch: a release wakes every store that watches, and a store
+// that stops watching does not stop the others' watch, nor does one that
+// closes.
+func TestWakeups_StoresOfOneProcessOnOneFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agents.db")
+	a, b, c := openWake(t, path), openWake(t, path), openWake(t, path)
+	releaser := openWake(t, path)
+	ca, stopA := a.Wakeups().Watch(wakeRef)
+	defer stopA()
+	cb, stopB := b.Wakeups().Watch(wakeRef)
+	defer stopB()
+	cc, stopC := c.Wakeups().Watch(wakeRef)
+	sqlite.Freed(releaser, wakeRef)
+	requireWokenWithin(t, ca, 10*time.Second, "the first store's watch was not woken")
+	requireWokenWithin(t, cb, 10*time.Second, "the second store's watch was not woken")
+	requireWokenWithin(t, cc, 10*time.Second, "the third store's watch was not woken")
+
+	stopC()
+	require.NoError(t, c.Close())
+	for i := range 2 {
+		drain(ca)
+		drain(cb)
+		sqlite.Freed(releaser, wakeRef)
+		requireWokenWithin(t, ca, 10*time.Second, fmt.Sprintf("release %d after another store stopped: the first store's watch was not woken", i+1))
+		requireWokenWithin(t, cb, 10*time.Second, fmt.Sprintf("release %d after another store stopped: the second store's watch was not woken", i+1))
+	}
+
+	// The file is replaced while both watch it: both move to the new one.
+	require.NoError(t, os.WriteFile(path+"-new", nil, 0o600))
+	require.NoError(t, os.Rename(path+"-new", path+"-wake"))
+	for i := range 2 {
+		drain(ca)
+		drain(cb)
+		sqlite.Freed(releaser, wakeRef)
+		requireWokenWithin(t, ca, 10*time.Second, fmt.Sprintf("release %d after the file was replaced: the first store's watch was not woken", i+1))
+		requireWokenWithin(t, cb, 10*time.Second, fmt.Sprintf("release %d after the file was replaced: the second store's watch was not woken", i+1))
+	}
+}
