@@ -405,6 +405,12 @@ func (w *wakeFile) close() error {
 // when the last one stops.
 var inotify inotifier
 
+// inotifyInit is inotify_init1(2); tests make it fail as it does where the
+// user's instances are all taken.
+var inotifyInit = unixInotifyInit1
+
+var unixInotifyInit1 = unix.InotifyInit1
+
 // inotifier keeps the process's inotify instance and who listens to each
 // of its watches.
 //
@@ -441,7 +447,7 @@ func (n *inotifier) watch(w *wakeFile, fdPath, path string) (in *inotifyInstance
 	defer n.mu.Unlock()
 	in = n.in
 	if in == nil {
-		fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+		fd, err := inotifyInit(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 		if err != nil {
 			return nil, 0, false // EMFILE: the user's inotify instances are all taken
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -334,4 +335,24 @@ func TestWakeups_StoresOfOneProcessOnOneFile(t *testing.T) {
 		requireWokenWithin(t, ca, 10*time.Second, fmt.Sprintf("release %d after the file was replaced: the first store's watch was not woken", i+1))
 		requireWokenWithin(t, cb, 10*time.Second, fmt.Sprintf("release %d after the file was replaced: the second store's watch was not woken", i+1))
 	}
+}
+
+// Where the process can have no inotify instance at all (the user's are
+// all taken by other programs), a watch is refused, so that the waiter
+// polls, and marks nothing; once an instance can be had again, the next
+// watch is on and hears releases.
+func TestWakeups_NoInotifyInstanceLeft(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agents.db")
+	waiter, releaser := openWake(t, path), openWake(t, path)
+	restore := sqlite.FailInotifyInit(syscall.EMFILE)
+	c, stop := waiter.Wakeups().Watch(wakeRef)
+	assert.False(t, releaser.Wakeups().Contended(wakeRef), "a refused watch marked the resource as waited for")
+	stop()
+	restore()
+	assert.Nil(t, c, "a watch without an inotify instance was not refused: its waiter would never be woken")
+
+	c, stop = waiter.Wakeups().Watch(wakeRef)
+	defer stop()
+	sqlite.Freed(releaser, wakeRef)
+	requireWokenWithin(t, c, 10*time.Second, "a watch once an instance could be had again did not hear the release")
 }

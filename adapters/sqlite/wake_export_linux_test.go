@@ -1,0 +1,10 @@
+//go:build linux
+
+package sqlite
+
+// FailInotifyInit makes every opening of an inotify instance fail with
+// err, as where the user's instances are all taken, until restore.
+func FailInotifyInit(err error) (restore func()) {
+	inotifyInit = func(int) (int, error) { return -1, err }
+	return func() { inotifyInit = unixInotifyInit1 }
+}
