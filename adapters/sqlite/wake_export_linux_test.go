@@ -2,9 +2,11 @@
 
 package sqlite
 
+import "golang.org/x/sys/unix"
+
 // FailInotifyInit makes every opening of an inotify instance fail with
 // err, as where the user's instances are all taken, until restore.
 func FailInotifyInit(err error) (restore func()) {
 	inotifyInit = func(int) (int, error) { return -1, err }
-	return func() { inotifyInit = unixInotifyInit1 }
+	return func() { inotifyInit = unix.InotifyInit1 }
 }

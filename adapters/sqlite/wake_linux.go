@@ -407,9 +407,7 @@ var inotify inotifier
 
 // inotifyInit is inotify_init1(2); tests make it fail as it does where the
 // user's instances are all taken.
-var inotifyInit = unixInotifyInit1
-
-var unixInotifyInit1 = unix.InotifyInit1
+var inotifyInit = unix.InotifyInit1
 
 // inotifier keeps the process's inotify instance and who listens to each
 // of its watches.
