@@ -46,6 +46,10 @@ func TestStore_PlantedBugs(t *testing.T) {
 		{mapstore.BugFullBatches, []string{"TestStore/Repository/DeleteExpiredAtMostLimit", "TestStore/CleanupExpired/Boundary"}},
 		{mapstore.BugNoneZero, []string{"TestStore/Repository/ChangeNoneReturnsTheLock"}},
 		{mapstore.BugTokenEarly, []string{"TestStore/Concurrency/HandoffsNeverOverlap"}},
+		// A store that hangs fails each subtest it hangs, promptly, with
+		// the stuck call named, rather than at the child's timeout.
+		{mapstore.BugMutexLeak, []string{"TestStore/Acquire/ConflictNamesHolder", "TestStore/Concurrency/ExactlyOneWinner",
+			"TestStore/Repository/DecideErrorUnchanged"}},
 	} {
 		t.Run(string(tc.bug), func(t *testing.T) {
 			// A suite that hangs on the bug fails in the child, at its own
@@ -57,6 +61,10 @@ func TestStore_PlantedBugs(t *testing.T) {
 			var exit *exec.ExitError
 			if !errors.As(err, &exit) {
 				t.Fatalf("the suite passed a store with the %s bug (err %v):\n%s", tc.bug, err, out)
+			}
+			if strings.Contains(string(out), "test timed out") {
+				t.Errorf("the suite hung on the %s bug until the child's timeout (%s), instead of failing the subtests it hung in:\n%s",
+					tc.bug, childTimeout, out)
 			}
 			for _, name := range tc.caught {
 				if !strings.Contains(string(out), "--- FAIL: "+name+" ") {
