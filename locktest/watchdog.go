@@ -165,7 +165,7 @@ func stuckCalls() string {
 		head, _, _ := strings.Cut(s, " [")
 		switch {
 		case !strings.Contains(s, "/locktest."), strings.Contains(s, "locktest.stuckCalls"),
-			strings.Contains(s, "testing.(*T).Run("), // a parent waiting for its subtest
+			strings.Contains(s, "testing.(*T).Run("),                                                  // a parent waiting for its subtest
 			strings.Contains(s, "locktest.run.func1(") && !strings.Contains(s, "locktest.run.func1."), // a watchdog
 			reported[head]: // left behind by a subtest reported earlier
 			continue
