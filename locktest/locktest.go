@@ -62,6 +62,7 @@ func (f *fixture) MustAcquire(t *testing.T, owner string, ref domain.ResourceRef
 	t.Helper()
 	l, err := f.Svc.Acquire(f.Ctx, owner, ref, ttl)
 	require.NoError(t, err)
+	progressed(t)
 	return l
 }
 

@@ -11,9 +11,10 @@ import (
 	"time"
 )
 
-// stuckAfter is how long a subtest of Run may go without finishing (its
-// own calls, not counting its subtests, which have a watchdog each) before
-// it is reported as stuck. No call of the suite takes a second on a
+// stuckAfter is how long a subtest of Run may go without finishing, or
+// completing a call through the fixture's helpers (its own calls, not
+// counting its subtests, which have a watchdog each), before it is
+// reported as stuck. No call of the suite takes a second on a
 // working store, even on a loaded machine; a store that takes this long
 // has a lock or mutex that was not released, or waits on something that
 // ignores the call's context. It is doubled under the race detector,
@@ -121,13 +122,26 @@ func run(t *testing.T, name string, body func(t *testing.T)) bool {
 	})
 }
 
-// child records that a subtest of w started (+1) or ended (-1): the time
-// a subtest runs is its own watchdog's, not its parent's.
+// child records that a subtest of w started (+1) or ended (-1), or that
+// w made progress (0): the time a subtest runs is its own watchdog's, not
+// its parent's, and the bound runs from the last progress.
 func (w *watched) child(delta int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.children += delta
 	w.progress = time.Now()
+}
+
+// progressed records that the subtest t made a call that returned: the
+// bound runs from there, so that a subtest of many calls (ManyBatches'
+// thousands of acquisitions) is bounded per call, not in all.
+func progressed(t *testing.T) {
+	watchMu.Lock()
+	w := watches[t]
+	watchMu.Unlock()
+	if w != nil {
+		w.child(0)
+	}
 }
 
 // stuckFor returns the bound that w has overrun, or 0 while it has not
