@@ -76,7 +76,7 @@
 // "stuck", the likely cause (a lock or mutex not released on an error
 // path, or a call that ignores its context) and the stacks of the calls
 // that wait, and ends, leaving its goroutines blocked; once one has hung,
-// the rest of the test binary's subtests have 3 s each (6 s under -race).
+// the rest of the test binary's subtests have 3 s each (under -race too).
 //
 // A store that implements Acquirer may leave some cases to Update by
 // returning application.ErrUndecided. One that leaves none but a
