@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/internal/backend"
@@ -50,8 +51,8 @@ func databaseKind(database string) (string, error) {
 	switch {
 	case database == "":
 		return "", &domain.ValidationError{Field: "database", Reason: "is empty: it must name " + supportedDatabases}
-	case strings.Trim(database, libpqSpace) == "":
-		return "", &domain.ValidationError{Field: "database", Reason: "is blank (white space only): it must name " + supportedDatabases}
+	case strings.TrimFunc(database, isBlank) == "":
+		return "", &domain.ValidationError{Field: "database", Reason: "is blank (white space or invisible characters only): it must name " + supportedDatabases}
 	case strings.ContainsRune(database, 0):
 		return "", &domain.ValidationError{Field: "database", Reason: "contains a NUL byte, which no file name or DSN may contain"}
 	case database == MemoryDatabase:
@@ -65,15 +66,22 @@ func databaseKind(database string) (string, error) {
 		}
 		return "", schemeError(database, m)
 	}
+	if word := strings.Trim(database, libpqSpace); libpqKeywords[strings.ToLower(word)] {
+		// libpq refuses it ("missing "=" after "host""): a DSN that lost
+		// its value, not the name of a file beside the program.
+		return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
+			`%q is a PostgreSQL connection keyword alone: it lacks "=value" (%s=...) to be a keyword/value DSN; `+
+				"for a SQLite file of that name, write ./%s", word, strings.ToLower(word), word)}
+	}
 	if keywordShaped(database) {
 		if err := checkKeywordValue(database); err != nil {
 			return "", err
 		}
 		return kindPostgres, nil
 	}
-	if strings.Trim(database, libpqSpace) != database {
+	if strings.TrimFunc(database, isBlank) != database {
 		return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
-			"%q begins or ends with white space, which is taken for a typo rather than part of a file's name: "+
+			"%q begins or ends with white space (or an invisible character), which is taken for a typo rather than part of a file's name: "+
 				"remove it, or, for a file whose name has it, write a file: URI with the white space escaped (file:%s)",
 			database, (&url.URL{Path: database}).EscapedPath())}
 	}
@@ -243,6 +251,13 @@ func looksSecret(key string) bool {
 	return strings.Contains(k, "pass") || strings.Contains(k, "token") || strings.Contains(k, "key") ||
 		strings.Contains(k, "secret") || strings.Contains(k, "auth")
 }
+
+// isBlank reports whether r is white space (Unicode's, as NBSP and the
+// ideographic space) or an invisible format character (a zero-width
+// space, a byte-order mark, a soft hyphen): a name made of them, or that
+// begins or ends with one, looks blank, or like the name without them,
+// to the person who typed or pasted it.
+func isBlank(r rune) bool { return unicode.IsSpace(r) || unicode.Is(unicode.Cf, r) }
 
 // isLibpqSpace reports whether r is white space in libpq's keyword/value
 // form.

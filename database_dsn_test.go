@@ -92,9 +92,6 @@ func TestOpen_KeywordValueNeverAFile(t *testing.T) {
 	}
 	for _, dsn := range validKeywordDSNs {
 		for _, bad := range keywordNeighbours(dsn) {
-			if !strings.ContainsAny(strings.TrimSpace(bad), " =") {
-				continue // one word alone is a file's name ("dbname")
-			}
 			assert.False(t, locks.IsPostgres(bad), "%q", bad)
 			ve := openRefused(t, bad)
 			assert.NotContains(t, ve.Reason, "import "+locks.PostgresPackage, "%q is malformed, not merely unlinked", bad)
@@ -117,6 +114,46 @@ func TestOpen_KeywordValueNeverAFile(t *testing.T) {
 		assert.Contains(t, ve.Reason, says, "%q", dsn)
 		assert.NotContains(t, ve.Reason, "secret", "%q: the error never quotes a value", dsn)
 	}
+}
+
+// TestOpen_BareKeyword: one libpq keyword alone, in any case, is a DSN
+// that lacks its "=value" (libpq: "missing = after host"), not the name
+// of a file; the error says how to name a file of that name. A word that
+// is no keyword of libpq's still names a file.
+func TestOpen_BareKeyword(t *testing.T) {
+	for _, db := range []string{"host", "dbname", "HOSTADDR", "Port", " user", "sslmode\n"} {
+		ve := openRefused(t, db)
+		assert.Contains(t, ve.Reason, `lacks "=value"`, "%q", db)
+		assert.Contains(t, ve.Reason, "./"+strings.TrimSpace(db), "%q", db)
+		assert.False(t, locks.IsPostgres(db), "%q", db)
+	}
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, db := range []string{"agents", "./host", "hosts"} {
+		c, err := locks.Open(context.Background(), locks.Config{Database: db})
+		require.NoError(t, err, db)
+		require.NoError(t, c.Close())
+	}
+}
+
+// TestOpen_UnicodeBlankDatabase: Unicode white space (NBSP, the
+// ideographic space) and invisible format characters (a zero-width
+// space, a byte-order mark) are blank as ASCII white space is: alone
+// they name nothing, and at either end of a file's name they are taken
+// for a typo.
+func TestOpen_UnicodeBlankDatabase(t *testing.T) {
+	for _, db := range []string{"\u00a0", "\u3000", "\u200b", "\ufeff", " \u00a0\u200b\t", "\u2028", "\u00ad"} {
+		assert.Contains(t, openRefused(t, db).Reason, "is blank", "%q", db)
+	}
+	for _, db := range []string{"\u00a0agents.db", "agents.db\u3000", "\u200bagents.db", "agents.db\u200d", "\ufeffagents.db"} {
+		assert.Contains(t, openRefused(t, db).Reason, "begins or ends with white space", "%q", db)
+	}
+	// Inside a name they are the name's own.
+	dir := t.TempDir()
+	t.Chdir(dir)
+	c, err := locks.Open(context.Background(), locks.Config{Database: "my\u00a0notes.db"})
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
 }
 
 // TestOpen_BlankDatabase: white space alone names nothing (it used to name

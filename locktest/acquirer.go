@@ -30,7 +30,7 @@ func testAcquirer(t *testing.T, newRepo NewRepository) {
 		t.Skip("the store does not acquire by itself")
 	}
 	for _, tc := range resourceStates() {
-		t.Run(tc.name, func(t *testing.T) {
+		run(t, tc.name, func(t *testing.T) {
 			repo := newRepo(t)
 			cur := mustStore(t, repo, tc.cur)
 			now, expires := Start, Start.Add(stateTTL)
@@ -150,7 +150,7 @@ func testTaker(t *testing.T, newRepo NewRepository) {
 		t.Skip("the store does not take by itself")
 	}
 	for _, tc := range resourceStates() {
-		t.Run(tc.name, func(t *testing.T) {
+		run(t, tc.name, func(t *testing.T) {
 			repo := newRepo(t)
 			cur := mustStore(t, repo, tc.cur)
 			now, expires := Start, Start.Add(stateTTL)

@@ -31,7 +31,7 @@ func testDeadHolder(t *testing.T, newRepo NewRepository) {
 		{"AnotherOwnerTookIt", "C"},
 		{"TheDeadOwnerIdTookItAgain", dead},
 	} {
-		t.Run("RowChangesHandsDuringProbe/"+tc.name, func(t *testing.T) {
+		run(t, "RowChangesHandsDuringProbe/"+tc.name, func(t *testing.T) {
 			f := mustFixture(t, newRepo)
 			held := f.MustAcquire(t, dead, plan1, time.Hour)
 			var next domain.Lock

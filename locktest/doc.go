@@ -71,6 +71,13 @@
 //     context's error and writes nothing, through whichever ports the
 //     store implements.
 //
+// No call hangs the suite: a subtest that has not returned in 30 s (60 s
+// under -race; the time its own subtests take is theirs) fails with
+// "stuck", the likely cause (a lock or mutex not released on an error
+// path, or a call that ignores its context) and the stacks of the calls
+// that wait, and ends, leaving its goroutines blocked; once one has hung,
+// the rest of the test binary's subtests have 3 s each (under -race too).
+//
 // A store that implements Acquirer may leave some cases to Update by
 // returning application.ErrUndecided. One that leaves none but a
 // re-entry within a second of its lock's expiry says so with a method

@@ -35,7 +35,7 @@ func requireEnded(t *testing.T, ctx context.Context, err error, call string) {
 // (Update, or an Acquirer, Taker, Renewer or TokenRenewer).
 func testEndedContext(t *testing.T, newRepo NewRepository) {
 	for name, ctx := range endedContexts() {
-		t.Run(name, func(t *testing.T) {
+		run(t, name, func(t *testing.T) {
 			f := mustFixture(t, newRepo)
 			f.MustAcquire(t, "A", plan1, time.Minute)
 			f.MustAcquire(t, "B", plan2, 5*time.Second)
@@ -85,7 +85,7 @@ func testEndedContext(t *testing.T, newRepo NewRepository) {
 // has ended before the call: the context's error, and nothing written.
 func testRepositoryEndedContext(t *testing.T, newRepo NewRepository) {
 	for name, ctx := range endedContexts() {
-		t.Run(name, func(t *testing.T) {
+		run(t, name, func(t *testing.T) {
 			repo := newRepo(t)
 			bg := t.Context()
 			held, err := repo.Update(bg, plan1, insertDecide("A", Start, Start.Add(time.Minute)))

@@ -16,7 +16,7 @@ import (
 // case, ignores trailing spaces or normalises Unicode lets one owner
 // release another's lock, or two owners share one lock.
 func testExactBytes(t *testing.T, newRepo NewRepository) {
-	t.Run("OwnersAreExactBytes", func(t *testing.T) {
+	run(t, "OwnersAreExactBytes", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		// Each holder, and the owners that must not be taken for it.
 		cases := []struct {
@@ -54,7 +54,7 @@ func testExactBytes(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, held, f.All(t), "every lock is still its holder's")
 	})
 
-	t.Run("ResourceIDsAreExactBytes", func(t *testing.T) {
+	run(t, "ResourceIDsAreExactBytes", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		pairs := [][2]string{
 			{"Deploy", "deploy"},

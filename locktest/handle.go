@@ -17,7 +17,7 @@ import (
 // resource is another acquisition, and must survive a stale handle's
 // renewal and release.
 func testHandles(t *testing.T, newRepo NewRepository) {
-	t.Run("DeleteToken", func(t *testing.T) {
+	run(t, "DeleteToken", func(t *testing.T) {
 		repo := newRepo(t)
 		ctx := t.Context()
 		own := mustStore(t, repo, &domain.Lock{Owner: "A", Resource: plan1, AcquiredAt: Start, ExpiresAt: Start.Add(time.Minute)})
@@ -42,7 +42,7 @@ func testHandles(t *testing.T, newRepo NewRepository) {
 		assert.False(t, ok, "a lock removed is removed once")
 	})
 
-	t.Run("StaleHandleTouchesNothing", func(t *testing.T) {
+	run(t, "StaleHandleTouchesNothing", func(t *testing.T) {
 		// A's handle; its lock removed behind its back; A acquires again
 		// (a new token). The stale handle's renewal and release are
 		// losses, and A's new lock is untouched.
@@ -65,12 +65,12 @@ func testHandles(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, []domain.Lock{again}, f.All(t), "A's new lock is untouched")
 	})
 
-	t.Run("TokenRenewer", func(t *testing.T) {
+	run(t, "TokenRenewer", func(t *testing.T) {
 		if _, ok := newRepo(t).(application.TokenRenewer); !ok {
 			t.Skip("the store does not renew handles by itself")
 		}
 		for _, tc := range resourceStates() {
-			t.Run(tc.name, func(t *testing.T) {
+			run(t, tc.name, func(t *testing.T) {
 				repo := newRepo(t)
 				cur := mustStore(t, repo, tc.cur)
 				helds := []domain.Lock{{Token: 1 << 40, Owner: "A", Resource: plan1, AcquiredAt: Start, ExpiresAt: Start.Add(10 * time.Second)}}

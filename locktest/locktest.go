@@ -62,6 +62,7 @@ func (f *fixture) MustAcquire(t *testing.T, owner string, ref domain.ResourceRef
 	t.Helper()
 	l, err := f.Svc.Acquire(f.Ctx, owner, ref, ttl)
 	require.NoError(t, err)
+	progressed(t)
 	return l
 }
 
@@ -103,28 +104,28 @@ func (f *fixture) All(t *testing.T) []domain.Lock {
 //		locktest.Run(t, func(t *testing.T) application.LockRepository { return mystore.New() })
 //	}
 func Run(t *testing.T, newRepo NewRepository) {
-	t.Run("Acquire", func(t *testing.T) { testAcquire(t, newRepo) })
-	t.Run("Renew", func(t *testing.T) { testRenew(t, newRepo) })
-	t.Run("Release", func(t *testing.T) { testRelease(t, newRepo) })
-	t.Run("ReleaseAllForOwner", func(t *testing.T) { testReleaseAll(t, newRepo) })
-	t.Run("CleanupExpired", func(t *testing.T) { testCleanup(t, newRepo) })
-	t.Run("StaleCount", func(t *testing.T) { testStaleCount(t, newRepo) })
-	t.Run("GetAndList", func(t *testing.T) { testGetAndList(t, newRepo) })
-	t.Run("FencingToken", func(t *testing.T) { testFencingToken(t, newRepo) })
-	t.Run("Validation", func(t *testing.T) { testValidation(t, newRepo) })
-	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, newRepo) })
-	t.Run("Repository", func(t *testing.T) { testRepository(t, newRepo) })
-	t.Run("Acquirer", func(t *testing.T) { testAcquirer(t, newRepo) })
-	t.Run("Taker", func(t *testing.T) { testTaker(t, newRepo) })
-	t.Run("Renewer", func(t *testing.T) { testRenewer(t, newRepo) })
-	t.Run("DeadHolder", func(t *testing.T) { testDeadHolder(t, newRepo) })
-	t.Run("Handles", func(t *testing.T) { testHandles(t, newRepo) })
-	t.Run("ExactBytes", func(t *testing.T) { testExactBytes(t, newRepo) })
-	t.Run("EndedContext", func(t *testing.T) { testEndedContext(t, newRepo) })
+	run(t, "Acquire", func(t *testing.T) { testAcquire(t, newRepo) })
+	run(t, "Renew", func(t *testing.T) { testRenew(t, newRepo) })
+	run(t, "Release", func(t *testing.T) { testRelease(t, newRepo) })
+	run(t, "ReleaseAllForOwner", func(t *testing.T) { testReleaseAll(t, newRepo) })
+	run(t, "CleanupExpired", func(t *testing.T) { testCleanup(t, newRepo) })
+	run(t, "StaleCount", func(t *testing.T) { testStaleCount(t, newRepo) })
+	run(t, "GetAndList", func(t *testing.T) { testGetAndList(t, newRepo) })
+	run(t, "FencingToken", func(t *testing.T) { testFencingToken(t, newRepo) })
+	run(t, "Validation", func(t *testing.T) { testValidation(t, newRepo) })
+	run(t, "Concurrency", func(t *testing.T) { testConcurrency(t, newRepo) })
+	run(t, "Repository", func(t *testing.T) { testRepository(t, newRepo) })
+	run(t, "Acquirer", func(t *testing.T) { testAcquirer(t, newRepo) })
+	run(t, "Taker", func(t *testing.T) { testTaker(t, newRepo) })
+	run(t, "Renewer", func(t *testing.T) { testRenewer(t, newRepo) })
+	run(t, "DeadHolder", func(t *testing.T) { testDeadHolder(t, newRepo) })
+	run(t, "Handles", func(t *testing.T) { testHandles(t, newRepo) })
+	run(t, "ExactBytes", func(t *testing.T) { testExactBytes(t, newRepo) })
+	run(t, "EndedContext", func(t *testing.T) { testEndedContext(t, newRepo) })
 }
 
 func testAcquire(t *testing.T, newRepo NewRepository) {
-	t.Run("FreeResource", func(t *testing.T) {
+	run(t, "FreeResource", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		l := f.MustAcquire(t, "A", plan1, 30*time.Second)
 		assert.Positive(t, l.Token)
@@ -136,17 +137,17 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		require.NoError(t, err)
 		assert.Equal(t, l, got, "the stored lock is the returned one")
 	})
-	t.Run("ZeroTTLMeansDefault", func(t *testing.T) {
+	run(t, "ZeroTTLMeansDefault", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		l := f.MustAcquire(t, "A", plan1, 0)
 		assert.Equal(t, Start.Add(domain.DefaultLockTTL), l.ExpiresAt)
 	})
-	t.Run("BoundsAccepted", func(t *testing.T) {
+	run(t, "BoundsAccepted", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		assert.Equal(t, Start.Add(domain.MinLockTTL), f.MustAcquire(t, "A", plan1, domain.MinLockTTL).ExpiresAt)
 		assert.Equal(t, Start.Add(domain.MaxLockTTL), f.MustAcquire(t, "A", plan2, domain.MaxLockTTL).ExpiresAt)
 	})
-	t.Run("ReentrantExtendsTTL", func(t *testing.T) {
+	run(t, "ReentrantExtendsTTL", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		first := f.MustAcquire(t, "A", plan1, 10*time.Second)
 		f.Clock.Add(9*time.Second + 999*time.Millisecond)
@@ -158,7 +159,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		require.NoError(t, err)
 		assert.Equal(t, again, got)
 	})
-	t.Run("ReentryWithShorterTTLShortens", func(t *testing.T) {
+	run(t, "ReentryWithShorterTTLShortens", func(t *testing.T) {
 		// The new expiry is now+ttl, earlier than the current one too.
 		f := mustFixture(t, newRepo)
 		first := f.MustAcquire(t, "A", plan1, time.Hour)
@@ -166,7 +167,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		again := f.MustAcquire(t, "A", plan1, shorterTTL)
 		f.CheckShortened(t, first, again, "re-entry")
 	})
-	t.Run("ConflictNamesHolder", func(t *testing.T) {
+	run(t, "ConflictNamesHolder", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, 30*time.Second)
 		f.Clock.Add(10 * time.Second)
@@ -179,14 +180,14 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		assert.Contains(t, err.Error(), `"A"`)
 		assert.Equal(t, []domain.Lock{held}, f.All(t), "a refused acquire writes nothing")
 	})
-	t.Run("OtherResourcesAreIndependent", func(t *testing.T) {
+	run(t, "OtherResourcesAreIndependent", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 0)
 		f.MustAcquire(t, "B", plan2, 0)
 		f.MustAcquire(t, "C", project1, 0)
 		assert.Len(t, f.All(t), 3)
 	})
-	t.Run("ExpiryBoundary", func(t *testing.T) {
+	run(t, "ExpiryBoundary", func(t *testing.T) {
 		// Active strictly before ExpiresAt, expired at and after it.
 		for _, tc := range []struct {
 			name     string
@@ -198,7 +199,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 			{"OneMicrosecondAfter", 30*time.Second + time.Microsecond, false},
 			{"LongAfter", 2 * time.Hour, false},
 		} {
-			t.Run(tc.name, func(t *testing.T) {
+			run(t, tc.name, func(t *testing.T) {
 				f := mustFixture(t, newRepo)
 				held := f.MustAcquire(t, "A", plan1, 30*time.Second)
 				f.Clock.Add(tc.advance)
@@ -215,7 +216,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 			})
 		}
 	})
-	t.Run("SubSecondTTLDifference", func(t *testing.T) {
+	run(t, "SubSecondTTLDifference", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.MustAcquire(t, "A", plan2, 5*time.Second+500*time.Millisecond)
@@ -225,7 +226,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		_, err = f.Svc.Acquire(f.Ctx, "B", plan2, 0)
 		require.ErrorIs(t, err, domain.ErrConflict, "plan-2 still has 250ms left")
 	})
-	t.Run("SameOwnerAfterExpiryIsNewAcquisition", func(t *testing.T) {
+	run(t, "SameOwnerAfterExpiryIsNewAcquisition", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		first := f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.Clock.Add(5 * time.Second)
@@ -236,7 +237,7 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 }
 
 func testRenew(t *testing.T, newRepo NewRepository) {
-	t.Run("HolderExtends", func(t *testing.T) {
+	run(t, "HolderExtends", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, 10*time.Second)
 		f.Clock.Add(5 * time.Second)
@@ -249,7 +250,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		_, err = f.Svc.Acquire(f.Ctx, "B", plan1, 0)
 		require.ErrorIs(t, err, domain.ErrConflict, "the renewed lock outlives its first TTL")
 	})
-	t.Run("ShorterTTLShortens", func(t *testing.T) {
+	run(t, "ShorterTTLShortens", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, time.Hour)
 		f.Clock.Add(time.Second)
@@ -257,14 +258,14 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		require.NoError(t, err)
 		f.CheckShortened(t, held, l, "renewal")
 	})
-	t.Run("ZeroTTLMeansDefault", func(t *testing.T) {
+	run(t, "ZeroTTLMeansDefault", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 10*time.Second)
 		l, err := f.Svc.Renew(f.Ctx, "A", plan1, 0)
 		require.NoError(t, err)
 		assert.Equal(t, Start.Add(domain.DefaultLockTTL), l.ExpiresAt)
 	})
-	t.Run("ExpiryBoundary", func(t *testing.T) {
+	run(t, "ExpiryBoundary", func(t *testing.T) {
 		for _, tc := range []struct {
 			name    string
 			advance time.Duration
@@ -274,7 +275,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 			{"At", 10 * time.Second, true},
 			{"HalfSecondAfter", 10*time.Second + 500*time.Millisecond, true},
 		} {
-			t.Run(tc.name, func(t *testing.T) {
+			run(t, tc.name, func(t *testing.T) {
 				f := mustFixture(t, newRepo)
 				held := f.MustAcquire(t, "A", plan1, 10*time.Second)
 				f.Clock.Add(tc.advance)
@@ -291,7 +292,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 			})
 		}
 	})
-	t.Run("MissingLockIsExpired", func(t *testing.T) {
+	run(t, "MissingLockIsExpired", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		_, err := f.Svc.Renew(f.Ctx, "A", plan1, 0)
 		require.ErrorIs(t, err, domain.ErrExpired)
@@ -300,7 +301,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		assert.True(t, ee.ExpiredAt.IsZero())
 		assert.Empty(t, f.All(t))
 	})
-	t.Run("ReleasedLockIsExpired", func(t *testing.T) {
+	run(t, "ReleasedLockIsExpired", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 0)
 		_, err := f.Svc.Release(f.Ctx, "A", plan1)
@@ -308,7 +309,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		_, err = f.Svc.Renew(f.Ctx, "A", plan1, 0)
 		require.ErrorIs(t, err, domain.ErrExpired)
 	})
-	t.Run("OtherOwnersActiveLockConflicts", func(t *testing.T) {
+	run(t, "OtherOwnersActiveLockConflicts", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, 0)
 		_, err := f.Svc.Renew(f.Ctx, "B", plan1, 0)
@@ -316,7 +317,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		require.ErrorAs(t, err, &ce)
 		assert.Equal(t, held, ce.Holder)
 	})
-	t.Run("OtherOwnersExpiredLockIsExpired", func(t *testing.T) {
+	run(t, "OtherOwnersExpiredLockIsExpired", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.Clock.Add(6 * time.Second)
@@ -324,7 +325,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 		require.ErrorIs(t, err, domain.ErrExpired)
 		assert.Equal(t, []domain.Lock{held}, f.All(t))
 	})
-	t.Run("FormerHolderAfterTakeoverConflicts", func(t *testing.T) {
+	run(t, "FormerHolderAfterTakeoverConflicts", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.Clock.Add(5 * time.Second)
@@ -337,7 +338,7 @@ func testRenew(t *testing.T, newRepo NewRepository) {
 }
 
 func testRelease(t *testing.T, newRepo NewRepository) {
-	t.Run("HolderReleases", func(t *testing.T) {
+	run(t, "HolderReleases", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 0)
 		ok, err := f.Svc.Release(f.Ctx, "A", plan1)
@@ -347,7 +348,7 @@ func testRelease(t *testing.T, newRepo NewRepository) {
 		require.ErrorIs(t, err, domain.ErrNotFound)
 		f.MustAcquire(t, "B", plan1, 0)
 	})
-	t.Run("NonHolderNeverRemoves", func(t *testing.T) {
+	run(t, "NonHolderNeverRemoves", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		held := f.MustAcquire(t, "A", plan1, 5*time.Second)
 		ok, err := f.Svc.Release(f.Ctx, "B", plan1)
@@ -359,13 +360,13 @@ func testRelease(t *testing.T, newRepo NewRepository) {
 		assert.False(t, ok, "not even once it has expired")
 		assert.Equal(t, []domain.Lock{held}, f.All(t))
 	})
-	t.Run("NotHeldIsNoError", func(t *testing.T) {
+	run(t, "NotHeldIsNoError", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		ok, err := f.Svc.Release(f.Ctx, "A", plan1)
 		require.NoError(t, err)
 		assert.False(t, ok)
 	})
-	t.Run("OwnExpiredLock", func(t *testing.T) {
+	run(t, "OwnExpiredLock", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.Clock.Add(time.Minute)
@@ -374,7 +375,7 @@ func testRelease(t *testing.T, newRepo NewRepository) {
 		assert.True(t, ok)
 		assert.Empty(t, f.All(t))
 	})
-	t.Run("OnlyThatResource", func(t *testing.T) {
+	run(t, "OnlyThatResource", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 0)
 		other := f.MustAcquire(t, "A", project1, 0)
@@ -400,7 +401,7 @@ func testReleaseAll(t *testing.T, newRepo NewRepository) {
 }
 
 func testCleanup(t *testing.T, newRepo NewRepository) {
-	t.Run("Boundary", func(t *testing.T) {
+	run(t, "Boundary", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		f.MustAcquire(t, "A", plan1, 5*time.Second)
 		f.MustAcquire(t, "A", plan2, 5*time.Second+time.Microsecond)
@@ -419,7 +420,7 @@ func testCleanup(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, 1, n)
 		assert.Equal(t, []domain.Lock{keep}, f.All(t))
 	})
-	t.Run("ManyBatches", func(t *testing.T) {
+	run(t, "ManyBatches", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		const expired = 2345
 		for i := range expired {
@@ -542,7 +543,7 @@ func testValidation(t *testing.T, newRepo NewRepository) {
 		{"TTLAboveMax", "A", plan1, domain.MaxLockTTL + time.Nanosecond, "ttl"},
 		{"NegativeTTL", "A", plan1, -time.Second, "ttl"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		run(t, tc.name, func(t *testing.T) {
 			f := mustFixture(t, newRepo)
 			earlier := f.MustAcquire(t, "A", plan2, 0)
 			check := func(err error) {
@@ -565,7 +566,7 @@ func testValidation(t *testing.T, newRepo NewRepository) {
 			assert.Greater(t, l.Token, earlier.Token, "the next token is still greater than every earlier one")
 		})
 	}
-	t.Run("LongestValidIDs", func(t *testing.T) {
+	run(t, "LongestValidIDs", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		max := strings.Repeat("é", domain.MaxIdentifierBytes/2) // 254 bytes of 2-byte runes
 		ref := domain.ResourceRef{Type: domain.ResourceProject, ID: max + "x"}
@@ -574,7 +575,7 @@ func testValidation(t *testing.T, newRepo NewRepository) {
 		require.NoError(t, err)
 		assert.Equal(t, l, got, "255-byte ids round-trip unchanged")
 	})
-	t.Run("ReleaseAllBadOwner", func(t *testing.T) {
+	run(t, "ReleaseAllBadOwner", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		_, err := f.Svc.ReleaseAllForOwner(f.Ctx, "")
 		require.ErrorIs(t, err, domain.ErrValidation)
@@ -582,7 +583,7 @@ func testValidation(t *testing.T, newRepo NewRepository) {
 }
 
 func testConcurrency(t *testing.T, newRepo NewRepository) {
-	t.Run("ExactlyOneWinner", func(t *testing.T) {
+	run(t, "ExactlyOneWinner", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		const racers = 16
 		var (
@@ -615,7 +616,7 @@ func testConcurrency(t *testing.T, newRepo NewRepository) {
 		require.NoError(t, err)
 		assert.Equal(t, winners[0], got.Owner)
 	})
-	t.Run("HandoffsNeverOverlap", func(t *testing.T) {
+	run(t, "HandoffsNeverOverlap", func(t *testing.T) {
 		f := mustFixture(t, newRepo)
 		const workers, rounds = 8, 25
 		var (
@@ -662,8 +663,8 @@ func testConcurrency(t *testing.T, newRepo NewRepository) {
 				"and the predecessor's late writes pass (a token drawn before the write that orders the holders?)")
 		}
 	})
-	t.Run("ReadsDuringWrites", func(t *testing.T) { testReadsDuringWrites(t, newRepo) })
-	t.Run("TokensNeverRepeatAcrossResources", func(t *testing.T) { testTokensAcrossResources(t, newRepo) })
+	run(t, "ReadsDuringWrites", func(t *testing.T) { testReadsDuringWrites(t, newRepo) })
+	run(t, "TokensNeverRepeatAcrossResources", func(t *testing.T) { testTokensAcrossResources(t, newRepo) })
 }
 
 // testReadsDuringWrites runs Get, List and CountExpired while owners

@@ -23,7 +23,7 @@ func testRenewer(t *testing.T, newRepo NewRepository) {
 		t.Skip("the store does not renew by itself")
 	}
 	for _, tc := range resourceStates() {
-		t.Run(tc.name, func(t *testing.T) {
+		run(t, tc.name, func(t *testing.T) {
 			repo := newRepo(t)
 			cur := mustStore(t, repo, tc.cur)
 			now, expires := Start, Start.Add(stateTTL)

@@ -26,7 +26,7 @@ func testRepository(t *testing.T, newRepo NewRepository) {
 	ctx := context.Background()
 	insert := insertDecide
 
-	t.Run("DecideErrorUnchanged", func(t *testing.T) {
+	run(t, "DecideErrorUnchanged", func(t *testing.T) {
 		repo := newRepo(t)
 		mine := errors.New("the caller's own reason")
 		conflict := &domain.LockConflictError{Holder: domain.Lock{Owner: "B", Resource: plan1}}
@@ -36,7 +36,7 @@ func testRepository(t *testing.T, newRepo NewRepository) {
 		}
 	})
 
-	t.Run("DecidePanicRollsBack", func(t *testing.T) {
+	run(t, "DecidePanicRollsBack", func(t *testing.T) {
 		repo := newRepo(t)
 		func() {
 			defer func() { require.Equal(t, "decide failed", recover(), "the panic goes on to the caller") }()
@@ -73,7 +73,7 @@ func testRepository(t *testing.T, newRepo NewRepository) {
 		}
 	})
 
-	t.Run("ExtendSetsTheExpiryGiven", func(t *testing.T) {
+	run(t, "ExtendSetsTheExpiryGiven", func(t *testing.T) {
 		repo := newRepo(t)
 		l, err := repo.Update(ctx, plan1, insert("A", Start, Start.Add(time.Hour)))
 		require.NoError(t, err)
@@ -91,7 +91,7 @@ func testRepository(t *testing.T, newRepo NewRepository) {
 		}
 	})
 
-	t.Run("ChangeNoneReturnsTheLock", func(t *testing.T) {
+	run(t, "ChangeNoneReturnsTheLock", func(t *testing.T) {
 		// A Decide that changes nothing gets the lock as stored back,
 		// active or expired, and the store is left as it was: a caller
 		// that reads through Update (to decide under the write's
@@ -131,7 +131,7 @@ func testRepository(t *testing.T, newRepo NewRepository) {
 		assert.Greater(t, next.Token, expired.Token, "the next token is still greater than every earlier one")
 	})
 
-	t.Run("DeleteExpiredAtMostLimit", func(t *testing.T) {
+	run(t, "DeleteExpiredAtMostLimit", func(t *testing.T) {
 		repo := newRepo(t)
 		const expired = 5
 		for i := range expired {
@@ -154,9 +154,9 @@ func testRepository(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, []domain.Lock{active}, all, "the active lock is kept")
 	})
 
-	t.Run("EndedContextWritesNothing", func(t *testing.T) { testRepositoryEndedContext(t, newRepo) })
+	run(t, "EndedContextWritesNothing", func(t *testing.T) { testRepositoryEndedContext(t, newRepo) })
 
-	t.Run("ReturnsWhatItStored", func(t *testing.T) {
+	run(t, "ReturnsWhatItStored", func(t *testing.T) {
 		repo := newRepo(t)
 		// Nanoseconds, and another zone: more than any store keeps.
 		zone := time.FixedZone("UTC+1", 3600)
@@ -185,7 +185,7 @@ func testRepository(t *testing.T, newRepo NewRepository) {
 		assert.Equal(t, stored, extended, "an extended lock is returned as stored")
 	})
 
-	t.Run("ContextEndedMidWrite", func(t *testing.T) {
+	run(t, "ContextEndedMidWrite", func(t *testing.T) {
 		// The caller's context ends while its write is under way, at
 		// various points: the answer is the context's error (or success,
 		// if the write was done), never a store failure.
@@ -215,7 +215,7 @@ func testRepository(t *testing.T, newRepo NewRepository) {
 		}
 	})
 
-	t.Run("ListInByteOrder", func(t *testing.T) {
+	run(t, "ListInByteOrder", func(t *testing.T) {
 		repo := newRepo(t)
 		ids := []string{"a1", "Zeta", "_x", "a-2", "B", "a"}
 		for _, id := range ids {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -136,6 +137,38 @@ func TestFormatError_ServerAdvice(t *testing.T) {
 		assert.True(t, strings.HasSuffix(got, ": cause"), got)
 
 		assert.Equal(t, err.Error(), sqlite.FormatError("clean up", err).Error(), "a SQLite file keeps the domain's advice")
+	}
+}
+
+// A prepared statement of pgx's that the server says does not exist, or
+// already exists, on the session the store's connection was given is the
+// mark of a pooler that lends sessions per transaction (the store never
+// deallocates one, and names them by their text): FormatError says so,
+// with the pooler's advice, whatever the statement (the migrations at
+// Open, or any later one), and keeps the server's error as the cause.
+func TestFormatError_LostPreparedStatementIsPooling(t *testing.T) {
+	for _, pgErr := range []*pgconn.PgError{
+		{Severity: "ERROR", Code: "26000", Message: `prepared statement "stmtcache_87e7b42a7ea259289bc598af73b2acdfdc5ece2197537a0b" does not exist`},
+		{Severity: "ERROR", Code: "42P05", Message: `prepared statement "stmtcache_87e7b42a7ea259289bc598af73b2acdfdc5ece2197537a0b" already exists`},
+	} {
+		for _, in := range []error{pgErr, fmt.Errorf("sql: %w", pgErr),
+			&domain.StoreError{Op: "acquire lock", Kind: domain.StoreInternal, Err: pgErr}} {
+			err := postgres.FormatError("migrate lock store", in)
+			require.ErrorIs(t, err, postgres.ErrTransactionPooling, "%v", in)
+			assert.True(t, domain.IsStoreKind(err, domain.StoreUnreachable), "%v", err)
+			assert.ErrorContains(t, err, "pool_mode=session")
+			assert.ErrorContains(t, err, pgErr.Code, "the server's error stays in the message")
+			var got *pgconn.PgError
+			require.ErrorAs(t, err, &got)
+			assert.Equal(t, pgErr.Code, got.Code)
+			assert.Same(t, err, postgres.FormatError("acquire lock", err), "translated once")
+		}
+	}
+	for _, other := range []error{
+		&pgconn.PgError{Code: "42P01", Message: `relation "locks" does not exist`},
+		&pgconn.PgError{Code: "26000", Message: `portal "p1" does not exist`},
+	} {
+		assert.NotErrorIs(t, postgres.FormatError("acquire lock", other), postgres.ErrTransactionPooling, "%v", other)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"regexp"
@@ -32,6 +33,11 @@ func FormatError(op string, err error) error {
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
+	}
+	if sessionSwapped(err) && !errors.Is(err, ErrTransactionPooling) {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Advice: poolingAdvice,
+			Err: fmt.Errorf("a statement that the store prepared on its server session was gone, or one it had not prepared was there: %w: %w",
+				ErrTransactionPooling, redacted{err})}
 	}
 	if se, ok := err.(*domain.StoreError); ok && se.Advice == "" && serverAdvice[se.Kind] != "" {
 		// Made by the shared store, with the domain's advice for a file.
@@ -105,6 +111,21 @@ func kindOf(err error) domain.StoreErrorKind {
 func connectionLost(err error) bool {
 	return errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, driver.ErrBadConn)
+}
+
+// sessionSwapped reports the mark of a pooler that lends server sessions
+// per transaction, which the pooler probe (sharedSessions) may miss (a
+// pool that hands its sessions out in turn can give a client the same one
+// twice running): the server says that a statement pgx prepared on the
+// connection's session does not exist there (invalid_sql_statement_name),
+// or that one it is preparing already does (duplicate_prepared_statement).
+// The store never deallocates a statement, and pgx names them by their
+// text, so on a session of its own neither happens: the connection was
+// given another client's session, or its own went to another client.
+func sessionSwapped(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05") &&
+		strings.HasPrefix(pgErr.Message, "prepared statement ")
 }
 
 // retryable reports whether PostgreSQL aborted the transaction to resolve

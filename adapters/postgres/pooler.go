@@ -279,14 +279,19 @@ func (p *sessionParams) behindPooler(ctx context.Context, sdb *sql.DB) (pooler, 
 
 // sharedSessions reports whether two connections made by connect may be
 // served by one server session: a pooler in transaction or statement
-// mode. A reads its session's process id; B, in a transaction, reads
-// its own; A reads its own again. In session mode A keeps its session
-// (its two readings agree) and B has another; a pooler that lends
-// sessions per transaction gives B the session that A just let go (the
-// most recently used, PgBouncer's default), or, when B got another, a
-// session other than its first to A (the first in the queue, with
-// PgBouncer's server_round_robin). Both speak the simple protocol, which
-// prepares nothing.
+// mode. A reads its session's process id twice; B, in a transaction,
+// reads its own; A reads its own again. In session mode A keeps its
+// session (its three readings agree) and B has another. A pooler that
+// lends sessions per transaction gives A, the second time, the next idle
+// session in turn (PgBouncer's server_round_robin, with two or more
+// sessions idle), or the one it just let go (the most recently used,
+// PgBouncer's default), which B is then given; or, when B got another, A
+// gets a session other than its first the third time. B's transaction
+// alone is not enough: in a round-robin pool of two, it holds the other
+// session, and A gets its first one back. Both speak the simple
+// protocol, which prepares nothing. A pool that these readings still
+// fool fails the migrations with a prepared statement that the session
+// lacks or already has, which FormatError reports as the pooler it is.
 func sharedSessions(ctx context.Context, connect func(context.Context) (*pgx.Conn, error)) (bool, error) {
 	a, err := connect(ctx)
 	if err != nil {
@@ -296,6 +301,9 @@ func sharedSessions(ctx context.Context, connect func(context.Context) (*pgx.Con
 	first, err := backendPID(ctx, a)
 	if err != nil {
 		return false, err
+	}
+	if next, err := backendPID(ctx, a); err != nil || next != first {
+		return next != first, err
 	}
 	b, err := connect(ctx)
 	if err != nil {

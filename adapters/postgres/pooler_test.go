@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,4 +115,46 @@ func TestPgBouncer_TransactionModeRefused(t *testing.T) {
 		assert.NotContains(t, path, schema)
 		assert.Equal(t, "auto", plan)
 	}
+}
+
+// Behind PgBouncer in transaction mode with server_round_robin=1 and two
+// server sessions in the pool, both warm, a client that reads its
+// session's process id twice, around another client's transaction, gets
+// the same session both times (the other is held by that transaction):
+// a probe that trusts it takes the pool for session mode, and Open used
+// to fail in the migrations with a bare 'prepared statement
+// "stmtcache_..." does not exist' (or "already exists"). Open refuses it
+// as the pooler it is, every time, and creates nothing.
+func TestPgBouncer_RoundRobinTransactionModeRefused(t *testing.T) {
+	dsn := testdb.PgBouncer(t, testdb.EnvPgBouncerRoundRobin)
+	ctx := context.Background()
+	admin, schema := viaPooler(t, dsn)
+	// warm has both sessions of the pool made and idle: two transactions
+	// at once.
+	warm := func() {
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				_, err := admin.ExecContext(ctx, "SELECT pg_sleep(0.3)")
+				assert.NoError(t, err)
+			})
+		}
+		wg.Wait()
+	}
+	for round := range 4 {
+		warm()
+		_, err := postgres.Open(ctx, dsn, postgres.Options{})
+		require.ErrorIs(t, err, postgres.ErrTransactionPooling, "round %d", round)
+		assert.True(t, domain.IsStoreKind(err, domain.StoreUnreachable), "%v", err)
+		assert.ErrorContains(t, err, "pool_mode=session")
+		warm()
+		_, err = postgres.OpenReadOnly(ctx, dsn, postgres.Options{})
+		require.ErrorIs(t, err, postgres.ErrTransactionPooling, "round %d", round)
+		warm()
+		require.ErrorIs(t, postgres.CheckWritable(ctx, dsn), postgres.ErrTransactionPooling, "round %d", round)
+	}
+	var n int
+	require.NoError(t, admin.QueryRow(`SELECT count(*) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
+		WHERE s.nspname = $1`, schema).Scan(&n))
+	assert.Zero(t, n, "the refused Open created nothing in the schema")
 }

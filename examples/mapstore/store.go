@@ -59,6 +59,11 @@ const (
 	// wrote last hands out a smaller token after a larger one, and a
 	// fenced write of the newer holder's predecessor passes.
 	BugTokenEarly Bug = "token-early"
+	// BugMutexLeak returns from Update on Decide's error (a conflict, the
+	// commonest answer) without unlocking the store's mutex, as a store
+	// that unlocks by hand at the end of the function rather than with
+	// defer would: every later call of the store waits for ever.
+	BugMutexLeak Bug = "mutex-leak"
 )
 
 // Store implements application.LockRepository in a map. It is safe for
@@ -91,13 +96,19 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 		time.Sleep(time.Duration(rand.IntN(100)) * time.Microsecond)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock() // also when decide panics
+	unlock := true
+	defer func() {
+		if unlock {
+			s.mu.Unlock() // also when decide panics
+		}
+	}()
 	var cur *domain.Lock
 	if l, ok := s.locks[ref]; ok {
 		cur = &l
 	}
 	change, err := decide(cur)
 	if err != nil {
+		unlock = s.bug != BugMutexLeak
 		return domain.Lock{}, err // unchanged: the service matches it
 	}
 	switch change.Kind {

@@ -20,7 +20,10 @@ const envBug = "MAPSTORE_BUG"
 
 // childTimeout bounds a child run of the suite: it takes well under a
 // second on this store, and a hung one is a failure, not a hung test.
-const childTimeout = 2 * time.Minute
+// The mutex-leak bug takes about a minute (two under -race): locktest's
+// watchdog waits 30 s (60 s) for the first call that hangs, 3 s for each
+// later one.
+const childTimeout = 4 * time.Minute
 
 // TestStore is the store's whole conformance test.
 func TestStore(t *testing.T) {
@@ -46,6 +49,10 @@ func TestStore_PlantedBugs(t *testing.T) {
 		{mapstore.BugFullBatches, []string{"TestStore/Repository/DeleteExpiredAtMostLimit", "TestStore/CleanupExpired/Boundary"}},
 		{mapstore.BugNoneZero, []string{"TestStore/Repository/ChangeNoneReturnsTheLock"}},
 		{mapstore.BugTokenEarly, []string{"TestStore/Concurrency/HandoffsNeverOverlap"}},
+		// A store that hangs fails each subtest it hangs, promptly, with
+		// the stuck call named, rather than at the child's timeout.
+		{mapstore.BugMutexLeak, []string{"TestStore/Acquire/ConflictNamesHolder", "TestStore/Concurrency/ExactlyOneWinner",
+			"TestStore/Repository/DecideErrorUnchanged"}},
 	} {
 		t.Run(string(tc.bug), func(t *testing.T) {
 			// A suite that hangs on the bug fails in the child, at its own
@@ -57,6 +64,10 @@ func TestStore_PlantedBugs(t *testing.T) {
 			var exit *exec.ExitError
 			if !errors.As(err, &exit) {
 				t.Fatalf("the suite passed a store with the %s bug (err %v):\n%s", tc.bug, err, out)
+			}
+			if strings.Contains(string(out), "test timed out") {
+				t.Errorf("the suite hung on the %s bug until the child's timeout (%s), instead of failing the subtests it hung in:\n%s",
+					tc.bug, childTimeout, out)
 			}
 			for _, name := range tc.caught {
 				if !strings.Contains(string(out), "--- FAIL: "+name+" ") {

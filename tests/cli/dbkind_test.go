@@ -79,6 +79,11 @@ func TestCLI_MalformedDSNIsNoFile(t *testing.T) {
 				"HOST=127.0.0.1":                         `"HOST" is not a libpq keyword`,
 				" ":                                      "is blank",
 				"\n":                                     "is blank",
+				"host":                                   `lacks "=value"`,
+				"HOSTADDR":                               `lacks "=value"`,
+				"\u00a0\u3000":                           "is blank",
+				"\u200b":                                 "is blank",
+				"agents.db\u00a0":                        "begins or ends with white space",
 				"file:x.db?_pragma=journal_mode(delete)": "_journal_mode=DELETE",
 			} {
 				r := a.runEnv(nil, append([]string{"--json", "--db", dsn}, args...)...)

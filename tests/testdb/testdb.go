@@ -34,10 +34,15 @@ func PostgresAvailable() bool { return os.Getenv(EnvPostgres) != "" }
 const (
 	EnvPgBouncerSession     = "LOCKS_TEST_PGBOUNCER_SESSION_DSN"
 	EnvPgBouncerTransaction = "LOCKS_TEST_PGBOUNCER_TRANSACTION_DSN"
+	// EnvPgBouncerRoundRobin names a PgBouncer in transaction mode that
+	// hands its server sessions out in turn (server_round_robin=1) from
+	// a pool of two (default_pool_size=2): the pool that a client which
+	// reads its session's process id twice can take for session mode.
+	EnvPgBouncerRoundRobin = "LOCKS_TEST_PGBOUNCER_ROUNDROBIN_DSN"
 )
 
-// PgBouncer returns the DSN of the PgBouncer that env (EnvPgBouncerSession
-// or EnvPgBouncerTransaction) names, whose search_path is a new, empty
+// PgBouncer returns the DSN of the PgBouncer that env (EnvPgBouncerSession,
+// EnvPgBouncerTransaction or EnvPgBouncerRoundRobin) names, whose search_path is a new, empty
 // schema of the server behind it, dropped when the test ends; it skips the
 // test when env is not set. The schema is made through the pooler itself,
 // on the simple protocol, which any pool mode carries.

@@ -1,0 +1,7 @@
+//go:build race
+
+package locktest
+
+// raceScale stretches the watchdog's bound under the race detector,
+// which slows every call several times.
+const raceScale = 2
