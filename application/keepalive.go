@@ -10,6 +10,7 @@ import (
 
 // Backoff between renewals that failed with a transient store error
 // (busy, unreachable): retried until the lock's own expiry, never past it.
+// A permanent one (domain.IsPermanent) is not retried: it ends the hold.
 const (
 	renewBackoffMin = 50 * time.Millisecond
 	renewBackoffMax = 2 * time.Second
@@ -48,7 +49,10 @@ type keeper struct {
 // expiry, the service closed). However the handle learns of the loss (its
 // keep-alive, Renew, Release, Lost, a re-entry that finds it), the context
 // ends with it. A transient store failure is retried with backoff until
-// the lock's expiry, and is never reported as a loss before then. Release
+// the lock's expiry, and is never reported as a loss before then; one that
+// no retry can resolve (domain.IsPermanent: the database file moved away
+// or replaced, the store read-only, its schema gone) ends the hold at
+// once, as a loss LostStoreFailing that names it. Release
 // ends the keep-alive and its goroutine. Calling KeepAlive again returns
 // the same context. On a service that is closing, the context ends at
 // once, with the loss LostClosed, which Err reports too.
@@ -194,7 +198,8 @@ func (k *keeper) nextRenewal() time.Duration {
 }
 
 // renew renews the lock, retrying transient failures until its expiry,
-// and reports whether the lock is still held.
+// giving up at once on a permanent one, and reports whether the lock is
+// still held.
 func (k *keeper) renew() bool {
 	svc := k.h.svc
 	l := k.h.Lock()
@@ -218,6 +223,14 @@ func (k *keeper) renew() bool {
 			return false
 		case errors.Is(err, domain.ErrClosed):
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostClosed})
+			return false
+		case domain.IsPermanent(err):
+			// No retry can succeed (the database file was moved away or
+			// replaced, made read-only, its table dropped): the hold ends
+			// now. Retrying until the expiry kept the work going while a
+			// process opening the database's name now may hold the lock
+			// in another file; ending early never breaks exclusion.
+			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostStoreFailing, Err: err})
 			return false
 		}
 		last = err

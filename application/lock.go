@@ -36,7 +36,8 @@ const (
 //   - A lock is active while now < ExpiresAt; at now == ExpiresAt it has
 //     expired (domain.Lock.ExpiredAt).
 //   - Acquire by the holder of an active lock is re-entrant: the expiry
-//     becomes now+ttl, the acquisition time and the token stay.
+//     becomes now+ttl if that is later (a re-entry extends, never
+//     shortens), the acquisition time and the token stay.
 //   - Acquire by another owner of an active lock fails with a
 //     *domain.LockConflictError naming the holder.
 //   - Acquire of a free resource, or of one whose lock has expired (whoever

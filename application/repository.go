@@ -55,7 +55,8 @@ const (
 	// ChangeExtend sets the expiry of the current lock to
 	// Change.Lock.ExpiresAt, keeping its owner, acquisition time and token.
 	// The expiry given is the new one, earlier or later than the current
-	// one: a re-entry or a renewal with a shorter TTL shortens the lock.
+	// one: a renewal with a shorter TTL shortens the lock (a re-entry's
+	// rule, DecideAcquire, never gives an earlier one).
 	ChangeExtend
 )
 
@@ -300,7 +301,11 @@ func DecideRenew(cur *domain.Lock, owner string, ref domain.ResourceRef, now, ex
 // DecideAcquire is Acquire's rule: the change that owner's Acquire of ref
 // at now makes to cur, the lock stored on ref (nil when there is none),
 // with expires = now+TTL; or a *domain.LockConflictError naming cur when
-// another owner holds it at now. An Acquirer repeats it in its own terms,
+// another owner holds it at now. A re-entry (owner's own active lock)
+// extends it to the later of its expiry and expires, never shortening
+// it: whoever keeps the lock alive at its own TTL (a keep-alive, agents
+// locks run) must not lose it to the same owner's re-entry with a
+// shorter one. An Acquirer repeats it in its own terms,
 // and the contract suite checks the two against each other.
 func DecideAcquire(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
 	switch {
@@ -312,10 +317,18 @@ func DecideAcquire(cur *domain.Lock, owner string, ref domain.ResourceRef, now, 
 			Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
 		}}, nil
 	case cur.Owner == owner:
-		return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
+		return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: later(cur.ExpiresAt, expires)}}, nil
 	default:
 		return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
 	}
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // DecideTake is Take's rule, for a handle: the change that owner's Take of

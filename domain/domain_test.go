@@ -1,6 +1,7 @@
 package domain_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -181,4 +182,21 @@ func TestLockLostError_Is(t *testing.T) {
 		assert.Equal(t, r == domain.LostStoreFailing, errors.Is(err, domain.ErrUnavailable), r.String())
 		assert.NotErrorIs(t, err, domain.ErrConflict, r.String())
 	}
+}
+
+// A failure is permanent when no retry through the store as opened can
+// succeed: by its kind, or marked so by the adapter; busy, unreachable,
+// full and unclassified failures may pass, and are retried.
+func TestIsPermanent(t *testing.T) {
+	for kind, want := range map[domain.StoreErrorKind]bool{
+		domain.StoreInternal: false, domain.StoreBusy: false, domain.StoreUnreachable: false, domain.StoreFull: false,
+		domain.StoreReadOnly: true, domain.StoreSchema: true, domain.StoreCorrupt: true, domain.StoreTokensExhausted: true,
+	} {
+		err := fmt.Errorf("wrapped: %w", &domain.StoreError{Op: "renew", Kind: kind})
+		assert.Equal(t, want, domain.IsPermanent(err), kind.String())
+		assert.True(t, domain.IsPermanent(&domain.StoreError{Op: "renew", Kind: kind, Permanent: true}), kind.String())
+	}
+	assert.False(t, domain.IsPermanent(nil))
+	assert.False(t, domain.IsPermanent(context.DeadlineExceeded))
+	assert.False(t, domain.IsPermanent(&domain.LockExpiredError{}))
 }

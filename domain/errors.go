@@ -159,7 +159,10 @@ const (
 	LostTakenOver
 	// LostStoreFailing: every renewal failed (Err is the last failure)
 	// until the lock's expiry passed: the store answered with an error,
-	// or not in time (unreachable, or blocked by another writer). The
+	// or not in time (unreachable, or blocked by another writer); or a
+	// renewal failed with an error no retry can resolve (IsPermanent: the
+	// database file moved away or replaced, the store read-only, its
+	// schema gone), which ends the hold at once, before the expiry. The
 	// loss matches ErrUnavailable too.
 	LostStoreFailing
 	// LostClosed: the lock service was closed while the lock was kept
@@ -210,6 +213,11 @@ func (e *LockLostError) Error() string {
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: owner %q took it over (token %d)%s; %s",
 			l.Owner, l.Resource, l.Token, e.NewHolder.Owner, e.NewHolder.Token, e.takenWhen(), next)
 	case LostStoreFailing:
+		if IsPermanent(e.Err) {
+			return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the lock store refused its renewal with a failure that no retry can succeed against, "+
+				"so the hold ended then, before its expiry at %s (the failure: %v); stop the work it protected, act on the failure as it says, then acquire it again",
+				l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), e.Err)
+		}
 		return fmt.Sprintf("the lock of owner %q on %s (token %d) was lost: the lock store could not be reached, or did not answer in time, "+
 			"so no renewal completed before the lock expired at %s (last failure: %v); stop the work it protected, "+
 			"check that the database is reachable and not kept busy (a long write transaction, a stalled disk or network), then acquire it again",
@@ -356,6 +364,11 @@ type StoreError struct {
 	// Advice, when set, replaces the kind's default advice (which is
 	// written for a database file) with the adapter's own.
 	Advice string
+	// Permanent, set by the adapter, says that no retry through the store
+	// as opened can succeed, whatever Kind says: the database file it has
+	// open was removed, renamed or replaced (kind StoreUnreachable, which
+	// is otherwise a failure a retry may resolve). See IsPermanent.
+	Permanent bool
 }
 
 func (e *StoreError) Error() string {
@@ -376,6 +389,27 @@ func (e *StoreError) Is(target error) bool { return target == ErrUnavailable }
 
 // Unwrap returns the underlying cause.
 func (e *StoreError) Unwrap() error { return e.Err }
+
+// IsPermanent reports whether err is a store failure that no retry can
+// resolve while the process keeps the store it has open: one the adapter
+// marked Permanent (the database file was moved away or replaced), or one
+// of kind StoreReadOnly, StoreSchema, StoreCorrupt or
+// StoreTokensExhausted, which last until someone acts on them. Busy,
+// unreachable (a network or a server that may come back), full (space may
+// be freed) and unclassified failures are not: a retry may succeed. A
+// keep-alive retries those until the lock's expiry, and ends the hold at
+// once on a permanent one (LostStoreFailing).
+func IsPermanent(err error) bool {
+	var se *StoreError
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Kind {
+	case StoreReadOnly, StoreSchema, StoreCorrupt, StoreTokensExhausted:
+		return true
+	}
+	return se.Permanent
+}
 
 // IsStoreKind reports whether err is a *StoreError of the given kind.
 func IsStoreKind(err error, kind StoreErrorKind) bool {

@@ -60,6 +60,8 @@ func resourceStates() []resourceState {
 	return []resourceState{
 		{"Free", nil},
 		{"OwnActive", stored("A", 10*time.Second)},
+		// Later than now+stateTTL: a re-entry keeps the later expiry.
+		{"OwnActiveLaterThanTheTTL", stored("A", time.Hour)},
 		{"OwnActiveLastMicrosecond", stored("A", time.Microsecond)},
 		{"OwnExpiresNow", stored("A", 0)},
 		{"OwnExpired", stored("A", -time.Hour)},
@@ -125,6 +127,8 @@ func checkAcquisition(t *testing.T, repo application.LockRepository, cur *domain
 		l.ExpiresAt = want.Lock.ExpiresAt
 		assert.Equal(t, l, got.Lock, "the token and the acquisition time stay, the expiry moves")
 		assert.Equal(t, l, after)
+		assert.False(t, after.ExpiresAt.Before(cur.ExpiresAt), "a re-entry never shortens the lock: it expired at %s, now at %s",
+			cur.ExpiresAt, after.ExpiresAt)
 	default: // ChangeInsert
 		require.NoError(t, err)
 		assert.False(t, got.Reentered)

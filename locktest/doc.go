@@ -29,8 +29,9 @@
 //     is active strictly before ExpiresAt), with the holder named in each
 //     refusal, nothing written on a refusal, and fencing tokens that only
 //     grow, even after the store empties (they need not start at 1 nor be
-//     consecutive). A re-entry or renewal with a shorter TTL shortens the
-//     lock: the new expiry is now+ttl.
+//     consecutive). A renewal with a shorter TTL shortens the lock (the
+//     new expiry is now+ttl); a re-entry with a shorter TTL never does
+//     (the later of the two expiries stands).
 //   - Concurrency: sixteen owners race for one resource and exactly one
 //     wins; eight workers hand a resource over two hundred times, two
 //     are never inside at once, and each holder's token is larger than
@@ -53,9 +54,10 @@
 //     ids by their bytes.
 //   - Acquirer, Taker, Renewer, and Handles/TokenRenewer: the optional
 //     one-statement ports (application.Acquirer, Taker, Renewer,
-//     TokenRenewer), each put through nine states of a resource and
+//     TokenRenewer), each put through ten states of a resource and
 //     compared with the Go rule it replaces (DecideAcquire, DecideTake,
-//     DecideRenew, DecideRenewToken). They skip, saying so, for a store
+//     DecideRenew, DecideRenewToken); a re-entry must never shorten the
+//     lock (the caller's own lock that outlives now+ttl keeps its expiry). They skip, saying so, for a store
 //     that does not implement them.
 //   - DeadHolder: a lock that changes hands while the dead-holder probe
 //     runs is not taken over.

@@ -67,13 +67,14 @@ func (f *fixture) MustAcquire(t *testing.T, owner string, ref domain.ResourceRef
 }
 
 // shorterTTL is the TTL of a re-entry or renewal of a lock taken for an
-// hour: it must shorten the lock.
+// hour: a renewal shortens the lock, a re-entry never does.
 const shorterTTL = 10 * time.Second
 
-// CheckShortened checks that l, what a re-entry or renewal (what) of
-// held on plan1 with shorterTTL returned, expires at now+shorterTTL, as
-// stored, earlier than held did: the rule is now+ttl, not the later of
-// the two expiries. It moves the clock to that expiry.
+// CheckShortened checks that l, what a renewal (what) of held on plan1
+// with shorterTTL returned, expires at now+shorterTTL, as stored, earlier
+// than held did: Renew's rule is now+ttl, not the later of the two
+// expiries (a re-entry's is the later). It moves the clock to that
+// expiry.
 func (f *fixture) CheckShortened(t *testing.T, held, l domain.Lock, what string) {
 	t.Helper()
 	assert.Equal(t, held.Token, l.Token, "a %s keeps the token", what)
@@ -159,13 +160,22 @@ func testAcquire(t *testing.T, newRepo NewRepository) {
 		require.NoError(t, err)
 		assert.Equal(t, again, got)
 	})
-	run(t, "ReentryWithShorterTTLShortens", func(t *testing.T) {
-		// The new expiry is now+ttl, earlier than the current one too.
+	run(t, "ReentryWithShorterTTLKeepsTheLaterExpiry", func(t *testing.T) {
+		// Re-entry extends, never shortens: the expiry is the later of the
+		// current one and now+ttl. A shorter one would end the lock behind
+		// the back of whoever keeps it alive at its own TTL (agents locks
+		// run, re-entered by agents locks acquire of the same owner).
 		f := mustFixture(t, newRepo)
 		first := f.MustAcquire(t, "A", plan1, time.Hour)
 		f.Clock.Add(time.Second)
 		again := f.MustAcquire(t, "A", plan1, shorterTTL)
-		f.CheckShortened(t, first, again, "re-entry")
+		assert.Equal(t, first, again, "a re-entry with a shorter TTL keeps the token, the acquisition time and the later expiry")
+		got, err := f.Svc.Get(f.Ctx, plan1)
+		require.NoError(t, err)
+		assert.Equal(t, first, got, "the later expiry is stored")
+		f.Clock.Add(shorterTTL)
+		_, err = f.Svc.Acquire(f.Ctx, "B", plan1, 0)
+		require.ErrorIs(t, err, domain.ErrConflict, "the lock is held until its first expiry, not now+ttl of the re-entry")
 	})
 	run(t, "ConflictNamesHolder", func(t *testing.T) {
 		f := mustFixture(t, newRepo)

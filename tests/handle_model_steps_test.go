@@ -497,6 +497,10 @@ func (m *hmMachine) Acquire(t *rapid.T) {
 		if l.Token != row.token {
 			t.Fatalf("re-entrant Acquire by %q of %s: token %d, want %d", owner, ref, l.Token, row.token)
 		}
+		// A re-entry extends, never shortens: the later expiry stands.
+		if l.ExpiresAt.Before(row.expires) {
+			t.Fatalf("re-entrant Acquire by %q of %s (store: %v): expires %s, shortened from %s", owner, ref, m.rowString(ref), l.ExpiresAt, row.expires)
+		}
 		row.expires = l.ExpiresAt
 		m.rows[ref] = row
 	default:

@@ -68,7 +68,10 @@ func (m *model) acquire(owner string, ref domain.ResourceRef, ttl time.Duration)
 		if l.owner != owner {
 			return l, "conflict"
 		}
-		l.expires = m.now.Add(ttlOrDefault(ttl))
+		// A re-entry extends, never shortens: the later expiry stands.
+		if e := m.now.Add(ttlOrDefault(ttl)); e.After(l.expires) {
+			l.expires = e
+		}
 		m.locks[ref] = l
 		return l, "ok"
 	}

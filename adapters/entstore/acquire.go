@@ -180,7 +180,9 @@ RETURNING {id}, xmin::text`)
 //     other can put seconds ahead (postgres.ServerClock), and a lock must
 //     never change hands before it has expired on the server.
 //   - re extends the caller's own lock if it is still active: a re-entry
-//     keeps the token and the acquisition time. Active is checked at the
+//     keeps the token and the acquisition time, and the later of the two
+//     expiries (GREATEST: the stored times are fixed-width text in one
+//     layout, whose order is the times' order). Active is checked at the
 //     time of the check, not at now: now plus how long the statement has
 //     been on the server (mostly waiting for the advisory lock or a row).
 //     A lock that was active at now but has expired by the write is left
@@ -213,7 +215,7 @@ old AS (
     AND EXISTS (SELECT FROM bound) AND {expiredOnServer}
   RETURNING {id}, {owner}, {acquired}, {expires}),
 re AS (
-  UPDATE {locks} SET {expires} = $6::varchar
+  UPDATE {locks} SET {expires} = GREATEST({expires}, $6::varchar)
   WHERE {type} = $2 AND {rid} = $3 AND {owner} = $4::varchar
     AND {expires} > to_char(($5::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
     AND EXISTS (SELECT FROM held)

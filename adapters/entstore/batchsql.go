@@ -87,7 +87,7 @@ var acquireBatchSQL, takeBatchSQL = acquireBatch(true), acquireBatch(false)
 
 func acquireBatch(reenter bool) [2]string {
 	re := `re AS (
-  UPDATE {locks} l SET {expires} = req.exp FROM req, cur
+  UPDATE {locks} l SET {expires} = GREATEST(l.{expires}, req.exp) FROM req, cur
   WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n AND l.{owner} = req.own
     AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
   RETURNING req.n, l.{id}, l.{acquired}, l.{expires}),`

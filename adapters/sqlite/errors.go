@@ -33,7 +33,9 @@ func FormatError(op string, err error) error {
 	}
 	var re *ReplacedFileError
 	if errors.As(err, &re) {
-		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: replacedAdvice}
+		// Permanent: no retry through this store can reach the file by
+		// its name again, and a keep-alive must end its hold at once.
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: replacedAdvice, Permanent: true}
 	}
 	var sfe *SideFileError
 	if errors.As(err, &sfe) {

@@ -62,7 +62,8 @@ func checkOneName(op, path string) error {
 // new, empty one where nothing is left), or the same pages with a journal
 // of its own, and could grant the locks this store holds; so the store
 // writes no more. It comes wrapped in a *domain.StoreError (kind
-// StoreUnreachable); match it with errors.As.
+// StoreUnreachable, marked Permanent: a keep-alive that meets it ends its
+// hold at once); match it with errors.As.
 type ReplacedFileError struct {
 	// Path is the name the store was opened by.
 	Path string

@@ -79,14 +79,15 @@ type group struct {
 	exited   chan struct{}
 	stops    chan struct{}
 	// lapsed is closed once the keeper says it stopped the group because
-	// the lease ran out (see keep), at lapsedAt; heard is closed once the
-	// keeper's stdout has ended, so that close knows all it said.
-	// stoppedAt is when agents stopped the group itself (mark). Both are
-	// CLOCK_BOOTTIME, under mu.
-	lapsed    chan struct{}
-	heard     chan struct{}
-	lapsedAt  int64
-	stoppedAt int64
+	// the lease ran out (see keep), at lapsedAt, and will SIGKILL what is
+	// left at lapsedKill; heard is closed once the keeper's stdout has
+	// ended, so that close knows all it said. stoppedAt is when agents
+	// stopped the group itself (mark). All are CLOCK_BOOTTIME, under mu.
+	lapsed     chan struct{}
+	heard      chan struct{}
+	lapsedAt   int64
+	lapsedKill int64
+	stoppedAt  int64
 	// leases holds the lease not yet written (see lease); nil once close
 	// has begun. beating says the writer runs; stopWrite stops it, and
 	// writing waits for it. beat is the writer's heartbeat.

@@ -38,6 +38,9 @@ func (g *group) lapsedc() <-chan struct{} { return nil }
 // mark does nothing: there is no keeper to compare with.
 func (g *group) mark() {}
 
+// keeperKillIn returns grace: there is no keeper to stop the group.
+func (g *group) keeperKillIn(grace time.Duration) time.Duration { return grace }
+
 // keeperFirst reports false: there is no keeper to stop the group.
 func (g *group) keeperFirst() bool { return false }
 

@@ -29,15 +29,16 @@ import (
 //	'l' expiry lead kill grace   the lease, on every acquisition and renewal
 //
 // as little-endian int64 nanoseconds; EOF before 'd' means agents died.
-// The keeper writes 'r' once it is ready, and 'e' and its CLOCK_BOOTTIME
-// when it stops the group.
+// The keeper writes 'r' once it is ready, and 'e', its CLOCK_BOOTTIME and
+// when it will SIGKILL what is left (the same clock) when it stops the
+// group: agents says when, which is not always --grace later.
 const (
 	msgDone  = 'd'
 	msgBeat  = 'h'
 	msgLease = 'l'
 	leaseLen = 1 + 4*8
 	beatLen  = 1 + 8
-	stopLen  = 1 + 8
+	stopLen  = 1 + 2*8
 )
 
 // heartbeat is how often agents beats; beatWindow how long a keeper waits
@@ -155,6 +156,7 @@ func (g *group) hear(r *os.File, readyc chan<- bool) {
 	}
 	g.mu.Lock()
 	g.lapsedAt = int64(binary.LittleEndian.Uint64(b[1:]))
+	g.lapsedKill = int64(binary.LittleEndian.Uint64(b[9:]))
 	g.mu.Unlock()
 	close(g.lapsed)
 	_, _ = io.Copy(io.Discard, r) // until it exits
@@ -170,6 +172,22 @@ func (g *group) mark() {
 	if g.stoppedAt == 0 {
 		g.stoppedAt = bootNow()
 	}
+}
+
+// keeperKillIn returns how long after its SIGTERM the keeper SIGKILLs
+// what is left of the group it stopped: --grace, or less when it stopped
+// a silent agents' group ahead of the lock's expiry (the SIGKILL lands a
+// margin before the expiry); grace before the keeper has said.
+func (g *group) keeperKillIn(grace time.Duration) time.Duration {
+	if g == nil {
+		return grace
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.lapsedAt == 0 {
+		return grace
+	}
+	return time.Duration(max(g.lapsedKill-g.lapsedAt, 0))
 }
 
 // keeperFirst reports whether the keeper stopped the group (for want of
@@ -300,18 +318,19 @@ func (k *lease) step(now int64) int {
 		soft := k.expiry - k.lead
 		silentAt := max(soft, k.beat+int64(beatWindow))
 		if now >= k.expiry || now >= silentAt {
-			var msg [stopLen]byte
-			msg[0] = 'e'
-			binary.LittleEndian.PutUint64(msg[1:], uint64(now))
-			_, _ = syscall.Write(1, msg[:]) // before the signal: agents learns why its command ended
-			_ = syscall.Kill(0, syscall.SIGTERM)
-			_ = syscall.Kill(0, syscall.SIGCONT) // a stopped member must act on it
 			k.termAt, k.killAt = now, now+k.grace
 			if now < k.expiry {
 				// Silent: SIGKILL lands ahead of the expiry, at once if
 				// the keeper woke too late for that.
-				k.killAt = min(k.killAt, k.expiry-k.kill)
+				k.killAt = max(min(k.killAt, k.expiry-k.kill), now)
 			}
+			var msg [stopLen]byte
+			msg[0] = 'e'
+			binary.LittleEndian.PutUint64(msg[1:], uint64(now))
+			binary.LittleEndian.PutUint64(msg[9:], uint64(k.killAt))
+			_, _ = syscall.Write(1, msg[:]) // before the signal: agents learns why its command ended, and when it is killed
+			_ = syscall.Kill(0, syscall.SIGTERM)
+			_ = syscall.Kill(0, syscall.SIGCONT) // a stopped member must act on it
 			next = min(next, k.killAt)
 		} else {
 			next = min(next, k.expiry, silentAt)

@@ -83,6 +83,14 @@ func TestKeeper_SilentAgentsGraceEndsAtTheExpiry(t *testing.T) {
 	took := time.Since(start)
 	assert.GreaterOrEqual(t, took, time.Second, "killed before the lead")
 	assert.Less(t, took, 2*time.Second+1500*time.Millisecond, "killed by the expiry (2 s), not --grace after the SIGTERM")
+	select {
+	case <-g.lapsedc():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the keeper did not say it stopped the group")
+	}
+	// What agents then says: the SIGKILL came a margin before the
+	// expiry, about 1 s after the SIGTERM, not --grace (30 s) later.
+	assert.Less(t, g.keeperKillIn(30*time.Second), 2*time.Second, "the keeper says when it kills")
 }
 
 // A live agents beats: while its renewals come, nothing is stopped; once

@@ -434,9 +434,19 @@ func (c *invocation) supervise(p *child, h *application.Handle, held context.Con
 // lapsed records and reports that the keeper of p's group stopped it,
 // having heard of no renewal of the lock before its expiry.
 func (c *invocation) lapsed(p *child, grace time.Duration) {
+	// The keeper SIGKILLs --grace after its SIGTERM, or sooner: a margin
+	// before the lock's expiry when it stopped the group ahead of it.
+	kill := fmt.Sprintf("then SIGKILL %s later if it was still running", short(grace))
+	switch in := p.group.keeperKillIn(grace); {
+	case in <= 0:
+		kill = "then SIGKILL at once, the lock being about to expire, if it was still running"
+	case in < grace:
+		kill = fmt.Sprintf("then SIGKILL %s later if it was still running, a margin before the lock's expiry, sooner than --grace %s",
+			short(in.Round(time.Millisecond)), short(grace))
+	}
 	p.lapsed = fmt.Sprintf("the keeper of the command's process group (pid %d) heard of no renewal of the lock before its expiry "+
-		"(agents was stopped or frozen, or too slow to renew it), and stopped the command (pid %d): SIGTERM, then SIGKILL %s later "+
-		"if it was still running", p.group.id(), p.cmd.Process.Pid, short(grace))
+		"(agents was stopped or frozen, or too slow to renew it), and stopped the command (pid %d): SIGTERM, %s",
+		p.group.id(), p.cmd.Process.Pid, kill)
 	fmt.Fprintf(c.stderr, "%s: %s\n", c.prog(), p.lapsed)
 }
 

@@ -153,7 +153,9 @@ func TestMain_FlagsAnywhere(t *testing.T) {
 	r.decode(t, &l)
 	assert.Equal(t, "alice", l.OwnerID)
 
-	r = h.mustRun("locks", "acquire", "--ttl", "90s", "plan", "--json", "p1", "--owner=alice")
+	// Another resource: a re-entry of p1 with --ttl 90s would keep p1's
+	// later expiry (the default 5 min), and show nothing of the flag.
+	r = h.mustRun("locks", "acquire", "--ttl", "90s", "plan", "--json", "p9", "--owner=alice")
 	r.decode(t, &l)
 	assert.Equal(t, start.Add(90*time.Second).Format(jsonTime), l.ExpiresAt)
 

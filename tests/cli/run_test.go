@@ -317,7 +317,15 @@ func TestCLIRun_LostLockStopsCommand(t *testing.T) {
 	assert.Equal(t, 4, r.code, "stderr: %s", r.stderr)
 	assert.Contains(t, r.stderr, `the lock of owner "runner" on plan/p1 (token 1) was lost: owner "other" took it over (token 2)`)
 	assert.Contains(t, r.stderr, "heard of no renewal of the lock before its expiry")
-	assert.Contains(t, r.stderr, "SIGTERM, then SIGKILL 10s later")
+	// The keeper, which stopped the group ahead of the expiry, SIGKILLs
+	// what is left a margin before the expiry, sooner than --grace (10s):
+	// the message says when, not --grace.
+	m := regexp.MustCompile(`SIGTERM, then SIGKILL (\S+) later`).FindStringSubmatch(r.stderr)
+	require.NotNil(t, m, r.stderr)
+	killIn, err := time.ParseDuration(m[1])
+	require.NoError(t, err)
+	assert.Less(t, killIn, 5*time.Second, "the keeper's SIGKILL comes before the expiry of a 5s lock, not --grace later\nstderr: %s", r.stderr)
+	assert.Contains(t, r.stderr, "before the lock's expiry, sooner than --grace 10s")
 	assert.FileExists(t, term, "the command got SIGTERM")
 	assert.Eventually(t, func() bool { return dead(pid) }, 5*time.Second, 10*time.Millisecond, "the command is stopped")
 	var doc runDoc
