@@ -85,7 +85,11 @@ type Options struct {
 // *LinkedFileError for a file with more than one name; StoreReadOnly;
 // StoreCorrupt for a file that is not a database; StoreSchema wrapping
 // ErrForeignLocksTable for a file with a locks table that the store did not
-// create; StoreBusy.
+// create, or ErrForeignSchemaObject for one with another object named as
+// one the store's migration creates; StoreUnreachable wrapping a
+// *SideFileError for something planted at a side file (SQLite's -journal,
+// -wal and -shm included), ErrWALWithoutIndex for a -wal file without its
+// -shm, or ErrHotJournal for a hot journal; StoreBusy.
 func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -46,7 +47,10 @@ var errNotDatabase = errors.New("the file does not begin with the SQLite header"
 // StoreUnreachable wrapping fs.ErrNotExist when the file does not exist,
 // StoreCorrupt when it is not a database, StoreUnreachable with advice when
 // this user cannot read it safely now, or wrapping a *LinkedFileError when
-// the file has more than one name.
+// the file has more than one name, a *SideFileError when something is
+// planted at SQLite's -journal, -wal or -shm, ErrWALWithoutIndex when a
+// -wal file exists without its -shm, or ErrHotJournal when a program
+// stopped in the middle of a transaction on the file.
 func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -91,9 +95,16 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	// hot journal, which SQLite refuses to read on a read-only connection,
 	// as what it is).
 	var n int
-	if err := sdb.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n); err != nil {
-		sdb.Close()
-		return nil, quietError(op, real, err)
+	for attempt := 1; ; attempt++ {
+		err := sdb.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n)
+		if err == nil {
+			break
+		}
+		if !readOnlyShmTransient(err) || attempt == quietAttempts || ctx.Err() != nil {
+			sdb.Close()
+			return nil, quietError(op, real, err)
+		}
+		time.Sleep(time.Duration(attempt) * 10 * time.Millisecond)
 	}
 	db := &DB{sql: sdb, writer: make(chan struct{}, 1), path: path}
 	db.store = &entstore.FreeFirstStore{Store: entstore.NewReadOnly(sdb, db.backend())}

@@ -154,22 +154,24 @@ func quietRead(ctx context.Context, op, dsn, path string, read func(*sql.DB) err
 		}
 		before, _ := os.Stat(path)
 		err = readWith(readOnlyDSN(dsn, acc), path, read)
-		if err != nil {
+		switch {
+		case err != nil && (!readOnlyShmTransient(err) || attempt == quietAttempts):
 			return quietError(op, path, err)
-		}
-		if !acc.immutable {
+		case err == nil && !acc.immutable:
 			return nil
-		}
-		// Nothing kept another process from writing meanwhile: what was
-		// read holds only if the file did not change and no -wal appeared.
-		after, _ := os.Stat(path)
-		walNow, _ := exists(path + "-wal")
-		if !walNow && before != nil && after != nil && sameContent(before, after) {
-			return nil
-		}
-		if attempt == quietAttempts {
-			return &domain.StoreError{Op: op, Kind: domain.StoreBusy,
-				Err: fmt.Errorf("%s: other processes changed the file each time it was read", path)}
+		case err == nil:
+			// Nothing kept another process from writing meanwhile: what
+			// was read holds only if the file did not change and no -wal
+			// appeared.
+			after, _ := os.Stat(path)
+			walNow, _ := exists(path + "-wal")
+			if !walNow && before != nil && after != nil && sameContent(before, after) {
+				return nil
+			}
+			if attempt == quietAttempts {
+				return &domain.StoreError{Op: op, Kind: domain.StoreBusy,
+					Err: fmt.Errorf("%s: other processes changed the file each time it was read", path)}
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -249,4 +251,20 @@ func quietError(op, path string, err error) error {
 func isHotJournal(err error) bool {
 	var serr *sqlite.Error
 	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_READONLY_ROLLBACK
+}
+
+// readOnlyShmTransient reports whether err is one of SQLite's refusals to
+// read through a read-only -shm that last only while a process that has
+// the database open recovers or resets its index (SQLITE_READONLY_CANTINIT,
+// SQLITE_READONLY_RECOVERY, SQLITE_BUSY_RECOVERY): read again.
+func readOnlyShmTransient(err error) bool {
+	var serr *sqlite.Error
+	if !errors.As(err, &serr) {
+		return false
+	}
+	switch serr.Code() {
+	case sqlite3.SQLITE_READONLY_CANTINIT, sqlite3.SQLITE_READONLY_RECOVERY, sqlite3.SQLITE_BUSY_RECOVERY:
+		return true
+	}
+	return false
 }
