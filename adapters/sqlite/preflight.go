@@ -9,9 +9,8 @@ import (
 	"strings"
 	"time"
 
-	sqlite3 "modernc.org/sqlite/lib"
-
 	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/cleveragents/locks/domain"
 )
@@ -87,7 +86,7 @@ const foreignLocksAdvice = "point the service at a lock database of its own (a p
 // which adds its tables beside the others.
 //
 // It reads through SQLite (SQLite reports a file that is not a database)
-// with a connection that cannot change any file (quietReader).
+// with a connection that cannot change any file (quietRead).
 func preflight(ctx context.Context, op, dsn, path string) error {
 	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
 		return nil // new, or empty: SQLite's empty database
@@ -114,8 +113,10 @@ func preflight(ctx context.Context, op, dsn, path string) error {
 	return nil
 }
 
-// quietAttempts bounds how often quietRead reads a file in WAL mode
-// without a -wal file again because another process changed it meanwhile.
+// quietAttempts bounds how often quietRead (and OpenReadOnly) read a file
+// again: in WAL mode without a -wal file, because another process changed
+// it meanwhile; through a read-only -shm, while a process that has the
+// file open recovers or resets its index (readOnlyShmTransient).
 const quietAttempts = 5
 
 // quietRead runs read on a pool of one connection to the non-empty
