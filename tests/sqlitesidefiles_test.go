@@ -198,3 +198,46 @@ func TestRefusedFile_LiveStoreOpens(t *testing.T) {
 	_, err = b.Locks.Acquire(ctx, "B", stressResources[1], 0)
 	require.ErrorIs(t, err, domain.ErrConflict)
 }
+
+// TestRefusedFile_OwnStoreOpens: the read-only preflight accepts the
+// store's own files in each state they are found in: an empty file, a
+// store closed cleanly (no -wal), and one left by processes that were
+// killed (its -wal, with commits not yet copied into the file, and its
+// -shm, with no process to share them): the lock held in it is seen.
+func TestRefusedFile_OwnStoreOpens(t *testing.T) {
+	ctx := context.Background()
+	t.Run("Empty", func(t *testing.T) {
+		db := filepath.Join(t.TempDir(), "agents.db")
+		require.NoError(t, os.WriteFile(db, nil, 0o600))
+		c := MustOpen(t, locks.Config{Database: db, Owner: "A"})
+		_, err := c.Locks.Acquire(ctx, "A", stressResources[0], 0)
+		require.NoError(t, err)
+	})
+	t.Run("Closed", func(t *testing.T) {
+		db := filepath.Join(t.TempDir(), "agents.db")
+		lockFile(t, db)
+		require.NoFileExists(t, db+"-wal")
+		c := MustOpen(t, locks.Config{Database: db, Owner: "A"})
+		_, err := c.Locks.Acquire(ctx, "A", stressResources[0], 0)
+		require.ErrorIs(t, err, domain.ErrConflict, "ghost's lock is there")
+	})
+	t.Run("LeftByKilledProcesses", func(t *testing.T) {
+		// A copy of a live store's three files is what processes killed
+		// at that moment leave.
+		src := filepath.Join(t.TempDir(), "live.db")
+		live := MustOpen(t, locks.Config{Database: src, Owner: "ghost"})
+		l, err := live.Locks.Acquire(ctx, "ghost", stressResources[0], 0)
+		require.NoError(t, err)
+		dir := t.TempDir()
+		db := filepath.Join(dir, "agents.db")
+		for _, suffix := range []string{"", "-wal", "-shm"} {
+			b, err := os.ReadFile(src + suffix)
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(db+suffix, b, 0o600))
+		}
+		c := MustOpen(t, locks.Config{Database: db, Owner: "A"})
+		got, err := c.Locks.Get(ctx, stressResources[0])
+		require.NoError(t, err)
+		assert.Equal(t, l.Token, got.Token)
+	})
+}
