@@ -68,6 +68,34 @@ func TestRefusedFile_Unchanged(t *testing.T) {
 				"`resource_type` varchar(50) NOT NULL, `resource_id` varchar(255) NOT NULL, `acquired_at` varchar(30) NOT NULL, `expires_at` varchar(30) NOT NULL)")
 			return p, p
 		}, checkForeignLocksTable},
+		// SQLite's names are case-insensitive, and tables, views, indexes
+		// and triggers share one namespace: any object named as one that
+		// the migration creates makes it fail, after the journal switch.
+		{"ALocksTableInMixedCase", appFile("CREATE TABLE Locks (a, b)"), checkForeignLocksTable},
+		{"ALocksTableInCapitals", appFile(`CREATE TABLE "LOCKS" (a)`), checkForeignLocksTable},
+		{"AViewNamedLocks", appFile("CREATE TABLE t (a); CREATE VIEW locks AS SELECT a FROM t"), checkForeignObject("view locks")},
+		{"AnIndexNamedLocks", appFile("CREATE TABLE t (a); CREATE INDEX locks ON t (a)"), checkForeignObject("index locks")},
+		{"AnIndexNamedAsTheStores", appFile("CREATE TABLE t (a); CREATE INDEX lock_owner_id ON t (a)"), checkForeignObject("index lock_owner_id")},
+		{"AViewNamedAsTheStoresIndex", appFile("CREATE VIEW lock_expires_at AS SELECT 1 AS one"), checkForeignObject("view lock_expires_at")},
+		{"AViewNamedAsTheVersionTable", appFile("CREATE VIEW LOCKS_SCHEMA_VERSION AS SELECT 1 AS one"), checkForeignObject("view LOCKS_SCHEMA_VERSION")},
+		// Reading these through a connection that may write would change
+		// them: copy the commits of the -wal file into the file, or roll
+		// the journal back.
+		{"WALWithoutItsIndex", func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "app.sqlite")
+			filestate.WALWithoutIndex(t, p, "CREATE TABLE locks (a, b); INSERT INTO locks VALUES (1, 2)")
+			return p, p
+		}, checkWALWithoutIndex},
+		{"WALWithoutItsIndexOtherTables", func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "app.sqlite")
+			filestate.WALWithoutIndex(t, p, "CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('keep me')")
+			return p, p
+		}, checkWALWithoutIndex},
+		{"HotJournal", func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "app.sqlite")
+			filestate.HotJournal(t, p)
+			return p, p
+		}, checkHotJournal},
 		{"ReadOnlyURI", func(t *testing.T, dir string) (string, string) {
 			p := filepath.Join(dir, "agents.db")
 			lockFile(t, p)
@@ -107,6 +135,49 @@ func checkForeignLocksTable(t *testing.T, err error) {
 	assert.Contains(t, err.Error(), "a table named locks that the lock store did not create")
 	assert.Contains(t, err.Error(), "point the service at a lock database of its own")
 	assert.NotContains(t, err.Error(), "already exists", "the refusal comes before any statement that writes")
+}
+
+// appFile makes, for TestRefusedFile_Unchanged, a file app.sqlite of
+// another application with what the statements leave.
+func appFile(statements string) func(t *testing.T, dir string) (string, string) {
+	return func(t *testing.T, dir string) (string, string) {
+		p := filepath.Join(dir, "app.sqlite")
+		filestate.AppFile(t, p, statements)
+		return p, p
+	}
+}
+
+// checkForeignObject checks the refusal of a file with an object named as
+// one that the store's migration creates (what: its type and name).
+func checkForeignObject(what string) func(t *testing.T, err error) {
+	return func(t *testing.T, err error) {
+		t.Helper()
+		assert.True(t, domain.IsStoreKind(err, domain.StoreSchema), "%v", err)
+		assert.ErrorIs(t, err, sqlite.ErrForeignSchemaObject)
+		assert.Contains(t, err.Error(), what)
+		assert.Contains(t, err.Error(), "point the service at a lock database of its own")
+		assert.NotContains(t, err.Error(), "already exists", "the refusal comes before any statement that writes")
+	}
+}
+
+// checkWALWithoutIndex checks the refusal of a WAL file whose -wal holds
+// commits and whose -shm is missing.
+func checkWALWithoutIndex(t *testing.T, err error) {
+	t.Helper()
+	assert.ErrorIs(t, err, sqlite.ErrWALWithoutIndex)
+	assert.Contains(t, err.Error(), "-shm")
+	assert.Contains(t, err.Error(), "the file was left as it was")
+}
+
+// checkHotJournal checks the refusal of a file whose -journal is hot: a
+// program stopped in the middle of a transaction.
+func checkHotJournal(t *testing.T, err error) {
+	t.Helper()
+	assert.ErrorIs(t, err, sqlite.ErrHotJournal)
+	assert.Contains(t, err.Error(), "-journal")
+	assert.Contains(t, err.Error(), "stopped in the middle of a transaction")
+	assert.NotContains(t, err.Error(), "read-only")
+	assert.NotContains(t, err.Error(), "writable")
 }
 
 // checkHardLinked checks the refusal of a file with more than one name.

@@ -85,7 +85,11 @@ type Options struct {
 // *LinkedFileError for a file with more than one name; StoreReadOnly;
 // StoreCorrupt for a file that is not a database; StoreSchema wrapping
 // ErrForeignLocksTable for a file with a locks table that the store did not
-// create; StoreBusy.
+// create, or ErrForeignSchemaObject for one with another object named as
+// one the store's migration creates; StoreUnreachable wrapping a
+// *SideFileError for something planted at a side file (SQLite's -journal,
+// -wal and -shm included), ErrWALWithoutIndex for a -wal file without its
+// -shm, or ErrHotJournal for a hot journal; StoreBusy.
 func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -96,8 +100,9 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		return nil, readOnlyModeError("open lock store "+path, dsn) // before anything is created
 	}
 	op := "open lock store " + path
-	// A side file planted by someone else is refused before anything is
-	// created (openSideFile checks again, on the file it opens).
+	// A side file planted by someone else, SQLite's own included, is
+	// refused before anything is created (openSideFile checks the store's
+	// again, on the file it opens; each new connection SQLite's).
 	if err := checkSideFiles(sidePath(path)); err != nil {
 		return nil, FormatError(op, err)
 	}
@@ -129,19 +134,14 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	}
 	// Every other reason to refuse the file is found before the first
 	// write: the journal switch to WAL that the store's connections make.
-	if err := preflight(ctx, op, dsn, path); err != nil {
+	if err := preflight(ctx, op, dsn, real); err != nil {
 		return nil, err
 	}
-	rdb, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		return nil, FormatError("open lock store "+path, err)
-	}
+	// Each connection checks SQLite's side files before SQLite opens them
+	// (sideFileConnector).
+	rdb := openPool(dsn, real)
 	// The writer leaves checkpoints to the checkpointer (checkpoint.go).
-	wdb, err := sql.Open("sqlite", dsn+"&_pragma=wal_autocheckpoint(0)&_pragma="+walSizePragma)
-	if err != nil {
-		rdb.Close()
-		return nil, FormatError("open lock store "+path, err)
-	}
+	wdb := openPool(dsn+"&_pragma=wal_autocheckpoint(0)&_pragma="+walSizePragma, real)
 	// Connections are cheap to keep and costly to open (each runs the
 	// pragmas), so keep every one that is opened, and open few: more
 	// readers would only contend for the two cores we plan for.

@@ -39,7 +39,10 @@ func FormatError(op string, err error) error {
 	}
 	var sfe *SideFileError
 	if errors.As(err, &sfe) {
-		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: sideFileAdvice}
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: sfe.advice()}
+	}
+	if isHotJournal(err) {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: fmt.Errorf("%w (%w)", ErrHotJournal, err), Advice: hotJournalAdvice}
 	}
 	if SnapshotConflict(err) {
 		return &domain.StaleSnapshotError{Op: op, What: staleSnapshot, Advice: staleSnapshotAdvice, Err: err}

@@ -58,3 +58,6 @@ var NextAfter = nextAfter
 // Freed tells the other processes on db's file that the lock on ref came
 // free, as a release through db does after its commit.
 func Freed(db *DB, ref domain.ResourceRef) { db.wake.freed(ref) }
+
+// Readers returns the pool of reading connections.
+func (db *DB) Readers() *sql.DB { return db.sql }

@@ -9,8 +9,10 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -45,7 +47,10 @@ var errNotDatabase = errors.New("the file does not begin with the SQLite header"
 // StoreUnreachable wrapping fs.ErrNotExist when the file does not exist,
 // StoreCorrupt when it is not a database, StoreUnreachable with advice when
 // this user cannot read it safely now, or wrapping a *LinkedFileError when
-// the file has more than one name.
+// the file has more than one name, a *SideFileError when something is
+// planted at SQLite's -journal, -wal or -shm, ErrWALWithoutIndex when a
+// -wal file exists without its -shm, or ErrHotJournal when a program
+// stopped in the middle of a transaction on the file.
 func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -61,7 +66,14 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	// The reading connections are opened as they are needed: all of them
 	// must reach the file that path names now, whatever the process's
 	// working directory by then (sidePath).
-	dsn = withPath(dsn, sidePath(path))
+	real := sidePath(path)
+	dsn = withPath(dsn, real)
+	// SQLite opens its side files without a question, and would block for
+	// ever on a FIFO there: each connection checks them first
+	// (sideFileConnector), and so does this, before anything is read.
+	if err := checkSQLiteSideFiles(real); err != nil {
+		return nil, FormatError(op, err)
+	}
 	wal, err := readHeader(ctx, dsn, path)
 	if errors.Is(err, errNotDatabase) {
 		return nil, &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
@@ -69,21 +81,30 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	if err != nil {
 		return nil, FormatError(op, err)
 	}
-	acc, err := readAccess(path, wal)
+	acc, err := readAccess(real, wal)
+	if errors.Is(err, ErrWALWithoutIndex) || errors.Is(err, ErrHotJournal) {
+		return nil, quietError(op, real, err)
+	}
 	if err != nil {
 		return nil, &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err,
 			Advice: "inspect it as its owner or as root, or while the application has it open"}
 	}
-	sdb, err := sql.Open("sqlite", readOnlyDSN(dsn, acc))
-	if err != nil {
-		return nil, FormatError(op, err)
-	}
+	sdb := openPool(readOnlyDSN(dsn, acc), real)
 	// Reading the catalogue makes SQLite parse the file now, so that a
-	// damaged one is reported here rather than by the first query.
+	// damaged one is reported here rather than by the first query (and a
+	// hot journal, which SQLite refuses to read on a read-only connection,
+	// as what it is).
 	var n int
-	if err := sdb.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n); err != nil {
-		sdb.Close()
-		return nil, FormatError(op, err)
+	for attempt := 1; ; attempt++ {
+		err := sdb.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n)
+		if err == nil {
+			break
+		}
+		if !readOnlyShmTransient(err) || attempt == quietAttempts || ctx.Err() != nil {
+			sdb.Close()
+			return nil, quietError(op, real, err)
+		}
+		time.Sleep(time.Duration(attempt) * 10 * time.Millisecond)
 	}
 	db := &DB{sql: sdb, writer: make(chan struct{}, 1), path: path}
 	db.store = &entstore.FreeFirstStore{Store: entstore.NewReadOnly(sdb, db.backend())}
@@ -92,20 +113,27 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	return db, nil
 }
 
-// access is how OpenReadOnly has SQLite open a database.
+// access is how OpenReadOnly and preflight have SQLite open a database.
 type access struct {
 	// mode is SQLite's mode parameter: "ro", or "rw" with query_only set.
 	mode string
 	// immutable reads the file alone, trusting that nothing changes it.
 	immutable bool
+	// readOnlyShm opens the -shm file read-only (readonly_shm=1): SQLite
+	// neither creates nor changes it, and builds the index in its own
+	// memory where no process has the database open.
+	readOnlyShm bool
 }
 
-// readAccess decides how to read the database at path, in WAL mode or not,
-// so that the reads see what other processes commit meanwhile and nothing
-// is left behind that could keep the application from writing.
+// readAccess decides how to read the database at path (named by
+// sidePath), in WAL mode or not, so that the reads see what other
+// processes commit meanwhile and nothing is left behind that could keep
+// the application from writing.
 //
 // A database not in WAL mode (or an empty file) is read with mode=ro and
-// SQLite's file locks, which create nothing.
+// SQLite's file locks, which create nothing. SQLite refuses it while its
+// journal is hot (a program stopped in the middle of a transaction):
+// rolling it back is for a connection that may write.
 //
 // A WAL database is read through its -wal file (commits not yet copied into
 // the database file) and its -shm file (the index by which readers and
@@ -117,6 +145,15 @@ type access struct {
 // the application creates it; otherwise a -shm the owner cannot write would
 // make every later write of the application fail. In order:
 //
+//   - Both -wal and -shm exist (the application has the database open, or
+//     left them at a crash): mode=ro with readonly_shm=1 reads through
+//     them, creating and changing nothing, even for a user who cannot
+//     write them; where no process has the database open, SQLite builds
+//     the index in its own memory rather than rebuild the -shm file.
+//   - A -wal file exists without its -shm: SQLite cannot read the commits
+//     in it without creating the -shm, and the last connection that may
+//     write would copy them into the file when it closes
+//     (ErrWALWithoutIndex).
 //   - No -wal file exists, and no process can write the database: it, or
 //     its directory (where a writer would have to create the -wal file),
 //     has no write permission for anyone, or the file system is mounted
@@ -126,19 +163,18 @@ type access struct {
 //     purpose, and a service that writes to it anyway must not run as root.
 //     With a -wal file, or with any writer possible, immutable could serve
 //     pages that a writer is replacing: stale reads, or SQLITE_CORRUPT.
-//   - Both -wal and -shm exist (the application has the database open, or
-//     left them at a crash): mode=ro reads through them, creating nothing,
-//     even for a user who cannot write them.
-//   - One is missing, and this user is root or the database's owner and can
-//     write the database and its directory: mode=rw with query_only=1,
-//     under which SQLite refuses every statement that would change the
-//     database. SQLite creates what is missing and, when the last
-//     connection closes, removes it again as it does for the application,
-//     leaving the directory as it was. (A mode=ro connection would leave
-//     them behind: removing them takes a write lock on the database file.)
-//     The only write this can make is that closing checkpoint, which copies
-//     commits another process left in the -wal file into the database
-//     unchanged, as any last connection does.
+//   - No -wal file exists, no journal is left beside the file, and this
+//     user is root or the database's owner and can write the database and
+//     its directory: mode=rw with query_only=1, under which SQLite refuses
+//     every statement that would change the database. SQLite creates the
+//     -wal and -shm files and, when the last connection closes, removes
+//     them again as it does for the application, leaving the directory as
+//     it was. (A mode=ro connection would leave them behind: removing them
+//     takes a write lock on the database file.) The database holds every
+//     commit when this opens; the only write this can make is the
+//     checkpoint at its close, which copies into the database the commits
+//     that other processes make meanwhile and leave in the -wal file, as
+//     the last of their own connections would.
 //   - Otherwise the database cannot be read safely now: the error says why.
 func readAccess(path string, wal bool) (access, error) {
 	if !wal {
@@ -152,17 +188,23 @@ func readAccess(path string, wal bool) (access, error) {
 	if err != nil {
 		return access{}, err
 	}
-	if !walExists && nobodyCanWrite(path) {
+	switch {
+	case walExists && shmExists:
+		return access{mode: "ro", readOnlyShm: true}, nil
+	case walExists:
+		return access{}, walWithoutIndex(path)
+	case nobodyCanWrite(path):
 		return access{mode: "ro", immutable: true}, nil
 	}
-	if walExists && shmExists {
-		return access{mode: "ro"}, nil
+	// A connection that may write rolls a hot journal back.
+	if fi, err := os.Lstat(path + "-journal"); err == nil && fi.Size() > 0 {
+		return access{}, fmt.Errorf("%s-journal: %w", path, ErrHotJournal)
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
 		return access{}, err
 	}
-	missing := fmt.Errorf("reading it needs its -wal and -shm files, which do not both exist")
+	missing := fmt.Errorf("reading it needs its -wal and -shm files, which do not exist")
 	if err := ownerOrRoot(fi); err != nil {
 		return access{}, fmt.Errorf("%w, and %w", missing, err)
 	}
@@ -247,13 +289,16 @@ func readOnlyDSN(dsn string, acc access) string {
 	base, query, _ := strings.Cut(dsn, "?")
 	q, _ := url.ParseQuery(query) // DSN produced it, so it parses
 	for _, k := range []string{"_journal_mode", "_journal", "_synchronous", "_sync", "_txlock",
-		"_pragma", "_auto_vacuum", "_vacuum", "_query_only", "mode", "immutable"} {
+		"_pragma", "_auto_vacuum", "_vacuum", "_query_only", "mode", "immutable", "readonly_shm"} {
 		q.Del(k)
 	}
 	q.Set("mode", acc.mode)
 	q.Set("_query_only", "1")
 	if acc.immutable {
 		q.Set("immutable", "1")
+	}
+	if acc.readOnlyShm {
+		q.Set("readonly_shm", "1")
 	}
 	return base + "?" + q.Encode()
 }
@@ -262,63 +307,108 @@ func readOnlyDSN(dsn string, acc access) string {
 type SchemaState struct {
 	// MigrationApplied: goose records MigrationName as applied.
 	MigrationApplied bool
-	// LocksTable: a table named locks exists, whoever created it.
+	// LocksTable: a table named locks exists (in any letter case: SQLite's
+	// names are case-insensitive), whoever created it.
 	LocksTable bool
 	// OtherTables are the tables that belong to neither the lock store
 	// nor SQLite, sorted: those of another application, whose file a
 	// command line may name by mistake.
 	OtherTables []string
+	// Conflicts are, while MigrationApplied is false, the objects other
+	// than a locks table that are named (in any letter case) as one the
+	// store's migrations create or as its version table, each as "type
+	// name", sorted: SQLite's tables, views, indexes and triggers share
+	// one namespace, so the migration would fail on each. A version table
+	// that is a table is not one of them.
+	Conflicts []string
 }
 
-// Schema reports whether MigrationName has been applied and whether the
-// locks table exists. Unlike MigrationApplied it only reads: goose would
-// create its version table in a database that lacks one.
+// migrationObjects are the names, in lower case, of the objects that the
+// store's migrations create, read from their CREATE statements, and of
+// its version table.
+var migrationObjects = func() map[string]bool {
+	names := map[string]bool{entstore.VersionTable: true}
+	create := regexp.MustCompile("(?i)CREATE\\s+(?:UNIQUE\\s+)?(?:TABLE|INDEX|VIEW|TRIGGER)\\s+(?:IF\\s+NOT\\s+EXISTS\\s+)?[`\"\\[]?(\\w+)")
+	files, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		panic("sqlite: no migrations embedded")
+	}
+	for _, f := range files {
+		b, err := migrationFiles.ReadFile(f)
+		if err != nil {
+			panic("sqlite: reading embedded migration " + f + ": " + err.Error())
+		}
+		for _, m := range create.FindAllStringSubmatch(string(b), -1) {
+			names[strings.ToLower(m[1])] = true
+		}
+	}
+	return names
+}()
+
+// Schema reports whether MigrationName has been applied, whether the
+// locks table exists, and what else in the file the migration would meet.
+// Unlike MigrationApplied it only reads: goose would create its version
+// table in a database that lacks one.
 func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	const op = "read schema"
 	var st SchemaState
-	tables := map[string]bool{}
-	rows, err := db.sql.QueryContext(ctx, "SELECT name FROM sqlite_master WHERE type = 'table'")
+	// tables maps each table's name in lower case to its name as written.
+	tables := map[string]string{}
+	rows, err := db.sql.QueryContext(ctx, "SELECT type, name FROM sqlite_master")
 	if err != nil {
 		return st, FormatError(op, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
+		var typ, name string
+		if err := rows.Scan(&typ, &name); err != nil {
 			return st, FormatError(op, err)
 		}
-		tables[name] = true
+		lower := strings.ToLower(name)
+		if typ == "table" {
+			tables[lower] = name
+		}
+		switch {
+		case strings.HasPrefix(lower, "sqlite_") || !migrationObjects[lower]:
+		case typ == "table" && (lower == entlock.Table || lower == entstore.VersionTable):
+		default:
+			st.Conflicts = append(st.Conflicts, typ+" "+name)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return st, FormatError(op, err)
 	}
-	st.LocksTable = tables[entlock.Table]
-	for name := range tables {
+	_, st.LocksTable = tables[entlock.Table]
+	for lower, name := range tables {
 		switch {
-		case name == entlock.Table, name == entstore.VersionTable, name == entstore.LegacyVersionTable,
-			strings.HasPrefix(name, "sqlite_"):
+		case lower == entlock.Table, lower == entstore.VersionTable, lower == strings.ToLower(entstore.LegacyVersionTable),
+			strings.HasPrefix(lower, "sqlite_"):
 		default:
 			st.OtherTables = append(st.OtherTables, name)
 		}
 	}
 	slices.Sort(st.OtherTables)
+	slices.Sort(st.Conflicts)
 	// The module's own version table or, in a database that only versions
 	// of the module older than that table have opened, goose's default one.
-	table := entstore.VersionTable
-	if !tables[table] {
-		table = entstore.LegacyVersionTable
+	table, ok := tables[entstore.VersionTable]
+	if !ok {
+		table, ok = tables[strings.ToLower(entstore.LegacyVersionTable)]
 	}
-	if !tables[table] {
+	if !ok {
 		return st, nil
 	}
 	version, err := migrationVersion()
 	if err != nil {
 		return st, &domain.StoreError{Op: op, Err: err}
 	}
-	err = db.sql.QueryRowContext(ctx, "SELECT is_applied FROM "+table+
-		" WHERE version_id = ? ORDER BY id DESC LIMIT 1", version).Scan(&st.MigrationApplied)
+	err = db.sql.QueryRowContext(ctx, "SELECT is_applied FROM \""+strings.ReplaceAll(table, "\"", "\"\"")+
+		"\" WHERE version_id = ? ORDER BY id DESC LIMIT 1", version).Scan(&st.MigrationApplied)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return st, FormatError(op, err)
+	}
+	if st.MigrationApplied {
+		st.Conflicts = nil // the migration created them
 	}
 	return st, nil
 }

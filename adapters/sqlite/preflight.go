@@ -6,58 +6,266 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/cleveragents/locks/domain"
 )
 
 // ErrForeignLocksTable matches the refusal of a database file that has a
-// table named locks which the lock store's migration did not create: the
+// table named locks (in any letter case: SQLite's names are
+// case-insensitive) which the lock store's migration did not create: the
 // table of another application, which the store must neither use nor
 // build beside. The refusal is a *domain.StoreError of kind StoreSchema.
 var ErrForeignLocksTable = errors.New("the file has a table named locks that the lock store did not create " +
 	"(its migration " + MigrationName + " is not recorded)")
 
+// ErrForeignSchemaObject matches the refusal of a database file that has
+// an object (a view, an index, a trigger, or a table other than locks)
+// named, in any letter case, as one that the lock store's migration
+// creates: SQLite's tables, views, indexes and triggers share one
+// namespace, so the migration would fail on it, after the journal switch
+// and the version table had changed the file. The refusal is a
+// *domain.StoreError of kind StoreSchema naming the objects.
+var ErrForeignSchemaObject = errors.New("the file has objects named as those that the lock store's migration " +
+	MigrationName + " creates, which it did not create")
+
+// ErrWALWithoutIndex matches the refusal of a file in WAL mode whose
+// "-wal" file (commits not yet copied into the file) exists without its
+// "-shm" file (the index by which SQLite reads them): SQLite can read it
+// only by creating the -shm file, and its last connection would then
+// copy the commits into the file. The refusal is a *domain.StoreError of
+// kind StoreUnreachable.
+var ErrWALWithoutIndex = errors.New("this -wal file holds commits not yet copied into the file, and the file's -shm file, " +
+	"the index by which SQLite reads them, is missing: reading the file would create the -shm file")
+
+// walWithoutIndexAdvice is what to do about ErrWALWithoutIndex.
+const walWithoutIndexAdvice = "if no program has the file open, open it once with the program that made it " +
+	"(or with sqlite3, as a user who may write it): SQLite rebuilds the index, and copies the commits into the file when it closes it; " +
+	"do not remove the -wal file, which holds them; the file was left as it was"
+
+// ErrHotJournal matches the refusal of a file whose rollback journal
+// ("-journal") is hot: a program stopped in the middle of a transaction
+// on it, having overwritten pages of the file whose old contents the
+// journal keeps. SQLite rolls it back on the next connection that may
+// write, and refuses to read it on one that may not. The refusal is a
+// *domain.StoreError of kind StoreUnreachable.
+var ErrHotJournal = errors.New("a program stopped in the middle of a transaction on the file: " +
+	"this -journal file holds what is to be rolled back before the file can be read")
+
+// hotJournalAdvice is what to do about ErrHotJournal.
+const hotJournalAdvice = "open the file with the program that wrote it (or with sqlite3, as a user who may write it), " +
+	"which rolls the transaction back; do not remove the -journal file, without which the file stays half-written; " +
+	"the lock store rolls back no file it has not proved to be its own, and left this one as it was"
+
 // foreignLocksAdvice is what to do about ErrForeignLocksTable.
 const foreignLocksAdvice = "point the service at a lock database of its own (a path where no file exists yet creates one), " +
 	"and leave this file to the application that made it; the file was left as it was"
 
-// preflight decides, before anything writes to the file at path, whether
-// Open may make it a lock store: switch its journal to WAL, create the
-// version table and apply the migrations. Each of those writes the file,
-// so each reason to refuse it must be found first, by reading only:
+// preflight decides, before anything writes to the file at path (named
+// by sidePath), whether Open may make it a lock store: switch its journal
+// to WAL, create the version table and apply the migrations. Each of
+// those writes the file, so each reason to refuse it must be found first,
+// by reading only:
 //
 //   - a file that is not a SQLite database (StoreCorrupt);
 //   - a table named locks without the record of the store's migration
-//     (ErrForeignLocksTable): the migration would fail on it, after the
-//     journal switch and the version table had changed the file.
+//     (ErrForeignLocksTable), or any other object named as one the
+//     migration creates (ErrForeignSchemaObject): the migration would fail
+//     on it, after the journal switch and the version table had changed
+//     the file;
+//   - a file that cannot be read without changing it: a -wal file without
+//     its -shm (ErrWALWithoutIndex), a hot journal (ErrHotJournal).
 //
 // An empty or new file is the store's to make; a file with the store's
 // migration recorded is a lock store; a file with other tables only is
 // an application's database that the application shares with the store,
 // which adds its tables beside the others.
 //
-// It reads through SQLite (SQLite reports a file that is not a
-// database), with a connection that refuses every write
-// (query_only) and leaves the journal mode alone; in WAL mode SQLite may
-// create the -wal and -shm files to read, and removes them again when the
-// connection closes, as it will for the store's own connections.
+// It reads through SQLite (SQLite reports a file that is not a database)
+// with a connection that cannot change any file (quietRead).
 func preflight(ctx context.Context, op, dsn, path string) error {
 	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
 		return nil // new, or empty: SQLite's empty database
 	}
-	sdb, err := sql.Open("sqlite", readOnlyDSN(dsn, access{mode: "rw"}))
+	var st SchemaState
+	err := quietRead(ctx, op, dsn, path, func(sdb *sql.DB) (err error) {
+		st, err = (&DB{sql: sdb}).Schema(ctx)
+		return err
+	})
 	if err != nil {
-		return FormatError(op, err)
+		return err
 	}
-	defer sdb.Close()
-	sdb.SetMaxOpenConns(1)
-	st, err := (&DB{sql: sdb}).Schema(ctx)
-	if err != nil {
-		return FormatError(op, err)
+	if st.MigrationApplied {
+		return nil
 	}
-	if st.LocksTable && !st.MigrationApplied {
+	if st.LocksTable {
 		return &domain.StoreError{Op: op, Kind: domain.StoreSchema, Advice: foreignLocksAdvice,
 			Err: fmt.Errorf("%s: %w", path, ErrForeignLocksTable)}
 	}
+	if len(st.Conflicts) > 0 {
+		return &domain.StoreError{Op: op, Kind: domain.StoreSchema, Advice: foreignLocksAdvice,
+			Err: fmt.Errorf("%s: %w: %s", path, ErrForeignSchemaObject, strings.Join(st.Conflicts, ", "))}
+	}
 	return nil
+}
+
+// quietAttempts bounds how often quietRead (and OpenReadOnly) read a file
+// again: in WAL mode without a -wal file, because another process changed
+// it meanwhile; through a read-only -shm, while a process that has the
+// file open recovers or resets its index (readOnlyShmTransient).
+const quietAttempts = 5
+
+// quietRead runs read on a pool of one connection to the non-empty
+// database at path (named by sidePath) through dsn that can change no
+// file: it neither writes, nor creates, removes or rolls back anything,
+// nor checkpoints when it closes (which a connection that may write
+// does, even with query_only set). How depends on the files beside it:
+//
+//   - a file in a rollback journal mode is read with mode=ro, under
+//     SQLite's locks; a hot journal is refused (ErrHotJournal) rather
+//     than rolled back;
+//   - a file in WAL mode with both its -wal and -shm files (a store that
+//     processes have open, or left at a crash) is read with mode=ro and
+//     readonly_shm=1, which opens the -shm read-only: SQLite shares the
+//     index of the processes that have it open, and where none has,
+//     builds one in its own memory from the -wal file;
+//   - a file in WAL mode with a -wal file and no -shm file cannot be read
+//     without creating the -shm (ErrWALWithoutIndex);
+//   - a file in WAL mode without a -wal file holds every commit itself:
+//     it is read alone (immutable=1, no lock, no file created), and read
+//     again if a process changed it or created a -wal file meanwhile.
+//
+// Errors are formatted for op.
+func quietRead(ctx context.Context, op, dsn, path string, read func(*sql.DB) error) error {
+	for attempt := 1; ; attempt++ {
+		wal, err := readHeader(ctx, dsn, path)
+		if errors.Is(err, errNotDatabase) {
+			return &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
+		}
+		if err != nil {
+			return FormatError(op, err)
+		}
+		acc, err := quietAccess(path, wal)
+		if err != nil {
+			return quietError(op, path, err)
+		}
+		before, _ := os.Stat(path)
+		err = readWith(readOnlyDSN(dsn, acc), path, read)
+		switch {
+		case err != nil && (!readOnlyShmTransient(err) || attempt == quietAttempts):
+			return quietError(op, path, err)
+		case err == nil && !acc.immutable:
+			return nil
+		case err == nil:
+			// Nothing kept another process from writing meanwhile: what
+			// was read holds only if the file did not change and no -wal
+			// appeared.
+			after, _ := os.Stat(path)
+			walNow, _ := exists(path + "-wal")
+			if !walNow && before != nil && after != nil && sameContent(before, after) {
+				return nil
+			}
+			if attempt == quietAttempts {
+				return &domain.StoreError{Op: op, Kind: domain.StoreBusy,
+					Err: fmt.Errorf("%s: other processes changed the file each time it was read", path)}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt) * 10 * time.Millisecond):
+		}
+	}
+}
+
+// quietAccess is how quietRead reads the database at path, in WAL mode
+// or not (see quietRead).
+func quietAccess(path string, wal bool) (access, error) {
+	if !wal {
+		return access{mode: "ro"}, nil
+	}
+	walExists, err := exists(path + "-wal")
+	if err != nil {
+		return access{}, err
+	}
+	shmExists, err := exists(path + "-shm")
+	if err != nil {
+		return access{}, err
+	}
+	switch {
+	case walExists && shmExists:
+		return access{mode: "ro", readOnlyShm: true}, nil
+	case walExists:
+		return access{}, walWithoutIndex(path)
+	}
+	// A journal beside a file in WAL mode is left by a switch of the
+	// journal mode that stopped half-way; reading the file alone would
+	// read what it has not rolled back.
+	if fi, err := os.Lstat(path + "-journal"); err == nil && fi.Size() > 0 {
+		return access{}, fmt.Errorf("%s-journal: %w", path, ErrHotJournal)
+	}
+	return access{mode: "ro", immutable: true}, nil
+}
+
+// walWithoutIndex is ErrWALWithoutIndex for the database at path.
+func walWithoutIndex(path string) error {
+	return fmt.Errorf("%s-wal: %w", path, ErrWALWithoutIndex)
+}
+
+// readWith runs read on a pool of one connection through dsn to the
+// database at path (named by sidePath), closed after it.
+func readWith(dsn, path string, read func(*sql.DB) error) error {
+	sdb := openPool(dsn, path)
+	defer sdb.Close()
+	sdb.SetMaxOpenConns(1)
+	return read(sdb)
+}
+
+// sameContent reports whether two stats of a file show the same content:
+// the same file, size and modification time.
+func sameContent(a, b os.FileInfo) bool {
+	return os.SameFile(a, b) && a.Size() == b.Size() && a.ModTime().Equal(b.ModTime())
+}
+
+// quietError formats err, met by quietRead or OpenReadOnly reading the
+// database at path, for op: a hot journal (which SQLite reports to a
+// read-only connection as SQLITE_READONLY_ROLLBACK) and a -wal without
+// its -shm are told for what they are, not as a read-only file.
+func quietError(op, path string, err error) error {
+	switch {
+	case errors.Is(err, ErrHotJournal) || isHotJournal(err):
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Advice: hotJournalAdvice,
+			Err: fmt.Errorf("%s-journal: %w", path, ErrHotJournal)}
+	case errors.Is(err, ErrWALWithoutIndex):
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: walWithoutIndexAdvice}
+	}
+	return FormatError(op, err)
+}
+
+// isHotJournal reports whether err is SQLite's refusal to read a file
+// whose journal is hot on a connection that may not roll it back
+// (SQLITE_READONLY_ROLLBACK).
+func isHotJournal(err error) bool {
+	var serr *sqlite.Error
+	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_READONLY_ROLLBACK
+}
+
+// readOnlyShmTransient reports whether err is one of SQLite's refusals to
+// read through a read-only -shm that last only while a process that has
+// the database open recovers or resets its index (SQLITE_READONLY_CANTINIT,
+// SQLITE_READONLY_RECOVERY, SQLITE_BUSY_RECOVERY): read again.
+func readOnlyShmTransient(err error) bool {
+	var serr *sqlite.Error
+	if !errors.As(err, &serr) {
+		return false
+	}
+	switch serr.Code() {
+	case sqlite3.SQLITE_READONLY_CANTINIT, sqlite3.SQLITE_READONLY_RECOVERY, sqlite3.SQLITE_BUSY_RECOVERY:
+		return true
+	}
+	return false
 }

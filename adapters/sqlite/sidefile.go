@@ -10,11 +10,13 @@ import (
 )
 
 // SideFileError reports that something other than the store's own file
-// is at the name of one of its side files, "<database>-lock" or
-// "<database>-wake": a symbolic link, a FIFO or another kind of file, a
-// file with more than one name, or a file of a user who could not write
-// the database. Another local user may have put it there: following it
-// would create, write, chmod or lock a file somewhere else, or block for
+// is at the name of one of its side files: "<database>-lock" or
+// "<database>-wake", or SQLite's own "<database>-journal",
+// "<database>-wal" and "<database>-shm". What is there is a symbolic
+// link, a FIFO or another kind of file, a file with more than one name,
+// or a file of a user who could not write the database. Another local
+// user may have put it there: following it would create, write, chmod or
+// lock a file somewhere else, read commits that user wrote, or block for
 // ever on a FIFO. It comes wrapped in a *domain.StoreError (kind
 // StoreUnreachable), so it matches domain.ErrUnavailable too; match it
 // with errors.As.
@@ -29,9 +31,35 @@ func (e *SideFileError) Error() string {
 	return fmt.Sprintf("%s %s: it must be a regular file of the lock store's own", e.Path, e.Problem)
 }
 
-// sideFileAdvice is what to do about a SideFileError.
+// sideFileAdvice is what to do about a SideFileError at "-lock" or
+// "-wake".
 const sideFileAdvice = "remove it (it holds no data, and the store creates it again) once you know who put it there; " +
 	"if another user could, keep the database in a directory that only its users can write"
+
+// sqliteSideFileAdvice is what to do about a SideFileError at one of
+// SQLite's own side files, which a regular file there may hold commits
+// of the database in.
+const sqliteSideFileAdvice = "a FIFO, a symbolic link or a directory there is not SQLite's: remove it once you know who put it there; " +
+	"a regular file there (with other names, or of another user) may hold commits of the database: do not remove it, " +
+	"but have the database's owner open the database once with sqlite3, after which SQLite removes it; " +
+	"if another user could put it there, keep the database in a directory that only its users can write; the database was left as it was"
+
+// advice is what to do about e.
+func (e *SideFileError) advice() string {
+	for _, suffix := range sqliteSideFiles {
+		if strings.HasSuffix(e.Path, suffix) {
+			return sqliteSideFileAdvice
+		}
+	}
+	return sideFileAdvice
+}
+
+// sqliteSideFiles are the suffixes of the side files that SQLite itself
+// opens beside a database: its rollback journal, its write-ahead log and
+// the log's index. SQLite opens them without a question: it blocks for
+// ever on a FIFO there (the journal is opened to read its first byte
+// whenever it exists), and reads whatever file is there.
+var sqliteSideFiles = []string{"-journal", "-wal", "-shm"}
 
 // sideFileProblem says what is wrong with fi, which lstat(2) or fstat(2)
 // returned for a side file of the database whose owner is db, or "" when
@@ -68,11 +96,31 @@ func checkSideFile(db, path string) error {
 	return nil
 }
 
+// checkSQLiteSideFiles refuses SQLite's own side files of the database
+// at path (named by sidePath) when the store may not use them
+// (checkSideFile): before SQLite opens the database, which creates the
+// database and opens them. SQLite opens them again on every connection
+// it opens (the pools call this before each: sideFileConnector), but
+// does not check them itself: what is planted between the check and
+// SQLite's open is not seen.
+func checkSQLiteSideFiles(path string) error {
+	for _, suffix := range sqliteSideFiles {
+		if err := checkSideFile(path, path+suffix); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkSideFiles refuses the side files of the database at path (named
 // by sidePath) that the store would open here and must not use
-// (checkSideFile). Opening each one checks again, on the file opened,
-// since one may be planted between the two.
+// (checkSideFile): SQLite's own (checkSQLiteSideFiles) and the store's.
+// Opening each of the store's checks again, on the file opened, since one
+// may be planted between the two.
 func checkSideFiles(path string) error {
+	if err := checkSQLiteSideFiles(path); err != nil {
+		return err
+	}
 	var names []string
 	if haveFileLocks {
 		names = append(names, path+"-lock")

@@ -244,3 +244,46 @@ func TestOpen_SideFileOfTheWritingGroup(t *testing.T) {
 	_, err = openWithin(t, path)
 	requireRefused(t, err, path+"-lock")
 }
+
+// TestSideFile_FIFOJournalPlantedAfterOpen: SQLite opens "<db>-journal",
+// whenever one exists, on each new connection (to see whether it is a
+// hot journal), and would block for ever on a FIFO planted there after
+// the store opened. The pool checks the side files before it opens a
+// connection: the read fails at once with a *sqlite.SideFileError.
+func TestSideFile_FIFOJournalPlantedAfterOpen(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "agents.db")
+	db, err := sqlite.Open(ctx, path, sqlite.Options{})
+	require.NoError(t, err)
+	defer db.Close()
+	fifo := path + "-journal"
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	defer os.Remove(fifo)
+	readers := db.Readers()
+	readers.SetMaxIdleConns(0) // the next read opens a new connection
+
+	done := make(chan error, 1)
+	go func() {
+		var n int
+		done <- readers.QueryRowContext(ctx, "SELECT count(*) FROM locks").Scan(&n)
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		for i := 0; i < 50; i++ {
+			if f, ferr := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); ferr == nil {
+				f.Close()
+			}
+			select {
+			case <-done:
+				t.Fatal("a new connection blocked on the FIFO")
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		t.Fatal("a new connection blocked on the FIFO, and stays blocked")
+	}
+	require.Error(t, err)
+	var se *sqlite.SideFileError
+	require.True(t, errors.As(err, &se), "a *sqlite.SideFileError: %v", err)
+	assert.Equal(t, fifo, se.Path)
+}

@@ -75,6 +75,24 @@ func TestCLI_RefusedFileUnchanged(t *testing.T) {
 			filestate.AppFile(t, p, "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes (body) VALUES ('keep me')")
 			return p, p
 		}, want: "check --db"},
+		// Read through a connection that may write, these would change:
+		// the commits of the -wal copied into the file, the journal
+		// rolled back.
+		{name: "WALWithoutItsIndex", make: func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "app.sqlite")
+			filestate.WALWithoutIndex(t, p, "CREATE TABLE locks (a, b); INSERT INTO locks VALUES (1, 2)")
+			return p, p
+		}, want: "-shm file, the index by which SQLite reads them, is missing"},
+		{name: "WALWithoutItsIndexOtherTables", make: func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "app.sqlite")
+			filestate.WALWithoutIndex(t, p, "CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('keep me')")
+			return p, p
+		}, want: "-shm file, the index by which SQLite reads them, is missing"},
+		{name: "HotJournal", make: func(t *testing.T, dir string) (string, string) {
+			p := filepath.Join(dir, "app.sqlite")
+			filestate.HotJournal(t, p)
+			return p, p
+		}, want: "a program stopped in the middle of a transaction"},
 		{name: "LockDatabaseHardLinked", make: func(t *testing.T, dir string) (string, string) {
 			p := filepath.Join(dir, "agents.db")
 			seedLockDB(t, p)

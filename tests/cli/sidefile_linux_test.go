@@ -81,3 +81,71 @@ func TestCLI_PlantedFIFOAsAnotherUser(t *testing.T) {
 	assert.Contains(t, r.stderr, a.db+"-wake")
 	assert.Contains(t, r.stderr, "remove it")
 }
+
+// TestCLI_PlantedSQLiteSideFile: a FIFO, a symbolic link or a directory
+// planted at one of SQLite's own side files ("-journal", "-wal", "-shm")
+// makes every command fail at once, saying which file it is and what to
+// do, instead of hanging on the FIFO (SQLite opens the journal to read
+// it) or following the link; the planted file, and the database, stay as
+// they were. Where the database does not exist yet, acquire --create
+// creates none beside it.
+func TestCLI_PlantedSQLiteSideFile(t *testing.T) {
+	t.Parallel()
+	for _, side := range []string{"-journal", "-wal", "-shm"} {
+		for _, kind := range []string{"FIFO", "Symlink", "Directory"} {
+			for _, exists := range []bool{true, false} {
+				name := kind + side
+				if !exists {
+					name += "/NewDatabase"
+				}
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					a := newAgents(t)
+					if exists {
+						a.mustRun("--owner", "ghost", "locks", "acquire", "plan", "held", "--ttl", "1h")
+					}
+					victim := filepath.Join(t.TempDir(), "victim")
+					require.NoError(t, os.WriteFile(victim, []byte("not for the lock store\n"), 0o600))
+					switch kind {
+					case "FIFO":
+						require.NoError(t, syscall.Mkfifo(a.db+side, 0o644))
+					case "Symlink":
+						require.NoError(t, os.Symlink(victim, a.db+side))
+					case "Directory":
+						require.NoError(t, os.Mkdir(a.db+side, 0o700))
+					}
+					commands := [][]string{
+						{"--owner", "me", "locks", "acquire", "--create", "plan", "p1"},
+					}
+					if exists {
+						commands = append(commands,
+							[]string{"--owner", "me", "locks", "run", "plan", "p1", "--", "true"},
+							[]string{"--owner", "ghost", "locks", "release", "plan", "held"},
+							[]string{"locks", "list", "--all"},
+							[]string{"diagnostics"},
+						)
+					}
+					for _, args := range commands {
+						start := time.Now()
+						r := a.run(args...)
+						assert.Less(t, time.Since(start), 20*time.Second, "%v", args)
+						assert.Equal(t, 1, r.code, "%v\nstdout: %s\nstderr: %s", args, r.stdout, r.stderr)
+						out := r.stderr + r.stdout // diagnostics reports on stdout
+						assert.Contains(t, out, a.db+side, "%v", args)
+						assert.Contains(t, out, "it must be a regular file of the lock store's own", "%v", args)
+						assert.NotContains(t, out, "check the path", "%v", args)
+					}
+					fi, err := os.Lstat(a.db + side)
+					require.NoError(t, err, "the planted file was removed")
+					assert.NotZero(t, fi.Mode()&(fs.ModeNamedPipe|fs.ModeSymlink|fs.ModeDir), "the planted file was replaced")
+					if !exists {
+						assert.NoFileExists(t, a.db, "no database is created beside a refused side file")
+					}
+					b, err := os.ReadFile(victim)
+					require.NoError(t, err)
+					assert.Equal(t, "not for the lock store\n", string(b))
+				})
+			}
+		}
+	}
+}

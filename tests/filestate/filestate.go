@@ -69,3 +69,55 @@ func AppFile(t testing.TB, path, statements string) {
 	require.NoError(t, err)
 	require.NoError(t, sdb.Close())
 }
+
+// WALWithoutIndex makes a SQLite file at path in WAL mode whose commits
+// (what the statements leave) are all in path-wal, not yet copied into
+// the file, and no path-shm: the files of a program that was stopped, or
+// copied, without its index. It copies a scratch database's files while
+// a connection holds them, as a backup of a running program would.
+func WALWithoutIndex(t testing.TB, path, statements string) {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "src.db")
+	sdb, err := sql.Open("sqlite", "file:"+src+"?_pragma=journal_mode(wal)&_pragma=wal_autocheckpoint(0)")
+	require.NoError(t, err)
+	defer sdb.Close()
+	sdb.SetMaxOpenConns(1)
+	_, err = sdb.Exec(statements)
+	require.NoError(t, err)
+	copyFile(t, src, path)
+	copyFile(t, src+"-wal", path+"-wal")
+}
+
+// HotJournal makes a SQLite file at path in the rollback journal mode as
+// a program leaves it that stopped in the middle of a transaction: some
+// pages of the file already overwritten, and their old contents in
+// path-journal, a "hot" journal that the next connection able to write
+// rolls back. It copies a scratch database's files during the
+// transaction (whose small cache spills the changed pages into the file).
+func HotJournal(t testing.TB, path string) {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "src.db")
+	sdb, err := sql.Open("sqlite", "file:"+src+"?_pragma=journal_mode(delete)&_pragma=cache_size(2)")
+	require.NoError(t, err)
+	defer sdb.Close()
+	sdb.SetMaxOpenConns(1)
+	_, err = sdb.Exec("CREATE TABLE notes (body BLOB); " +
+		"WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 400) INSERT INTO notes SELECT randomblob(500) FROM c")
+	require.NoError(t, err)
+	tx, err := sdb.Begin()
+	require.NoError(t, err)
+	defer tx.Rollback()
+	_, err = tx.Exec("UPDATE notes SET body = randomblob(500)")
+	require.NoError(t, err)
+	copyFile(t, src, path)
+	copyFile(t, src+"-journal", path+"-journal")
+}
+
+// copyFile copies the file from to a new file to, with mode 0600.
+func copyFile(t testing.TB, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	require.NoError(t, err)
+	require.NotEmpty(t, b, from)
+	require.NoError(t, os.WriteFile(to, b, 0o600))
+}
