@@ -221,6 +221,24 @@ func TestRefusedFile_OwnStoreOpens(t *testing.T) {
 		_, err := c.Locks.Acquire(ctx, "A", stressResources[0], 0)
 		require.ErrorIs(t, err, domain.ErrConflict, "ghost's lock is there")
 	})
+	t.Run("JournalOfAWriterStillAtWork", func(t *testing.T) {
+		// Another process's transaction (the switch to WAL of a store it
+		// is creating) has a -journal file until it commits: one that
+		// goes away while Open looks is no hot journal, and Open waits
+		// for it rather than refuse the file.
+		db := filepath.Join(t.TempDir(), "agents.db")
+		lockFile(t, db)
+		require.NoError(t, os.WriteFile(db+"-journal", make([]byte, 512), 0o600))
+		gone := make(chan error, 1)
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			gone <- os.Remove(db + "-journal")
+		}()
+		c, err := locks.Open(ctx, locks.Config{Database: db, Owner: "A"})
+		require.NoError(t, <-gone)
+		require.NoError(t, err, "a journal that its writer removes is waited for")
+		require.NoError(t, c.Close())
+	})
 	t.Run("LeftByKilledProcesses", func(t *testing.T) {
 		// A copy of a live store's three files is what processes killed
 		// at that moment leave.

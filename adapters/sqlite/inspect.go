@@ -74,14 +74,27 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	if err := checkSQLiteSideFiles(real); err != nil {
 		return nil, FormatError(op, err)
 	}
-	wal, err := readHeader(ctx, dsn, path)
-	if errors.Is(err, errNotDatabase) {
-		return nil, &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
+	start := time.Now()
+	var acc access
+	for attempt := 1; ; attempt++ {
+		var wal bool
+		wal, err = readHeader(ctx, dsn, path)
+		if errors.Is(err, errNotDatabase) {
+			return nil, &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
+		}
+		if err != nil {
+			return nil, FormatError(op, err)
+		}
+		acc, err = readAccess(real, wal)
+		if !(isHot(err) || errors.Is(err, ErrWALWithoutIndex)) || time.Since(start) >= hotJournalPatience {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, FormatError(op, ctx.Err())
+		case <-time.After(quietPause(attempt)):
+		}
 	}
-	if err != nil {
-		return nil, FormatError(op, err)
-	}
-	acc, err := readAccess(real, wal)
 	if errors.Is(err, ErrWALWithoutIndex) || errors.Is(err, ErrHotJournal) {
 		return nil, quietError(op, real, err)
 	}
@@ -100,11 +113,13 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 		if err == nil {
 			break
 		}
-		if !readOnlyShmTransient(err) || attempt == quietAttempts || ctx.Err() != nil {
+		again := readOnlyShmTransient(err) && attempt < quietAttempts ||
+			isHot(err) && time.Since(start) < hotJournalPatience
+		if !again || ctx.Err() != nil {
 			sdb.Close()
 			return nil, quietError(op, real, err)
 		}
-		time.Sleep(time.Duration(attempt) * 10 * time.Millisecond)
+		time.Sleep(quietPause(attempt))
 	}
 	db := &DB{sql: sdb, writer: make(chan struct{}, 1), path: path}
 	db.store = &entstore.FreeFirstStore{Store: entstore.NewReadOnly(sdb, db.backend())}

@@ -119,6 +119,26 @@ func preflight(ctx context.Context, op, dsn, path string) error {
 // file open recovers or resets its index (readOnlyShmTransient).
 const quietAttempts = 5
 
+// hotJournalPatience is how long quietRead (and OpenReadOnly) look again
+// at a -journal file before they call it hot, or at a -wal file before
+// they call it one without its -shm: a process that is creating the
+// store, or writing in a rollback journal mode, has a -journal until its
+// transaction ends, and one that opens a file in WAL mode creates the
+// -wal and -shm files one after the other, in milliseconds; what a
+// program that stopped left stays.
+const hotJournalPatience = 2 * time.Second
+
+// isHot reports whether err is a hot journal, told by quietAccess or
+// readAccess, or by SQLite (isHotJournal).
+func isHot(err error) bool {
+	return errors.Is(err, ErrHotJournal) || isHotJournal(err)
+}
+
+// quietPause is the pause before quietRead's attempt after attempt.
+func quietPause(attempt int) time.Duration {
+	return min(time.Duration(attempt)*10*time.Millisecond, 50*time.Millisecond)
+}
+
 // quietRead runs read on a pool of one connection to the non-empty
 // database at path (named by sidePath) through dsn that can change no
 // file: it neither writes, nor creates, removes or rolls back anything,
@@ -141,7 +161,9 @@ const quietAttempts = 5
 //
 // Errors are formatted for op.
 func quietRead(ctx context.Context, op, dsn, path string, read func(*sql.DB) error) error {
+	start := time.Now()
 	for attempt := 1; ; attempt++ {
+		patient := time.Since(start) < hotJournalPatience
 		wal, err := readHeader(ctx, dsn, path)
 		if errors.Is(err, errNotDatabase) {
 			return &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
@@ -150,36 +172,48 @@ func quietRead(ctx context.Context, op, dsn, path string, read func(*sql.DB) err
 			return FormatError(op, err)
 		}
 		acc, err := quietAccess(path, wal)
-		if err != nil {
-			return quietError(op, path, err)
+		if err == nil {
+			before, _ := os.Stat(path)
+			err = readWith(readOnlyDSN(dsn, acc), path, read)
+			if err == nil && acc.immutable {
+				err = changedMeanwhile(path, before)
+			}
 		}
-		before, _ := os.Stat(path)
-		err = readWith(readOnlyDSN(dsn, acc), path, read)
 		switch {
-		case err != nil && (!readOnlyShmTransient(err) || attempt == quietAttempts):
-			return quietError(op, path, err)
-		case err == nil && !acc.immutable:
-			return nil
 		case err == nil:
-			// Nothing kept another process from writing meanwhile: what
-			// was read holds only if the file did not change and no -wal
-			// appeared.
-			after, _ := os.Stat(path)
-			walNow, _ := exists(path + "-wal")
-			if !walNow && before != nil && after != nil && sameContent(before, after) {
-				return nil
-			}
-			if attempt == quietAttempts {
-				return &domain.StoreError{Op: op, Kind: domain.StoreBusy,
-					Err: fmt.Errorf("%s: other processes changed the file each time it was read", path)}
-			}
+			return nil
+		case (isHot(err) || errors.Is(err, ErrWALWithoutIndex)) && patient,
+			readOnlyShmTransient(err) && attempt < quietAttempts,
+			errors.Is(err, errChangedMeanwhile) && attempt < quietAttempts:
+		case errors.Is(err, errChangedMeanwhile):
+			return &domain.StoreError{Op: op, Kind: domain.StoreBusy,
+				Err: fmt.Errorf("%s: other processes changed the file each time it was read", path)}
+		default:
+			return quietError(op, path, err)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(time.Duration(attempt) * 10 * time.Millisecond):
+		case <-time.After(quietPause(attempt)):
 		}
 	}
+}
+
+// errChangedMeanwhile is quietRead's note that a file it read alone
+// (immutable) changed, or gained a -wal file, while it read it: nothing
+// kept another process from writing meanwhile, so what it read may not
+// hold.
+var errChangedMeanwhile = errors.New("changed while it was read")
+
+// changedMeanwhile returns errChangedMeanwhile if the file at path, as it
+// was before (before) a read, is no longer the same or has a -wal file.
+func changedMeanwhile(path string, before os.FileInfo) error {
+	after, _ := os.Stat(path)
+	walNow, _ := exists(path + "-wal")
+	if !walNow && before != nil && after != nil && sameContent(before, after) {
+		return nil
+	}
+	return errChangedMeanwhile
 }
 
 // quietAccess is how quietRead reads the database at path, in WAL mode
