@@ -239,6 +239,23 @@ func TestRefusedFile_OwnStoreOpens(t *testing.T) {
 		require.NoError(t, err, "a journal that its writer removes is waited for")
 		require.NoError(t, c.Close())
 	})
+	t.Run("EmptyWALWithoutItsIndex", func(t *testing.T) {
+		// A read-only connection opens the -wal file with O_CREAT: one
+		// that looked while the last process closed the store (removing
+		// -wal and -shm) leaves an empty -wal behind. It holds no commit:
+		// every process must still open the store, writing or reading.
+		db := filepath.Join(t.TempDir(), "agents.db")
+		lockFile(t, db)
+		require.NoError(t, os.WriteFile(db+"-wal", nil, 0o600))
+		r, err := sqlite.OpenReadOnly(ctx, db, sqlite.Options{})
+		require.NoError(t, err, "an empty -wal without its -shm holds nothing to refuse")
+		require.NoError(t, r.Close())
+		c, err := locks.Open(ctx, locks.Config{Database: db, Owner: "A"})
+		require.NoError(t, err, "an empty -wal without its -shm holds nothing to refuse")
+		_, err = c.Locks.Acquire(ctx, "A", stressResources[0], 0)
+		require.ErrorIs(t, err, domain.ErrConflict, "ghost's lock is there")
+		require.NoError(t, c.Close())
+	})
 	t.Run("LeftByKilledProcesses", func(t *testing.T) {
 		// A copy of a live store's three files is what processes killed
 		// at that moment leave.

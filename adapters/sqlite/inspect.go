@@ -75,7 +75,32 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 		return nil, FormatError(op, err)
 	}
 	start := time.Now()
+	var sdb *sql.DB
+	for round := 1; sdb == nil; round++ {
+		if sdb, err = readPool(ctx, op, dsn, path, real, start); err != nil {
+			return nil, err
+		}
+		if sdb == nil && round == quietAttempts {
+			return nil, &domain.StoreError{Op: op, Kind: domain.StoreBusy,
+				Err: fmt.Errorf("%s: the processes that had it open closed it each time it was read", path)}
+		}
+	}
+	db := &DB{sql: sdb, writer: make(chan struct{}, 1), path: path}
+	db.store = &entstore.FreeFirstStore{Store: entstore.NewReadOnly(sdb, db.backend())}
+	// No statements are prepared: the locks table may be missing, which is
+	// for the schema check to report, and reads fall back to plain queries.
+	return db, nil
+}
+
+// readPool opens OpenReadOnly's pool for op on the database at path (real
+// is its resolved name) through dsn, in the way readAccess chooses. It
+// returns a nil pool and no error when the processes that had the store
+// open closed it while it was read through their -shm file (shmGone):
+// the caller looks again. start is when OpenReadOnly began, for the
+// patience with a -journal or -wal file of a writer at work.
+func readPool(ctx context.Context, op, dsn, path, real string, start time.Time) (*sql.DB, error) {
 	var acc access
+	var err error
 	for attempt := 1; ; attempt++ {
 		var wal bool
 		wal, err = readHeader(ctx, dsn, path)
@@ -113,6 +138,10 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 		if err == nil {
 			break
 		}
+		if acc.readOnlyShm && shmGone(err) && ctx.Err() == nil {
+			sdb.Close()
+			return nil, nil
+		}
 		again := readOnlyShmTransient(err) && attempt < quietAttempts ||
 			isHot(err) && time.Since(start) < hotJournalPatience
 		if !again || ctx.Err() != nil {
@@ -121,11 +150,7 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 		}
 		time.Sleep(quietPause(attempt))
 	}
-	db := &DB{sql: sdb, writer: make(chan struct{}, 1), path: path}
-	db.store = &entstore.FreeFirstStore{Store: entstore.NewReadOnly(sdb, db.backend())}
-	// No statements are prepared: the locks table may be missing, which is
-	// for the schema check to report, and reads fall back to plain queries.
-	return db, nil
+	return sdb, nil
 }
 
 // access is how OpenReadOnly and preflight have SQLite open a database.
@@ -165,10 +190,11 @@ type access struct {
 //     them, creating and changing nothing, even for a user who cannot
 //     write them; where no process has the database open, SQLite builds
 //     the index in its own memory rather than rebuild the -shm file.
-//   - A -wal file exists without its -shm: SQLite cannot read the commits
-//     in it without creating the -shm, and the last connection that may
-//     write would copy them into the file when it closes
-//     (ErrWALWithoutIndex).
+//   - A -wal file with frames in it exists without its -shm: SQLite cannot
+//     read the commits in it without creating the -shm, and the last
+//     connection that may write would copy them into the file when it
+//     closes (ErrWALWithoutIndex). An empty one holds no commit, and is
+//     taken for none (holdsFrames).
 //   - No -wal file exists, and no process can write the database: it, or
 //     its directory (where a writer would have to create the -wal file),
 //     has no write permission for anyone, or the file system is mounted
@@ -203,10 +229,14 @@ func readAccess(path string, wal bool) (access, error) {
 	if err != nil {
 		return access{}, err
 	}
+	walFull, err := holdsFrames(path + "-wal")
+	if err != nil {
+		return access{}, err
+	}
 	switch {
 	case walExists && shmExists:
 		return access{mode: "ro", readOnlyShm: true}, nil
-	case walExists:
+	case walFull:
 		return access{}, walWithoutIndex(path)
 	case nobodyCanWrite(path):
 		return access{mode: "ro", immutable: true}, nil
@@ -249,6 +279,18 @@ func nobodyCanWrite(path string) bool {
 }
 
 // exists reports whether a file exists at path.
+// holdsFrames reports whether the -wal file at path has anything in it:
+// an empty one holds no commit. A connection that may only read opens the
+// -wal file with O_CREAT, so one that looked while the last process closed
+// the store (removing -wal and -shm) leaves an empty -wal behind.
+func holdsFrames(path string) (bool, error) {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil && fi.Size() > 0, err
+}
+
 func exists(path string) (bool, error) {
 	_, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {

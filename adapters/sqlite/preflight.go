@@ -184,6 +184,7 @@ func quietRead(ctx context.Context, op, dsn, path string, read func(*sql.DB) err
 			return nil
 		case (isHot(err) || errors.Is(err, ErrWALWithoutIndex)) && patient,
 			readOnlyShmTransient(err) && attempt < quietAttempts,
+			acc.readOnlyShm && shmGone(err) && attempt < quietAttempts,
 			errors.Is(err, errChangedMeanwhile) && attempt < quietAttempts:
 		case errors.Is(err, errChangedMeanwhile):
 			return &domain.StoreError{Op: op, Kind: domain.StoreBusy,
@@ -209,7 +210,7 @@ var errChangedMeanwhile = errors.New("changed while it was read")
 // was before (before) a read, is no longer the same or has a -wal file.
 func changedMeanwhile(path string, before os.FileInfo) error {
 	after, _ := os.Stat(path)
-	walNow, _ := exists(path + "-wal")
+	walNow, _ := holdsFrames(path + "-wal")
 	if !walNow && before != nil && after != nil && sameContent(before, after) {
 		return nil
 	}
@@ -230,10 +231,14 @@ func quietAccess(path string, wal bool) (access, error) {
 	if err != nil {
 		return access{}, err
 	}
+	walFull, err := holdsFrames(path + "-wal")
+	if err != nil {
+		return access{}, err
+	}
 	switch {
 	case walExists && shmExists:
 		return access{mode: "ro", readOnlyShm: true}, nil
-	case walExists:
+	case walFull:
 		return access{}, walWithoutIndex(path)
 	}
 	// A journal beside a file in WAL mode is left by a switch of the
@@ -286,6 +291,15 @@ func quietError(op, path string, err error) error {
 func isHotJournal(err error) bool {
 	var serr *sqlite.Error
 	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_READONLY_ROLLBACK
+}
+
+// shmGone reports whether err is SQLite's failure to open a -shm file
+// that existed when the access was chosen: the last process that had the
+// store open closed it meanwhile, removing -wal and -shm. Looking again
+// finds the store closed.
+func shmGone(err error) bool {
+	var serr *sqlite.Error
+	return errors.As(err, &serr) && serr.Code()&0xff == sqlite3.SQLITE_CANTOPEN
 }
 
 // readOnlyShmTransient reports whether err is one of SQLite's refusals to
