@@ -3,8 +3,8 @@ package tests
 import (
 	"context"
 	"os"
-	"runtime"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
