@@ -48,11 +48,16 @@ type Clock struct {
 	now     time.Time
 	pending []*timer // set and not yet fired, in order of due time, then of setting
 	seq     uint64
-	set     []time.Duration // the duration of every timer set, in order
-	read    int             // set[:read] were returned by NextTimer
-	changed chan struct{}   // closed, and replaced, when a timer is set or fires
+	set     int                // how many timers were set
+	setc    chan time.Duration // the duration of each timer set, in order, until read
+	lost    int                // timers set while setc was full
+	changed chan struct{}      // closed, and replaced, when a timer is set or fires
 	limit   time.Duration
 }
+
+// setBuffer is how many timers' durations the clock keeps for NextTimer
+// and Timers until they are read.
+const setBuffer = 1 << 14
 
 type timer struct {
 	due time.Time
@@ -66,7 +71,7 @@ func New(start time.Time) *Clock {
 	if start.IsZero() {
 		start = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 	}
-	return &Clock{now: start, changed: make(chan struct{}), limit: DefaultLimit}
+	return &Clock{now: start, setc: make(chan time.Duration, setBuffer), changed: make(chan struct{}), limit: DefaultLimit}
 }
 
 // SetLimit sets how long, in real time, BlockUntil and NextTimer wait
@@ -101,7 +106,12 @@ func (c *Clock) After(d time.Duration) <-chan time.Time {
 	ch := make(chan time.Time, 1) // fired once, never blocks
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.set = append(c.set, d)
+	c.set++
+	select {
+	case c.setc <- d:
+	default: // NextTimer reports it: never block the code under test
+		c.lost++
+	}
 	defer c.notify()
 	if d <= 0 {
 		ch <- c.now
@@ -207,23 +217,43 @@ func (c *Clock) BlockUntil(tb testing.TB, n int) {
 // the order they were set, waiting for it to be set if need be: each call
 // returns the next one, so a test sees every timer the code sets, even
 // those that fire or are abandoned at once. It fails tb as BlockUntil
-// does.
+// does. It reads the channel that Timers returns: use one or the other.
 func (c *Clock) NextTimer(tb testing.TB) time.Duration {
 	tb.Helper()
-	var d time.Duration
-	c.await(tb, func() bool {
-		if c.read == len(c.set) {
-			return false
-		}
-		d = c.set[c.read]
-		c.read++
-		return true
-	}, func() string { return fmt.Sprintf("timer #%d to be set on the clock", c.read+1) })
-	return d
+	c.mu.Lock()
+	lost, limit := c.lost, c.limit
+	c.mu.Unlock()
+	if lost > 0 {
+		tb.Fatalf("testclock: %d timers were set while %d were waiting to be read by NextTimer: read each as it is set, or never", lost, setBuffer)
+		return 0
+	}
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case d := <-c.setc:
+		return d
+	case <-t.C:
+	}
+	select {
+	case d := <-c.setc:
+		return d
+	default:
+	}
+	c.mu.Lock()
+	msg := fmt.Sprintf("testclock: waited %s (real time) for the next timer to be set on the clock; the clock reads %s, with %d timers pending (due in %v) of %d set",
+		limit, c.now.Format(time.RFC3339Nano), len(c.pending), c.pendingInLocked(), c.set)
+	c.mu.Unlock()
+	tb.Fatal(msg)
+	return 0
 }
 
-// await waits, in real time, until ready (called with c.mu held) is true;
-// ready is called again only after it returned false.
+// Timers returns a channel that receives the duration of each timer set on
+// the clock, in order, for a test that waits for a timer along with other
+// events (in a select). It is the channel NextTimer reads: use one or the
+// other.
+func (c *Clock) Timers() <-chan time.Duration { return c.setc }
+
+// await waits, in real time, until ready (called with c.mu held) is true.
 func (c *Clock) await(tb testing.TB, ready func() bool, what func() string) {
 	tb.Helper()
 	c.mu.Lock()
@@ -243,7 +273,7 @@ func (c *Clock) await(tb testing.TB, ready func() bool, what func() string) {
 			break
 		}
 		msg := fmt.Sprintf("testclock: waited %s (real time) for %s; the clock reads %s, with %d timers pending (due in %v) of %d set",
-			c.limit, what(), c.now.Format(time.RFC3339Nano), len(c.pending), c.pendingInLocked(), len(c.set))
+			c.limit, what(), c.now.Format(time.RFC3339Nano), len(c.pending), c.pendingInLocked(), c.set)
 		c.mu.Unlock()
 		tb.Fatal(msg)
 		return
