@@ -63,3 +63,82 @@ func TestTimeTravel_WaitingThenMove(t *testing.T) {
 		waitThenTravel(t, locks.Config{Database: testdb.Postgres(t)})
 	})
 }
+
+// A keep-alive (TTL 10s) renews at every interval the test moves the
+// clock by, ten times over, while another goroutine sets timers on the
+// same clock: each of those fires once, when due, and none of the moves
+// hangs (clock.Mock could fire a timer set while Add ran twice, and then
+// deadlock).
+func TestTimeTravel_KeepAliveWhileOthersSetTimers(t *testing.T) {
+	ctx := context.Background()
+	start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	clk := testclock.New(start)
+	c := MustOpen(t, locks.Config{Database: locks.MemoryDatabase, Owner: "me", Clock: clk})
+	const ttl, interval = 10 * time.Second, 5 * time.Second
+	h, err := c.Locks.Take(ctx, "me", plan1, application.AcquireOptions{TTL: ttl})
+	require.NoError(t, err)
+	held := h.KeepAlive(ctx)
+
+	type noise struct {
+		due time.Time
+		c   <-chan time.Time
+	}
+	var timers []noise
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			d := time.Duration(1+i%4999) * time.Millisecond // never the keep-alive's 5s
+			before := clk.Now()
+			c := clk.After(d)
+			if clk.Now().Equal(before) { // else its due time is not known exactly
+				timers = append(timers, noise{before.Add(d), c})
+			}
+			if i%64 == 0 {
+				runtime.Gosched()
+			}
+		}
+	}()
+	// parked waits until the keep-alive has set n timers of an interval:
+	// at a renewal, the guard at the expiry (set at half-life, it too is
+	// an interval away), then the wait for the next renewal.
+	parked := func(n int) {
+		for n > 0 {
+			if clk.NextTimer(t) == interval {
+				n--
+			}
+		}
+	}
+	parked(1)
+	for i := range 10 {
+		clk.Add(interval)
+		parked(2)
+		require.Equal(t, start.Add(time.Duration(i+1)*interval+ttl), h.Lock().ExpiresAt, "renewal %d", i+1)
+	}
+	close(stop)
+	<-stopped
+	require.NoError(t, held.Err(), "kept alive through ten intervals")
+	now := clk.Now()
+	for _, n := range timers {
+		fired := 0
+		for range 2 {
+			select {
+			case <-n.c:
+				fired++
+			default:
+			}
+		}
+		want := 0
+		if !n.due.After(now) {
+			want = 1
+		}
+		require.Equal(t, want, fired, "a timer due %s, with the clock at %s", n.due, now)
+	}
+	_, err = h.Release(ctx)
+	require.NoError(t, err)
+}
