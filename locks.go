@@ -98,6 +98,15 @@ type Config struct {
 	// BusyTimeout is how long a SQLite statement waits for another
 	// process's write; zero means 5 seconds.
 	BusyTimeout time.Duration
+	// PollOnly makes a wait for a lock held by another process (or by an
+	// owner-scoped Acquire) poll the store, with a backoff that never
+	// sleeps past the holder's expiry, instead of also watching for the
+	// holder's release (SQLite's wake file, PostgreSQL's notifications):
+	// for a testing/synctest bubble, in which the watch's read does not
+	// block durably, so the bubble's time would not move while a waiter
+	// waits (see docs/testing.md). A release is then seen at the next
+	// poll, up to a second later, instead of at once.
+	PollOnly bool
 	// SkipStartupCleanup leaves expired locks in place when opening, for
 	// tools that must show them (diagnostics, listings of expired locks).
 	SkipStartupCleanup bool

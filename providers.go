@@ -33,7 +33,9 @@ func provideService(repo application.LockRepository, clk application.Clock, wake
 	if err != nil {
 		return nil, nil, err
 	}
-	svc.SetWakeups(wake)
+	if !cfg.PollOnly {
+		svc.SetWakeups(wake)
+	}
 	if !cfg.DisableDeadHolderTakeover {
 		if m, err := proc.ThisMachine(); err == nil { // no /proc: no process is proven gone
 			svc.SetProcesses(m)
