@@ -122,6 +122,7 @@ func TestTimeTravel_KeepAliveWhileOthersSetTimers(t *testing.T) {
 	}
 	close(stop)
 	<-stopped
+	t.Logf("the other goroutine set %d timers whose due time is known while the clock moved", len(timers))
 	require.NoError(t, held.Err(), "kept alive through ten intervals")
 	now := clk.Now()
 	for _, n := range timers {
