@@ -7,14 +7,15 @@
 // It implements what the lock service asks of a clock (Now and After,
 // application.Clock and application.Timers) and the reading methods of
 // github.com/benbjohnson/clock's Clock (Since, Until, Sleep), so code
-// written against clock.Mock moves to it by changing the constructor. It
+// that uses only those of clock.Mock moves to it by changing the
+// constructor. It
 // differs from clock.Mock (v1.3.5) in what a test needs to trust it:
 //
 //   - a timer fires exactly once, even when it is set while Add runs
 //     (clock.Mock can fire it twice, and then deadlocks sending to its full
-//     channel while it holds its lock);
-//   - a timer set while Add runs, due before Add's target, fires in that
-//     same Add, in order of due time, as if time had passed through it;
+//     channel while it holds its lock): Add moves the clock and fires what
+//     is due as one step, and a timer set meanwhile (or a Now read) waits
+//     for that step and counts from the time Add moved to;
 //   - it records every timer set, so that a test can wait until the code
 //     under test is parked on the clock before moving it (BlockUntil,
 //     NextTimer), with a real-time limit that fails the test saying what
@@ -147,8 +148,9 @@ func (c *Clock) notify() {
 }
 
 // Add moves the clock forward by d, firing, in order of due time, every
-// timer due by then, including those set while it runs (each fires once,
-// with the clock at its due time). It returns once they have fired; the
+// timer due by then (each once, receiving its due time). Now, After and
+// the other methods wait while it runs, and see the clock at its target.
+// It returns once the timers have fired; the
 // goroutines they wake run on their own, so wait for what they do next
 // (BlockUntil, NextTimer, or the code's own results) rather than sleeping.
 func (c *Clock) Add(d time.Duration) {
