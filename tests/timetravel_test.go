@@ -143,3 +143,18 @@ func TestTimeTravel_KeepAliveWhileOthersSetTimers(t *testing.T) {
 	_, err = h.Release(ctx)
 	require.NoError(t, err)
 }
+
+// On PostgreSQL, a clock.Mock (not only the test clock) implies LocalTime:
+// moved past another owner's expiry, it takes the lock, where the
+// server's clock, which the test cannot move, refused it "in 30s".
+func TestTimeTravel_PostgresMockClockNeedsNoLocalTime(t *testing.T) {
+	ctx := context.Background()
+	mc := newMock()
+	c := MustOpen(t, locks.Config{Database: testdb.Postgres(t), Owner: "me", Clock: mc})
+	_, err := c.Locks.Acquire(ctx, "other", plan1, 30*time.Second)
+	require.NoError(t, err)
+	mc.Add(31 * time.Second)
+	l, err := c.Locks.Acquire(ctx, "me", plan1, time.Minute)
+	require.NoError(t, err, "taken once the mock clock passed the holder's expiry")
+	require.Equal(t, "me", l.Owner)
+}
