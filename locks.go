@@ -68,15 +68,19 @@ type Config struct {
 	// domain.DefaultLockTTL (5 minutes).
 	DefaultTTL time.Duration
 	// Clock is where the service reads the time; nil means the real clock.
-	// Tests pass clock.NewMock() from github.com/benbjohnson/clock. On
-	// PostgreSQL, expiry is decided on the server's time: its time at the
-	// last measurement plus the time elapsed since, measured on this
-	// clock's monotonic reading if it is a postgres.MonotonicClock, and
-	// otherwise on the host's own monotonic clock, never on the readings'
-	// wall time, so a step of the wall clock moves nothing, even for a
-	// clock whose readings carry no monotonic reading (time.Now().UTC()).
-	// The exception is a *clock.Mock: its time is the test's, and stepping
-	// it steps the server's estimated time too (see LocalTime).
+	// Tests pass a mock clock that they move: testclock.New() from
+	// locktest/testclock (see docs/testing.md), or clock.NewMock() from
+	// github.com/benbjohnson/clock. On PostgreSQL, expiry is decided on
+	// the server's time: its time at the last measurement plus the time
+	// elapsed since, measured on this clock's monotonic reading if it is a
+	// postgres.MonotonicClock, and otherwise on the host's own monotonic
+	// clock, never on the readings' wall time, so a step of the wall clock
+	// moves nothing, even for a clock whose readings carry no monotonic
+	// reading (time.Now().UTC()). The exception is a mock clock, one with
+	// the methods Add(time.Duration) and Set(time.Time) as both of those
+	// have: its time is the test's, and expiry is decided on it alone, as
+	// with LocalTime, which it implies, so that moving it moves every
+	// lock's expiry on PostgreSQL as on SQLite.
 	Clock application.Clock
 	// DisableDeadHolderTakeover makes Acquire wait for the expiry of every
 	// active lock. By default, an active lock whose owner is a process of
@@ -87,12 +91,22 @@ type Config struct {
 	// LocalTime, on PostgreSQL, decides expiry on Clock as it is rather
 	// than on the server's time, and does not also require a lock to have
 	// expired on the server's clock before it changes hands: for tests
-	// that drive a mock clock, ahead of the server's if they like. Hosts
-	// that share locks must not set it unless their clocks agree.
+	// that drive a mock clock, ahead of the server's if they like (a mock
+	// clock implies it: see Clock). Hosts that share locks must not set it
+	// unless their clocks agree.
 	LocalTime bool
 	// BusyTimeout is how long a SQLite statement waits for another
 	// process's write; zero means 5 seconds.
 	BusyTimeout time.Duration
+	// PollOnly makes a wait for a lock held by another process (or by an
+	// owner-scoped Acquire) poll the store, with a backoff that never
+	// sleeps past the holder's expiry, instead of also watching for the
+	// holder's release (SQLite's wake file, PostgreSQL's notifications):
+	// for a testing/synctest bubble, in which the watch's read does not
+	// block durably, so the bubble's time would not move while a waiter
+	// waits (see docs/testing.md). A release is then seen at the next
+	// poll, up to a second later, instead of at once.
+	PollOnly bool
 	// SkipStartupCleanup leaves expired locks in place when opening, for
 	// tools that must show them (diagnostics, listings of expired locks).
 	SkipStartupCleanup bool
@@ -204,7 +218,7 @@ func (c *Container) Owner() string { return c.owner }
 
 // Clock returns the clock the container decides expiry on: Config.Clock
 // (or the real clock), corrected to the server's time on PostgreSQL
-// unless Config.LocalTime.
+// unless Config.LocalTime or Config.Clock is a mock clock.
 func (c *Container) Clock() application.Clock { return c.clock }
 
 // Close shuts the container down, in this order: the periodic cleanup

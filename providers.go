@@ -3,6 +3,7 @@ package locks
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/benbjohnson/clock"
 
@@ -32,7 +33,9 @@ func provideService(repo application.LockRepository, clk application.Clock, wake
 	if err != nil {
 		return nil, nil, err
 	}
-	svc.SetWakeups(wake)
+	if !cfg.PollOnly {
+		svc.SetWakeups(wake)
+	}
 	if !cfg.DisableDeadHolderTakeover {
 		if m, err := proc.ThisMachine(); err == nil { // no /proc: no process is proven gone
 			svc.SetProcesses(m)
@@ -75,11 +78,26 @@ func provideSQLite(ctx context.Context, cfg Config, sd *shutdown) (*sqlite.DB, f
 // when the program imports adapters/postgres); its cleanup closes it,
 // after the container's cleanup, like provideSQLite's.
 func provideBackend(ctx context.Context, cfg Config, b backend.Backend, sd *shutdown) (*backend.Store, func(), error) {
-	s, err := b.Open(ctx, backend.Options{Database: cfg.Database, Clock: cfg.Clock, LocalTime: cfg.LocalTime})
+	s, err := b.Open(ctx, backend.Options{Database: cfg.Database, Clock: cfg.Clock, LocalTime: cfg.LocalTime || isMock(cfg.Clock)})
 	if err != nil {
 		return nil, nil, err
 	}
 	return s, func() { sd.add(s.Close(sd.context())) }, nil
+}
+
+// mockClock is what a test's clock has that a real one has not: a way to
+// move it. Both testclock.Clock and clock.Mock have it.
+type mockClock interface {
+	Add(time.Duration)
+	Set(time.Time)
+}
+
+// isMock says whether clk is a clock the test moves: its time is the
+// test's, so expiry is decided on it alone, never on a server's clock
+// that the test cannot move (Config.Clock).
+func isMock(clk application.Clock) bool {
+	_, ok := clk.(mockClock)
+	return ok
 }
 
 // The parts of a registered store that the service and the container use.

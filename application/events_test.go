@@ -11,13 +11,14 @@ import (
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 // A wait for a holder is reported as one event spanning the whole wait,
 // so that "why did this agent wait 5 minutes?" has an answer.
 func TestLockService_WaitedEvent(t *testing.T) {
 	ctx := context.Background()
-	clk := newTimerClock(holdStart)
+	clk := testclock.New(holdStart)
 	svc := newHoldService(t, memory.NewLockRepository(), clk)
 	rec := &recorder{}
 	svc.SetObserver(rec)
@@ -29,8 +30,8 @@ func TestLockService_WaitedEvent(t *testing.T) {
 		_, err := svc.Take(ctx, "B", plan, application.AcquireOptions{Wait: true, Timeout: 5 * time.Minute})
 		done <- err
 	}()
-	require.Equal(t, 5*time.Minute, clk.awaitTimer(t))
-	clk.awaitTimer(t) // the first poll
+	require.Equal(t, 5*time.Minute, clk.NextTimer(t))
+	clk.NextTimer(t) // the first poll
 	clk.Add(5 * time.Minute)
 	require.ErrorIs(t, <-done, domain.ErrConflict)
 
@@ -44,7 +45,7 @@ func TestLockService_WaitedEvent(t *testing.T) {
 // observer can tell two acquisitions of one owner apart.
 func TestLockService_ReleasedEventNamesTheAcquisition(t *testing.T) {
 	ctx := context.Background()
-	clk := newTimerClock(holdStart)
+	clk := testclock.New(holdStart)
 	svc := newHoldService(t, memory.NewLockRepository(), clk)
 	rec := &recorder{}
 	svc.SetObserver(rec)

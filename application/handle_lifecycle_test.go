@@ -12,6 +12,7 @@ import (
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 // Only the head of a service's queue tries the lock: a waiter behind it
@@ -19,7 +20,7 @@ import (
 // and leaves the lock to the head.
 func TestHandle_TimedOutWaiterNeverJumpsTheQueue(t *testing.T) {
 	ctx := context.Background()
-	mc := &timerMock{Mock: shareMock(), set: make(chan time.Duration, 1024)}
+	mc := testclock.New(shareStart)
 	repo := memory.NewLockRepository()
 	svc, err := application.NewLockService(repo, mc, 0)
 	require.NoError(t, err)
@@ -38,7 +39,7 @@ func TestHandle_TimedOutWaiterNeverJumpsTheQueue(t *testing.T) {
 		h, err := svc.Take(ctx, "first", sharePlan, application.AcquireOptions{Wait: true, TTL: time.Minute})
 		first <- res{h, err}
 	}()
-	poll := mc.await(t) // the head's poll backoff (2.5-5 ms)
+	poll := mc.NextTimer(t) // the head's poll backoff (2.5-5 ms)
 	require.Less(t, poll, 10*time.Millisecond)
 
 	second := make(chan res, 1)
@@ -46,7 +47,7 @@ func TestHandle_TimedOutWaiterNeverJumpsTheQueue(t *testing.T) {
 		h, err := svc.Take(ctx, "second", sharePlan, application.AcquireOptions{Wait: true, TTL: time.Minute, Timeout: time.Millisecond})
 		second <- res{h, err}
 	}()
-	require.Equal(t, time.Millisecond, mc.await(t)) // second's timeout timer
+	require.Equal(t, time.Millisecond, mc.NextTimer(t)) // second's timeout timer
 	require.Eventually(t, func() bool { return svc.Waiting(sharePlan) == 2 }, 5*time.Second, time.Millisecond)
 
 	_, err = other.Release(ctx, "X", sharePlan) // the other process lets go
@@ -90,20 +91,20 @@ func (r *hangingRenewal) Update(ctx context.Context, ref domain.ResourceRef, dec
 // keep-alive's context ended.
 func TestHandle_CloseEndsARenewalInTheStore(t *testing.T) {
 	ctx := context.Background()
-	mc := &timerMock{Mock: shareMock(), set: make(chan time.Duration, 1024)}
+	mc := testclock.New(shareStart)
 	repo := &hangingRenewal{LockRepository: memory.NewLockRepository(), entered: make(chan struct{}, 1)}
 	svc, err := application.NewLockService(repo, mc, 0)
 	require.NoError(t, err)
 	h, err := svc.Take(ctx, "A", sharePlan, application.AcquireOptions{TTL: time.Hour})
 	require.NoError(t, err)
 	held := h.KeepAlive(ctx)
-	require.Equal(t, 30*time.Minute, mc.await(t))
+	require.Equal(t, 30*time.Minute, mc.NextTimer(t))
 	repo.mu.Lock()
 	repo.armed = true
 	repo.mu.Unlock()
 	mc.Add(30 * time.Minute)
-	<-repo.entered // the renewal is in the store
-	mc.await(t)    // and its expiry guard is set
+	<-repo.entered  // the renewal is in the store
+	mc.NextTimer(t) // and its expiry guard is set
 
 	closeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

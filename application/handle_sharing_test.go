@@ -14,6 +14,7 @@ import (
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 var sharePlan = domain.ResourceRef{Type: domain.ResourcePlan, ID: "share"}
@@ -24,30 +25,6 @@ func shareMock() *clock.Mock {
 	mc := clock.NewMock()
 	mc.Set(shareStart)
 	return mc
-}
-
-// timerMock reports the timers the service sets, so that the test moves
-// time only once the service waits.
-type timerMock struct {
-	*clock.Mock
-	set chan time.Duration
-}
-
-func (c *timerMock) After(d time.Duration) <-chan time.Time {
-	ch := c.Mock.After(d)
-	c.set <- d
-	return ch
-}
-
-func (c *timerMock) await(t *testing.T) time.Duration {
-	t.Helper()
-	select {
-	case d := <-c.set:
-		return d
-	case <-time.After(10 * time.Second):
-		t.Fatal("no timer set")
-		return 0
-	}
 }
 
 // A re-entered handle (AcquireOptions.Reentrant) renews with a TTL of its
@@ -104,7 +81,7 @@ func TestHandle_ReentrantRenewNeverMovesTheExpiry(t *testing.T) {
 // expiry as the outer handle's keep-alive keeps it.
 func TestHandle_NestedDoNeverShortensTheOuterLock(t *testing.T) {
 	ctx := context.Background()
-	mc := &timerMock{Mock: shareMock(), set: make(chan time.Duration, 1024)}
+	mc := testclock.New(shareStart)
 	repo := memory.NewLockRepository()
 	procA, err := application.NewLockService(repo, mc, 0)
 	require.NoError(t, err)
@@ -115,7 +92,7 @@ func TestHandle_NestedDoNeverShortensTheOuterLock(t *testing.T) {
 	require.NoError(t, err)
 	held := outer.KeepAlive(ctx)
 	defer outer.Release(ctx)
-	require.Equal(t, 30*time.Minute, mc.await(t))
+	require.Equal(t, 30*time.Minute, mc.NextTimer(t))
 
 	err = procA.Do(held, "A", sharePlan, application.AcquireOptions{Reentrant: true, TTL: 10 * time.Second},
 		func(ctx context.Context, _ domain.Lock) error {
@@ -125,8 +102,8 @@ func TestHandle_NestedDoNeverShortensTheOuterLock(t *testing.T) {
 	require.NoError(t, err)
 	// The nested keep-alive renews nothing, so it set no timer of its
 	// own (Do's release has waited for it): the outer's keeps the lock.
-	for len(mc.set) > 0 {
-		if d := <-mc.set; d == 5*time.Second {
+	for len(mc.Timers()) > 0 {
+		if d := <-mc.Timers(); d == 5*time.Second {
 			t.Errorf("the nested keep-alive set a renewal timer of %s", d)
 		}
 	}
@@ -348,20 +325,20 @@ func (r *committedThenCancelled) Update(ctx context.Context, ref domain.Resource
 // token of its own once the row has expired.
 func TestHandle_LossDeclaredWhileTheRowLivesIsNeverShared(t *testing.T) {
 	ctx := context.Background()
-	mc := &timerMock{Mock: shareMock(), set: make(chan time.Duration, 1024)}
+	mc := testclock.New(shareStart)
 	repo := &committedThenCancelled{LockRepository: memory.NewLockRepository(), entered: make(chan struct{}, 1)}
 	svc, err := application.NewLockService(repo, mc, 0)
 	require.NoError(t, err)
 	first, err := svc.Take(ctx, "A", sharePlan, application.AcquireOptions{TTL: time.Hour})
 	require.NoError(t, err)
 	first.KeepAlive(ctx)
-	require.Equal(t, 30*time.Minute, mc.await(t))
+	require.Equal(t, 30*time.Minute, mc.NextTimer(t))
 	repo.mu.Lock()
 	repo.armed = true
 	repo.mu.Unlock()
 	mc.Add(30 * time.Minute)
 	<-repo.entered
-	mc.await(t) // the renewal's expiry guard
+	mc.NextTimer(t) // the renewal's expiry guard
 	mc.Add(30 * time.Minute)
 	<-first.Done()
 	require.Error(t, first.Err())

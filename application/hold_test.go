@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -17,43 +16,12 @@ import (
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
-
-// timerClock is a mock clock that reports every timer the service sets, so
-// that a test moves time only once the service waits for it: no sleeping,
-// and no moving the clock past a timer that is not set yet.
-type timerClock struct {
-	*clock.Mock
-	set chan time.Duration
-}
-
-func newTimerClock(start time.Time) *timerClock {
-	mc := clock.NewMock()
-	mc.Set(start)
-	return &timerClock{Mock: mc, set: make(chan time.Duration, 1024)}
-}
-
-func (c *timerClock) After(d time.Duration) <-chan time.Time {
-	ch := c.Mock.After(d)
-	c.set <- d
-	return ch
-}
-
-// awaitTimer returns the duration of the next timer the service sets.
-func (c *timerClock) awaitTimer(t *testing.T) time.Duration {
-	t.Helper()
-	select {
-	case d := <-c.set:
-		return d
-	case <-time.After(10 * time.Second):
-		t.Fatal("the service set no timer")
-		return 0
-	}
-}
 
 var holdStart = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
 
-func newHoldService(t *testing.T, repo application.LockRepository, clk *timerClock) *application.LockService {
+func newHoldService(t *testing.T, repo application.LockRepository, clk *testclock.Clock) *application.LockService {
 	t.Helper()
 	svc, err := application.NewLockService(repo, clk, 0)
 	require.NoError(t, err)
@@ -79,7 +47,7 @@ func TestLockService_TakeWaiting(t *testing.T) {
 	wait := application.AcquireOptions{Wait: true, TTL: time.Minute}
 
 	t.Run("FIFOInProcessWithoutPolling", func(t *testing.T) {
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		svc := newHoldService(t, memory.NewLockRepository(), clk)
 		holder, err := svc.Take(ctx, "A", plan, application.AcquireOptions{})
 		require.NoError(t, err)
@@ -89,7 +57,7 @@ func TestLockService_TakeWaiting(t *testing.T) {
 			takeAsync(svc, owner, wait, out)
 			require.Eventually(t, func() bool { return svc.Waiting(plan) == i+1 }, 10*time.Second, time.Millisecond)
 		}
-		clk.awaitTimer(t) // W1, the head, polls; the clock never moves in this test
+		clk.NextTimer(t) // W1, the head, polls; the clock never moves in this test
 
 		var order []string
 		prev := holder
@@ -110,14 +78,14 @@ func TestLockService_TakeWaiting(t *testing.T) {
 	t.Run("AnotherProcessPolls", func(t *testing.T) {
 		// Two services on one store stand for two processes: a release by
 		// one is not announced to the other, whose waiter must poll.
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		repo := memory.NewLockRepository()
 		procA, procB := newHoldService(t, repo, clk), newHoldService(t, repo, clk)
 		holder, err := procA.Take(ctx, "A", plan, application.AcquireOptions{})
 		require.NoError(t, err)
 		out := make(chan taken, 1)
 		takeAsync(procB, "B", wait, out)
-		first := clk.awaitTimer(t)
+		first := clk.NextTimer(t)
 		assert.LessOrEqual(t, first, 5*time.Millisecond, "the first poll comes soon")
 		_, err = holder.Release(ctx)
 		require.NoError(t, err)
@@ -128,7 +96,7 @@ func TestLockService_TakeWaiting(t *testing.T) {
 	})
 
 	t.Run("BackoffNeverSleepsPastTheExpiry", func(t *testing.T) {
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		repo := memory.NewLockRepository()
 		procA, procB := newHoldService(t, repo, clk), newHoldService(t, repo, clk)
 		holder, err := procA.Take(ctx, "A", plan, application.AcquireOptions{TTL: 5 * time.Second})
@@ -146,7 +114,7 @@ func TestLockService_TakeWaiting(t *testing.T) {
 					assert.LessOrEqual(t, pauses[i], time.Second, "backoff is capped")
 				}
 				return
-			case d := <-clk.set:
+			case d := <-clk.Timers():
 				pauses = append(pauses, d)
 				clk.Add(d)
 			case <-time.After(10 * time.Second):
@@ -156,14 +124,14 @@ func TestLockService_TakeWaiting(t *testing.T) {
 	})
 
 	t.Run("TimeoutNamesTheHolder", func(t *testing.T) {
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		svc := newHoldService(t, memory.NewLockRepository(), clk)
 		holder, err := svc.Take(ctx, "A", plan, application.AcquireOptions{TTL: time.Hour})
 		require.NoError(t, err)
 		out := make(chan taken, 1)
 		takeAsync(svc, "B", application.AcquireOptions{Wait: true, Timeout: 10 * time.Second}, out)
 		for elapsed := time.Duration(0); elapsed < 10*time.Second; {
-			d := clk.awaitTimer(t)
+			d := clk.NextTimer(t)
 			if d == 10*time.Second {
 				continue // the timeout itself
 			}
@@ -182,14 +150,14 @@ func TestLockService_TakeWaiting(t *testing.T) {
 	})
 
 	t.Run("ContextEndsTheWait", func(t *testing.T) {
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		svc := newHoldService(t, memory.NewLockRepository(), clk)
 		_, err := svc.Take(ctx, "A", plan, application.AcquireOptions{})
 		require.NoError(t, err)
 		cctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { _, err := svc.Take(cctx, "B", plan, wait); done <- err }()
-		clk.awaitTimer(t)
+		clk.NextTimer(t)
 		cancel()
 		err = <-done
 		require.ErrorIs(t, err, domain.ErrConflict)
@@ -197,7 +165,7 @@ func TestLockService_TakeWaiting(t *testing.T) {
 	})
 
 	t.Run("CloseEndsTheWait", func(t *testing.T) {
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		svc := newHoldService(t, memory.NewLockRepository(), clk)
 		_, err := svc.Take(ctx, "A", plan, application.AcquireOptions{})
 		require.NoError(t, err)
@@ -212,7 +180,7 @@ func TestLockService_TakeWaiting(t *testing.T) {
 	})
 
 	t.Run("BadTimeout", func(t *testing.T) {
-		svc := newHoldService(t, memory.NewLockRepository(), newTimerClock(holdStart))
+		svc := newHoldService(t, memory.NewLockRepository(), testclock.New(holdStart))
 		_, err := svc.Take(ctx, "A", plan, application.AcquireOptions{Wait: true, Timeout: -time.Second})
 		require.ErrorIs(t, err, domain.ErrValidation)
 	})
@@ -250,8 +218,8 @@ func TestHandle_KeepAlive(t *testing.T) {
 	busy := &domain.StoreError{Op: "renew", Kind: domain.StoreBusy}
 	ttl := 10 * time.Second
 
-	setup := func(t *testing.T) (*timerClock, *flakyRepo, *application.LockService, *application.Handle, context.Context) {
-		clk := newTimerClock(holdStart)
+	setup := func(t *testing.T) (*testclock.Clock, *flakyRepo, *application.LockService, *application.Handle, context.Context) {
+		clk := testclock.New(holdStart)
 		repo := &flakyRepo{LockRepository: memory.NewLockRepository()}
 		svc := newHoldService(t, repo, clk)
 		h, err := svc.Take(ctx, "A", plan, application.AcquireOptions{TTL: ttl})
@@ -264,7 +232,7 @@ func TestHandle_KeepAlive(t *testing.T) {
 	t.Run("RenewsEveryHalfTTL", func(t *testing.T) {
 		clk, _, _, h, held := setup(t)
 		for i := 1; i <= 3; i++ {
-			require.Equal(t, ttl/2, clk.awaitTimer(t))
+			require.Equal(t, ttl/2, clk.NextTimer(t))
 			clk.Add(ttl / 2)
 			want := holdStart.Add(time.Duration(i)*ttl/2 + ttl)
 			require.Eventually(t, func() bool { return h.Lock().ExpiresAt.Equal(want) }, 10*time.Second, time.Millisecond,
@@ -292,15 +260,17 @@ func TestHandle_KeepAlive(t *testing.T) {
 			failures.Add(-1)
 			return busy
 		})
-		require.Equal(t, ttl/2, clk.awaitTimer(t))
+		require.Equal(t, ttl/2, clk.NextTimer(t))
 		clk.Add(ttl / 2)
 		for failures.Load() > 0 || !h.Lock().ExpiresAt.After(holdStart.Add(ttl)) {
 			select {
-			case d := <-clk.set:
-				if d < ttl/4 { // a retry's backoff, not the guard at the expiry
-					clk.Add(d)
-				}
+			case <-clk.Timers():
 			case <-time.After(10 * time.Millisecond):
+			}
+			// To the next timer, if it is a retry's backoff, not the
+			// guard at the expiry.
+			if next := clk.PendingIn(); len(next) > 0 && next[0] < ttl/4 {
+				clk.Add(next[0])
 			}
 		}
 		assert.Less(t, clk.Now(), holdStart.Add(ttl), "renewed before the expiry")
@@ -311,15 +281,17 @@ func TestHandle_KeepAlive(t *testing.T) {
 	t.Run("StoreFailingUntilTheExpiry", func(t *testing.T) {
 		clk, repo, _, h, held := setup(t)
 		repo.failWith(func(context.Context) error { return busy })
-		require.Equal(t, ttl/2, clk.awaitTimer(t))
+		require.Equal(t, ttl/2, clk.NextTimer(t))
 		clk.Add(ttl / 2)
 		for held.Err() == nil {
 			select {
-			case d := <-clk.set:
-				if d < ttl/4 { // a retry's backoff, clipped to the expiry
-					clk.Add(d)
-				}
+			case <-clk.Timers():
 			case <-time.After(10 * time.Millisecond):
+			}
+			// To the next timer (a retry's backoff, clipped to the
+			// expiry, or the guard at the expiry), never past the expiry.
+			if next := clk.PendingIn(); len(next) > 0 && next[0] < ttl/4 {
+				clk.Add(min(next[0], holdStart.Add(ttl).Sub(clk.Now())))
 			}
 		}
 		var lost *domain.LockLostError
@@ -339,7 +311,7 @@ func TestHandle_KeepAlive(t *testing.T) {
 		require.NoError(t, err)
 		b, err := svc.Acquire(ctx, "B", plan, time.Minute)
 		require.NoError(t, err)
-		require.Equal(t, ttl/2, clk.awaitTimer(t))
+		require.Equal(t, ttl/2, clk.NextTimer(t))
 		clk.Add(ttl / 2)
 		<-held.Done()
 		var lost *domain.LockLostError
@@ -353,7 +325,7 @@ func TestHandle_KeepAlive(t *testing.T) {
 		clk, _, svc, _, held := setup(t)
 		_, err := svc.Release(ctx, "A", plan)
 		require.NoError(t, err)
-		clk.awaitTimer(t)
+		clk.NextTimer(t)
 		clk.Add(ttl / 2)
 		<-held.Done()
 		var lost *domain.LockLostError
@@ -367,9 +339,9 @@ func TestHandle_KeepAlive(t *testing.T) {
 		// the loss is reported at the expiry, not when the store answers.
 		clk, repo, svc, _, held := setup(t)
 		repo.failWith(func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
-		require.Equal(t, ttl/2, clk.awaitTimer(t))
+		require.Equal(t, ttl/2, clk.NextTimer(t))
 		clk.Add(ttl / 2)
-		require.Equal(t, ttl/2, clk.awaitTimer(t), "the guard at the expiry")
+		require.Equal(t, ttl/2, clk.NextTimer(t), "the guard at the expiry")
 		clk.Add(ttl / 2)
 		<-held.Done()
 		var lost *domain.LockLostError
@@ -390,7 +362,7 @@ func TestHandle_KeepAlive(t *testing.T) {
 
 	t.Run("CloseEndsIt", func(t *testing.T) {
 		clk, _, svc, h, held := setup(t)
-		clk.awaitTimer(t)
+		clk.NextTimer(t)
 		require.NoError(t, svc.Close(ctx))
 		<-held.Done()
 		var lost *domain.LockLostError
@@ -405,7 +377,7 @@ func TestLockService_Do(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("RunsHoldingTheLockThenReleases", func(t *testing.T) {
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		svc := newHoldService(t, memory.NewLockRepository(), clk)
 		err := svc.Do(ctx, "A", plan, application.AcquireOptions{}, func(ctx context.Context, l domain.Lock) error {
 			cur, err := svc.Get(ctx, plan)
@@ -419,7 +391,7 @@ func TestLockService_Do(t *testing.T) {
 	})
 
 	t.Run("ReleasesOnErrorAndPanic", func(t *testing.T) {
-		svc := newHoldService(t, memory.NewLockRepository(), newTimerClock(holdStart))
+		svc := newHoldService(t, memory.NewLockRepository(), testclock.New(holdStart))
 		mine := errors.New("the work failed")
 		err := svc.Do(ctx, "A", plan, application.AcquireOptions{}, func(context.Context, domain.Lock) error { return mine })
 		require.ErrorIs(t, err, mine)
@@ -434,7 +406,7 @@ func TestLockService_Do(t *testing.T) {
 	})
 
 	t.Run("LossEndsTheWorkAndIsReturned", func(t *testing.T) {
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		svc := newHoldService(t, memory.NewLockRepository(), clk)
 		var b domain.Lock
 		err := svc.Do(ctx, "A", plan, application.AcquireOptions{TTL: 10 * time.Second}, func(ctx context.Context, l domain.Lock) error {
@@ -442,7 +414,7 @@ func TestLockService_Do(t *testing.T) {
 			require.NoError(t, err)
 			b, err = svc.Acquire(ctx, "B", plan, time.Minute)
 			require.NoError(t, err)
-			clk.awaitTimer(t)
+			clk.NextTimer(t)
 			clk.Add(5 * time.Second)
 			<-ctx.Done()
 			return ctx.Err()
@@ -457,7 +429,7 @@ func TestLockService_Do(t *testing.T) {
 	})
 
 	t.Run("ConflictWithoutWaiting", func(t *testing.T) {
-		svc := newHoldService(t, memory.NewLockRepository(), newTimerClock(holdStart))
+		svc := newHoldService(t, memory.NewLockRepository(), testclock.New(holdStart))
 		_, err := svc.Acquire(ctx, "B", plan, 0)
 		require.NoError(t, err)
 		ran := false
@@ -467,41 +439,10 @@ func TestLockService_Do(t *testing.T) {
 	})
 }
 
-// stepClock is a mock clock whose timers fire only when the test fires
-// them: a timer that fires late stands for a process that was paused.
-type stepClock struct {
-	*clock.Mock
-	timers chan stepTimer
-}
-
-type stepTimer struct {
-	d time.Duration
-	c chan time.Time
-}
-
-func (c *stepClock) After(d time.Duration) <-chan time.Time {
-	t := stepTimer{d: d, c: make(chan time.Time, 1)}
-	c.timers <- t
-	return t.c
-}
-
-func (c *stepClock) await(t *testing.T) stepTimer {
-	t.Helper()
-	select {
-	case st := <-c.timers:
-		return st
-	case <-time.After(10 * time.Second):
-		t.Fatal("the service set no timer")
-		return stepTimer{}
-	}
-}
-
 func TestHandle_KeepAlive_PausedPastItsExpiry(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	ctx := context.Background()
-	mc := clock.NewMock()
-	mc.Set(holdStart)
-	clk := &stepClock{Mock: mc, timers: make(chan stepTimer, 64)}
+	clk := testclock.New(holdStart)
 	svc, err := application.NewLockService(memory.NewLockRepository(), clk, 0)
 	require.NoError(t, err)
 	h, err := svc.Take(ctx, "A", plan, application.AcquireOptions{TTL: 10 * time.Second})
@@ -509,10 +450,10 @@ func TestHandle_KeepAlive_PausedPastItsExpiry(t *testing.T) {
 	held := h.KeepAlive(ctx)
 	defer h.Release(ctx)
 
-	renewal := clk.await(t)
-	require.Equal(t, 5*time.Second, renewal.d)
-	mc.Set(holdStart.Add(12 * time.Second)) // the process slept through its renewal
-	renewal.c <- mc.Now()
+	require.Equal(t, 5*time.Second, clk.NextTimer(t), "the renewal's wait")
+	// The process slept through its renewal: when it wakes, the clock
+	// reads 12s (Add holds Now until it has moved all the way).
+	clk.Add(12 * time.Second)
 	<-held.Done()
 	var lost *domain.LockLostError
 	require.ErrorAs(t, context.Cause(held), &lost)
@@ -523,14 +464,14 @@ func TestHandle_KeepAlive_PausedPastItsExpiry(t *testing.T) {
 
 func TestHandle_Lost(t *testing.T) {
 	ctx := context.Background()
-	clk := newTimerClock(holdStart)
+	clk := testclock.New(holdStart)
 	svc := newHoldService(t, memory.NewLockRepository(), clk)
 	h, err := svc.Take(ctx, "A", plan, application.AcquireOptions{TTL: 10 * time.Second})
 	require.NoError(t, err)
 	require.NoError(t, h.Lost(ctx), "held")
 
 	// No keep-alive ran: the loss is found in the store.
-	clk.Mock.Set(holdStart.Add(10 * time.Second))
+	clk.Set(holdStart.Add(10 * time.Second))
 	var lost *domain.LockLostError
 	require.ErrorAs(t, h.Lost(ctx), &lost)
 	assert.Equal(t, domain.LostExpired, lost.Reason)

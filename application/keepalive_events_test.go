@@ -13,6 +13,7 @@ import (
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 // These keep-alive tests wait for events (a timer set, a renewal tried, the
@@ -29,7 +30,7 @@ const eventBound = 10 * time.Second
 // first failures of them.
 type attemptRepo struct {
 	*memory.LockRepository
-	clk      *timerClock
+	clk      *testclock.Clock
 	attempts chan time.Time
 
 	mu       sync.Mutex
@@ -58,7 +59,7 @@ func (r *attemptRepo) fail(n int, err error) {
 }
 
 type keptAlive struct {
-	clk  *timerClock
+	clk  *testclock.Clock
 	repo *attemptRepo
 	h    *application.Handle
 	held context.Context
@@ -67,7 +68,7 @@ type keptAlive struct {
 
 func newKeptAlive(t *testing.T) *keptAlive {
 	t.Helper()
-	clk := newTimerClock(holdStart)
+	clk := testclock.New(holdStart)
 	repo := &attemptRepo{LockRepository: memory.NewLockRepository(), clk: clk, attempts: make(chan time.Time, 1024)}
 	svc := newHoldService(t, repo, clk)
 	k := &keptAlive{clk: clk, repo: repo, ttl: 10 * time.Second}
@@ -85,7 +86,7 @@ func newKeptAlive(t *testing.T) *keptAlive {
 func (k *keptAlive) renewalTimer(t *testing.T) {
 	t.Helper()
 	select {
-	case d := <-k.clk.set:
+	case d := <-k.clk.Timers():
 		require.Equal(t, k.ttl/2, d, "the keep-alive must renew every TTL/2")
 		k.clk.Add(d)
 	case <-time.After(eventBound):
@@ -117,7 +118,7 @@ func (k *keptAlive) retryPause(t *testing.T, at time.Time, guards map[time.Durat
 	guards[expiry.Sub(at)]++
 	for {
 		select {
-		case d := <-k.clk.set:
+		case d := <-k.clk.Timers():
 			if guards[d] > 0 {
 				// A guard, or a pause clipped to the expiry that equals
 				// this write's guard: then the guard comes next, and is
@@ -157,7 +158,7 @@ func TestHandle_KeepAliveEvents(t *testing.T) {
 			// and then the next renewal timer: both TTL/2.
 			for range 2 {
 				select {
-				case d := <-k.clk.set:
+				case d := <-k.clk.Timers():
 					require.Equal(t, k.ttl/2, d, "after renewal %d, a timer other than TTL/2", i)
 				case <-k.h.Done():
 					t.Fatalf("renewal %d ended the keep-alive: %v", i, k.h.Err())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 // A lock can reach its holder with less than TTL/2 left: its acquisition
@@ -20,7 +21,7 @@ import (
 // the holder heard of the loss 1.1 s after the expiry.
 func TestHandle_KeepAliveOfALateLock(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	clk := newTimerClock(holdStart)
+	clk := testclock.New(holdStart)
 	repo := &attemptRepo{LockRepository: memory.NewLockRepository(), clk: clk, attempts: make(chan time.Time, 1024)}
 	svc := newHoldService(t, repo, clk)
 	const ttl = 10 * time.Second
@@ -32,7 +33,7 @@ func TestHandle_KeepAliveOfALateLock(t *testing.T) {
 	held := h.KeepAlive(context.Background())
 	defer func() { _, _ = h.Release(context.Background()) }()
 
-	d := clk.awaitTimer(t)
+	d := clk.NextTimer(t)
 	left := expiry.Sub(clk.Now())
 	require.Less(t, d, left, "with %v left, the keep-alive waits %v before its first renewal", left, d)
 	clk.Add(d)

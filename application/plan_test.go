@@ -16,6 +16,7 @@ import (
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 // testPlan is the embedder's plan in these tests.
@@ -82,7 +83,7 @@ func TestPlanLifecycleService_Transition(t *testing.T) {
 	}
 
 	t.Run("PersistsUnderTheLockThenReleases", func(t *testing.T) {
-		f := newPlanFixture(t, newTimerClock(holdStart))
+		f := newPlanFixture(t, testclock.New(holdStart))
 		s := f.lifecycle(t, "A", application.PlanLockOptions{})
 		got, err := s.Transition(ctx, "p1", func(ctx context.Context, p testPlan) (testPlan, error) {
 			l, err := f.locks.Get(ctx, planRef)
@@ -125,7 +126,7 @@ func TestPlanLifecycleService_Transition(t *testing.T) {
 	})
 
 	t.Run("LostBeforePersistPersistsNothing", func(t *testing.T) {
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		repo := &flakyRepo{LockRepository: memory.NewLockRepository()}
 		svc, err := application.NewLockService(repo, clk, 0)
 		require.NoError(t, err)
@@ -135,11 +136,11 @@ func TestPlanLifecycleService_Transition(t *testing.T) {
 		require.NoError(t, err)
 		_, err = s.Transition(ctx, "p1", func(ctx context.Context, p testPlan) (testPlan, error) {
 			repo.failWith(func(context.Context) error { return &domain.StoreError{Op: "renew", Kind: domain.StoreBusy} })
-			require.Equal(t, 5*time.Second, clk.awaitTimer(t))
+			require.Equal(t, 5*time.Second, clk.NextTimer(t))
 			clk.Add(5 * time.Second)
 			for ctx.Err() == nil {
 				select {
-				case d := <-clk.set:
+				case d := <-clk.Timers():
 					if d < 2*time.Second {
 						clk.Add(d)
 					}
@@ -158,7 +159,7 @@ func TestPlanLifecycleService_Transition(t *testing.T) {
 	})
 
 	t.Run("LongTransitionKeepsItsLock", func(t *testing.T) {
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		f := newPlanFixture(t, clk)
 		ttl := 10 * time.Second
 		s := f.lifecycle(t, "A", application.PlanLockOptions{TTL: ttl})
@@ -169,9 +170,9 @@ func TestPlanLifecycleService_Transition(t *testing.T) {
 			// means the clock moves only once the next wait is set; a test
 			// that took the guard for the next wait raced the keep-alive.
 			for i := 1; i <= 8; i++ { // four TTLs of work
-				require.Equal(t, ttl/2, clk.awaitTimer(t), "the wait for renewal %d", i)
+				require.Equal(t, ttl/2, clk.NextTimer(t), "the wait for renewal %d", i)
 				clk.Add(ttl / 2)
-				require.Equal(t, ttl/2, clk.awaitTimer(t), "renewal %d's guard", i)
+				require.Equal(t, ttl/2, clk.NextTimer(t), "renewal %d's guard", i)
 				require.Eventually(t, func() bool {
 					l, err := f.locks.Get(ctx, planRef)
 					return err == nil && l.ExpiresAt.Equal(holdStart.Add(time.Duration(i)*ttl/2+ttl))
@@ -186,7 +187,7 @@ func TestPlanLifecycleService_Transition(t *testing.T) {
 	})
 
 	t.Run("ReleasedAfterErrorAndPanic", func(t *testing.T) {
-		f := newPlanFixture(t, newTimerClock(holdStart))
+		f := newPlanFixture(t, testclock.New(holdStart))
 		s := f.lifecycle(t, "A", application.PlanLockOptions{})
 		mine := errors.New("the model refused")
 		_, err := s.TransitionWithProject(ctx, "proj", "p1", func(context.Context, testPlan) (testPlan, error) {
@@ -203,15 +204,15 @@ func TestPlanLifecycleService_Transition(t *testing.T) {
 	})
 
 	t.Run("WaitTimeoutNamesTheHolder", func(t *testing.T) {
-		clk := newTimerClock(holdStart)
+		clk := testclock.New(holdStart)
 		f := newPlanFixture(t, clk)
 		holder, err := f.locks.Acquire(ctx, "B", planRef, time.Hour)
 		require.NoError(t, err)
 		s := f.lifecycle(t, "A", application.PlanLockOptions{WaitTimeout: 30 * time.Second})
 		done := make(chan error, 1)
 		go func() { _, err := s.Transition(ctx, "p1", execute); done <- err }()
-		require.Equal(t, 30*time.Second, clk.awaitTimer(t))
-		clk.awaitTimer(t) // the first poll
+		require.Equal(t, 30*time.Second, clk.NextTimer(t))
+		clk.NextTimer(t) // the first poll
 		clk.Add(30 * time.Second)
 		err = <-done
 		var conflict *domain.LockConflictError
@@ -259,7 +260,7 @@ func TestPlanLifecycleService_Transition(t *testing.T) {
 	})
 
 	t.Run("BadInput", func(t *testing.T) {
-		f := newPlanFixture(t, newTimerClock(holdStart))
+		f := newPlanFixture(t, testclock.New(holdStart))
 		_, err := application.NewPlanLifecycleService[testPlan](f.locks, f.plans, "", application.PlanLockOptions{})
 		require.ErrorIs(t, err, domain.ErrValidation)
 		_, err = application.NewPlanLifecycleService[testPlan](f.locks, f.plans, "A", application.PlanLockOptions{TTL: time.Second})

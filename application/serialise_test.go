@@ -15,6 +15,7 @@ import (
 
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 // Eight goroutines of one process share one lifecycle service, with one
@@ -72,7 +73,7 @@ func TestPlanLifecycleService_TransitionWithProjectHoldsTheProject(t *testing.T)
 	defer goleak.VerifyNone(t)
 	ctx := context.Background()
 	project := domain.ResourceRef{Type: domain.ResourceProject, ID: "proj"}
-	f := newPlanFixture(t, newTimerClock(holdStart))
+	f := newPlanFixture(t, testclock.New(holdStart))
 	f.plans.Put("p2", testPlan{Phase: "draft"})
 	first := f.lifecycle(t, "A", application.PlanLockOptions{})
 	second := f.lifecycle(t, "B", application.PlanLockOptions{})

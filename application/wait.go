@@ -38,6 +38,26 @@ type waiter struct {
 	// wake receives when the waiter becomes the head, or when the head
 	// should try again at once (an in-process release).
 	wake chan struct{}
+	// parked is set, under the queues' mutex, while the waiter sleeps
+	// with every timer that bounds its sleep already set: from then on,
+	// moving the clock reaches it (see Waiting). timers are those timers'
+	// channels: once one has fired (a mock clock's channel holds the
+	// time) the waiter is about to wake, and no longer counts as parked.
+	parked bool
+	timers [2]<-chan time.Time
+}
+
+// asleep says whether w is parked with no wake-up pending; q.mu is held.
+func (w *waiter) asleep() bool {
+	if !w.parked || len(w.wake) > 0 {
+		return false
+	}
+	for _, c := range w.timers {
+		if c != nil && len(c) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func newWaitQueues() *waitQueues {
@@ -45,15 +65,37 @@ func newWaitQueues() *waitQueues {
 }
 
 // join queues a new waiter for ref; it is woken at once if it is the head.
-func (q *waitQueues) join(ref domain.ResourceRef) *waiter {
+// expired is its timeout's channel (nil: none).
+func (q *waitQueues) join(ref domain.ResourceRef, expired <-chan time.Time) *waiter {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.queues[ref] = append(q.queues[ref], w)
 	if len(q.queues[ref]) == 1 {
 		w.wake <- struct{}{}
+	} else {
+		// Behind others, it sleeps until it becomes the head; its
+		// timeout's timer, if any, was set before it queued.
+		w.parked = true
+		w.timers = [2]<-chan time.Time{expired}
 	}
 	return w
+}
+
+// park marks w as asleep, with the timers it sleeps on set.
+func (q *waitQueues) park(w *waiter, timers ...<-chan time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w.parked = true
+	w.timers = [2]<-chan time.Time{}
+	copy(w.timers[:], timers)
+}
+
+// unpark marks w as awake (it tries the lock, or computes its next sleep).
+func (q *waitQueues) unpark(w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w.parked = false
 }
 
 // leave removes w from ref's queue and wakes the next head, if w was the
@@ -73,6 +115,7 @@ func (q *waitQueues) leave(ref domain.ResourceRef, w *waiter) {
 		}
 		q.queues[ref] = queue
 		if i == 0 {
+			queue[0].parked = false
 			signal(queue[0].wake)
 		}
 		return
@@ -84,6 +127,7 @@ func (q *waitQueues) wake(ref domain.ResourceRef) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if queue := q.queues[ref]; len(queue) > 0 {
+		queue[0].parked = false
 		signal(queue[0].wake)
 	}
 }
@@ -93,15 +137,22 @@ func (q *waitQueues) wakeAll() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, queue := range q.queues {
+		queue[0].parked = false
 		signal(queue[0].wake)
 	}
 }
 
-// count returns how many callers wait for ref.
+// count returns how many callers wait for ref, parked (see Waiting).
 func (q *waitQueues) count(ref domain.ResourceRef) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.queues[ref])
+	n := 0
+	for _, w := range q.queues[ref] {
+		if w.asleep() {
+			n++
+		}
+	}
+	return n
 }
 
 func signal(c chan struct{}) {
@@ -112,7 +163,13 @@ func signal(c chan struct{}) {
 }
 
 // Waiting returns how many callers of this service are waiting for the lock
-// on ref.
+// on ref, counting a caller only once it is parked: asleep, with every
+// timer that bounds its sleep (the holder's expiry, its next look at the
+// store, its timeout) already set on the service's clock. So once Waiting
+// says a caller waits, moving a mock clock reaches it: a test may wait
+// until Waiting(ref) == n and then move the clock past the holder's
+// expiry. A caller that is trying the lock, or about to sleep again, is
+// not counted until it sleeps.
 func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.count(ref) }
 
 // acquireWaiting takes the lock on ref for owner, waiting while another
@@ -140,7 +197,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 	if timeout > 0 {
 		expired = s.timers.After(timeout)
 	}
-	w := s.waiters.join(ref)
+	w := s.waiters.join(ref, expired)
 	defer s.waiters.leave(ref, w)
 
 	var last *domain.LockConflictError
@@ -174,8 +231,10 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		if d := s.waiters.yielding(ref, s.Now()); d > 0 {
 			// This service just released ref while another process
 			// waited for it: that process goes first (freed).
+			yielded := s.timers.After(d)
+			s.waiters.park(w, yielded, expired)
 			select {
-			case <-s.timers.After(d):
+			case <-yielded:
 			case <-ctx.Done():
 				return gaveUp(ctx.Err())
 			case <-expired:
@@ -183,6 +242,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			case <-s.gate.done():
 				return nil, domain.ErrClosed
 			}
+			s.waiters.unpark(w)
 		}
 		h, err := try()
 		if late := (*domain.LockExpiredError)(nil); errors.As(err, &late) && !late.WrittenAt.IsZero() && ctx.Err() == nil {
@@ -236,12 +296,14 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			pause = min(jittered(backoff), left)
 			backoff = min(2*backoff, waitBackoffMax)
 		}
+		slept := s.timers.After(pause)
+		s.waiters.park(w, slept, expired)
 		select {
 		case <-w.wake:
 			backoff = waitBackoffMin // released here: the next holder may be quick too
 		case <-news:
 			backoff = waitBackoffMin
-		case <-s.timers.After(pause):
+		case <-slept:
 		case <-ctx.Done():
 			return gaveUp(ctx.Err())
 		case <-expired:
@@ -249,6 +311,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		case <-s.gate.done():
 			return nil, domain.ErrClosed
 		}
+		s.waiters.unpark(w)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 // fakeWakeups stands for the wake-ups between processes: the test decides
@@ -58,7 +59,7 @@ func (w *fakeWakeups) wake() { w.c <- struct{}{} }
 // and a waiter B in a service with wakeups (watchable or not), started
 // with opts. It returns once B has asked to watch plan.
 type waitingBehind struct {
-	clk    *timerClock
+	clk    *testclock.Clock
 	wake   *fakeWakeups
 	holder *application.Handle
 	out    chan taken // B's result
@@ -66,7 +67,7 @@ type waitingBehind struct {
 
 func startWaitingBehind(t *testing.T, watchable bool, ttl time.Duration, opts application.AcquireOptions) waitingBehind {
 	t.Helper()
-	w := waitingBehind{clk: newTimerClock(holdStart), wake: newFakeWakeups(watchable), out: make(chan taken, 1)}
+	w := waitingBehind{clk: testclock.New(holdStart), wake: newFakeWakeups(watchable), out: make(chan taken, 1)}
 	repo := memory.NewLockRepository()
 	var err error
 	w.holder, err = newHoldService(t, repo, w.clk).Take(context.Background(), "A", plan, application.AcquireOptions{TTL: ttl})
@@ -86,7 +87,7 @@ func TestLockService_WaitWithWakeups(t *testing.T) {
 	t.Run("ReleaseElsewhereWakesWithoutTheClock", func(t *testing.T) {
 		w := startWaitingBehind(t, true, time.Hour, wait)
 		clk, wake, holder, out := w.clk, w.wake, w.holder, w.out
-		d := clk.awaitTimer(t) // asleep, with the fallback read set
+		d := clk.NextTimer(t) // asleep, with the fallback read set
 		assert.LessOrEqual(t, d, time.Second, "the fallback read comes at most a second later")
 
 		_, err := holder.Release(ctx)
@@ -102,7 +103,7 @@ func TestLockService_WaitWithWakeups(t *testing.T) {
 	t.Run("LostWakeupHandsOverAtTheFallback", func(t *testing.T) {
 		w := startWaitingBehind(t, true, time.Hour, wait)
 		clk, holder, out := w.clk, w.holder, w.out
-		d := clk.awaitTimer(t)
+		d := clk.NextTimer(t)
 		_, err := holder.Release(ctx) // and no wake-up ever comes
 		require.NoError(t, err)
 		select {
@@ -125,7 +126,7 @@ func TestLockService_WaitWithWakeups(t *testing.T) {
 		expires := holder.Lock().ExpiresAt
 		reads := 0
 		for {
-			d := clk.awaitTimer(t)
+			d := clk.NextTimer(t)
 			// The service reads the time to the millisecond, as it stores it.
 			require.False(t, clk.Now().Add(d).After(expires.Add(time.Millisecond)),
 				"a pause ends past the holder's expiry: now %s, pause %s, expiry %s", clk.Now(), d, expires)
@@ -149,10 +150,10 @@ func TestLockService_WaitWithWakeups(t *testing.T) {
 	t.Run("UnwatchableResourcePollsWithBackoff", func(t *testing.T) {
 		w := startWaitingBehind(t, false, time.Hour, wait)
 		clk, wake, holder, out := w.clk, w.wake, w.holder, w.out
-		first := clk.awaitTimer(t)
+		first := clk.NextTimer(t)
 		assert.LessOrEqual(t, first, 10*time.Millisecond, "without a watch the waiter polls from a short pause")
 		clk.Add(first)
-		next := clk.awaitTimer(t)
+		next := clk.NextTimer(t)
 		assert.Equal(t, 1, wake.watches, "a watch that is not possible is asked for once, not on every poll")
 		_, err := holder.Release(ctx)
 		require.NoError(t, err)
@@ -164,7 +165,7 @@ func TestLockService_WaitWithWakeups(t *testing.T) {
 				_, err = got.h.Release(ctx)
 				require.NoError(t, err)
 				return
-			case d := <-clk.set:
+			case d := <-clk.Timers():
 				clk.Add(d)
 			}
 		}
@@ -172,7 +173,7 @@ func TestLockService_WaitWithWakeups(t *testing.T) {
 
 	t.Run("ReleaserLetsAWaitingProcessGoFirst", func(t *testing.T) {
 		for _, contended := range []bool{false, true} {
-			clk := newTimerClock(holdStart)
+			clk := testclock.New(holdStart)
 			wake := newFakeWakeups(true)
 			wake.contended = contended // another process waits for plan
 			svc := newHoldService(t, memory.NewLockRepository(), clk)
@@ -182,7 +183,7 @@ func TestLockService_WaitWithWakeups(t *testing.T) {
 			out := make(chan taken, 1)
 			takeAsync(svc, "A2", wait, out)
 			require.Eventually(t, func() bool { return svc.Waiting(plan) == 1 }, 10*time.Second, time.Millisecond)
-			clk.awaitTimer(t) // asleep behind a handle of its own service
+			clk.NextTimer(t) // asleep behind a handle of its own service
 
 			_, err = holder.Release(ctx)
 			require.NoError(t, err)
@@ -193,7 +194,7 @@ func TestLockService_WaitWithWakeups(t *testing.T) {
 				require.NoError(t, err)
 				continue
 			}
-			assert.Equal(t, 10*time.Millisecond, clk.awaitTimer(t), "the local waiter holds back for the grace")
+			assert.Equal(t, 10*time.Millisecond, clk.NextTimer(t), "the local waiter holds back for the grace")
 			_, err = svc.Get(ctx, plan)
 			require.ErrorIs(t, err, domain.ErrNotFound, "free for the other process meanwhile")
 			select {

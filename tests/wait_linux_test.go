@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -21,21 +20,9 @@ import (
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 	"github.com/cleveragents/locks/tests/testdb"
 )
-
-// reportingClock is a mock clock that reports every timer set on it, so
-// that the test knows when a waiter sleeps.
-type reportingClock struct {
-	*clock.Mock
-	set chan time.Duration
-}
-
-func (c *reportingClock) After(d time.Duration) <-chan time.Time {
-	ch := c.Mock.After(d)
-	c.set <- d
-	return ch
-}
 
 // A waiter in one container hears of a release in another container (as
 // another process would, through the file beside the database) and takes
@@ -43,7 +30,7 @@ func (c *reportingClock) After(d time.Duration) <-chan time.Time {
 func TestTake_WokenAcrossContainersOnOneFile(t *testing.T) {
 	ctx := context.Background()
 	db := filepath.Join(t.TempDir(), "agents.db")
-	clk := &reportingClock{Mock: newMock(), set: make(chan time.Duration, 64)}
+	clk := testclock.New(newMock().Now())
 	procA := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: clk})
 	procB := MustOpen(t, locks.Config{Database: db, Owner: "B", Clock: clk})
 
@@ -58,7 +45,7 @@ func TestTake_WokenAcrossContainersOnOneFile(t *testing.T) {
 		h, err := procB.Locks.Take(ctx, "B", plan1, application.AcquireOptions{Wait: true})
 		done <- result{h, err}
 	}()
-	d := <-clk.set // B sleeps, watching
+	d := clk.NextTimer(t) // B sleeps, watching
 	assert.LessOrEqual(t, d, time.Second, "a watching waiter still reads the store at least once a second")
 	_, err = held.Release(ctx)
 	require.NoError(t, err)
@@ -122,7 +109,7 @@ func TestTake_TwoContainersOnOneFileBothWoken(t *testing.T) {
 func TestTake_ReleaseWithoutWakeupFoundByTheFallbackRead(t *testing.T) {
 	ctx := context.Background()
 	db := filepath.Join(t.TempDir(), "agents.db")
-	clk := &reportingClock{Mock: newMock(), set: make(chan time.Duration, 64)}
+	clk := testclock.New(newMock().Now())
 	procA := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: clk})
 	procB := MustOpen(t, locks.Config{Database: db, Owner: "B", Clock: clk})
 	_, err := procA.Locks.Acquire(ctx, "A", plan1, time.Hour)
@@ -135,7 +122,7 @@ func TestTake_ReleaseWithoutWakeupFoundByTheFallbackRead(t *testing.T) {
 		}
 		done <- err
 	}()
-	d := <-clk.set
+	d := clk.NextTimer(t)
 	deleteRow(t, db, plan1)
 	select {
 	case err := <-done:

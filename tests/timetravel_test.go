@@ -1,0 +1,160 @@
+package tests
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
+	"github.com/cleveragents/locks/tests/testdb"
+)
+
+// waitThenTravel is the embedder's time-travel test of the issue that the
+// exported test clock answers: another owner holds the plan for 30s, the
+// README's runPlan waits for it (Do with Wait), the test waits until the
+// service says the waiter waits (Waiting == 1) and moves the clock 31s:
+// the waiter must take the lock, with no other wait and no sleep. Before
+// Waiting counted only a parked waiter, a move between the waiter's
+// queueing and its timer was lost, and the run hung.
+func waitThenTravel(t *testing.T, cfg locks.Config) {
+	t.Helper()
+	ctx := context.Background()
+	clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	cfg.Clock, cfg.Owner = clk, "me"
+	c := MustOpen(t, cfg)
+	_, err := c.Locks.Acquire(ctx, "other", plan1, 30*time.Second)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Locks.Do(ctx, c.Owner(), plan1, application.AcquireOptions{Wait: true, Timeout: time.Minute},
+			func(context.Context, domain.Lock) error { return nil })
+	}()
+	for deadline := time.Now().Add(10 * time.Second); c.Locks.Waiting(plan1) != 1; {
+		require.True(t, time.Now().Before(deadline), "the waiter never said it waits")
+		runtime.Gosched() // look again at once: a test asks as soon as it can
+	}
+	clk.Add(31 * time.Second)
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the wait ends with the lock taken once the holder expired")
+	case <-time.After(10 * time.Second):
+		t.Fatalf("hung: the waiter did not see the clock move 31s past the holder's expiry (timers pending: %v)", clk.PendingIn())
+	}
+}
+
+func TestTimeTravel_WaitingThenMove(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { waitThenTravel(t, locks.Config{Database: locks.MemoryDatabase}) })
+	t.Run("sqlite", func(t *testing.T) {
+		waitThenTravel(t, locks.Config{Database: filepath.Join(t.TempDir(), "agents.db")})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		if os.Getenv("LOCKS_TEST_POSTGRES_DSN") == "" {
+			t.Skip("LOCKS_TEST_POSTGRES_DSN is not set")
+		}
+		waitThenTravel(t, locks.Config{Database: testdb.Postgres(t)})
+	})
+}
+
+// A keep-alive (TTL 10s) renews at every interval the test moves the
+// clock by, ten times over, while another goroutine sets timers on the
+// same clock: each of those fires once, when due, and none of the moves
+// hangs (clock.Mock could fire a timer set while Add ran twice, and then
+// deadlock).
+func TestTimeTravel_KeepAliveWhileOthersSetTimers(t *testing.T) {
+	ctx := context.Background()
+	start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	clk := testclock.New(start)
+	c := MustOpen(t, locks.Config{Database: locks.MemoryDatabase, Owner: "me", Clock: clk})
+	const ttl, interval = 10 * time.Second, 5 * time.Second
+	h, err := c.Locks.Take(ctx, "me", plan1, application.AcquireOptions{TTL: ttl})
+	require.NoError(t, err)
+	held := h.KeepAlive(ctx)
+
+	type noise struct {
+		due time.Time
+		c   <-chan time.Time
+	}
+	var timers []noise
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			d := time.Duration(1+i%4999) * time.Millisecond // never the keep-alive's 5s
+			before := clk.Now()
+			c := clk.After(d)
+			if clk.Now().Equal(before) { // else its due time is not known exactly
+				timers = append(timers, noise{before.Add(d), c})
+			}
+			if i%64 == 0 {
+				runtime.Gosched()
+			}
+		}
+	}()
+	// parked waits until the keep-alive has set n timers of an interval:
+	// at a renewal, the guard at the expiry (set at half-life, it too is
+	// an interval away), then the wait for the next renewal.
+	parked := func(n int) {
+		for n > 0 {
+			if clk.NextTimer(t) == interval {
+				n--
+			}
+		}
+	}
+	parked(1)
+	for i := range 10 {
+		clk.Add(interval)
+		parked(2)
+		require.Equal(t, start.Add(time.Duration(i+1)*interval+ttl), h.Lock().ExpiresAt, "renewal %d", i+1)
+	}
+	close(stop)
+	<-stopped
+	t.Logf("the other goroutine set %d timers whose due time is known while the clock moved", len(timers))
+	require.NoError(t, held.Err(), "kept alive through ten intervals")
+	now := clk.Now()
+	for _, n := range timers {
+		fired := 0
+		for range 2 {
+			select {
+			case <-n.c:
+				fired++
+			default:
+			}
+		}
+		want := 0
+		if !n.due.After(now) {
+			want = 1
+		}
+		require.Equal(t, want, fired, "a timer due %s, with the clock at %s", n.due, now)
+	}
+	_, err = h.Release(ctx)
+	require.NoError(t, err)
+}
+
+// On PostgreSQL, a clock.Mock (not only the test clock) implies LocalTime:
+// moved past another owner's expiry, it takes the lock, where the
+// server's clock, which the test cannot move, refused it "in 30s".
+func TestTimeTravel_PostgresMockClockNeedsNoLocalTime(t *testing.T) {
+	ctx := context.Background()
+	mc := newMock()
+	c := MustOpen(t, locks.Config{Database: testdb.Postgres(t), Owner: "me", Clock: mc})
+	_, err := c.Locks.Acquire(ctx, "other", plan1, 30*time.Second)
+	require.NoError(t, err)
+	mc.Add(31 * time.Second)
+	l, err := c.Locks.Acquire(ctx, "me", plan1, time.Minute)
+	require.NoError(t, err, "taken once the mock clock passed the holder's expiry")
+	require.Equal(t, "me", l.Owner)
+}
