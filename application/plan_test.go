@@ -25,24 +25,6 @@ type testPlan struct {
 	Runs  int
 }
 
-// pausableClock is a mock clock whose timers can be frozen, as a paused
-// process's are: while paused, a timer set never fires, though the time
-// moves on for everyone else.
-type pausableClock struct {
-	*clock.Mock
-	mu     sync.Mutex
-	paused bool
-}
-
-func (c *pausableClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.paused {
-		return nil
-	}
-	return c.Mock.After(d)
-}
-
 type planFixture struct {
 	locks *application.LockService
 	repo  *memory.LockRepository
@@ -101,14 +83,14 @@ func TestPlanLifecycleService_Transition(t *testing.T) {
 	t.Run("PausedHolderIsRefusedAtPersist", func(t *testing.T) {
 		// A's process is paused (its timers stand still) past its lock's
 		// expiry; B takes the plan over and A wakes up to persist.
-		mc := clock.NewMock()
-		mc.Set(holdStart)
-		clk := &pausableClock{Mock: mc, paused: true}
+		clk := testclock.New(holdStart)
+		clk.Pause() // from the start: no timer of A's fires
 		f := newPlanFixture(t, clk)
 		s := f.lifecycle(t, "A", application.PlanLockOptions{TTL: 10 * time.Second})
 		var b domain.Lock
 		_, err := s.Transition(ctx, "p1", func(ctx context.Context, p testPlan) (testPlan, error) {
-			mc.Add(11 * time.Second)
+			clk.BlockUntil(t, 1) // A's keep-alive waits to renew, in vain
+			clk.Add(11 * time.Second)
 			var err error
 			b, err = f.locks.Acquire(ctx, "B", planRef, time.Minute)
 			require.NoError(t, err, "B takes the expired lock")

@@ -177,23 +177,37 @@ func renewalKey(hs *hmHandle, at time.Time) tickKey {
 }
 
 // arming returns the function that waits until a keep-alive has set each
-// of the renewal timers keys, so that moving the clock later fires them.
-// Timers of the same time and length set before (by a keep-alive that has
-// stopped since) do not count.
+// of the renewal timers keys, so that moving the clock later fires them:
+// until each is pending on the clock, due at its time and set since the
+// clock last moved (its whole length ahead). Timers of the same time and
+// length pending before (by a keep-alive that has stopped since) do not
+// count.
 func (m *hmMachine) arming(keys ...tickKey) func(t *rapid.T) {
 	want := map[tickKey]int{}
 	for _, k := range keys {
 		if _, ok := want[k]; !ok {
-			want[k] = m.clk.count(k)
+			want[k] = m.pending(k)
 		}
 		want[k]++
 	}
 	return func(t *rapid.T) {
 		for k, n := range want {
-			waitFor(t, func() bool { return m.clk.count(k) >= n },
+			waitFor(t, func() bool { return m.pending(k) >= n },
 				"a keep-alive did not set its renewal timer for %s", k.at)
 		}
 	}
+}
+
+// pending returns how many timers pending on the clock are due at k.at,
+// k.d ahead: the model alone moves the clock, so Now and PendingIn agree.
+func (m *hmMachine) pending(k tickKey) int {
+	now, n := m.clk.Now(), 0
+	for _, in := range m.clk.PendingIn() {
+		if in == k.d && now.Add(in).Equal(k.at) {
+			n++
+		}
+	}
+	return n
 }
 
 // Advance moves the clock: a little, to just past the next renewal due,
@@ -253,16 +267,27 @@ func (m *hmMachine) moveTo(t *rapid.T, at time.Time) {
 	for _, f := range fired {
 		m.guards[f.believed.Sub(at.Truncate(application.Precision))] = true
 	}
-	mark := len(m.clk.since(0))
+	for drained := false; !drained; { // the timers set before the move
+		select {
+		case <-m.clk.Timers():
+		default:
+			drained = true
+		}
+	}
 	noRetry := func() {
-		for _, k := range m.clk.since(mark) {
-			if !m.guards[k.d] && !slices.Contains(hmTTLs, 2*k.d) {
-				t.Fatalf("a keep-alive set a timer of %s (due %s) when the clock reached %s: a retry, though the store never failed",
-					k.d, k.at, at)
+		for {
+			select {
+			case d := <-m.clk.Timers():
+				if !m.guards[d] && !slices.Contains(hmTTLs, 2*d) {
+					t.Fatalf("a keep-alive set a timer of %s when the clock reached %s: a retry, though the store never failed", d, at)
+				}
+			default:
+				return
 			}
 		}
 	}
-	m.clk.moveTo(at, true)
+	m.clk.Set(at)  // fires every timer due by then
+	m.clk.Resume() // or, after a pause, once the time has moved
 	now := m.now()
 	for _, f := range fired {
 		hs := f.hs
@@ -369,7 +394,8 @@ func (m *hmMachine) Do(t *rapid.T) {
 				return errors.Join(errors.New("could not remove the lock behind Do's back"), err)
 			}
 		case "pause-and-takeover":
-			m.clk.moveTo(l.ExpiresAt.Add(time.Millisecond), false) // paused: no timer fires
+			m.clk.Pause() // no timer fires until the process resumes
+			m.clk.Set(l.ExpiresAt.Add(time.Millisecond))
 			var err error
 			if took, err = m.other.Acquire(ctx, hmOther, ref, hmTTLs[0]); err != nil {
 				return errors.Join(errors.New("another process could not take the expired lock"), err)

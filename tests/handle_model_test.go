@@ -7,17 +7,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"pgregory.net/rapid"
 
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 // The handle model: a handle is one acquisition, and nothing it tells its
@@ -68,82 +67,18 @@ var (
 	hmWaitTime = 20 * time.Second // bound on waiting for an event, never reached unless something is wrong
 )
 
-// tickClock is a clock.Mock whose timers the model fires itself: moving
-// the time fires the timers due by then (or none, for a paused process),
-// and it counts every timer ever set by its time and length, so that the
-// model knows when a keep-alive has set its next renewal.
-type tickClock struct {
-	*clock.Mock
-	mu     sync.Mutex
-	timers []*tickTimer
-	set    map[tickKey]int
-	log    []tickKey // every timer set, in order
-}
-
+// tickKey is a timer the model expects a keep-alive to set: its due time
+// and length.
 type tickKey struct {
 	at time.Time
 	d  time.Duration
-}
-
-type tickTimer struct {
-	tickKey
-	c chan time.Time
-}
-
-func (c *tickClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.Mock.Now()
-	t := &tickTimer{tickKey: tickKey{at: now.Add(d), d: d}, c: make(chan time.Time, 1)}
-	if c.set == nil {
-		c.set = map[tickKey]int{}
-	}
-	c.set[t.tickKey]++
-	c.log = append(c.log, t.tickKey)
-	if d <= 0 {
-		t.c <- now
-		return t.c
-	}
-	c.timers = append(c.timers, t)
-	return t.c
-}
-
-// moveTo sets the time to at and, if fire, fires every timer due by then.
-func (c *tickClock) moveTo(at time.Time, fire bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.Mock.Set(at)
-	if !fire {
-		return
-	}
-	c.timers = slices.DeleteFunc(c.timers, func(t *tickTimer) bool {
-		if t.at.After(at) {
-			return false
-		}
-		t.c <- at
-		return true
-	})
-}
-
-// since returns the timers set after the first n.
-func (c *tickClock) since(n int) []tickKey {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.log[min(n, len(c.log)):])
-}
-
-// count returns how many timers of k.d due at k.at were ever set.
-func (c *tickClock) count(k tickKey) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.set[k]
 }
 
 // hmMachine drives one service ("this process", svc) and another on the
 // same store ("another process", other) against the model.
 type hmMachine struct {
 	ctx     context.Context
-	clk     *tickClock
+	clk     *testclock.Clock // moved only by the model
 	repo    application.LockRepository
 	svc     *application.LockService
 	other   *application.LockService
@@ -369,9 +304,7 @@ func runHandleModel(t *testing.T, open func(t *testing.T) (application.LockRepos
 	start := time.Now()
 	defer func() { t.Logf("%d steps in %s", steps, time.Since(start).Round(time.Millisecond)) }()
 	rapid.Check(t, func(rt *rapid.T) {
-		mc := clock.NewMock()
-		mc.Set(hmStart)
-		clk := &tickClock{Mock: mc}
+		clk := testclock.New(hmStart)
 		repo, closeRepo := open(t)
 		defer closeRepo()
 		svc, err := application.NewLockService(repo, clk, 0)

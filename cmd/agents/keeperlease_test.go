@@ -123,7 +123,7 @@ func TestMain_LockRunKeeperStopsAHeldLock(t *testing.T) {
 	ready, term := filepath.Join(h.dir, "ready"), filepath.Join(h.dir, "term")
 	run := h.start("--json", "--owner", "runner", "locks", "run", "plan", "p1", "--ttl", "5s", "--grace", "1s", "--",
 		"sh", "-c", stopsOnTerm, ready, term)
-	h.clk.await(t, 2500*time.Millisecond) // the renewal, which never comes
+	awaitTimer(t, h.clk, 2500*time.Millisecond) // the renewal, which never comes
 	awaitFile(t, ready)
 	r := run.wait(t)
 	assert.Equal(t, exitExpired, r.code, "stderr: %s", r.stderr)

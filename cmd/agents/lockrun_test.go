@@ -16,84 +16,35 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 // These tests run "locks run" through Main with real commands (sh), and a
-// clock whose timers fire only when the test says so: the keep-alive, a
-// wait's polls and timeout, and the grace period all wait on it, so no
-// test sleeps for them. tests/cli runs the same rules through the binary.
+// test clock whose timers fire only when the test moves it: the
+// keep-alive, a wait's polls and timeout, and the grace period all wait
+// on it, so no test sleeps for them. The test waits until the timer it
+// means to fire is set (awaitTimer), and pauses the clock to act between
+// a move and the timers it makes due. tests/cli runs the same rules through the binary.
 
-// stepClock is a clock that tells the test about every timer set on it,
-// and fires one only when the test does.
-type stepClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers chan *stepTimer
-}
-
-type stepTimer struct {
-	d   time.Duration
-	c   chan time.Time
-	clk *stepClock
-}
-
-func newStepClock() *stepClock {
-	return &stepClock{now: start, timers: make(chan *stepTimer, 1024)}
-}
-
-func (c *stepClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stepClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-func (c *stepClock) After(d time.Duration) <-chan time.Time {
-	t := &stepTimer{d: d, c: make(chan time.Time, 1), clk: c}
-	c.timers <- t
-	return t.c
-}
-
-// await returns the next timer of duration d that is set, passing over the
-// others (a renewal's own deadline, say), which then never fire.
-func (c *stepClock) await(t *testing.T, d time.Duration) *stepTimer {
+// awaitTimer returns once a timer of d is set on clk, passing over the
+// others set before it (a renewal's own deadline, say).
+func awaitTimer(t *testing.T, clk *testclock.Clock, d time.Duration) {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		select {
-		case tm := <-c.timers:
-			if tm.d == d {
-				return tm
-			}
-		case <-deadline:
-			require.FailNow(t, "no timer set", "waiting for a timer of %s", d)
-		}
+	for clk.NextTimer(t) != d {
 	}
 }
 
-// awaitBelow returns the next timer shorter than d: a wait's poll, whose
-// duration is jittered.
-func (c *stepClock) awaitBelow(t *testing.T, d time.Duration) *stepTimer {
+// awaitTimerBelow returns the duration of the next timer shorter than d
+// set on clk: a wait's poll, whose duration is jittered.
+func awaitTimerBelow(t *testing.T, clk *testclock.Clock, d time.Duration) time.Duration {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
 	for {
-		select {
-		case tm := <-c.timers:
-			if tm.d < d {
-				return tm
-			}
-		case <-deadline:
-			require.FailNow(t, "no timer set", "waiting for a timer below %s", d)
+		if got := clk.NextTimer(t); got < d {
+			return got
 		}
 	}
 }
-
-func (tm *stepTimer) fire() { tm.c <- tm.clk.Now() }
 
 // syncBuffer is a buffer that a command's output and agents' messages may
 // write at once.
@@ -114,11 +65,11 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-// stepHarness runs agents commands on a stepClock, each in its own
+// stepHarness runs agents commands on a test clock, each in its own
 // goroutine if need be, against a database of its own.
 type stepHarness struct {
 	t   *testing.T
-	clk *stepClock
+	clk *testclock.Clock
 	dir string
 	db  string
 	env map[string]string
@@ -129,7 +80,7 @@ type stepHarness struct {
 func newStepHarness(t *testing.T) *stepHarness {
 	dir := t.TempDir()
 	db := filepath.Join(dir, "agents.db")
-	return &stepHarness{t: t, clk: newStepClock(), dir: dir, db: db,
+	return &stepHarness{t: t, clk: testclock.New(start), dir: dir, db: db,
 		env: map[string]string{"AGENTS_DB": db, "AGENTS_CREATE": "1"}, sigs: make(chan chan<- os.Signal, 16)}
 }
 
@@ -258,10 +209,9 @@ func TestMain_LockRun(t *testing.T) {
 		h := newStepHarness(t)
 		ready, goFile := filepath.Join(h.dir, "ready"), filepath.Join(h.dir, "go")
 		run := h.start("--owner", "alice", "locks", "run", "plan", "p1", "--ttl", "10s", "--", "sh", "-c", waitForGo, ready, goFile)
-		renew := h.clk.await(t, 5*time.Second)
+		awaitTimer(t, h.clk, 5*time.Second) // the wait for the renewal
 		awaitFile(t, ready)
-		h.clk.Add(5 * time.Second)
-		renew.fire()
+		h.clk.Add(5 * time.Second) // the renewal is due
 		// The renewal also sets a 5 s timer (its deadline at the expiry), so
 		// wait for its effect rather than for the next timer.
 		require.Eventually(t, func() bool { return h.lock("p1").ExpiresAt == start.Add(15*time.Second).Format(jsonTime) },
@@ -276,13 +226,15 @@ func TestMain_LockRun(t *testing.T) {
 		ready, term := filepath.Join(h.dir, "ready"), filepath.Join(h.dir, "term")
 		run := h.start("--owner", "runner", "locks", "run", "plan", "p1", "--ttl", "10s", "--grace", "3s", "--",
 			"sh", "-c", stopsOnTerm, ready, term)
-		renew := h.clk.await(t, 5*time.Second)
+		awaitTimer(t, h.clk, 5*time.Second) // the wait for the renewal
 		awaitFile(t, ready)
 		// The renewal comes too late: the lock expired, and another owner
-		// took it meanwhile.
+		// took it meanwhile (the clock is paused, so the renewal is held
+		// back until then).
+		h.clk.Pause()
 		h.clk.Add(11 * time.Second)
 		h.mustRun("--owner", "other", "locks", "acquire", "plan", "p1")
-		renew.fire()
+		h.clk.Resume()
 		r := run.wait(t)
 		assert.Equal(t, exitExpired, r.code)
 		assert.Contains(t, r.stderr, `agents locks run: the lock of owner "runner" on plan/p1 (token 1) was lost: owner "other" took it over (token 2)`)
@@ -295,13 +247,12 @@ func TestMain_LockRun(t *testing.T) {
 		ready := filepath.Join(h.dir, "ready")
 		run := h.start("--json", "--owner", "runner", "locks", "run", "plan", "p1", "--ttl", "10s", "--grace", "3s", "--",
 			"sh", "-c", ignoresTerm, ready)
-		renew := h.clk.await(t, 5*time.Second)
+		awaitTimer(t, h.clk, 5*time.Second) // the wait for the renewal
 		awaitFile(t, ready)
 		h.mustRun("--owner", "runner", "locks", "release", "plan", "p1") // by hand, behind its back
-		renew.fire()
-		grace := h.clk.await(t, 3*time.Second)
+		h.clk.Add(5 * time.Second)                                       // the renewal is due
+		awaitTimer(t, h.clk, 3*time.Second)                              // the grace period
 		h.clk.Add(3 * time.Second)
-		grace.fire()
 		r := run.wait(t)
 		assert.Equal(t, exitExpired, r.code)
 		assert.Contains(t, r.stderr, "was still running 3s after SIGTERM: sending SIGKILL")
@@ -332,9 +283,9 @@ func TestMain_LockRun(t *testing.T) {
 		h := newStepHarness(t)
 		h.mustRun("--owner", "alice", "locks", "acquire", "plan", "p1", "--ttl", "1h")
 		run := h.start("--owner", "bob", "locks", "run", "plan", "p1", "--wait", "--", "sh", "-c", `echo "$AGENTS_LOCK_OWNER"`)
-		poll := h.clk.awaitBelow(t, time.Second)
+		poll := awaitTimerBelow(t, h.clk, time.Second)
 		h.mustRun("--owner", "alice", "locks", "release", "plan", "p1")
-		poll.fire()
+		h.clk.Add(poll) // the poll is due
 		r := run.wait(t)
 		assert.Equal(t, exitOK, r.code, "stderr: %s", r.stderr)
 		assert.Equal(t, "bob\n", r.stdout)
@@ -343,10 +294,9 @@ func TestMain_LockRun(t *testing.T) {
 		h := newStepHarness(t)
 		h.mustRun("--owner", "alice", "locks", "acquire", "plan", "p1", "--ttl", "1h")
 		run := h.start("--owner", "bob", "locks", "run", "plan", "p1", "--wait", "--timeout", "30s", "--", "sh", "-c", `echo ran`)
-		timeout := h.clk.await(t, 30*time.Second)
-		h.clk.awaitBelow(t, time.Second) // a poll: the waiter has tried once
-		h.clk.Add(30 * time.Second)
-		timeout.fire()
+		awaitTimer(t, h.clk, 30*time.Second)   // the timeout
+		awaitTimerBelow(t, h.clk, time.Second) // a poll: the waiter has tried once
+		h.clk.Add(30 * time.Second)            // the timeout is due (and polls, which find the lock held)
 		r := run.wait(t)
 		assert.Equal(t, exitConflict, r.code)
 		assert.Empty(t, r.stdout)
@@ -379,10 +329,11 @@ func TestMain_AcquireWait(t *testing.T) {
 		h := newStepHarness(t)
 		h.mustRun("--owner", "alice", "locks", "acquire", "plan", "p1", "--ttl", "1h")
 		run := h.start("--owner", "bob", "locks", "acquire", "plan", "p1", "--wait")
-		poll := h.clk.awaitBelow(t, time.Second)
+		awaitTimerBelow(t, h.clk, time.Second) // a poll
+		h.clk.Pause()                          // the poll fires only once alice has released
 		h.clk.Add(2 * time.Second)
 		h.mustRun("--owner", "alice", "locks", "release", "plan", "p1")
-		poll.fire()
+		h.clk.Resume()
 		r := run.wait(t)
 		assert.Equal(t, exitOK, r.code, "stderr: %s", r.stderr)
 		assert.Contains(t, r.stdout, `Acquired plan/p1 for owner "bob" (token 2).`)
@@ -392,10 +343,9 @@ func TestMain_AcquireWait(t *testing.T) {
 		h := newStepHarness(t)
 		h.mustRun("--owner", "alice", "locks", "acquire", "plan", "p1", "--ttl", "1h")
 		run := h.start("--json", "--owner", "bob", "locks", "acquire", "plan", "p1", "--wait", "--timeout", "30")
-		timeout := h.clk.await(t, 30*time.Second)
-		h.clk.awaitBelow(t, time.Second) // a poll: the waiter has tried once
-		h.clk.Add(30 * time.Second)
-		timeout.fire()
+		awaitTimer(t, h.clk, 30*time.Second)   // the timeout
+		awaitTimerBelow(t, h.clk, time.Second) // a poll: the waiter has tried once
+		h.clk.Add(30 * time.Second)            // the timeout is due (and polls, which find the lock held)
 		r := run.wait(t)
 		assert.Equal(t, exitConflict, r.code)
 		var doc struct{ Error errorDoc }
@@ -414,7 +364,8 @@ func TestMain_AcquireWait(t *testing.T) {
 		h := newStepHarness(t)
 		h.mustRun("--owner", "alice", "locks", "acquire", "plan", "p1", "--ttl", "1h")
 		run := h.start("--owner", "bob", "locks", "acquire", "plan", "p1", "--wait")
-		h.clk.awaitBelow(t, time.Second)
+		awaitTimerBelow(t, h.clk, time.Second) // a poll
+		h.clk.Pause()                          // the poll does not fire: the wait is interrupted, not retried
 		h.clk.Add(2 * time.Second)
 		run.cancel()
 		r := run.wait(t)

@@ -20,7 +20,9 @@
 //     under test is parked on the clock before moving it (BlockUntil,
 //     NextTimer), with a real-time limit that fails the test saying what
 //     it waited for, rather than hanging;
-//   - Add never sleeps: it fires what is due and returns.
+//   - Add never sleeps: it fires what is due and returns;
+//   - Pause and Resume hold back firing while the time moves on, as for a
+//     process stopped past its lock's expiry.
 //
 // It does not implement clock.Clock's Timer, Ticker, Tick, AfterFunc,
 // WithDeadline and WithTimeout: their *clock.Timer and *clock.Ticker
@@ -54,6 +56,7 @@ type Clock struct {
 	lost    int                // timers set while setc was full
 	changed chan struct{}      // closed, and replaced, when a timer is set or fires
 	limit   time.Duration
+	paused  bool // moving the clock fires nothing (Pause)
 }
 
 // setBuffer is how many timers' durations the clock keeps for NextTimer
@@ -148,7 +151,8 @@ func (c *Clock) notify() {
 }
 
 // Add moves the clock forward by d, firing, in order of due time, every
-// timer due by then (each once, receiving its due time). Now, After and
+// timer due by then (each once, receiving its due time), unless the clock
+// is paused (Pause). Now, After and
 // the other methods wait while it runs, and see the clock at its target.
 // It returns once the timers have fired; the
 // goroutines they wake run on their own, so wait for what they do next
@@ -173,6 +177,16 @@ func (c *Clock) Set(t time.Time) {
 func (c *Clock) moveTo(target time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.paused {
+		c.fireLocked(target)
+	}
+	c.now = target
+	c.notify()
+}
+
+// fireLocked fires, in order, every pending timer due by target, moving
+// the clock to each one's due time if it is ahead; c.mu is held.
+func (c *Clock) fireLocked(target time.Time) {
 	for len(c.pending) > 0 && !c.pending[0].due.After(target) {
 		t := c.pending[0]
 		// Taken off the list under the lock before it fires: no other
@@ -183,7 +197,40 @@ func (c *Clock) moveTo(target time.Time) {
 		}
 		t.c <- c.now // buffered, and sent once: never blocks
 	}
-	c.now = target
+}
+
+// Pause holds back firing: from now until Resume, Add and Set move the
+// clock's time, which Now and the other readers see, but fire no timer;
+// timers set meanwhile are pending as usual. It is a process stopped
+// (SIGSTOP, a debugger, a long GC or VM pause) while the time runs on:
+// the code under test finds, once resumed, that its lock expired and
+// another owner took it in between, which is what a test of fencing
+// needs. A test may also use it to act between a move and the timers
+// it makes due. It pauses every timer on the clock: code that must keep
+// running during the pause (another process of the test) does not wait
+// on this clock's timers meanwhile.
+func (c *Clock) Pause() {
+	c.moving.Lock()
+	defer c.moving.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paused = true
+}
+
+// Resume ends a Pause: it fires, in order of due time, every timer due
+// by the clock's time, each once and late, receiving the time the clock
+// reads (as a resumed process sees its overdue timers fire at once), and
+// later moves fire timers again. On a clock not paused it does nothing.
+func (c *Clock) Resume() {
+	c.moving.Lock()
+	defer c.moving.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.paused {
+		return
+	}
+	c.paused = false
+	c.fireLocked(c.now)
 	c.notify()
 }
 

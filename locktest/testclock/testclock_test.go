@@ -149,3 +149,45 @@ func TestClock_BlockUntilFailsSayingWhat(t *testing.T) {
 		t.Fatal("NextTimer returned with no second timer set")
 	}
 }
+
+func TestClock_PauseHoldsBackFiring(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := testclock.New(start)
+	before := clk.After(time.Second)
+	clk.Pause()
+	during := clk.After(500 * time.Millisecond) // set while paused
+	clk.Add(2 * time.Second)
+	if got, want := clk.Now(), start.Add(2*time.Second); !got.Equal(want) {
+		t.Fatalf("a paused clock reads %s after Add, want %s: its time moves on", got, want)
+	}
+	select {
+	case got := <-before:
+		t.Fatalf("a timer fired at %s while the clock was paused", got)
+	case got := <-during:
+		t.Fatalf("a timer set while paused fired at %s while the clock was paused", got)
+	default:
+	}
+	if n := clk.Pending(); n != 2 {
+		t.Fatalf("%d timers pending while paused, want both", n)
+	}
+	clk.Resume()
+	for name, c := range map[string]<-chan time.Time{"set before the pause": before, "set during it": during} {
+		select {
+		case got := <-c:
+			if !got.Equal(start.Add(2 * time.Second)) {
+				t.Fatalf("the timer %s fired at %s, want late, at the time of Resume", name, got)
+			}
+		default:
+			t.Fatalf("the timer %s, due, did not fire on Resume", name)
+		}
+	}
+	after := clk.After(time.Second)
+	clk.Resume() // not paused: nothing to do
+	clk.Add(time.Second)
+	if got := <-after; !got.Equal(start.Add(3 * time.Second)) {
+		t.Fatalf("a timer set after Resume fired at %s, want at its due time", got)
+	}
+	if n := clk.Pending(); n != 0 {
+		t.Fatalf("%d timers pending once all fired", n)
+	}
+}
