@@ -271,9 +271,10 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		return nil, domain.ErrClosed
 	}
 	var (
-		backoff = waitBackoffMin
-		news    <-chan struct{} // wake-ups from other processes, once watching
-		watched bool            // Watch was called (news may still be nil)
+		backoff  = waitBackoffMin
+		news     <-chan struct{} // wake-ups from other processes, once watching
+		watched  bool            // Watch was called (news may still be nil)
+		fromNews bool            // woken through news, not yet parked again
 	)
 	for {
 		if d := s.waiters.yielding(ref, s.Now()); d > 0 {
@@ -352,21 +353,25 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			backoff = min(2*backoff, waitBackoffMax)
 		}
 		slept := s.after(pause)
-		if s.waiters.now != nil && slept.due.Add(-pause).After(lookedAt) {
-			// A mock clock moved between this look and its timer: the
-			// pause was measured from before the move, and the move may
-			// have been meant to reach this waiter (a wake-up from
-			// another process leaves it counted as parked until it parks
-			// again, see Waiting). Look again now rather than sleep past
-			// what the move made due.
+		if fromNews && s.waiters.now != nil && slept.due.Add(-pause).After(lookedAt) {
+			// Woken by another process, this waiter still counted as
+			// parked (see Waiting) while it looked, and a mock clock
+			// moved between that look and its timer: the pause was
+			// measured from before a move that may have been meant to
+			// reach it. Look again now rather than sleep past what the
+			// move made due; once, so that a clock that moves by itself
+			// does not keep it from sleeping.
+			fromNews = false
 			continue
 		}
+		fromNews = false
 		s.waiters.park(w, news, slept, deadline)
 		select {
 		case <-w.wake:
 			backoff = waitBackoffMin // released here: the next holder may be quick too
 		case <-news:
 			backoff = waitBackoffMin
+			fromNews = true
 		case <-slept.c:
 		case <-ctx.Done():
 			return gaveUp(ctx.Err())
