@@ -87,6 +87,11 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) 
 	}
 	s := &LockService{repo: repo, clock: clock, timers: timersOf(clock), defaultTTL: ttl,
 		gate: newGate(), waiters: newWaitQueues(), holders: newHolders()}
+	if _, ok := clock.(Timers); ok {
+		// The waiters' timers run on this clock: Waiting reads it to know
+		// which timers are due (see waitQueues.now).
+		s.waiters.now = clock.Now
+	}
 	s.acquirer, _ = repo.(Acquirer)
 	s.renewer, _ = repo.(Renewer)
 	s.taker, _ = repo.(Taker)

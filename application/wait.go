@@ -32,6 +32,9 @@ type waitQueues struct {
 	// yields holds, per resource this service released while another
 	// process waited for it, until when its waiters hold back (freed).
 	yields map[domain.ResourceRef]time.Time
+	// now reads the clock the waiters' timers run on, when the service's
+	// clock has timers of its own (a mock clock); nil for real timers.
+	now func() time.Time
 }
 
 type waiter struct {
@@ -41,16 +44,25 @@ type waiter struct {
 	// parked is set, under the queues' mutex, while the waiter sleeps
 	// with every timer that bounds its sleep already set: from then on,
 	// moving the clock reaches it (see Waiting). timers are those timers'
-	// channels: once one has fired (a mock clock's channel holds the
-	// time) the waiter is about to wake, and no longer counts as parked.
+	// channels, and due the earliest instant one of them fires, on the
+	// clock they were set on (zero: not known). Once the clock reaches
+	// due, or a timer's channel holds its time, the waiter is awake,
+	// whether or not it has taken the time out of the channel yet: it
+	// counts as parked again only once it has set its next timers.
 	parked bool
 	timers [2]<-chan time.Time
+	due    time.Time
+	// news is the channel of wake-ups from other processes it sleeps on.
+	news <-chan struct{}
 }
 
 // asleep says whether w is parked with no wake-up pending; q.mu is held.
-func (w *waiter) asleep() bool {
-	if !w.parked || len(w.wake) > 0 {
+func (q *waitQueues) asleep(w *waiter) bool {
+	if !w.parked || len(w.wake) > 0 || len(w.news) > 0 {
 		return false
+	}
+	if !w.due.IsZero() && q.now != nil && !q.now().Before(w.due) {
+		return false // a timer is due: the waiter is waking, drained or not
 	}
 	for _, c := range w.timers {
 		if c != nil && len(c) > 0 {
@@ -60,13 +72,47 @@ func (w *waiter) asleep() bool {
 	return true
 }
 
+// timer is a timer a waiter sleeps on: its channel and the instant it is
+// due on the clock it was set on.
+type timer struct {
+	c   <-chan time.Time
+	due time.Time
+}
+
+// after sets a timer of d on the service's timers. Its due instant is read
+// from the clock before the timer is set, so that it is never later than
+// the timer's: a waiter stops counting as parked no later than it wakes.
+func (s *LockService) after(d time.Duration) timer {
+	var due time.Time
+	if s.waiters.now != nil {
+		due = s.waiters.now().Add(d)
+	}
+	return timer{c: s.timers.After(d), due: due}
+}
+
 func newWaitQueues() *waitQueues {
 	return &waitQueues{queues: make(map[domain.ResourceRef][]*waiter), yields: make(map[domain.ResourceRef]time.Time)}
 }
 
+// setParked records w's timers (nil channels: none) and wake-up channel,
+// and marks it parked; q.mu is held.
+func (w *waiter) setParked(news <-chan struct{}, timers ...timer) {
+	w.parked, w.news = true, news
+	w.timers, w.due = [2]<-chan time.Time{}, time.Time{}
+	for i, t := range timers {
+		if t.c == nil {
+			continue
+		}
+		w.timers[i] = t.c
+		if !t.due.IsZero() && (w.due.IsZero() || t.due.Before(w.due)) {
+			w.due = t.due
+		}
+	}
+}
+
 // join queues a new waiter for ref; it is woken at once if it is the head.
 // expired is its timeout's channel (nil: none).
-func (q *waitQueues) join(ref domain.ResourceRef, expired <-chan time.Time) *waiter {
+func (q *waitQueues) join(ref domain.ResourceRef, expired timer) *waiter {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -76,19 +122,17 @@ func (q *waitQueues) join(ref domain.ResourceRef, expired <-chan time.Time) *wai
 	} else {
 		// Behind others, it sleeps until it becomes the head; its
 		// timeout's timer, if any, was set before it queued.
-		w.parked = true
-		w.timers = [2]<-chan time.Time{expired}
+		w.setParked(nil, expired)
 	}
 	return w
 }
 
-// park marks w as asleep, with the timers it sleeps on set.
-func (q *waitQueues) park(w *waiter, timers ...<-chan time.Time) {
+// park marks w as asleep, with the timers it sleeps on set, and news the
+// channel of wake-ups from other processes it sleeps on (nil: none).
+func (q *waitQueues) park(w *waiter, news <-chan struct{}, timers ...timer) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	w.parked = true
-	w.timers = [2]<-chan time.Time{}
-	copy(w.timers[:], timers)
+	w.setParked(news, timers...)
 }
 
 // unpark marks w as awake (it tries the lock, or computes its next sleep).
@@ -148,7 +192,7 @@ func (q *waitQueues) count(ref domain.ResourceRef) int {
 	defer q.mu.Unlock()
 	n := 0
 	for _, w := range q.queues[ref] {
-		if w.asleep() {
+		if q.asleep(w) {
 			n++
 		}
 	}
@@ -169,7 +213,9 @@ func signal(c chan struct{}) {
 // says a caller waits, moving a mock clock reaches it: a test may wait
 // until Waiting(ref) == n and then move the clock past the holder's
 // expiry. A caller that is trying the lock, or about to sleep again, is
-// not counted until it sleeps.
+// not counted until it sleeps; nor is one whose timer is due on the
+// service's clock (a move reached it), even before it has woken, nor one
+// that gave up and is on its way out.
 func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.count(ref) }
 
 // acquireWaiting takes the lock on ref for owner, waiting while another
@@ -193,11 +239,12 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 // anything but a *domain.LockConflictError (see acquireWaiting).
 func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func() (*Handle, error)) (*Handle, error) {
 	start := s.Now()
-	var expired <-chan time.Time
+	var deadline timer
 	if timeout > 0 {
-		expired = s.timers.After(timeout)
+		deadline = s.after(timeout)
 	}
-	w := s.waiters.join(ref, expired)
+	expired := deadline.c
+	w := s.waiters.join(ref, deadline)
 	defer s.waiters.leave(ref, w)
 
 	var last *domain.LockConflictError
@@ -215,6 +262,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 	case <-ctx.Done():
 		return gaveUp(ctx.Err())
 	case <-expired:
+		s.waiters.unpark(w) // awake: it reads the store
 		// Queued behind others all along: only the head may take the
 		// lock (a lock that just came free is the head's), so the answer
 		// comes from a read, which names the holder.
@@ -223,18 +271,19 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		return nil, domain.ErrClosed
 	}
 	var (
-		backoff = waitBackoffMin
-		news    <-chan struct{} // wake-ups from other processes, once watching
-		watched bool            // Watch was called (news may still be nil)
+		backoff  = waitBackoffMin
+		news     <-chan struct{} // wake-ups from other processes, once watching
+		watched  bool            // Watch was called (news may still be nil)
+		fromNews bool            // woken through news, not yet parked again
 	)
 	for {
 		if d := s.waiters.yielding(ref, s.Now()); d > 0 {
 			// This service just released ref while another process
 			// waited for it: that process goes first (freed).
-			yielded := s.timers.After(d)
-			s.waiters.park(w, yielded, expired)
+			yielded := s.after(d)
+			s.waiters.park(w, nil, yielded, deadline)
 			select {
-			case <-yielded:
+			case <-yielded.c:
 			case <-ctx.Done():
 				return gaveUp(ctx.Err())
 			case <-expired:
@@ -243,6 +292,13 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 				return nil, domain.ErrClosed
 			}
 			s.waiters.unpark(w)
+		}
+		// The instant of this look on the waiters' clock (a mock clock),
+		// to tell below whether the clock moved before the sleep's timers
+		// were set.
+		var lookedAt time.Time
+		if s.waiters.now != nil {
+			lookedAt = s.waiters.now()
 		}
 		h, err := try()
 		if late := (*domain.LockExpiredError)(nil); errors.As(err, &late) && !late.WrittenAt.IsZero() && ctx.Err() == nil {
@@ -296,14 +352,27 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			pause = min(jittered(backoff), left)
 			backoff = min(2*backoff, waitBackoffMax)
 		}
-		slept := s.timers.After(pause)
-		s.waiters.park(w, slept, expired)
+		slept := s.after(pause)
+		if fromNews && s.waiters.now != nil && slept.due.Add(-pause).After(lookedAt) {
+			// Woken by another process, this waiter still counted as
+			// parked (see Waiting) while it looked, and a mock clock
+			// moved between that look and its timer: the pause was
+			// measured from before a move that may have been meant to
+			// reach it. Look again now rather than sleep past what the
+			// move made due; once, so that a clock that moves by itself
+			// does not keep it from sleeping.
+			fromNews = false
+			continue
+		}
+		fromNews = false
+		s.waiters.park(w, news, slept, deadline)
 		select {
 		case <-w.wake:
 			backoff = waitBackoffMin // released here: the next holder may be quick too
 		case <-news:
 			backoff = waitBackoffMin
-		case <-slept:
+			fromNews = true
+		case <-slept.c:
 		case <-ctx.Done():
 			return gaveUp(ctx.Err())
 		case <-expired:

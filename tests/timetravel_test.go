@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -157,4 +158,126 @@ func TestTimeTravel_PostgresMockClockNeedsNoLocalTime(t *testing.T) {
 	l, err := c.Locks.Acquire(ctx, "me", plan1, time.Minute)
 	require.NoError(t, err, "taken once the mock clock passed the holder's expiry")
 	require.Equal(t, "me", l.Owner)
+}
+
+// timeTravelStores runs f on each store a time-travel test covers, with
+// the number of rounds to run on it.
+func timeTravelStores(t *testing.T, f func(t *testing.T, cfg locks.Config, rounds int)) {
+	t.Run("memory", func(t *testing.T) { f(t, locks.Config{Database: locks.MemoryDatabase}, 300) })
+	t.Run("sqlite", func(t *testing.T) {
+		f(t, locks.Config{Database: filepath.Join(t.TempDir(), "agents.db")}, 200)
+	})
+	t.Run("postgres", func(t *testing.T) {
+		if os.Getenv("LOCKS_TEST_POSTGRES_DSN") == "" {
+			t.Skip("LOCKS_TEST_POSTGRES_DSN is not set")
+		}
+		f(t, locks.Config{Database: testdb.Postgres(t)}, 200)
+	})
+}
+
+// untilWaiting waits (in real time, with a generous bound that fails
+// rather than hangs) until Waiting(ref) == n.
+func untilWaiting(t *testing.T, c *locks.Container, ref domain.ResourceRef, n int, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); c.Locks.Waiting(ref) != n; {
+		if !time.Now().Before(deadline) {
+			t.Fatalf("%s: Waiting(%s) is %d, never %d", what, ref.ID, c.Locks.Waiting(ref), n)
+		}
+		runtime.Gosched()
+	}
+}
+
+// A waiter queued behind another, whose timeout the clock moved past, is
+// no longer parked: Waiting never counts it again, even while it reads
+// the store for the holder its give-up names. (Waiting used to count it
+// until it left the queue, as its timer's channel was already drained.)
+func TestTimeTravel_TimedOutWaiterIsNotCounted(t *testing.T) {
+	timeTravelStores(t, func(t *testing.T, cfg locks.Config, rounds int) {
+		ctx := context.Background()
+		clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+		cfg.Clock, cfg.Owner = clk, "me"
+		c := MustOpen(t, cfg)
+		counted := 0
+		for i := range rounds {
+			ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: fmt.Sprintf("gaveup-%d-%d", i, time.Now().UnixNano())}
+			_, err := c.Locks.Acquire(ctx, "other", ref, time.Hour)
+			require.NoError(t, err)
+			first, second := make(chan error, 1), make(chan error, 1)
+			go func() {
+				first <- c.Locks.Do(ctx, c.Owner(), ref, application.AcquireOptions{Wait: true},
+					func(context.Context, domain.Lock) error { return nil })
+			}()
+			untilWaiting(t, c, ref, 1, "the first waiter")
+			go func() {
+				second <- c.Locks.Do(ctx, c.Owner(), ref, application.AcquireOptions{Wait: true, Timeout: 10 * time.Second},
+					func(context.Context, domain.Lock) error { return nil })
+			}()
+			untilWaiting(t, c, ref, 2, "both waiters")
+			clk.Add(10 * time.Second) // the second one's timeout
+			most := 0
+		watch:
+			for deadline := time.Now().Add(10 * time.Second); ; {
+				most = max(most, c.Locks.Waiting(ref))
+				select {
+				case err := <-second:
+					require.ErrorIs(t, err, context.DeadlineExceeded)
+					break watch
+				default:
+				}
+				require.True(t, time.Now().Before(deadline), "round %d: the second waiter never gave up", i)
+				runtime.Gosched()
+			}
+			if most > 1 {
+				counted++
+			}
+			untilWaiting(t, c, ref, 1, "the first waiter, parked again")
+			clk.Add(2 * time.Hour) // past the holder's expiry: the first one takes the lock
+			select {
+			case err := <-first:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("round %d: the first waiter hung (timers pending: %v)", i, clk.PendingIn())
+			}
+		}
+		require.Zero(t, counted, "of %d rounds, Waiting counted the waiter that had timed out in %d", rounds, counted)
+	})
+}
+
+// Once Waiting says 1 again after a move woke both waiters (one timed
+// out, the other looked at the store), moving the clock past the holder's
+// expiry reaches the waiter left: it takes the lock. (The waiter used to
+// count as parked between its timer firing and its next sleep, so the
+// test's move came before its next timer, which then never fired.)
+func TestTimeTravel_WaitingAgainThenMove(t *testing.T) {
+	timeTravelStores(t, func(t *testing.T, cfg locks.Config, rounds int) {
+		ctx := context.Background()
+		clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+		cfg.Clock, cfg.Owner = clk, "me"
+		c := MustOpen(t, cfg)
+		for i := range rounds {
+			ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: fmt.Sprintf("again-%d-%d", i, time.Now().UnixNano())}
+			_, err := c.Locks.Acquire(ctx, "other", ref, 30*time.Second)
+			require.NoError(t, err)
+			first := make(chan error, 1)
+			go func() { // no timeout
+				first <- c.Locks.Do(ctx, c.Owner(), ref, application.AcquireOptions{Wait: true},
+					func(context.Context, domain.Lock) error { return nil })
+			}()
+			untilWaiting(t, c, ref, 1, "the first waiter")
+			go func() {
+				_ = c.Locks.Do(ctx, c.Owner(), ref, application.AcquireOptions{Wait: true, Timeout: 10 * time.Second},
+					func(context.Context, domain.Lock) error { return nil })
+			}()
+			untilWaiting(t, c, ref, 2, "both waiters")
+			clk.Add(10 * time.Second) // the second one times out; the first one looks again
+			untilWaiting(t, c, ref, 1, "the first waiter, parked again")
+			clk.Add(25 * time.Second) // 5s past the holder's expiry
+			select {
+			case err := <-first:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("round %d: hung; Waiting=%d, timers pending: %v", i, c.Locks.Waiting(ref), clk.PendingIn())
+			}
+		}
+	})
 }

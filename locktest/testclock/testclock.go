@@ -28,6 +28,15 @@
 // WithDeadline and WithTimeout: their *clock.Timer and *clock.Ticker
 // cannot be built outside that package. The lock service uses none of
 // them.
+//
+// On PostgreSQL, expiry is decided on the server's clock unless the
+// service decides it on its own. locks.Open does so whenever its Clock is
+// a mock clock such as this one (it implies Config.LocalTime). An
+// embedder that builds the service itself (postgres.Open, then
+// application.NewLockService with this clock) must set
+// postgres.Options.LocalTime: without it, moving this clock moves no
+// lock's expiry on PostgreSQL, and a wait for an expiry the test moved
+// past never ends.
 package testclock
 
 import (
