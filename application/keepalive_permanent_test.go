@@ -13,6 +13,7 @@ import (
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 )
 
 // permanentFailures are renewal failures that no retry can resolve: the
@@ -41,13 +42,13 @@ func TestHandle_KeepAlive_PermanentFailureEndsTheHold(t *testing.T) {
 	ttl := 10 * time.Second
 	for name, refusal := range permanentFailures() {
 		t.Run(name, func(t *testing.T) {
-			clk := newTimerClock(holdStart)
+			clk := testclock.New(holdStart)
 			repo := &flakyRepo{LockRepository: memory.NewLockRepository()}
 			svc := newHoldService(t, repo, clk)
 			var endedAt time.Time
 			err := svc.Do(ctx, "A", plan, application.AcquireOptions{TTL: ttl}, func(ctx context.Context, l domain.Lock) error {
 				repo.failWith(func(context.Context) error { return refusal })
-				require.Equal(t, ttl/2, clk.awaitTimer(t))
+				require.Equal(t, ttl/2, clk.NextTimer(t))
 				clk.Add(ttl / 2)
 				select {
 				case <-ctx.Done():

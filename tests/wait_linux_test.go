@@ -78,7 +78,7 @@ func TestTake_TwoContainersOnOneFileBothWoken(t *testing.T) {
 	}
 	done := make(chan error, len(refs))
 	for i, ref := range refs {
-		clk := &reportingClock{Mock: newMock(), set: make(chan time.Duration, 64)}
+		clk := testclock.New(newMock().Now())
 		owner := fmt.Sprintf("W%d", i)
 		waiter := MustOpen(t, locks.Config{Database: db, Owner: owner, Clock: clk})
 		go func() {
@@ -88,7 +88,7 @@ func TestTake_TwoContainersOnOneFileBothWoken(t *testing.T) {
 			}
 			done <- err
 		}()
-		<-clk.set // it sleeps, watching; its clock never moves
+		clk.NextTimer(t) // it sleeps, watching; its clock never moves
 	}
 	for _, h := range held {
 		_, err := h.Release(ctx)
