@@ -216,6 +216,12 @@ func signal(c chan struct{}) {
 // not counted until it sleeps; nor is one whose timer is due on the
 // service's clock (a move reached it), even before it has woken, nor one
 // that gave up and is on its way out.
+//
+// Not yet covered: a caller that comes to the head of the queue because
+// the one ahead of it timed out is counted before it has read the clock
+// for its turn, so a move in that moment reaches it only at the next move;
+// and one move past both its next look and its timeout lets it look once
+// more before it times out (docs/testing.md).
 func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.count(ref) }
 
 // acquireWaiting takes the lock on ref for owner, waiting while another
