@@ -218,27 +218,10 @@ type access struct {
 //     the last of their own connections would.
 //   - Otherwise the database cannot be read safely now: the error says why.
 func readAccess(path string, wal bool) (access, error) {
-	if !wal {
-		return access{mode: "ro"}, nil
+	if acc, decided, err := walAccess(path, wal); decided || err != nil {
+		return acc, err
 	}
-	walExists, err := exists(path + "-wal")
-	if err != nil {
-		return access{}, err
-	}
-	shmExists, err := exists(path + "-shm")
-	if err != nil {
-		return access{}, err
-	}
-	walFull, err := holdsFrames(path + "-wal")
-	if err != nil {
-		return access{}, err
-	}
-	switch {
-	case walExists && shmExists:
-		return access{mode: "ro", readOnlyShm: true}, nil
-	case walFull:
-		return access{}, walWithoutIndex(path)
-	case nobodyCanWrite(path):
+	if nobodyCanWrite(path) {
 		return access{mode: "ro", immutable: true}, nil
 	}
 	// A connection that may write rolls a hot journal back.

@@ -220,26 +220,8 @@ func changedMeanwhile(path string, before os.FileInfo) error {
 // quietAccess is how quietRead reads the database at path, in WAL mode
 // or not (see quietRead).
 func quietAccess(path string, wal bool) (access, error) {
-	if !wal {
-		return access{mode: "ro"}, nil
-	}
-	walExists, err := exists(path + "-wal")
-	if err != nil {
-		return access{}, err
-	}
-	shmExists, err := exists(path + "-shm")
-	if err != nil {
-		return access{}, err
-	}
-	walFull, err := holdsFrames(path + "-wal")
-	if err != nil {
-		return access{}, err
-	}
-	switch {
-	case walExists && shmExists:
-		return access{mode: "ro", readOnlyShm: true}, nil
-	case walFull:
-		return access{}, walWithoutIndex(path)
+	if acc, decided, err := walAccess(path, wal); decided || err != nil {
+		return acc, err
 	}
 	// A journal beside a file in WAL mode is left by a switch of the
 	// journal mode that stopped half-way; reading the file alone would
@@ -248,6 +230,35 @@ func quietAccess(path string, wal bool) (access, error) {
 		return access{}, fmt.Errorf("%s-journal: %w", path, ErrHotJournal)
 	}
 	return access{mode: "ro", immutable: true}, nil
+}
+
+// walAccess is the choice that quietAccess and readAccess share, for the
+// database at path, in WAL mode or not: decided is false when neither a
+// -wal file with its -shm nor one with frames in it is beside a file in
+// WAL mode, and the caller decides.
+func walAccess(path string, wal bool) (acc access, decided bool, err error) {
+	if !wal {
+		return access{mode: "ro"}, true, nil
+	}
+	walExists, err := exists(path + "-wal")
+	if err != nil {
+		return access{}, true, err
+	}
+	shmExists, err := exists(path + "-shm")
+	if err != nil {
+		return access{}, true, err
+	}
+	walFull, err := holdsFrames(path + "-wal")
+	if err != nil {
+		return access{}, true, err
+	}
+	switch {
+	case walExists && shmExists:
+		return access{mode: "ro", readOnlyShm: true}, true, nil
+	case walFull:
+		return access{}, true, walWithoutIndex(path)
+	}
+	return access{}, false, nil
 }
 
 // walWithoutIndex is ErrWALWithoutIndex for the database at path.
