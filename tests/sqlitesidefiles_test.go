@@ -51,33 +51,6 @@ func TestRefusedFile_ReadOnlyUnchanged(t *testing.T) {
 	}
 }
 
-// openBounded runs open, which must not block: a FIFO planted at a side
-// file of SQLite's own would block its open (or its first read) for ever.
-// It fails the test after a generous bound, having unblocked the FIFO.
-func openBounded(t *testing.T, fifo string, open func() error) error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- open() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(20 * time.Second):
-		// Let the blocked open (and read) end so that the test can.
-		for i := 0; i < 50; i++ {
-			if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-				f.Close()
-			}
-			select {
-			case <-done:
-				t.Fatal("the open blocked on the side file")
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-		t.Fatal("the open blocked on the side file, and stays blocked")
-		return nil
-	}
-}
-
 // TestRefusedFile_PlantedSQLiteSideFile: SQLite's own side files,
 // "<db>-journal", "<db>-wal" and "<db>-shm", are opened by SQLite, which
 // blocks for ever on a FIFO and follows a symbolic link. Something planted
@@ -143,7 +116,7 @@ func TestRefusedFile_PlantedSQLiteSideFile(t *testing.T) {
 						require.NoError(t, err)
 						_, victimErr := os.Lstat(victim)
 
-						err = openBounded(t, db+side, func() error { return open(db) })
+						err = filestate.BlockedOnFIFO(t, db+side, "the open blocked on the side file", func() error { return open(db) })
 						require.Error(t, err, "a planted side file is refused")
 						require.ErrorIs(t, err, domain.ErrUnavailable)
 						var se *sqlite.SideFileError

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/tests/filestate"
 )
 
 // victim is a file of this user's that a planted side file points at: a
@@ -262,26 +263,10 @@ func TestSideFile_FIFOJournalPlantedAfterOpen(t *testing.T) {
 	readers := db.Readers()
 	readers.SetMaxIdleConns(0) // the next read opens a new connection
 
-	done := make(chan error, 1)
-	go func() {
+	err = filestate.BlockedOnFIFO(t, fifo, "a new connection blocked on the FIFO", func() error {
 		var n int
-		done <- readers.QueryRowContext(ctx, "SELECT count(*) FROM locks").Scan(&n)
-	}()
-	select {
-	case err = <-done:
-	case <-time.After(20 * time.Second):
-		for i := 0; i < 50; i++ {
-			if f, ferr := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); ferr == nil {
-				f.Close()
-			}
-			select {
-			case <-done:
-				t.Fatal("a new connection blocked on the FIFO")
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-		t.Fatal("a new connection blocked on the FIFO, and stays blocked")
-	}
+		return readers.QueryRowContext(ctx, "SELECT count(*) FROM locks").Scan(&n)
+	})
 	require.Error(t, err)
 	var se *sqlite.SideFileError
 	require.True(t, errors.As(err, &se), "a *sqlite.SideFileError: %v", err)

@@ -8,7 +8,9 @@ import (
 	"database/sql"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -120,4 +122,32 @@ func copyFile(t testing.TB, from, to string) {
 	require.NoError(t, err)
 	require.NotEmpty(t, b, from)
 	require.NoError(t, os.WriteFile(to, b, 0o600))
+}
+
+// BlockedOnFIFO runs call, which opens or reads a database beside a FIFO
+// planted at fifo, and returns its error. A call still blocked after a
+// generous bound fails the test, saying so with what, once the FIFO has
+// been opened from the other end so that the blocked call, and the test,
+// can end.
+func BlockedOnFIFO(t testing.TB, fifo, what string, call func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(20 * time.Second):
+		for i := 0; i < 50; i++ {
+			if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+				f.Close()
+			}
+			select {
+			case <-done:
+				t.Fatal(what)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		t.Fatal(what + ", and stays blocked")
+		return nil
+	}
 }
