@@ -100,10 +100,15 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		return nil, readOnlyModeError("open lock store "+path, dsn) // before anything is created
 	}
 	op := "open lock store " + path
+	// Every connection, and every side file, names the file that path
+	// names now: connections are opened as they are needed, and a
+	// relative path would lead elsewhere after a chdir, or a symbolic
+	// link once it is changed.
+	real := sidePath(path)
 	// A side file planted by someone else, SQLite's own included, is
 	// refused before anything is created (openSideFile checks the store's
 	// again, on the file it opens; each new connection SQLite's).
-	if err := checkSideFiles(sidePath(path)); err != nil {
+	if err := checkSideFiles(real); err != nil {
 		return nil, FormatError(op, err)
 	}
 	if err := createPrivate(path); err != nil {
@@ -120,11 +125,6 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, FormatError(op, err)
 	}
-	// Every connection, and every side file, names the file that path
-	// names now: connections are opened as they are needed, and a
-	// relative path would lead elsewhere after a chdir, or a symbolic
-	// link once it is changed.
-	real := sidePath(path)
 	dsn = withPath(dsn, real)
 	// Refuse a store this process cannot write before SQLite opens it:
 	// SQLite would open it read-only, leave -wal and -shm files behind, and
@@ -151,7 +151,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	wdb.SetMaxIdleConns(1)
 	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path, file: file, abs: abs}
 	db.commits.db = db
-	db.checkpoints.init(rdb, path+"-wal")
+	db.checkpoints.init(rdb, real+"-wal")
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {
 		db.Close()
 		return nil, err
