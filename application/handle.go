@@ -108,7 +108,7 @@ func (s *LockService) Take(ctx context.Context, owner string, ref domain.Resourc
 		return s.reenter(ctx, outer, owner, ttl, opts)
 	}
 	if !opts.Wait {
-		return s.takeOnce(ctx, owner, ref, ttl)
+		return s.takeOnce(ctx, owner, ref, ttl, time.Time{})
 	}
 	var start time.Time
 	if s.observer != nil {
@@ -149,7 +149,7 @@ func (s *LockService) checkTake(owner string, ref domain.ResourceRef, opts Acqui
 // committed) is refused there, never shared. The check and the
 // acquisition run in ref's turn, so that two Takes never both find ref
 // free of handles.
-func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (*Handle, error) {
+func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, notAfter time.Time) (*Handle, error) {
 	sl, err := s.holders.enter(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -163,7 +163,11 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	if s.taker != nil {
 		one = s.taker.TakeAt
 	}
-	l, err := s.acquire(ctx, owner, ref, ttl, DecideTake, one)
+	decide := DecideTake
+	if !notAfter.IsZero() {
+		decide, one = beforeDeadline(decide, notAfter), nil
+	}
+	l, err := s.acquire(ctx, owner, ref, ttl, decide, one)
 	var conflict *domain.LockConflictError
 	if errors.As(err, &conflict) && s.holders.holdsToken(sl, conflict.Holder.Token) {
 		// The store's holder is this service's handle, past its expiry as

@@ -68,6 +68,7 @@ type LockService struct {
 	defaultTTL time.Duration
 	gate       gate
 	waiters    *waitQueues
+	jumps      bool // the clock is one that tests move: see NewLockService
 	observer   Observer
 	processes  Processes
 	wakeups    Wakeups
@@ -91,6 +92,9 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) 
 		// The waiters' timers run on this clock: Waiting reads it to know
 		// which timers are due (see waitQueues.now).
 		s.waiters.now = clock.Now
+		// A clock that a test moves (clock.Mock, testclock) jumps: a
+		// move may land while a waiter looks at the store (waitTurn).
+		_, s.jumps = clock.(interface{ Add(time.Duration) })
 	}
 	s.acquirer, _ = repo.(Acquirer)
 	s.renewer, _ = repo.(Renewer)

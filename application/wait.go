@@ -77,17 +77,21 @@ func (q *waitQueues) asleep(w *waiter) bool {
 type timer struct {
 	c   <-chan time.Time
 	due time.Time
+	// moved says that the clock moved while the timer was being set, so
+	// that it may be due later than due.
+	moved bool
 }
 
 // after sets a timer of d on the service's timers. Its due instant is read
 // from the clock before the timer is set, so that it is never later than
 // the timer's: a waiter stops counting as parked no later than it wakes.
 func (s *LockService) after(d time.Duration) timer {
-	var due time.Time
-	if s.waiters.now != nil {
-		due = s.waiters.now().Add(d)
+	if s.waiters.now == nil {
+		return timer{c: s.timers.After(d)}
 	}
-	return timer{c: s.timers.After(d), due: due}
+	before := s.waiters.now()
+	c := s.timers.After(d)
+	return timer{c: c, due: before.Add(d), moved: !s.waiters.now().Equal(before)}
 }
 
 func newWaitQueues() *waitQueues {
@@ -215,13 +219,11 @@ func signal(c chan struct{}) {
 // expiry. A caller that is trying the lock, or about to sleep again, is
 // not counted until it sleeps; nor is one whose timer is due on the
 // service's clock (a move reached it), even before it has woken, nor one
-// that gave up and is on its way out.
-//
-// Not yet covered: a caller that comes to the head of the queue because
-// the one ahead of it timed out is counted before it has read the clock
-// for its turn, so a move in that moment reaches it only at the next move;
-// and one move past both its next look and its timeout lets it look once
-// more before it times out (docs/testing.md).
+// that gave up and is on its way out. A caller that another goroutine
+// wakes (its turn came, a holder released) while the clock moves looks
+// again if the clock moved during its look, so that the move reaches it;
+// one move past both its timeout and the holder's expiry ends its wait as
+// a timeout.
 func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.count(ref) }
 
 // acquireWaiting takes the lock on ref for owner, waiting while another
@@ -238,16 +240,43 @@ func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.cou
 // head, which still reads the store once per waitFallback and at the
 // holder's expiry), or else by polling with a growing backoff.
 func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref domain.ResourceRef, ttl, timeout time.Duration) (*Handle, error) {
-	return s.waitTurn(ctx, ref, timeout, func() (*Handle, error) { return s.takeOnce(ctx, owner, ref, ttl) })
+	return s.waitTurn(ctx, ref, timeout, func(notAfter time.Time) (*Handle, error) {
+		return s.takeOnce(ctx, owner, ref, ttl, notAfter)
+	})
+}
+
+// errDeadline is a decision refused because the wait it was made for had
+// timed out by the decision's now (see beforeDeadline).
+var errDeadline = errors.New("the wait timed out before this decision")
+
+// beforeDeadline returns decide, refusing every decision made at or after
+// notAfter. A waiter on a clock that jumps decides so: one move of the
+// clock past both its timeout and the holder's expiry may land while it
+// looks at the store, and that look must not take a lock that came free
+// only after the wait had timed out, as it would not in real time.
+func beforeDeadline(decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error),
+	notAfter time.Time) func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
+	return func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
+		if !now.Before(notAfter) {
+			return Change{Kind: ChangeNone}, errDeadline
+		}
+		return decide(cur, owner, ref, now, expires)
+	}
 }
 
 // waitTurn queues for ref and, as the head, calls try until it returns
 // anything but a *domain.LockConflictError (see acquireWaiting).
-func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func() (*Handle, error)) (*Handle, error) {
+func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func(notAfter time.Time) (*Handle, error)) (*Handle, error) {
 	start := s.Now()
-	var deadline timer
+	var (
+		deadline timer
+		notAfter time.Time // the deadline each decision checks; zero: none
+	)
 	if timeout > 0 {
 		deadline = s.after(timeout)
+		if s.jumps {
+			notAfter = start.Add(timeout)
+		}
 	}
 	expired := deadline.c
 	w := s.waiters.join(ref, deadline)
@@ -277,10 +306,16 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		return nil, domain.ErrClosed
 	}
 	var (
-		backoff  = waitBackoffMin
-		news     <-chan struct{} // wake-ups from other processes, once watching
-		watched  bool            // Watch was called (news may still be nil)
-		fromNews bool            // woken through news, not yet parked again
+		backoff = waitBackoffMin
+		news    <-chan struct{} // wake-ups from other processes, once watching
+		watched bool            // Watch was called (news may still be nil)
+		// woken: roused by another goroutine (its turn came, a release,
+		// a wake-up from another process), not by one of its own timers,
+		// and not parked since. Such a waiter may have counted as parked
+		// (see Waiting) until the moment it woke, so a move of a mock
+		// clock that a test made on the strength of that count may land
+		// while it looks.
+		woken = true
 	)
 	for {
 		if d := s.waiters.yielding(ref, s.Now()); d > 0 {
@@ -299,14 +334,30 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			}
 			s.waiters.unpark(w)
 		}
+		select {
+		case <-expired:
+			// The deadline came while this waiter was waking (one move
+			// of a mock clock past both it and the holder's expiry): it
+			// ends the wait, as it would have in real time, before a
+			// look that could find the lock free.
+			if last == nil {
+				s.waiters.unpark(w)
+				return s.queuedOut(ctx, ref, start)
+			}
+			return gaveUp(context.DeadlineExceeded)
+		default:
+		}
 		// The instant of this look on the waiters' clock (a mock clock),
 		// to tell below whether the clock moved before the sleep's timers
 		// were set.
 		var lookedAt time.Time
-		if s.waiters.now != nil {
+		if s.jumps {
 			lookedAt = s.waiters.now()
 		}
-		h, err := try()
+		h, err := try(notAfter)
+		if errors.Is(err, errDeadline) {
+			return gaveUp(context.DeadlineExceeded)
+		}
 		if late := (*domain.LockExpiredError)(nil); errors.As(err, &late) && !late.WrittenAt.IsZero() && ctx.Err() == nil {
 			// The store took longer than the TTL to write the lock (it
 			// waited for a row, or for a server that was cut off): that
@@ -359,25 +410,24 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			backoff = min(2*backoff, waitBackoffMax)
 		}
 		slept := s.after(pause)
-		if fromNews && s.waiters.now != nil && slept.due.Add(-pause).After(lookedAt) {
-			// Woken by another process, this waiter still counted as
-			// parked (see Waiting) while it looked, and a mock clock
-			// moved between that look and its timer: the pause was
-			// measured from before a move that may have been meant to
-			// reach it. Look again now rather than sleep past what the
-			// move made due; once, so that a clock that moves by itself
-			// does not keep it from sleeping.
-			fromNews = false
+		if woken && s.jumps && (slept.moved || slept.due.Add(-pause).After(lookedAt)) {
+			// The clock moved between this look and the timer: the pause
+			// was measured from before a move that may have been meant to
+			// reach this waiter. Look again now rather than sleep past
+			// what the move made due; once, so that a clock that moves by
+			// itself does not keep it from sleeping.
+			woken = false
 			continue
 		}
-		fromNews = false
+		woken = false
 		s.waiters.park(w, news, slept, deadline)
 		select {
 		case <-w.wake:
 			backoff = waitBackoffMin // released here: the next holder may be quick too
+			woken = true
 		case <-news:
 			backoff = waitBackoffMin
-			fromNews = true
+			woken = true
 		case <-slept.c:
 		case <-ctx.Done():
 			return gaveUp(ctx.Err())
@@ -437,7 +487,7 @@ func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.
 	if s.observer != nil {
 		start = s.clock.Now()
 	}
-	h, err := s.waitTurn(ctx, ref, opts.Timeout, func() (*Handle, error) {
+	h, err := s.waitTurn(ctx, ref, opts.Timeout, func(notAfter time.Time) (*Handle, error) {
 		sl, err := s.holders.enter(ctx, ref)
 		if err != nil {
 			return nil, err
@@ -448,7 +498,12 @@ func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.
 			// release, which wakes this waiter, as a Take would.
 			return nil, &domain.LockConflictError{Holder: held, Now: s.Now(), InProcess: true}
 		}
-		l, err := s.Acquire(ctx, owner, ref, ttl)
+		var l domain.Lock
+		if notAfter.IsZero() {
+			l, err = s.Acquire(ctx, owner, ref, ttl)
+		} else {
+			l, err = s.acquire(ctx, owner, ref, ttl, beforeDeadline(DecideAcquire, notAfter), nil)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -243,13 +243,19 @@ func TestTimeTravel_TimedOutWaiterIsNotCounted(t *testing.T) {
 	})
 }
 
-// Once Waiting says 1 again after a move woke both waiters (one timed
-// out, the other looked at the store), moving the clock past the holder's
-// expiry reaches the waiter left: it takes the lock. (The waiter used to
-// count as parked between its timer firing and its next sleep, so the
-// test's move came before its next timer, which then never fired.)
+// Of two waiters, the clock moves past one's timeout: the other looks at
+// the store again (the one behind, if the head timed out, comes to the
+// head in the wake of that move). Once Waiting says 1 again, moving the
+// clock past the holder's expiry reaches the waiter left: it takes the
+// lock, even if it came to the head, and read the clock, while that move
+// ran.
 func TestTimeTravel_WaitingAgainThenMove(t *testing.T) {
-	timeTravelStores(t, func(t *testing.T, cfg locks.Config, rounds int) {
+	t.Run("BehindTimesOut", func(t *testing.T) { timeTravelStores(t, oneTimesOutThenMove(false)) })
+	t.Run("HeadTimesOut", func(t *testing.T) { timeTravelStores(t, oneTimesOutThenMove(true)) })
+}
+
+func oneTimesOutThenMove(headTimesOut bool) func(t *testing.T, cfg locks.Config, rounds int) {
+	return func(t *testing.T, cfg locks.Config, rounds int) {
 		ctx := context.Background()
 		clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 		cfg.Clock, cfg.Owner = clk, "me"
@@ -258,25 +264,61 @@ func TestTimeTravel_WaitingAgainThenMove(t *testing.T) {
 			ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: fmt.Sprintf("again-%d-%d", i, time.Now().UnixNano())}
 			_, err := c.Locks.Acquire(ctx, "other", ref, 30*time.Second)
 			require.NoError(t, err)
-			first := make(chan error, 1)
-			go func() { // no timeout
-				first <- c.Locks.Do(ctx, c.Owner(), ref, application.AcquireOptions{Wait: true},
+			gaveUp, stays := make(chan error, 1), make(chan error, 1)
+			wait := func(out chan<- error, timeout time.Duration) {
+				out <- c.Locks.Do(ctx, c.Owner(), ref, application.AcquireOptions{Wait: true, Timeout: timeout},
 					func(context.Context, domain.Lock) error { return nil })
-			}()
+			}
+			head, behind := stays, gaveUp
+			headTimeout, behindTimeout := time.Duration(0), 10*time.Second
+			if headTimesOut {
+				head, behind = gaveUp, stays
+				headTimeout, behindTimeout = behindTimeout, headTimeout
+			}
+			go wait(head, headTimeout)
 			untilWaiting(t, c, ref, 1, "the first waiter")
-			go func() {
-				_ = c.Locks.Do(ctx, c.Owner(), ref, application.AcquireOptions{Wait: true, Timeout: 10 * time.Second},
-					func(context.Context, domain.Lock) error { return nil })
-			}()
+			go wait(behind, behindTimeout)
 			untilWaiting(t, c, ref, 2, "both waiters")
-			clk.Add(10 * time.Second) // the second one times out; the first one looks again
-			untilWaiting(t, c, ref, 1, "the first waiter, parked again")
+			clk.Add(10 * time.Second) // one times out; the other looks again
+			untilWaiting(t, c, ref, 1, "the waiter left, parked again")
 			clk.Add(25 * time.Second) // 5s past the holder's expiry
 			select {
-			case err := <-first:
-				require.NoError(t, err)
+			case err := <-stays:
+				require.NoError(t, err, "round %d", i)
 			case <-time.After(10 * time.Second):
 				t.Fatalf("round %d: hung; Waiting=%d, timers pending: %v", i, c.Locks.Waiting(ref), clk.PendingIn())
+			}
+			require.ErrorIs(t, <-gaveUp, context.DeadlineExceeded, "round %d", i)
+		}
+	}
+}
+
+// One move past both a waiter's timeout (10s) and the holder's expiry
+// (30s) ends the wait as a timeout, as the same wait in real time would:
+// the deadline came first, so the waiter never takes the lock that came
+// free after it.
+func TestTimeTravel_TimeoutBeforeExpiryInOneMove(t *testing.T) {
+	timeTravelStores(t, func(t *testing.T, cfg locks.Config, rounds int) {
+		ctx := context.Background()
+		clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+		cfg.Clock, cfg.Owner = clk, "me"
+		c := MustOpen(t, cfg)
+		for i := range rounds {
+			ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: fmt.Sprintf("both-%d-%d", i, time.Now().UnixNano())}
+			_, err := c.Locks.Acquire(ctx, "other", ref, 30*time.Second)
+			require.NoError(t, err)
+			done := make(chan error, 1)
+			go func() {
+				done <- c.Locks.Do(ctx, c.Owner(), ref, application.AcquireOptions{Wait: true, Timeout: 10 * time.Second},
+					func(context.Context, domain.Lock) error { return nil })
+			}()
+			untilWaiting(t, c, ref, 1, "the waiter")
+			clk.Add(35 * time.Second)
+			select {
+			case err := <-done:
+				require.ErrorIs(t, err, context.DeadlineExceeded, "round %d: the timeout came before the expiry", i)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("round %d: hung; timers pending: %v", i, clk.PendingIn())
 			}
 		}
 	})
