@@ -49,9 +49,13 @@ func TestRun_SQLite(t *testing.T) {
 		"| 1 caller | module-sqlite, 100 rows | ", "| 1 caller | module-sqlite, 1,000 rows | ",
 		"| during the purge | ", "| alone, afterwards | ",
 		"| module-sqlite ÷ redislock, 32 callers | not measured |",
+		"| module-postgres ÷ floor-postgres, 128 callers | not measured | ≥ 6.0 |",
 	} {
 		assert.Contains(t, out, want)
 	}
+	// The headline: a column per scenario, the module's ratio to its floor.
+	assert.Regexp(t, `(?m)^\| module-sqlite( \| [0-9,]+ \([0-9.]+×\)){5} \|$`, out)
+	assert.Regexp(t, `(?m)^\| floor-sqlite( \| [0-9,]+){5} \|$`, out)
 	assert.NotContains(t, out, "failed:")
 
 	doc, err := os.ReadFile(opts.out)
