@@ -33,15 +33,10 @@ func (r *report) text() string {
 	r.writeHeader(&b, r.skipped, "cycles per second by contender and scenario", r.chart)
 	r.writeHeadline(&b)
 	r.writeGoals(&b)
-	fmt.Fprintf(&b, "### Callers in one process\n\n%s of %v per contender and scenario, interleaved, after a warm-up; "+
-		"cycles/s is the median of the rounds (their range in brackets), the latencies are over every cycle of every round.\n\n",
+	fmt.Fprintf(&b, "### Callers in one process\n\n%s of %v per contender and scenario, interleaved, after a warm-up. "+
+		"Each cell: the p50, p99 and worst cycle in ms over every cycle of every round, and the range of the rounds' cycles/s.\n\n",
 		plural(o.rounds, "round"), o.roundFor)
-	b.WriteString("| scenario | contender | cycles/s | p50 | p99 | worst |\n|---|---|---:|---:|---:|---:|\n")
-	for _, s := range r.scenarios {
-		for _, res := range s.results {
-			writeResultRow(&b, s.scenario.name, res)
-		}
-	}
+	r.writeLatencies(&b)
 	if len(r.processes) > 0 {
 		fmt.Fprintf(&b, "\n### %d processes on one SQLite file\n\n%s of %v each, alternating; one caller per process, "+
 			"cycling resources of its own. Fairness is the slowest process's cycles ÷ the fastest's (median of the rounds; worst round in brackets).\n\n",
@@ -88,6 +83,42 @@ func (r *report) writeHeader(b *strings.Builder, skipped []string, alt, chart st
 	}
 	if chart != "" {
 		fmt.Fprintf(b, "![%s](%s)\n\n", alt, chart)
+	}
+}
+
+// writeLatencies is one row per contender, one column per scenario.
+func (r *report) writeLatencies(b *strings.Builder) {
+	b.WriteString("| contender |")
+	for _, s := range r.scenarios {
+		fmt.Fprintf(b, " %s |", s.scenario.name)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---:|", len(r.scenarios)) + "\n")
+	for _, name := range contenderNames() {
+		var cells []string
+		ran := false
+		for _, s := range r.scenarios {
+			var res *result
+			for _, x := range s.results {
+				if x.contender == name {
+					res = x
+				}
+			}
+			switch {
+			case res == nil:
+				cells = append(cells, "")
+				continue
+			case res.err != nil:
+				cells = append(cells, "failed: "+oneLine(res.err.Error()))
+			default:
+				l := res.latencies
+				cells = append(cells, fmt.Sprintf("%s / %s / %s [%s–%s]", msn(quantile(l, 0.5)), msn(quantile(l, 0.99)), msn(worst(l)),
+					rate(minOf(res.rates)), rate(slices.Max(res.rates))))
+			}
+			ran = true
+		}
+		if ran {
+			fmt.Fprintf(b, "| %s | %s |\n", name, strings.Join(cells, " | "))
+		}
 	}
 }
 
@@ -232,6 +263,9 @@ func ms(d time.Duration) string {
 		return fmt.Sprintf("%.0f ms", v)
 	}
 }
+
+// msn is ms without its unit, for cells whose header gives it.
+func msn(d time.Duration) string { return strings.TrimSuffix(ms(d), " ms") }
 
 // rate renders cycles per second with thousands separators.
 func rate(v float64) string { return count(int(v + 0.5)) }
