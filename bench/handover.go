@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The hand-over between processes (issue 20): how long a lock released in
+// The hand-over between processes: how long a lock released in
 // one process takes to reach a waiter blocked in another, against the
 // kernel's and the server's own queues (flock, pg_advisory_lock), through
 // the module and through the agents CLI; what a blocked waiter costs
@@ -194,10 +194,10 @@ func writeCaseTable(b *strings.Builder, cases []*handoverCase, discarded bool) {
 	}
 }
 
-// writeHandoverGoals lists issue 20's targets against the figures.
+// writeHandoverGoals lists the hand-over's goals against the figures.
 func (r *report) writeHandoverGoals(b *strings.Builder) {
 	h := r.handover
-	b.WriteString("### Against the goals of issue 20\n\n| measure | measured | goal | |\n|---|---:|---:|---|\n")
+	b.WriteString("### Hand-over against its goals\n\n| measure | measured | goal | |\n|---|---:|---:|---|\n")
 	row := goalRow(b)
 	for _, g := range []struct {
 		name     string

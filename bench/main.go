@@ -71,7 +71,7 @@ func main() {
 	pg := flag.String("postgres", envOr("LOCKS_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
 		"PostgreSQL DSN (default from LOCKS_TEST_POSTGRES_DSN)")
 	redisAddr := flag.String("redis", "127.0.0.1:6379", "Redis address")
-	handover := flag.String("handover", handoverOn, "hand-over between processes (issue 20): "+
+	handover := flag.String("handover", handoverOn, "hand-over between processes: "+
 		handoverOn+" (with the rest), "+handoverOff+", or "+handoverOnly+" (the rest is skipped and its section of -out left as it is)")
 	flag.Parse()
 

@@ -21,7 +21,7 @@ const (
 	endMarker   = "<!-- bench:end -->"
 )
 
-// The hand-over section (issue 20) lies between markers of its own.
+// The hand-over section lies between markers of its own.
 const (
 	handoverBegin = "<!-- bench:handover:begin -->"
 	handoverEnd   = "<!-- bench:handover:end -->"

@@ -40,25 +40,20 @@ type LockConflictError struct {
 	// acquire that did not wait.
 	Cause error
 	// InProcess says that Holder is a handle of the caller's own lock
-	// service, in this process, whatever its owner: handles exclude each
-	// other there too (the store alone would let an owner re-enter its
-	// own lock). The holder's owner may be the caller's.
+	// service, whatever its owner (which may be the caller's): handles
+	// exclude each other even where the store would let an owner re-enter.
 	InProcess bool
-	// Nested says that the caller runs inside the holder's own work: its
-	// context came from the KeepAlive (or Do) of the handle that holds the
-	// lock. Waiting would wait for itself, so the call was refused at once.
+	// Nested says that the caller's context came from the KeepAlive (or
+	// Do) of the handle that holds the lock: waiting would wait for itself.
 	Nested bool
-	// SameOwner says that Holder has the caller's own owner id, and is
-	// another acquisition all the same: a Take (a handle) never shares a
-	// lock it did not take, whoever holds it. The holder is an owner-scoped
-	// Acquire of that owner, another process given the same owner id, or a
-	// handle whose release did not complete.
+	// SameOwner says that Holder has the caller's owner id but is another
+	// acquisition (an owner-scoped Acquire, another process given the same
+	// id, a handle whose release did not complete): a handle never shares
+	// a lock it did not take.
 	SameOwner bool
-	// RowHeld says that Holder's lock has expired, but still cannot change
-	// hands: another transaction of the database holds its row. That is
-	// the holder's fenced transaction (it checked its fence before the
-	// expiry and has not ended: docs/lifecycle.md), or a write of the lock
-	// in flight. The lock changes hands once that transaction ends.
+	// RowHeld says that Holder's lock has expired but another transaction
+	// holds its row (the holder's fenced transaction, docs/lifecycle.md, or
+	// a write in flight); it changes hands once that transaction ends.
 	RowHeld bool
 }
 
@@ -125,9 +120,8 @@ type LockExpiredError struct {
 	// lock of the caller's at all.
 	ExpiredAt time.Time
 	// WrittenAt, when set, is when the store finished writing the lock the
-	// caller asked for: later than ExpiredAt, because the write waited (for
-	// another writer, a busy database) longer than the lock's TTL. The lock
-	// was stored but had lapsed before the caller could use it.
+	// caller asked for: after ExpiredAt, because the write waited longer
+	// than the lock's TTL.
 	WrittenAt time.Time
 }
 
@@ -157,13 +151,9 @@ const (
 	LostExpired LostReason = iota + 1
 	// LostTakenOver: another owner holds the resource now (NewHolder).
 	LostTakenOver
-	// LostStoreFailing: every renewal failed (Err is the last failure)
-	// until the lock's expiry passed: the store answered with an error,
-	// or not in time (unreachable, or blocked by another writer); or a
-	// renewal failed with an error no retry can resolve (IsPermanent: the
-	// database file moved away or replaced, the store read-only, its
-	// schema gone), which ends the hold at once, before the expiry. The
-	// loss matches ErrUnavailable too.
+	// LostStoreFailing: every renewal failed until the lock's expiry (Err
+	// is the last failure), or one failed permanently (IsPermanent), which
+	// ends the hold at once. The loss matches ErrUnavailable too.
 	LostStoreFailing
 	// LostClosed: the lock service was closed while the lock was kept
 	// alive; the container releases the owner's locks.
@@ -237,16 +227,10 @@ func (e *LockLostError) Error() string {
 		l.Owner, l.Resource, l.Token, l.ExpiresAt.UTC().Format(time.RFC3339Nano), next)
 }
 
-// takenWhen says when the new holder took the resource, from what is
-// known: the new lock's acquisition time and the expiry the lost lock was
-// last known to have. A lock taken before that expiry had not expired: it
-// was removed first (released elsewhere, or purged), or its holder's
-// process was found gone. A fence checked by a store may know neither
-// time: it then says nothing rather than a zero time. The new lock's time
-// is read on its holder's clock: one later than the loss was noticed (At,
-// on this process's clock) proves that the clocks disagree (one runs
-// ahead, or this one was stepped back), and then the order of the two
-// events is not known, and is not claimed.
+// takenWhen says when the new holder took the resource relative to the
+// lost lock's expiry. The new lock's time is on its holder's clock: one
+// later than the loss was noticed (At, on this clock) proves the clocks
+// disagree, so no order is claimed then.
 func (e *LockLostError) takenWhen() string {
 	took, expires := e.NewHolder.AcquiredAt, e.Lock.ExpiresAt
 	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
@@ -266,12 +250,9 @@ func (e *LockLostError) takenWhen() string {
 	return fmt.Sprintf(" at %s, after it expired at %s", at(took), at(expires))
 }
 
-// Is makes errors.Is(err, ErrExpired) true; errors.Is(err, ErrClosed)
-// too for a lock lost because the service closed (LostClosed); and
-// errors.Is(err, ErrUnavailable) too for a lock lost because the store
-// failed every renewal (LostStoreFailing), whatever its last failure: a
-// renewal that never answered (the store blocked, the network gone)
-// carries no *StoreError, and is the store's unavailability all the same.
+// Is makes errors.Is(err, ErrExpired) true; also ErrClosed for
+// LostClosed, and ErrUnavailable for LostStoreFailing whatever the last
+// failure (a renewal that never answered carries no *StoreError).
 func (e *LockLostError) Is(target error) bool {
 	return target == ErrExpired || (target == ErrClosed && e.Reason == LostClosed) ||
 		(target == ErrUnavailable && e.Reason == LostStoreFailing)
@@ -365,9 +346,8 @@ type StoreError struct {
 	// written for a database file) with the adapter's own.
 	Advice string
 	// Permanent, set by the adapter, says that no retry through the store
-	// as opened can succeed, whatever Kind says: the database file it has
-	// open was removed, renamed or replaced (kind StoreUnreachable, which
-	// is otherwise a failure a retry may resolve). See IsPermanent.
+	// as opened can succeed whatever Kind says (its database file was
+	// removed, renamed or replaced). See IsPermanent.
 	Permanent bool
 }
 
@@ -391,14 +371,9 @@ func (e *StoreError) Is(target error) bool { return target == ErrUnavailable }
 func (e *StoreError) Unwrap() error { return e.Err }
 
 // IsPermanent reports whether err is a store failure that no retry can
-// resolve while the process keeps the store it has open: one the adapter
-// marked Permanent (the database file was moved away or replaced), or one
-// of kind StoreReadOnly, StoreSchema, StoreCorrupt or
-// StoreTokensExhausted, which last until someone acts on them. Busy,
-// unreachable (a network or a server that may come back), full (space may
-// be freed) and unclassified failures are not: a retry may succeed. A
-// keep-alive retries those until the lock's expiry, and ends the hold at
-// once on a permanent one (LostStoreFailing).
+// resolve while the store stays open: one marked Permanent, or of kind
+// StoreReadOnly, StoreSchema, StoreCorrupt or StoreTokensExhausted. A
+// keep-alive retries any other failure until the lock's expiry.
 func IsPermanent(err error) bool {
 	var se *StoreError
 	if !errors.As(err, &se) {

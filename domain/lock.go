@@ -62,9 +62,7 @@ func (r ResourceRef) String() string {
 
 // Lock is one held (or expired but not yet purged) advisory lock.
 //
-// A lock is active from AcquiredAt up to, but not including, ExpiresAt: at
-// the instant now == ExpiresAt it is already expired. This single definition
-// is used by acquire, renew, cleanup and the stale-lock count alike.
+// A lock is active from AcquiredAt up to, but not including, ExpiresAt.
 type Lock struct {
 	// Token is the fencing token. It strictly increases every time the
 	// resource changes hands and stays the same while one owner re-enters

@@ -1,19 +1,13 @@
 package domain
 
-// StaleSnapshotError reports a check made inside a transaction of the
-// caller's that could not see the database as it is now: the transaction
-// read a snapshot before the check (a SQLite deferred transaction that
-// read first; a PostgreSQL transaction at REPEATABLE READ or SERIALIZABLE
-// that ran a statement before it), and the lock changed since. The check
-// failed, and nothing it guards may be written in that transaction, but
-// the lock itself may be held (Held says when it was read outside the
-// transaction and found held): roll back and run the transaction again as
-// Advice says.
+// StaleSnapshotError reports a fence check inside a caller's transaction
+// that had read a snapshot before the check (a SQLite deferred
+// transaction, a PostgreSQL one above READ COMMITTED), after which the
+// lock changed. Nothing it guards may be written in that transaction, but
+// the lock may still be held (Held): roll back and retry as Advice says.
 //
-// It is a busy store to every existing test of one: it unwraps to a
-// *StoreError of kind StoreBusy (errors.Is(err, ErrUnavailable) and
-// IsStoreKind(err, StoreBusy) hold), which a retry resolves. It never
-// matches ErrExpired.
+// It unwraps to a *StoreError of kind StoreBusy, which a retry resolves,
+// and never matches ErrExpired.
 type StaleSnapshotError struct {
 	Op string
 	// What says what is true, in the database's terms.

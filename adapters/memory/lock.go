@@ -71,10 +71,9 @@ func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, dec
 	return *cur, nil
 }
 
-// stored is an instant as the SQL stores keep it: UTC, truncated to
-// application.Precision, without a monotonic reading. Keeping the same
-// form here means the memory store decides expiry at exactly the instants
-// the SQL stores do, and returns what it keeps.
+// stored is an instant as the SQL stores keep it (UTC, truncated to
+// application.Precision, no monotonic reading), so that the memory store
+// decides expiry at exactly the instants they do.
 func stored(t time.Time) time.Time { return t.UTC().Truncate(application.Precision) }
 
 // Get implements application.LockRepository.

@@ -11,14 +11,9 @@ import (
 	"github.com/cleveragents/locks/adapters/entstore"
 )
 
-// checkpointAfter is how many writes run between two checkpoints. A write
-// changes about four pages (the row and its three indexes), so this is
-// about twice SQLite's own default of a checkpoint per 1,000 pages of WAL.
-// Measured with BenchmarkCallers, interleaved: 256 writes cost 32 callers
-// about 10 % more time per cycle than 512 (each checkpoint syncs two
-// files, whatever it copies); 1,024 cost a lone caller 15 % more than
-// 256, presumably because its reads search a larger WAL index; 512 costs
-// it about 5 %.
+// checkpointAfter is how many writes run between two checkpoints: about
+// 2,000 pages of WAL. Fewer cost many callers more syncs; more cost a lone
+// caller a larger WAL index to search (BenchmarkCallers).
 const checkpointAfter = 512
 
 // walSizeLimit is what the WAL file is cut back to once a checkpoint
@@ -39,16 +34,10 @@ var walSizePragma = fmt.Sprintf("journal_size_limit(%d)", walSizeLimit)
 // a reading connection, away from the writes.
 //
 // SQLite would otherwise checkpoint inside the commit that crosses its
-// threshold (wal_autocheckpoint, 1,000 pages): that commit then copies
-// and syncs the pages of hundreds of earlier writes, 10-60 ms on this
-// kind of machine, while it holds this process's only writer connection
-// and the processes' writer queue, so that every write behind it waits.
-// The writer connection has automatic checkpoints turned off, and the
-// leader of a batch starts a checkpoint here, at most one at a time, once
-// enough writes have gone by. A passive checkpoint never waits for a
-// writer and never makes one wait: it copies what no reader still needs
-// and stops. Other processes' writers do their own checkpoints; SQLite
-// serialises them.
+// threshold, copying and syncing hundreds of writes' pages (10-60 ms)
+// while it holds the only writer and the processes' writer queue. A
+// passive checkpoint never waits for a writer and never makes one wait.
+// Other processes checkpoint on their own; SQLite serialises them.
 type checkpointer struct {
 	db      *sql.DB
 	walPath string // the WAL file, whose size cutBack reads
@@ -103,23 +92,12 @@ func (c *checkpointer) init(db *sql.DB, walPath string) {
 }
 
 // purgeQuiet is how many other writes must follow a purge's last write
-// before the last step of a checkpoint may run. Until then, a catch-up's
-// call for that step is dropped, and the WAL grows; it is cut back after
-// the purge. Counting writes rather than time keeps upkeep off the wall
-// clock. Measured with a concurrent acquirer during and after a purge of
-// 500,000 rows (4 interleaved runs of each):
-//
-//   - Running the step during the purge: once it has run, the next write
-//     starts the WAL over and cuts it back, freeing megabytes inside that
-//     write. The acquirer's worst cycle during the purge was 35-49 ms;
-//     with the WAL started over but not cut back, still 36-41 ms.
-//   - Holding the step back until the purge ended: 13-18 ms during the
-//     purge, but the step then copied every frame the purge had added
-//     since the catch-up, and stalled the writer for 45-56 ms: the
-//     acquirer's worst cycle after the purge was 15-43 ms.
-//   - Dropping it (this): 12-14 ms during the purge, 9-24 ms after it. A
-//     catch-up that starts after the purge copies the backlog on a reading
-//     connection and calls for the step again when few frames are left.
+// before the last step of a checkpoint may run; until then a catch-up's
+// call for it is dropped and the WAL grows, to be cut back after the purge.
+// Run during the purge, the step makes the next write free megabytes; held
+// back until the purge ends, it copies the purge's whole backlog on the
+// writer. Dropped, a later catch-up copies that backlog on a reading
+// connection. Counting writes, not time, keeps upkeep off the wall clock.
 const purgeQuiet = 64
 
 // wrote counts the writes of a batch, and starts a checkpoint when
@@ -162,19 +140,11 @@ func (c *checkpointer) wrote(batch []*txCall) {
 // a catch-up waits for.
 //
 // A round that copies a large backlog stalls the writes beside it: its
-// sync of the database file holds up theirs. An ordinary write adds a few
-// frames, so 512 of them leave a backlog of a few thousand at most. A
-// purge's write deletes up to thousands of rows and adds hundreds: 512
-// writes of a purge of 500,000 rows, with an acquirer beside it, left
-// 3,000-22,000 frames, whose first round took 43-164 ms and held the
-// acquirer's cycle up for 13-30 ms each time, while rounds of a few
-// hundred frames took at most 10 ms and barely showed. So, while a purge
-// runs, a catch-up is due after as many writes as added about
-// roundFrames frames the last time. Measured with that acquirer during
-// the purge, 12 interleaved runs of each, on a 2-core machine: its worst
-// cycle was 5.3-20.9 ms (7.3 ms the median run), against 9.0-29.6 ms
-// (13.3 ms) with a catch-up every 512 writes; the purge took about 10 %
-// longer (more syncs).
+// sync of the database file holds up theirs. A purge's write adds
+// hundreds of frames, so 512 of them left thousands, whose round held a
+// concurrent acquirer up for 13-30 ms; rounds of a few hundred frames
+// barely show. So while a purge runs a catch-up is due after as many
+// writes as added about roundFrames frames the last time.
 const (
 	roundFrames = 1024
 	minAfter    = 16
@@ -192,23 +162,14 @@ func nextAfter(writes int, frames int64) int {
 // catchUp copies the WAL back into the database file in the background.
 //
 // SQLite writes the WAL over from its beginning, instead of growing it,
-// only when a write transaction begins while every frame has been copied,
-// which a checkpoint running beside busy writers never achieves: they add
-// frames while it copies. So catchUp checkpoints again until a round finds
-// few new frames (finishFrames), and then the next leader of a batch
-// copies those few on the writer connection, between two batches
-// (finish), so that the batch after it starts the WAL over. Copying a
-// frame there costs about 2.5 µs, plus about a millisecond to sync the
-// files, on this kind of machine; a writer waits that long once per
-// checkpoint. While writes come faster than that, or a purge runs, the
-// WAL grows instead, and is started over and cut back (cutBack) later.
+// only when a write transaction begins with every frame copied, which a
+// checkpoint beside busy writers never achieves. So catchUp checkpoints
+// until a round finds few new frames (finishFrames), and the next batch's
+// leader copies those on the writer connection (finish), so that the
+// batch after it starts the WAL over. A failed checkpoint is harmless: the
+// WAL keeps the pages.
 //
-// A failed checkpoint is harmless: the WAL keeps the pages, and the next
-// one copies them.
-//
-// It returns how many writes the next catch-up waits for: while a purge
-// runs, after as many writes as add about roundFrames frames (nextAfter),
-// counted from the WAL's frames now and when the last catch-up ended.
+// It returns how many writes the next catch-up waits for (nextAfter).
 func (c *checkpointer) catchUp(purging bool) (after int) {
 	after = checkpointAfter
 	since := c.last
@@ -267,19 +228,10 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 // flush writes the pages that a purge's catch-ups copied into the
 // database file out to the disk, from the background.
 //
-// SQLite syncs the database file only at the end of a checkpoint that
-// copied every frame, which a catch-up beside a purge's writes never is:
-// the pages it copies stay dirty in the page cache, hundreds of
-// megabytes after a purge of 500,000 rows, until the first checkpoint
-// that completes, the writer's last step after the purge, syncs them
-// all. That sync took 83-102 ms on the writer (seen with strace), and
-// held up the next writes as long. Flushed after each catch-up of the
-// purge instead, a few megabytes at a time: with an acquirer during and
-// after a purge of 500,000 rows, 12 interleaved runs of each build, its
-// worst cycle after the purge was 11.9-24.3 ms (14.6 ms in the median
-// run) against 25.9-142.5 ms (121.4 ms); during the purge, 5.2-23.6 ms
-// (8.3 ms) against 5.6-12.5 ms (8.6 ms). The purge took about 8 %
-// longer.
+// SQLite syncs the database file only after a checkpoint that copied
+// every frame, which a catch-up beside a purge never is: otherwise the
+// writer's first complete checkpoint after the purge syncs hundreds of
+// megabytes at once (about 100 ms), holding up the writes behind it.
 //
 // The database file cannot be synced through a descriptor of its own:
 // closing one releases every POSIX lock the process holds on the file,
@@ -367,10 +319,9 @@ func (c *checkpointer) limitWAL(writer *sql.DB, limit int64) {
 	}
 }
 
-// cutBackStep is the most that one start of the WAL over cuts off it.
-// Freeing a file's space costs about half a millisecond a megabyte here,
-// inside the write that starts the WAL over: cut back at once, a WAL grown
-// to hundreds of megabytes by a purge stalled that write for 113 ms.
+// cutBackStep is the most that one start of the WAL over cuts off it:
+// freeing a file's space (about 0.5 ms a megabyte) happens inside the
+// write that starts the WAL over.
 const cutBackStep = 16 << 20
 
 // cutBack returns the size the next start of the WAL over may leave it

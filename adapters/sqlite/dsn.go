@@ -92,11 +92,9 @@ func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 }
 
 // pragmaAdvice says why DSN refuses a "_pragma" of each name, and what to
-// write instead. The module sets these itself, on every connection; a
-// _pragma runs before the module's own settings (the driver applies the
-// _pragma list first), so that one connection switches, for instance, the
-// journal while the others hold the file open, and the open fails busy
-// after creating the file; or the module's setting silently undoes it.
+// write instead. The module sets these itself; the driver runs a _pragma
+// first, so it either fights the module's setting (a journal switch while
+// other connections hold the file: busy, after creating it) or is undone.
 var pragmaAdvice = map[string]string{
 	"journal_mode": "the module sets the journal (WAL) on every connection: ask for a rollback journal with " +
 		"_journal_mode=DELETE, TRUNCATE or PERSIST instead",
@@ -112,10 +110,8 @@ var pragmaAdvice = map[string]string{
 }
 
 // checkParams refuses the parameters of a file: URI (its query q) that
-// would break what the module promises: a journal that survives a crash,
-// SQLite's file locks
-// keeping the processes apart, and a refused file left as it was. uri is
-// the URI as given, for the messages.
+// would break a journal that survives a crash, SQLite's file locks between
+// processes, or a refused file left as it was. uri is for the messages.
 func checkParams(q url.Values, uri string) error {
 	refuse := func(param, why string) error {
 		return &domain.ValidationError{Field: "database", Reason: fmt.Sprintf("%s in %q is refused: %s", param, redact(uri), why)}
@@ -190,12 +186,8 @@ func InMemory(pathOrURI string) bool {
 	return err == nil && inMemory("file:"+path, q)
 }
 
-// inMemory reports whether SQLite would open base (a "file:" URI without
-// its query) with query q as something other than one file that every
-// connection shares: ":memory:", mode=memory, the memdb VFS, or an empty
-// name, which SQLite opens as a temporary database private to the
-// connection. The store opens a pool of readers and a writer, which would
-// each get a database of their own, so DSN refuses them all.
+// inMemory is InMemory for base (a "file:" URI without its query) and q;
+// an empty name is a temporary database private to each connection.
 func inMemory(base string, q url.Values) bool {
 	// A parameter may be given more than once: refusing any occurrence of
 	// these values is the strict reading.

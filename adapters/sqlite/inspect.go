@@ -35,12 +35,10 @@ var errNotDatabase = errors.New("the file does not begin with the SQLite header"
 // OpenReadOnly opens the existing database at pathOrURI for reading only.
 // It never creates the database, applies no migration and leaves the
 // journal mode as it is; writes through the returned DB fail with a
-// StoreReadOnly error. It reads what other processes commit meanwhile. The
-// -wal and -shm files it may need belong to the database's owner, and are
-// removed when the last connection closes (see readAccess). The
-// application may have the database open in this process: OpenReadOnly
-// reads the file only through SQLite, which keeps the locks of this
-// process's other connections in place.
+// StoreReadOnly error. It sees what other processes commit meanwhile, and
+// leaves no -wal or -shm behind that its owner could not write
+// (readAccess). It reads the file only through SQLite, so the locks of
+// this process's other connections stay in place.
 //
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
 // no file, such as an in-memory database; a *domain.StoreError:
@@ -175,47 +173,29 @@ type access struct {
 // journal is hot (a program stopped in the middle of a transaction):
 // rolling it back is for a connection that may write.
 //
-// A WAL database is read through its -wal file (commits not yet copied into
-// the database file) and its -shm file (the index by which readers and
-// writers agree on what each may read and overwrite). SQLite creates them
-// when they are missing, even for a read-only connection, with the
-// database's permission bits. They belong to whoever creates them, except
-// that SQLite, when run as root, hands them to the database's owner. A
-// missing one is therefore created only when the result is the same as when
-// the application creates it; otherwise a -shm the owner cannot write would
-// make every later write of the application fail. In order:
+// A WAL database is read through its -wal file and its -shm index, which
+// SQLite creates when missing, even for a read-only connection, owned by
+// whoever creates them (by the database's owner when SQLite runs as
+// root). A missing one is created only where the application would own
+// it alike; a -shm the owner cannot write would fail its every write. In
+// order:
 //
-//   - Both -wal and -shm exist (the application has the database open, or
-//     left them at a crash): mode=ro with readonly_shm=1 reads through
-//     them, creating and changing nothing, even for a user who cannot
-//     write them; where no process has the database open, SQLite builds
-//     the index in its own memory rather than rebuild the -shm file.
-//   - A -wal file with frames in it exists without its -shm: SQLite cannot
-//     read the commits in it without creating the -shm, and the last
-//     connection that may write would copy them into the file when it
-//     closes (ErrWALWithoutIndex). An empty one holds no commit, and is
-//     taken for none (holdsFrames).
-//   - No -wal file exists, and no process can write the database: it, or
-//     its directory (where a writer would have to create the -wal file),
-//     has no write permission for anyone, or the file system is mounted
-//     read-only. Then immutable=1 reads the file alone, with no lock and no
-//     -wal or -shm. Only a process running as root could still write it,
-//     ignoring the permission bits: such a store is left read-only on
-//     purpose, and a service that writes to it anyway must not run as root.
-//     With a -wal file, or with any writer possible, immutable could serve
-//     pages that a writer is replacing: stale reads, or SQLITE_CORRUPT.
-//   - No -wal file exists, no journal is left beside the file, and this
-//     user is root or the database's owner and can write the database and
-//     its directory: mode=rw with query_only=1, under which SQLite refuses
-//     every statement that would change the database. SQLite creates the
-//     -wal and -shm files and, when the last connection closes, removes
-//     them again as it does for the application, leaving the directory as
-//     it was. (A mode=ro connection would leave them behind: removing them
-//     takes a write lock on the database file.) The database holds every
-//     commit when this opens; the only write this can make is the
-//     checkpoint at its close, which copies into the database the commits
-//     that other processes make meanwhile and leave in the -wal file, as
-//     the last of their own connections would.
+//   - Both -wal and -shm exist: mode=ro with readonly_shm=1 reads through
+//     them, creating and changing nothing; where no process has the
+//     database open, SQLite builds the index in its own memory.
+//   - A -wal file with frames exists without its -shm: its commits cannot
+//     be read without creating the -shm (ErrWALWithoutIndex). An empty
+//     one holds no commit (holdsFrames).
+//   - No -wal file, and no process but root can write the database or
+//     create a -wal beside it: immutable=1 reads the file alone, with no
+//     lock. With a -wal, or any writer possible, immutable could serve
+//     pages a writer is replacing: stale reads, or SQLITE_CORRUPT.
+//   - No -wal file, no journal, and this user is root or the owner and
+//     can write the database and its directory: mode=rw with query_only=1.
+//     SQLite creates -wal and -shm and removes them at the last close, as
+//     for the application (a mode=ro connection would leave them: removing
+//     them takes a write lock). Its only write is that close's checkpoint
+//     of what other processes committed meanwhile.
 //   - Otherwise the database cannot be read safely now: the error says why.
 func readAccess(path string, wal bool) (access, error) {
 	if acc, decided, err := walAccess(path, wal); decided || err != nil {
@@ -286,14 +266,11 @@ func exists(path string) (bool, error) {
 // An empty file is a valid, empty database to SQLite; any other file must
 // begin with SQLite's header, whose bytes 18 and 19 are 2 in WAL mode.
 //
-// The header is read through SQLite (page 1, from the sqlite_dbpage
-// table), never with a descriptor of this package's: closing a descriptor
-// of the file would drop every POSIX lock this process holds on it, those
-// of the application's own connections included, after which another
-// process could delete the -wal and -shm under them. SQLite's unix VFS
-// keeps a descriptor whose inode other connections of the process hold
-// locks on until they let go. immutable=1 reads the database file alone:
-// no lock, no -wal, no -shm, nothing created.
+// The header is read through SQLite (page 1 of sqlite_dbpage, immutable=1:
+// no lock, nothing created), never with a descriptor of this package's:
+// closing one would drop every POSIX lock this process holds on the file,
+// the application's connections' included, and another process could
+// then delete the -wal and -shm under them.
 func readHeader(ctx context.Context, dsn, path string) (wal bool, err error) {
 	if _, err := os.Stat(path); err != nil {
 		return false, err // a missing file is not for SQLite to create

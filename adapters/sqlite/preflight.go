@@ -65,28 +65,12 @@ const hotJournalAdvice = "open the file with the program that wrote it (or with 
 const foreignLocksAdvice = "point the service at a lock database of its own (a path where no file exists yet creates one), " +
 	"and leave this file to the application that made it; the file was left as it was"
 
-// preflight decides, before anything writes to the file at path (named
-// by sidePath), whether Open may make it a lock store: switch its journal
-// to WAL, create the version table and apply the migrations. Each of
-// those writes the file, so each reason to refuse it must be found first,
-// by reading only:
-//
-//   - a file that is not a SQLite database (StoreCorrupt);
-//   - a table named locks without the record of the store's migration
-//     (ErrForeignLocksTable), or any other object named as one the
-//     migration creates (ErrForeignSchemaObject): the migration would fail
-//     on it, after the journal switch and the version table had changed
-//     the file;
-//   - a file that cannot be read without changing it: a -wal file without
-//     its -shm (ErrWALWithoutIndex), a hot journal (ErrHotJournal).
-//
-// An empty or new file is the store's to make; a file with the store's
-// migration recorded is a lock store; a file with other tables only is
-// an application's database that the application shares with the store,
-// which adds its tables beside the others.
-//
-// It reads through SQLite (SQLite reports a file that is not a database)
-// with a connection that cannot change any file (quietRead).
+// preflight decides, by reading only, whether Open may make the file at
+// path (named by sidePath) a lock store: the journal switch, the version
+// table and the migrations all write it, so every reason to refuse (not a
+// database, ErrForeignLocksTable, ErrForeignSchemaObject,
+// ErrWALWithoutIndex, ErrHotJournal) must be found first. A file with
+// other tables only is an application's database shared with the store.
 func preflight(ctx context.Context, op, dsn, path string) error {
 	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
 		return nil // new, or empty: SQLite's empty database
@@ -120,12 +104,8 @@ func preflight(ctx context.Context, op, dsn, path string) error {
 const quietAttempts = 5
 
 // hotJournalPatience is how long quietRead (and OpenReadOnly) look again
-// at a -journal file before they call it hot, or at a -wal file before
-// they call it one without its -shm: a process that is creating the
-// store, or writing in a rollback journal mode, has a -journal until its
-// transaction ends, and one that opens a file in WAL mode creates the
-// -wal and -shm files one after the other, in milliseconds; what a
-// program that stopped left stays.
+// at a -journal, or a -wal without its -shm, before refusing: a writer at
+// work has them for milliseconds; what a stopped program left stays.
 const hotJournalPatience = 2 * time.Second
 
 // isHot reports whether err is a hot journal, told by quietAccess or
@@ -141,24 +121,11 @@ func quietPause(attempt int) time.Duration {
 
 // quietRead runs read on a pool of one connection to the non-empty
 // database at path (named by sidePath) through dsn that can change no
-// file: it neither writes, nor creates, removes or rolls back anything,
-// nor checkpoints when it closes (which a connection that may write
-// does, even with query_only set). How depends on the files beside it:
-//
-//   - a file in a rollback journal mode is read with mode=ro, under
-//     SQLite's locks; a hot journal is refused (ErrHotJournal) rather
-//     than rolled back;
-//   - a file in WAL mode with both its -wal and -shm files (a store that
-//     processes have open, or left at a crash) is read with mode=ro and
-//     readonly_shm=1, which opens the -shm read-only: SQLite shares the
-//     index of the processes that have it open, and where none has,
-//     builds one in its own memory from the -wal file;
-//   - a file in WAL mode with a -wal file and no -shm file cannot be read
-//     without creating the -shm (ErrWALWithoutIndex);
-//   - a file in WAL mode without a -wal file holds every commit itself:
-//     it is read alone (immutable=1, no lock, no file created), and read
-//     again if a process changed it or created a -wal file meanwhile.
-//
+// file: no write, no file created, removed or rolled back, and no
+// checkpoint at close (which a connection that may write makes even with
+// query_only set). A rollback-journal file is read with mode=ro; a WAL
+// file with both -wal and -shm through a read-only -shm; a WAL file
+// without -wal alone (immutable=1), and again if it changed meanwhile.
 // Errors are formatted for op.
 func quietRead(ctx context.Context, op, dsn, path string, read func(*sql.DB) error) error {
 	start := time.Now()
@@ -201,9 +168,7 @@ func quietRead(ctx context.Context, op, dsn, path string, read func(*sql.DB) err
 }
 
 // errChangedMeanwhile is quietRead's note that a file it read alone
-// (immutable) changed, or gained a -wal file, while it read it: nothing
-// kept another process from writing meanwhile, so what it read may not
-// hold.
+// (immutable, without locks) changed or gained a -wal file meanwhile.
 var errChangedMeanwhile = errors.New("changed while it was read")
 
 // changedMeanwhile returns errChangedMeanwhile if the file at path, as it

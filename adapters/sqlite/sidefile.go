@@ -10,16 +10,13 @@ import (
 )
 
 // SideFileError reports that something other than the store's own file
-// is at the name of one of its side files: "<database>-lock" or
-// "<database>-wake", or SQLite's own "<database>-journal",
-// "<database>-wal" and "<database>-shm". What is there is a symbolic
-// link, a FIFO or another kind of file, a file with more than one name,
-// or a file of a user who could not write the database. Another local
-// user may have put it there: following it would create, write, chmod or
-// lock a file somewhere else, read commits that user wrote, or block for
-// ever on a FIFO. It comes wrapped in a *domain.StoreError (kind
-// StoreUnreachable), so it matches domain.ErrUnavailable too; match it
-// with errors.As.
+// is at the name of one of its side files ("-lock", "-wake", or SQLite's
+// "-journal", "-wal", "-shm"): a symbolic link, a FIFO, a file with more
+// than one name, or one of a user who could not write the database.
+// Another local user may have planted it: using it would write or lock a
+// file elsewhere, read that user's commits, or block on a FIFO. It comes
+// wrapped in a *domain.StoreError (StoreUnreachable); match it with
+// errors.As.
 type SideFileError struct {
 	// Path is the side file's name.
 	Path string
@@ -98,11 +95,9 @@ func checkSideFile(db, path string) error {
 
 // checkSQLiteSideFiles refuses SQLite's own side files of the database
 // at path (named by sidePath) when the store may not use them
-// (checkSideFile): before SQLite opens the database, which creates the
-// database and opens them. SQLite opens them again on every connection
-// it opens (the pools call this before each: sideFileConnector), but
-// does not check them itself: what is planted between the check and
-// SQLite's open is not seen.
+// (checkSideFile), before SQLite opens them; the pools call it before
+// each connection (sideFileConnector). What is planted between the check
+// and SQLite's open is not seen.
 func checkSQLiteSideFiles(path string) error {
 	for _, suffix := range sqliteSideFiles {
 		if err := checkSideFile(path, path+suffix); err != nil {
@@ -167,12 +162,10 @@ func openSideFile(db, name string, flag int, perm fs.FileMode) (*os.File, error)
 }
 
 // sidePath returns the name on which the side files of the database at
-// path are made, and which the store's connections open: absolute, so
-// that a chdir of the process does not move them, and with every symbolic
-// link resolved, as SQLite resolves them for its -wal and -shm files, so
-// that every name of the database's directory, and a symbolic link to the
-// database, lead to one set of side files. Where the file does not exist
-// yet, its directory is resolved.
+// path are made, and which the store's connections open: absolute (a
+// chdir moves nothing) and with symbolic links resolved as SQLite
+// resolves them for -wal and -shm, so that every name leads to one set of
+// side files. Where the file does not exist yet, its directory is resolved.
 func sidePath(path string) string {
 	abs, err := filepath.Abs(path)
 	if err != nil {

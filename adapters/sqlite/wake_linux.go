@@ -225,9 +225,9 @@ func (w *wakeFile) lockSlot(slot int, typ int16) {
 const wakeEvents = unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_MOVE_SELF
 
 // start begins watching the file, with w.mu held, on the process's
-// inotify instance (see inotifier). It reads the slots after the watch is
-// on: a release written after that is seen by the watch. Where no watch
-// can be had, w.in stays nil and the waiters poll.
+// inotify instance. It reads the slots after the watch is on, so no
+// release falls between. Where no watch can be had, w.in stays nil and the
+// waiters poll.
 func (w *wakeFile) start() {
 	// Watch the file open here, through its descriptor, not whatever the
 	// name leads to by now; without /proc, the name, never followed.
@@ -261,11 +261,9 @@ func (w *wakeFile) heard(in *inotifyInstance, wd int32, mask uint32) {
 	gone := mask&unix.IN_IGNORED != 0                     // the watch was removed
 	moved := mask&(unix.IN_ATTRIB|unix.IN_MOVE_SELF) != 0 // its links changed
 	if (moved || all) && !gone {
-		// The file may no longer be the one at the path (removed,
-		// replaced; or an overflow may have dropped the news): the
-		// releases then go to the new one, so the watch moves there at
-		// once, rather than at this process's next release or wait, or
-		// never.
+		// The file may no longer be the one at the path (or an overflow
+		// dropped the news): releases go to the new one, so the watch
+		// moves there now.
 		w.refresh()
 		if w.in != in || w.wd != wd {
 			return // refresh moved the watch, and woke everyone
@@ -287,14 +285,11 @@ func (w *wakeFile) heard(in *inotifyInstance, wd int32, mask uint32) {
 }
 
 // refresh makes sure, with w.mu held, that the wake file this process
-// has open is the one at its path. Someone may have removed or replaced
-// it, and another process created a new one since: writing to, marking
-// or watching the removed one would then reach no one. So it opens the
-// one at the path (creating it), takes this process's marks there again,
-// and moves the watch over, waking every watcher (a release may have gone
-// to the new file meanwhile). A watching process hears the change of
-// links (loop) and calls this at once; every release, watch and
-// Contended call it too. One lstat(2) when nothing changed.
+// has open is the one at its path: writing to, marking or watching a
+// removed or replaced one reaches no one. It opens the one at the path,
+// takes this process's marks there again and moves the watch over, waking
+// every watcher (a release may have gone to the new file meanwhile). One
+// lstat(2) when nothing changed.
 func (w *wakeFile) refresh() {
 	var cur unix.Stat_t
 	if w.closed {
@@ -398,11 +393,9 @@ func (w *wakeFile) close() error {
 }
 
 // inotify is the process's one inotify instance, which every store's
-// watches share: each user may have only a few instances
-// (fs.inotify.max_user_instances, 128 by default), and 200 stores waiting
-// at once, with one each, took them all from every other program of the
-// user. The instance opens with the first watch of any store and closes
-// when the last one stops.
+// watches share: a user may have only a few (max_user_instances, 128 by
+// default), and one per store would take them from the user's other
+// programs. It opens with the first watch and closes after the last.
 var inotify inotifier
 
 // inotifyInit is inotify_init1(2); tests make it fail as it does where the

@@ -27,11 +27,9 @@ var errNestedWrite = errors.New("a write of the lock store was called from insid
 	"take and release locks before or after the Write, and do the transaction's writes through its tx")
 
 // waitedBehindWrite is added to the context's error of a lock store write
-// that gave up while it waited behind an application's transaction. Such
-// a wait is what a lock call made from inside Write's function with a
-// context other than the function's own looks like: nothing can tell it
-// from a call of another goroutine that waits its turn, so it waits, as a
-// nested sync.Mutex.Lock would, until its context ends.
+// that gave up while it waited behind an application's transaction: a
+// lock call from inside Write's function with another context cannot be
+// told from another goroutine's, so it waits until its context ends.
 const waitedBehindWrite = "it waited behind an application transaction (DB.Write, Container.Write) that was still running: " +
 	"if this call was made from inside that Write's function, it was waiting for the function's own transaction, " +
 	"which cannot commit until the call returns: take and release locks before or after the Write " +
@@ -45,29 +43,21 @@ func (e *fnError) Error() string { return e.err.Error() }
 
 // Write runs fn in a write transaction of its own on the lock store's
 // file, and commits it when fn returns nil (it rolls back otherwise). It
-// is how an application writes its own tables in the file that holds the
-// locks: the transaction runs on the store's writing connection, in the
-// queue of the store's own writes (in arrival order, behind the writes of
-// this process that came first, and never batched with them), and behind
-// the file lock that orders the writers of every process that opens the
-// file (see writerQueue). A write transaction of the application's own
-// *sql.DB on the file instead waits in SQLite's busy handler, which
-// sleeps and retries, and a stream of them keeps the store's writes out:
-// a kept-alive lock could expire for want of a renewal.
+// is how an application writes its own tables in the lock file: in the
+// queue of the store's writes (in arrival order, never batched) and
+// behind the file lock of every process's writers (writerQueue). A write
+// transaction on the application's own *sql.DB waits in SQLite's busy
+// handler instead, and a stream of them can starve a lock's renewals.
 //
-// The transaction holds the database's only write lock from BEGIN
-// IMMEDIATE to COMMIT, and every lock operation of every process waits
-// for it: keep fn short, and do slow work before it. fn may be run again
-// when the database was busy (another process writing without the queue)
-// and must start from nothing each time; it must not call the lock store
-// (that call would wait for fn's own transaction: with the context fn is
-// given it fails at once; with any other it waits, as a nested
-// sync.Mutex.Lock would, until that context ends, holding the write lock
-// all the while), nor keep tx after it returns. fn runs
-// on whichever goroutine leads the queue, not necessarily the caller's,
-// and its context carries ctx's values but not its cancellation (the
-// driver would answer it by interrupting the shared connection): when ctx
-// ends while fn runs, the transaction is rolled back after fn returns.
+// Every lock operation of every process waits for fn's transaction: keep
+// fn short. fn may be run again when the database was busy and must start
+// from nothing each time; it must not call the lock store (with fn's
+// context that fails at once; with another it waits until that context
+// ends, holding the write lock), nor keep tx after it returns. fn runs on
+// whichever goroutine leads the queue, and its context carries ctx's
+// values but not its cancellation (the driver would interrupt the shared
+// connection): when ctx ends while fn runs, the transaction is rolled
+// back after fn returns.
 //
 // Errors: fn's own error, as it returned it; the context's error when
 // ctx ends before the transaction commits (its changes are then undone);

@@ -16,14 +16,11 @@ var errWritersBusy = errors.New("another process kept the lock store's writer lo
 // one database file, with a kernel file lock (flock) on a side file,
 // "<database>-lock", held from before BEGIN to after COMMIT.
 //
-// SQLite alone queues writers with its busy handler, which sleeps and
-// retries in growing steps of up to 100 ms: a waiting process keeps
-// missing its turn while others commit, and one cycle took 0.6-1.7 s with
-// 4 processes on one file. A process waiting for a file lock is woken by
-// the kernel the moment the holder lets go. SQLite's own lock still
-// decides who writes; the file lock only orders the processes that ask,
-// so a process that does not take it (an older version of the module, the
-// sqlite3 shell) still writes safely, just without the queue.
+// SQLite alone queues writers with its busy handler, which sleeps in
+// steps of up to 100 ms, so a waiting process keeps missing its turn; the
+// kernel wakes a flock waiter the moment the holder lets go. SQLite's own
+// lock still decides who writes, so a process that does not take the file
+// lock (the sqlite3 shell) still writes safely, just without the queue.
 //
 // flock cannot time out, so a call that gives up leaves the flock call
 // running; the next lock call takes it over, or, if none comes, the lock
@@ -43,33 +40,20 @@ type writerQueue struct {
 }
 
 // politeDelay is how long a process whose last turn had to wait holds
-// back before asking for the next. The kernel wakes the next process when
-// the lock is let go, but that process still has to be scheduled, while
-// this one asks again within microseconds and would win the lock over and
-// over: 4 processes on one file got between 0.42 and 0.76 of each other's
-// cycles. Holding back while others are known to be waiting hands the
-// turn over instead; without contention it costs nothing, since the last
-// turn did not wait.
-//
-// The pause is a nanosleep of the thread (holdBack), not time.Sleep,
-// whose timers wake on this kind of machine after about a millisecond
-// however short the sleep asked for. Measured with 4 processes on one
-// file, 8 s, 3 interleaved runs each: a millisecond gave fairness
-// 0.82-0.91 and a p99 cycle of 7.1-7.4 ms; 200 µs gave 0.90-0.96 and
-// 5.0-5.9 ms, at the same throughput; 50 µs fell in between.
+// back before asking for the next: the process the kernel woke still has
+// to be scheduled, while this one would ask again within microseconds and
+// win the lock over and over. Without contention it costs nothing. The
+// pause is a nanosleep of the thread (holdBack): time.Sleep wakes about a
+// millisecond late here, which gave fairness and p99 worse than 200 µs.
 const politeDelay = 200 * time.Microsecond
 
-// openWriterQueue opens the side file of the database at path, creating
-// it with the database's own permissions, as SQLite does for its -wal and
-// -shm files, so that every user who may write the database may queue.
-// It opens it read-only, which is all flock needs. It is a file of the
-// module's own, which SQLite never opens: closing it drops no lock of
-// SQLite's, and flock locks belong to the open file, not the process. A side file that this
-// process cannot open (another user's, more private than the database)
-// only costs the queue: the writes go through SQLite's busy handler, as
-// they did before the queue existed. Something at the side file's name
-// that the store must not use (a symbolic link, a FIFO, another user's
-// file: see openSideFile) is refused with a *SideFileError, unchanged.
+// openWriterQueue opens the side file of the database at path, read-only
+// (all flock needs), creating it with the database's permissions so that
+// every user who may write the database may queue. SQLite never opens it,
+// so closing it drops no lock of SQLite's; flock locks belong to the open
+// file. A side file this process cannot open only costs the queue (writes
+// fall back to SQLite's busy handler); one the store must not use
+// (openSideFile) is refused with a *SideFileError.
 func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
 	q := &writerQueue{timeout: timeout}
 	if !haveFileLocks || path == "" {

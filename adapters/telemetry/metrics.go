@@ -14,20 +14,8 @@ import (
 // ScopeName is the instrumentation scope of the module's metrics.
 const ScopeName = "github.com/cleveragents/locks"
 
-// Metrics records lock events as OpenTelemetry metrics:
-//
-//   - locks.events (counter): every event, by event and resource_type;
-//   - locks.takeovers (counter): expired locks taken over;
-//   - locks.acquire.duration (histogram, s): acquire calls by outcome,
-//     waiting for the store included; a wait for the holder (Take or Do
-//     with Wait) records each try on its own;
-//   - locks.wait.duration (histogram, s): whole waits for a holder, by
-//     outcome (acquired, gave_up);
-//   - locks.hold.duration (histogram, s): how long locks released through
-//     a handle were held;
-//   - locks.cleanup.removed (counter): expired locks purged;
-//   - locks.active (gauge): locks active in the store, read when the
-//     metrics are collected.
+// Metrics records lock events as OpenTelemetry metrics: the locks.*
+// instruments that docs/operations.md ("Logs and metrics") lists.
 type Metrics struct {
 	events, takeovers, cleaned metric.Int64Counter
 	acquire, hold, wait        metric.Float64Histogram
