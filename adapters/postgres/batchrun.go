@@ -1,4 +1,4 @@
-package entstore
+package postgres
 
 import (
 	"context"
@@ -6,157 +6,121 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"time"
 
-	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
 
-// PostgresBatching is what the PostgreSQL adapter adds to the batches of
-// a PostgresStore (batch.go).
-type PostgresBatching struct {
-	// EveryBody says whether a batch's error is every member's: the
-	// connection or the server failed, as each member's own statement
-	// would have. Any other error leaves every member to run alone.
-	EveryBody func(error) bool
-	// Notice returns the SQL expression that sends the wake-up of a lock
-	// removed from the resource whose type and id are the expressions typ
-	// and id (pg_notify). Nil: no wake-up.
-	Notice func(typ, id string) string
-	// Unwritten says whether a write's error shows that it wrote nothing:
-	// its statement was never sent, or the server cancelled it (which it
-	// does not do to a commit under way). An acquire whose caller left and
-	// that failed so leaves nothing to undo; any other failure leaves its
-	// outcome unknown, which Close reports. Nil: every failure is unknown.
-	Unwritten func(error) bool
-	// ReleaseCommit is an SQL expression that a batch of releases
-	// evaluates for each lock it removes, for its effect on the commit of
-	// the batch's transaction (the PostgreSQL adapter's lets it return
-	// before the WAL flush). Empty: none.
-	ReleaseCommit string
-	// RowBusy says whether an acquire statement's error is its refusal
-	// to wait longer than rowWait for a lock's row that another
-	// transaction holds (lock_not_available): nothing was written. Nil:
-	// no error is.
-	RowBusy func(error) bool
+// batches runs the writes of a LockRepository in batches (group commit)
+// when others of their kind are in flight, and each alone otherwise, as
+// lone does: the decorator that Options.DisableGroupCommit leaves out.
+type batches struct {
+	frees           *batcher[writeReq, inserted]
+	acquires, takes *batcher[writeReq, made]
+	renewals        *batcher[writeReq, extension]
+	releases        *batcher[releaseReq, bool]
+	group           *batchGroup
+	// life ends at Close, and with it every batch still on its way.
+	life context.Context
+	end  context.CancelFunc
 }
 
-// writeReq is one member of a batch of acquires or renewals: its
-// resource's advisory lock key, its resource, its owner, now and the new
-// expiry as stored, and for a renewal the token (0: by owner).
-type writeReq struct {
-	key          int64
-	ref          domain.ResourceRef
-	owner        string
-	now, expires string
-	token        int64
+// newBatches returns the queues of s's writes, whose batches end with
+// parent; always: see InBatches.
+func newBatches(s *LockRepository, always bool, parent context.Context) *batches {
+	life, end := context.WithCancel(parent)
+	release := releaseBatch(s.notice, releaseCommit)
+	b := &batches{life: life, end: end,
+		frees:    &batcher[writeReq, inserted]{one: s.acquireFreeOne, many: s.acquireFreeMany, undo: s.undoFree},
+		acquires: &batcher[writeReq, made]{one: s.acquireOne, many: s.acquireMany(s.pick(acquireBatchSQL)), undo: s.undoMade},
+		takes:    &batcher[writeReq, made]{one: s.acquireOne, many: s.acquireMany(s.pick(takeBatchSQL)), undo: s.undoMade},
+		renewals: &batcher[writeReq, extension]{one: s.renewOne, many: s.renewMany},
+		releases: &batcher[releaseReq, bool]{one: s.releaseOne, many: s.releaseMany(release)},
+	}
+	b.group = &batchGroup{leftGroup: s.left, kicks: []func(){b.frees.kick, b.acquires.kick, b.takes.kick, b.renewals.kick, b.releases.kick}}
+	b.frees.unwritten, b.acquires.unwritten, b.takes.unwritten = unwritten, unwritten, unwritten
+	for _, k := range b.kinds() {
+		k.set(always, life, b.group)
+	}
+	return b
 }
 
-// releaseReq is one member of a batch of releases: by owner (token 0) or
-// by token, active at now.
-type releaseReq struct {
-	ref   domain.ResourceRef
-	owner string
-	token int64
-	now   string
+// kinds are b's queues, one per kind of write.
+func (b *batches) kinds() []interface {
+	set(always bool, life context.Context, g *batchGroup)
+	queued() int
+	writeStats() WriteStats
+} {
+	return []interface {
+		set(always bool, life context.Context, g *batchGroup)
+		queued() int
+		writeStats() WriteStats
+	}{b.frees, b.acquires, b.takes, b.renewals, b.releases}
 }
 
-// inserted is the outcome of acquireFreeSQL for one caller.
-type inserted struct {
-	token int64
-	ok    bool // false: the resource has a row
-	// version is the row version a batch wrote (its xmin), for undo.
-	version string
+func (b *batches) free(ctx context.Context, r writeReq) (inserted, error) {
+	return b.frees.do(ctx, r.ref, r)
 }
 
-// made is the outcome of acquireSQL or takeSQL for one caller.
-type made struct {
-	a       application.Acquisition
-	decided bool   // false: no row came back
-	version string // the row version a batch inserted (its xmin), for undo
+func (b *batches) acquire(ctx context.Context, r writeReq) (made, error) {
+	if r.take {
+		return b.takes.do(ctx, r.ref, r)
+	}
+	return b.acquires.do(ctx, r.ref, r)
 }
 
-// extension is the outcome of renewSQL or renewTokenSQL for one caller.
-type extension struct {
-	token    int64
-	times    [2]string // acquired, expires
-	extended bool      // false: no row came back
+func (b *batches) acquireAlone(ctx context.Context, r writeReq) (made, error) {
+	if r.take {
+		return b.takes.runAlone(ctx, r)
+	}
+	return b.acquires.runAlone(ctx, r)
 }
 
-// batchers are the queues of a PostgresStore's writes.
-type batchers struct {
-	free          *batcher[writeReq, inserted]
-	acquire, take *batcher[writeReq, made]
-	renew         *batcher[writeReq, extension]
-	release       *batcher[releaseReq, bool]
-	group         *batchGroup
+func (b *batches) renew(ctx context.Context, r writeReq) (extension, error) {
+	return b.renewals.do(ctx, r.ref, r)
 }
+
+func (b *batches) release(ctx context.Context, r releaseReq) (bool, error) {
+	return b.releases.do(ctx, r.ref, r)
+}
+
+func (b *batches) stop() { b.end() }
 
 // InBatches returns a view of s, on the same database, that runs every
 // acquire, renewal and release through its batch statement, even alone,
 // and returns the statement's errors as they are: for the contract suite,
 // which holds the batch statements to the rules state by state, as it
 // holds the lone ones.
-func (s *PostgresStore) InBatches() *PostgresStore {
-	v := &PostgresStore{Store: s.Store, key: s.key, batching: s.batching, life: s.life, stop: s.stop, undoSQL: s.undoSQL}
-	v.batch = v.newBatchers(s.batching, true)
+func (s *LockRepository) InBatches() *LockRepository {
+	v := &LockRepository{Store: s.Store, db: s.db, localTime: s.localTime, left: &leftGroup{}, undoSQL: s.undoSQL, notice: s.notice}
+	parent := context.Background()
+	if b, ok := s.w.(*batches); ok {
+		parent = b.life
+	}
+	v.w = newBatches(v, true, parent)
 	return v
-}
-
-// newBatchers returns s's queues; always: see InBatches.
-func (s *PostgresStore) newBatchers(p PostgresBatching, always bool) batchers {
-	every := p.EveryBody
-	if every == nil {
-		every = func(error) bool { return true }
-	}
-	release := releaseBatch(p.Notice, p.ReleaseCommit)
-	undo := func(r writeReq, a made) bool {
-		if a.decided && !a.a.Reentered && a.version != "" {
-			return s.undo(r.ref, a.a.Lock.Token, a.version)
-		}
-		return true
-	}
-	b := batchers{
-		free: &batcher[writeReq, inserted]{one: s.acquireFreeOne, many: s.acquireFreeMany, everyBody: every,
-			undo: func(r writeReq, in inserted) bool {
-				if in.ok {
-					return s.undo(r.ref, in.token, in.version)
-				}
-				return true
-			}},
-		acquire: &batcher[writeReq, made]{one: s.acquireOne(s.pick(acquireSQL)), many: s.acquireMany(s.pick(acquireBatchSQL)),
-			everyBody: every, undo: undo},
-		take: &batcher[writeReq, made]{one: s.acquireOne(s.pick(takeSQL)), many: s.acquireMany(s.pick(takeBatchSQL)),
-			everyBody: every, undo: undo},
-		renew:   &batcher[writeReq, extension]{one: s.renewOne, many: s.renewMany, everyBody: every},
-		release: &batcher[releaseReq, bool]{one: s.releaseOne, many: s.releaseMany(release), everyBody: every},
-	}
-	b.free.always, b.acquire.always, b.take.always, b.renew.always, b.release.always = always, always, always, always, always
-	b.free.life, b.acquire.life, b.take.life, b.renew.life, b.release.life = s.life, s.life, s.life, s.life, s.life
-	b.free.unwritten, b.acquire.unwritten, b.take.unwritten = p.Unwritten, p.Unwritten, p.Unwritten
-	g := &batchGroup{kicks: []func(){b.free.kick, b.acquire.kick, b.take.kick, b.renew.kick, b.release.kick}}
-	b.free.group, b.acquire.group, b.take.group, b.renew.group, b.release.group = g, g, g, g, g
-	b.group = g
-	return b
 }
 
 // Queued returns how many writes wait in s's queues for the next batch:
 // a measure of the load, which is zero while every write finds nothing of
-// its kind in flight.
-func (s *PostgresStore) Queued() int {
+// its kind in flight, and always without group commit.
+func (s *LockRepository) Queued() int {
 	n := 0
-	for _, q := range []interface{ queued() int }{s.batch.free, s.batch.acquire, s.batch.take, s.batch.renew, s.batch.release} {
-		n += q.queued()
+	if b, ok := s.w.(*batches); ok {
+		for _, k := range b.kinds() {
+			n += k.queued()
+		}
 	}
 	return n
 }
 
 // WriteStats returns the counts of s's acquires, renewals and releases
-// so far.
-func (s *PostgresStore) WriteStats() WriteStats {
+// so far; none without group commit.
+func (s *LockRepository) WriteStats() WriteStats {
 	var w WriteStats
-	for _, q := range []interface{ writeStats() WriteStats }{s.batch.free, s.batch.acquire, s.batch.take, s.batch.renew, s.batch.release} {
-		w.add(q.writeStats())
+	if b, ok := s.w.(*batches); ok {
+		for _, k := range b.kinds() {
+			w.add(k.writeStats())
+		}
 	}
 	return w
 }
@@ -165,35 +129,6 @@ func (s *PostgresStore) WriteStats() WriteStats {
 // again.
 const badConnAgain = 3
 
-// undoTimeout bounds the release of a lock acquired for a caller that
-// left: past it, the lock expires on its own.
-const undoTimeout = 10 * time.Second
-
-// undo releases the lock token on ref, acquired in a batch for a caller
-// that had left, if its row is still the version the batch wrote (its
-// xmin, the batch's transaction): the same owner's next acquire re-enters
-// it, which keeps the token, and that caller holds it; its update writes
-// a new version, even when its times are the batch's to the microsecond
-// (a clock that stands still, two calls in one microsecond).
-//
-// It reports whether the database answered (whether or not the version
-// was still there to release).
-func (s *PostgresStore) undo(ref domain.ResourceRef, token int64, version string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
-	defer cancel()
-	n, err := writeStatement(ctx, s.Store, func(ctx context.Context) (int64, error) {
-		res, err := s.write.ExecContext(ctx, s.undoSQL, token, version)
-		if err != nil {
-			return 0, err
-		}
-		return res.RowsAffected()
-	})
-	if err == nil && n > 0 {
-		s.occupied.note(ref, false)
-	}
-	return err == nil
-}
-
 // scanBatch runs a batch statement and sets the outcome of each member
 // that a row names, as scan reads it, or leaves it to run alone. A member
 // that no row names keeps the zero outcome, which is always safe to act
@@ -201,14 +136,14 @@ func (s *PostgresStore) undo(ref domain.ResourceRef, token int64, version string
 // (to Update) or removed (there was nothing of the caller's to remove);
 // with unnamedAlone, it runs its own statement instead (an acquire the
 // batch could not decide: acquireMany).
-func scanBatch[Req, Res any](ctx context.Context, s *PostgresStore, ops []*batchOp[Req, Res], query string, args []any, unnamedAlone bool,
+func scanBatch[Req, Res any](ctx context.Context, s *LockRepository, ops []*batchOp[Req, Res], query string, args []any, unnamedAlone bool,
 	scan func(rows *sql.Rows) (n int64, res Res, alone bool, err error)) error {
-	rows, err := s.write.QueryContext(ctx, query, args...)
+	rows, err := s.db.QueryContext(ctx, query, args...)
 	// A connection the driver knew to be bad was not sent the statement:
 	// the batch runs again, on another (see the PostgreSQL adapter's
 	// retryable).
 	for again := 0; errors.Is(err, driver.ErrBadConn) && again < badConnAgain; again++ {
-		rows, err = s.write.QueryContext(ctx, query, args...)
+		rows, err = s.db.QueryContext(ctx, query, args...)
 	}
 	if err != nil {
 		return err
@@ -269,23 +204,8 @@ func writeArgs[Res any](ops []*batchOp[writeReq, Res], withToken bool) []any {
 	return []any{keys, types, ids, owners, nows, expires}
 }
 
-// acquireFreeOne runs acquireFreeSQL for one caller.
-func (s *PostgresStore) acquireFreeOne(ctx context.Context, r writeReq) (inserted, error) {
-	return writeStatement(ctx, s.Store, func(ctx context.Context) (inserted, error) {
-		var (
-			token   int64
-			version string
-		)
-		err := s.write.QueryRowContext(ctx, acquireFreeSQL, r.key, string(r.ref.Type), r.ref.ID, r.owner, r.now, r.expires).Scan(&token, &version)
-		if errors.Is(err, sql.ErrNoRows) {
-			return inserted{}, nil
-		}
-		return inserted{token: token, ok: err == nil, version: version}, err
-	})
-}
-
 // acquireFreeMany runs acquireFreeBatchSQL.
-func (s *PostgresStore) acquireFreeMany(ctx context.Context, ops []*batchOp[writeReq, inserted]) error {
+func (s *LockRepository) acquireFreeMany(ctx context.Context, ops []*batchOp[writeReq, inserted]) error {
 	return scanBatch(ctx, s, ops, acquireFreeBatchSQL, writeArgs(ops, false), false, func(rows *sql.Rows) (int64, inserted, bool, error) {
 		var (
 			n       int64
@@ -297,37 +217,12 @@ func (s *PostgresStore) acquireFreeMany(ctx context.Context, ops []*batchOp[writ
 	})
 }
 
-// acquireOne returns the lone run of statement, acquireSQL or takeSQL.
-func (s *PostgresStore) acquireOne(statement string) func(context.Context, writeReq) (made, error) {
-	return func(ctx context.Context, r writeReq) (made, error) {
-		return writeStatement(ctx, s.Store, func(ctx context.Context) (made, error) {
-			rows, err := s.write.QueryContext(ctx, statement, r.key, string(r.ref.Type), r.ref.ID, r.owner, r.now, r.expires)
-			if err != nil {
-				return made{}, err
-			}
-			defer rows.Close()
-			if !rows.Next() {
-				if err := rows.Err(); err != nil {
-					return made{}, err
-				}
-				return made{}, rows.Close()
-			}
-			a, version, err := scanAcquisition(rows, r.ref, r.owner)
-			if err != nil {
-				return made{}, err
-			}
-			return made{a: a, decided: true, version: version}, rows.Close()
-		})
-	}
-}
-
 // acquireMany returns the batch run of statement, acquireBatchSQL or
 // takeBatchSQL. A member that the statement did not decide (its
 // resource's advisory lock or its row was busy) runs its own statement,
 // which waits for them, rather than going straight to Update: a lone
-// statement whose caller leaves is undone like a batch's (runOne), and
-// an Update transaction cut during its commit is not.
-func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*batchOp[writeReq, made]) error {
+// statement whose caller leaves is undone like a batch's (runOne).
+func (s *LockRepository) acquireMany(statement string) func(context.Context, []*batchOp[writeReq, made]) error {
 	return func(ctx context.Context, ops []*batchOp[writeReq, made]) error {
 		return scanBatch(ctx, s, ops, statement, writeArgs(ops, false), true, func(rows *sql.Rows) (int64, made, bool, error) {
 			var (
@@ -355,25 +250,8 @@ func (s *PostgresStore) acquireMany(statement string) func(context.Context, []*b
 	}
 }
 
-// renewOne runs renewSQL, or renewTokenSQL for a token, for one caller.
-func (s *PostgresStore) renewOne(ctx context.Context, r writeReq) (extension, error) {
-	query, args := renewSQL, []any{r.key, string(r.ref.Type), r.ref.ID, r.owner, r.now, r.expires}
-	if r.token != 0 {
-		query, args = renewTokenSQL, append(args, r.token)
-	}
-	return writeStatement(ctx, s.Store, func(ctx context.Context) (extension, error) {
-		var e extension
-		err := s.write.QueryRowContext(ctx, query, args...).Scan(&e.token, &e.times[0], &e.times[1])
-		if errors.Is(err, sql.ErrNoRows) {
-			return extension{}, nil
-		}
-		e.extended = err == nil
-		return e, err
-	})
-}
-
 // renewMany runs renewBatchSQL.
-func (s *PostgresStore) renewMany(ctx context.Context, ops []*batchOp[writeReq, extension]) error {
+func (s *LockRepository) renewMany(ctx context.Context, ops []*batchOp[writeReq, extension]) error {
 	return scanBatch(ctx, s, ops, renewBatchSQL, writeArgs(ops, true), false, func(rows *sql.Rows) (int64, extension, bool, error) {
 		var (
 			n     int64
@@ -386,22 +264,9 @@ func (s *PostgresStore) renewMany(ctx context.Context, ops []*batchOp[writeReq, 
 	})
 }
 
-// releaseOne runs the Store's release by owner or by token for one
-// caller, and returns whether it removed the lock.
-func (s *PostgresStore) releaseOne(ctx context.Context, r releaseReq) (bool, error) {
-	var n int64
-	var err error
-	if r.token == 0 {
-		n, err = s.deleteOwned(ctx, r.ref, r.owner)
-	} else {
-		n, err = s.deleteToken(ctx, r.ref, r.token, r.now)
-	}
-	return n > 0, err
-}
-
 // releaseMany returns the batch run of releaseBatchSQL as written with the
 // backend's wake-up, query.
-func (s *PostgresStore) releaseMany(query string) func(context.Context, []*batchOp[releaseReq, bool]) error {
+func (s *LockRepository) releaseMany(query string) func(context.Context, []*batchOp[releaseReq, bool]) error {
 	return func(ctx context.Context, ops []*batchOp[releaseReq, bool]) error {
 		var (
 			types, ids = make([]string, len(ops)), make([]string, len(ops))
