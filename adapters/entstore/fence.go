@@ -25,11 +25,9 @@ type Querier interface {
 // CheckFence checks, inside the caller's transaction q on the database of
 // the locks, that f.Owner still holds the lock on f.Resource with token
 // f.Token and that it has not expired at now (the lock service's clock:
-// active while now < expires_at). holds is the database's check, which
-// must also keep that lock from changing hands until q ends (now as
-// stored): the caller then writes what the lock protects in the same
-// transaction and commits, and the write lands while the lock is held, or
-// not at all. Each adapter's CheckFence says how it keeps the lock.
+// active while now < expires_at), with holds, the database's check, which
+// also keeps that lock from changing hands until q ends (see the
+// adapters' CheckFence).
 //
 // Errors: *domain.ValidationError for a malformed fence or a zero now;
 // *domain.LockLostError (matching domain.ErrExpired) when the fence does

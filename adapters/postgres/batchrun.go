@@ -44,17 +44,16 @@ func newBatches(s *LockRepository, always bool, parent context.Context) *batches
 	return b
 }
 
-// kinds are b's queues, one per kind of write.
-func (b *batches) kinds() []interface {
+// queue is a batcher of any kind.
+type queue interface {
 	set(always bool, life context.Context, g *batchGroup)
 	queued() int
 	writeStats() WriteStats
-} {
-	return []interface {
-		set(always bool, life context.Context, g *batchGroup)
-		queued() int
-		writeStats() WriteStats
-	}{b.frees, b.acquires, b.takes, b.renewals, b.releases}
+}
+
+// kinds are b's queues, one per kind of write.
+func (b *batches) kinds() []queue {
+	return []queue{b.frees, b.acquires, b.takes, b.renewals, b.releases}
 }
 
 func (b *batches) free(ctx context.Context, r writeReq) (inserted, error) {

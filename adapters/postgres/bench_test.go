@@ -82,7 +82,8 @@ func benchService(b *testing.B, callers int) {
 
 // BenchmarkGroupCommit compares the store with and without group commit
 // (Options.DisableGroupCommit), each through a lock service on the
-// server's clock, cycling as BenchmarkCycle's Service does. Run it
+// server's clock with the store's wake-ups, as locks.Open makes it,
+// cycling as BenchmarkCycle's Service does. Run it
 // interleaved, the one beside the other:
 //
 //	go test -c -o /tmp/pg.test ./adapters/postgres
@@ -117,6 +118,7 @@ func benchStore(b *testing.B, callers int, opts postgres.Options) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	svc.SetWakeups(db.Wakeups()) // as locks.Open does
 	runCycles(b, callers, server, func(ref domain.ResourceRef) error {
 		if _, err := svc.Acquire(ctx, "bench", ref, 5*time.Minute); err != nil {
 			return err

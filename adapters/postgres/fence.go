@@ -11,13 +11,9 @@ import (
 	"github.com/cleveragents/locks/application"
 )
 
-// CheckFence checks, inside the caller's transaction q on the database of
-// the locks, that f.Owner still holds the lock on f.Resource with token
-// f.Token and that it has not expired at now (the lock service's clock:
-// active while now < expires_at), and keeps that lock from changing hands
-// until q ends. The caller then writes what the lock protects in the same
-// transaction and commits: the write lands while the lock is held, or not
-// at all.
+// CheckFence is Container.CheckFence's check on PostgreSQL, in the
+// caller's transaction q (entstore.CheckFence): that f's lock is held and
+// active at now, kept from changing hands until q ends.
 //
 // The check is a SELECT of that row FOR KEY SHARE. The row lock is held
 // until q ends: it makes the DELETE of a release, a takeover or a cleanup

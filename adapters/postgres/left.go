@@ -6,15 +6,8 @@ import (
 	"time"
 )
 
-// The writes whose callers leave. A write whose context ends could be cut
-// after the server committed it, unseen, and a lock acquired for a caller
-// that was told it failed would hold its resource until its TTL. The
-// writes that can be undone (acquires, and Update's transactions) go on
-// to their answers instead (outlive), and what they acquired is undone;
-// Close waits for them.
-
-// leftGroup counts a store's writes whose callers left, and what Close
-// waits for.
+// leftGroup counts a store's writes whose callers left and that go on to
+// their answers (outlive), and what Close waits for.
 type leftGroup struct {
 	mu sync.Mutex
 	// left counts the writes whose callers left and that go on to their

@@ -12,13 +12,9 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// CheckFence checks, inside the caller's transaction q on the database of
-// the locks, that f.Owner still holds the lock on f.Resource with token
-// f.Token and that it has not expired at now (the lock service's clock:
-// active while now < expires_at), and keeps that lock from changing hands
-// until q ends. The caller then writes what the lock protects in the same
-// transaction and commits: the write lands while the lock is held, or not
-// at all.
+// CheckFence is Container.CheckFence's check on SQLite, in the caller's
+// transaction q (entstore.CheckFence): that f's lock is held and active
+// at now, kept from changing hands until q ends.
 //
 // The check is one UPDATE of the lock row that changes nothing but must
 // match id, owner, resource and an unexpired expires_at. Running it takes
