@@ -9,9 +9,10 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Group commit on PostgreSQL. A write that finds nothing of its kind in
-// flight runs alone, as its own statement, so that a lone caller pays no
-// more than before. One that arrives while writes of its kind are in
+// Group commit on PostgreSQL, a decorator of the one-statement writes
+// (lone) that Options.DisableGroupCommit leaves out. A write that finds
+// nothing of its kind in flight runs alone, as its own statement, so that
+// a lone caller pays for one statement only. One that arrives while writes of its kind are in
 // flight joins a queue, and batches carry the queue, one at a time, each
 // in one statement over arrays (unnest): one round trip and one commit
 // for all of them, each member decided row by row by the same rule as its

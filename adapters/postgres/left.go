@@ -30,12 +30,11 @@ type leftGroup struct {
 // resource, or on a server that stopped answering) would otherwise hold
 // its connection for leftTimeout, and callers that give up and try again
 // could take the whole pool from the other calls. Past the bound, a
-// caller's statement is cut when it leaves, as before the undo: if it
-// committed all the same, its lock lasts until its TTL. With maxDetached
-// batches, that leaves at least four of the pool's ten connections to the
-// other calls. Two proved too few: under a burst of cancellations on a
-// loaded machine, statements outlived their callers three and four at a
-// time and were cut.
+// caller's statement is cut when it leaves: if it committed all the same,
+// its lock lasts until its TTL. With maxDetached batches, that leaves at
+// least four of the pool's ten connections to the other calls; under a
+// burst of cancellations on a loaded machine, statements outlive their
+// callers three and four at a time.
 const maxLeft = 4
 
 // tryLeave counts one more write whose caller left and that goes on, if

@@ -30,11 +30,10 @@ var errCallerLeft = errors.New("the caller left before the decision stood")
 // it writes nothing; if it inserted a lock, that acquisition is undone by
 // its token and row version, so that a later re-entry of the same owner
 // is spared. A renewal or a re-entry that commits stands, as in a batch
-// (outlive). These
-// transactions count among the maxLeft that may outlive their callers;
-// past the bound, the transaction is cut as before, and undone only if
-// its answer still says that it inserted. Close waits for them as for the
-// lone acquires.
+// (outlive). These transactions count among the maxLeft that may outlive
+// their callers; past the bound, the transaction is cut, and undone only
+// if its answer still says that it inserted. Close waits for them as for
+// the lone acquires.
 func (s *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
 	if err := ctx.Err(); err != nil {
 		return domain.Lock{}, s.Failed(ctx, err, "update lock on", ref)
