@@ -1,9 +1,10 @@
-// Package entstore is the lock store shared by every SQL database the
-// module runs on: the repository over the Ent schema, its statements and
-// its transactions. A database adapter (sqlite, postgres) opens the
-// connections, applies its migrations and supplies a Backend: how it
-// queues and retries writes, how it keeps two updates of one resource
-// apart, and how it explains its errors.
+// Package entstore is what the SQL databases share: the repository over
+// the Ent schema, its statements written by Ent's builder in the
+// adapter's dialect, its transactions, the part of a fence check that
+// does not depend on the database, and the migrations' bookkeeping. It
+// knows no database: an adapter (sqlite, postgres) opens the connections,
+// applies its migrations and supplies a Backend (how it runs and retries
+// writes, and explains its errors), and adds its own statements on top.
 package entstore
 
 import (
