@@ -25,6 +25,8 @@ var errNoSQL = errors.New("the locks are kept in this process's memory (MemoryDa
 // fencer is what CheckFence needs to know of the container's database.
 type fencer struct {
 	dialect     string // Ent's name of the database; "" for memory
+	check       func(ctx context.Context, q Querier, f application.Fence, now time.Time) error
+	stale       func(f application.Fence, isolation string, held *domain.Lock, cause error) *domain.StaleSnapshotError
 	formatError func(op string, err error) error
 	// snapshotConflict reports a refusal of the check because the caller's
 	// transaction's snapshot is older than a change of the lock; nil
@@ -38,8 +40,8 @@ type fencer struct {
 // keeps that lock from changing hands until tx ends, so that whatever the
 // caller writes in tx and commits was written while the lock was held.
 // A plan store calls it in Persist, for every fence in order, before it
-// writes (docs/lifecycle.md); entstore.CheckFence says how it works on
-// each database.
+// writes (docs/lifecycle.md); the adapters' CheckFence say how it works
+// on each database.
 //
 // Errors: *domain.ValidationError for a malformed fence;
 // *domain.LockLostError (matching domain.ErrExpired) when the fence does
@@ -60,7 +62,7 @@ func (c *Container) CheckFence(ctx context.Context, tx Querier, f application.Fe
 		return &domain.StoreError{Op: op, Kind: domain.StoreInternal, Err: errNoSQL}
 	}
 	now := c.Locks.Now()
-	err := entstore.CheckFence(ctx, tx, c.fence.dialect, f, now)
+	err := c.fence.check(ctx, tx, f, now)
 	if err == nil {
 		return nil
 	}
@@ -95,7 +97,7 @@ func (c *Container) explainStale(ctx context.Context, f application.Fence, now t
 		if c.fence.dialect == dialect.SQLite {
 			return c.sqliteStale(f, &cur, err)
 		}
-		return entstore.StaleFence(f, isolation, &cur, cause)
+		return c.fence.stale(f, isolation, &cur, cause)
 	case gerr == nil:
 		return entstore.FenceLost(f, &cur, now)
 	case errors.Is(gerr, domain.ErrNotFound):
@@ -106,7 +108,7 @@ func (c *Container) explainStale(ctx context.Context, f application.Fence, now t
 	if c.fence.dialect == dialect.SQLite {
 		stale = c.sqliteStale(f, nil, err)
 	} else {
-		stale = entstore.StaleFence(f, isolation, nil, cause)
+		stale = c.fence.stale(f, isolation, nil, cause)
 	}
 	stale.Err = errors.Join(cause, fmt.Errorf("reading the lock outside the transaction: %w", gerr))
 	return stale

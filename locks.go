@@ -196,14 +196,14 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 		c, cleanup, err = openMemory(ctx, cfg)
 	case kindSQLite:
 		c, cleanup, err = openSQLite(ctx, cfg)
-		f = fencer{dialect: dialect.SQLite, formatError: sqlite.FormatError, snapshotConflict: sqlite.SnapshotConflict}
+		f = fencer{dialect: dialect.SQLite, check: sqlite.CheckFence, formatError: sqlite.FormatError, snapshotConflict: sqlite.SnapshotConflict}
 	default:
 		b, ok := backend.Lookup(kind)
 		if !ok {
 			return nil, notLinked()
 		}
 		c, cleanup, err = openBackend(ctx, cfg, b)
-		f = fencer{dialect: b.Dialect, formatError: b.FormatError, snapshotConflict: b.SnapshotConflict}
+		f = fencer{dialect: b.Dialect, check: b.CheckFence, stale: b.StaleFence, formatError: b.FormatError, snapshotConflict: b.SnapshotConflict}
 	}
 	if err != nil {
 		return nil, err

@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/wire"
 
-	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
@@ -27,7 +26,7 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 		provideSQLiteWriter,
 		provideSQLiteWakeups,
 		sqlite.NewLockRepository,
-		wire.Bind(new(application.LockRepository), new(*entstore.FreeFirstStore)),
+		wire.Bind(new(application.LockRepository), new(*sqlite.LockRepository)),
 	)
 	return nil, nil, nil
 }

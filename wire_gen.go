@@ -20,16 +20,16 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	freeFirstStore := sqlite.NewLockRepository(db)
+	lockRepository := sqlite.NewLockRepository(db)
 	clock := provideClock(cfg)
 	wakeups := provideSQLiteWakeups(db)
-	lockService, cleanup2, err := provideService(freeFirstStore, clock, wakeups, cfg)
+	lockService, cleanup2, err := provideService(lockRepository, clock, wakeups, cfg)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
 	locksAppWriter := provideSQLiteWriter(db)
-	container, cleanup3, err := newContainer(ctx, lockService, freeFirstStore, clock, cfg, locksShutdown, locksAppWriter)
+	container, cleanup3, err := newContainer(ctx, lockService, lockRepository, clock, cfg, locksShutdown, locksAppWriter)
 	if err != nil {
 		cleanup2()
 		cleanup()

@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -12,46 +13,60 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestWriteBodies_KeepNoStateOfTheirOwn reads this package's source: a
-// write body (a function literal given to writeOne, inTx or
-// writeStatement) may run several times, and only its last run counts, so
-// it must return its outcome rather than assign a variable of its caller,
-// which a run that was rolled back would leave behind for the run that
-// stands (an insert's token, a refusal).
+// TestWriteBodies_KeepNoStateOfTheirOwn reads the source of this package
+// and of the adapters that use it: a write body (a function literal given
+// to WriteOne, inTx or an adapter's writeStatement) may run several times,
+// and only its last run counts, so it must return its outcome rather than
+// assign a variable of its caller, which a run that was rolled back would
+// leave behind for the run that stands (an insert's token, a refusal).
 func TestWriteBodies_KeepNoStateOfTheirOwn(t *testing.T) {
 	fset := token.NewFileSet()
-	entries, err := os.ReadDir(".")
-	require.NoError(t, err)
 	bodies := 0
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+	for _, dir := range []string{".", "../postgres", "../sqlite"} {
+		entries, err := os.ReadDir(dir)
 		require.NoError(t, err)
-		ast.Inspect(f, func(n ast.Node) bool {
-			call, ok := n.(*ast.CallExpr)
-			if !ok {
-				return true
+		for _, e := range entries {
+			name := e.Name()
+			if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+				continue
 			}
-			fn, ok := call.Fun.(*ast.Ident)
-			if !ok || (fn.Name != "writeOne" && fn.Name != "inTx" && fn.Name != "writeStatement") {
-				return true
-			}
-			for _, arg := range call.Args {
-				if lit, ok := arg.(*ast.FuncLit); ok {
-					bodies++
-					for _, w := range capturedWrites(lit) {
-						assert.Fail(t, "a write body assigns a variable of its caller",
-							"%s: %s: return it as the body's outcome instead", fset.Position(w.Pos()), w.Name)
+			f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, parser.SkipObjectResolution)
+			require.NoError(t, err)
+			ast.Inspect(f, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok || !writes[calledName(call.Fun)] {
+					return true
+				}
+				for _, arg := range call.Args {
+					if lit, ok := arg.(*ast.FuncLit); ok {
+						bodies++
+						for _, w := range capturedWrites(lit) {
+							assert.Fail(t, "a write body assigns a variable of its caller",
+								"%s: %s: return it as the body's outcome instead", fset.Position(w.Pos()), w.Name)
+						}
 					}
 				}
-			}
-			return true
-		})
+				return true
+			})
+		}
 	}
 	assert.GreaterOrEqual(t, bodies, 7, "the write bodies were not found: the check checks nothing")
+}
+
+// writes are the functions that run write bodies.
+var writes = map[string]bool{"WriteOne": true, "inTx": true, "writeStatement": true}
+
+// calledName is the name of the function that fun calls: f, pkg.f, f[T].
+func calledName(fun ast.Expr) string {
+	switch f := fun.(type) {
+	case *ast.Ident:
+		return f.Name
+	case *ast.SelectorExpr:
+		return f.Sel.Name
+	case *ast.IndexExpr:
+		return calledName(f.X)
+	}
+	return ""
 }
 
 // capturedWrites returns the identifiers that lit assigns (as a whole, or

@@ -10,23 +10,26 @@ import (
 // over, which costs at most one write-locked refusal per resource.
 const maxContended = 4096
 
-// contention remembers the resources whose last acquire or renew in this
-// process was refused because another owner held them. It is only a hint
-// for where a plain read is likely to save a write; it never decides.
-type contention struct {
+// Contention remembers resources: those whose last acquire or renew in
+// this process was refused because another owner held them (Store's),
+// or any other set an adapter keeps. It is only a hint for where a plain
+// read is likely to save a write; it never decides. The zero value is
+// empty.
+type Contention struct {
 	mu   sync.Mutex
 	refs map[domain.ResourceRef]struct{}
 }
 
-func (c *contention) has(ref domain.ResourceRef) bool {
+// Has says whether ref is remembered.
+func (c *Contention) Has(ref domain.ResourceRef) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	_, ok := c.refs[ref]
 	return ok
 }
 
-// note records whether the resource was just refused.
-func (c *contention) note(ref domain.ResourceRef, refused bool) {
+// Note remembers ref, or forgets it.
+func (c *Contention) Note(ref domain.ResourceRef, refused bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -38,3 +41,6 @@ func (c *contention) note(ref domain.ResourceRef, refused bool) {
 		c.refs[ref] = struct{}{}
 	}
 }
+
+// Contended is the store's memory of the resources just refused.
+func (s *Store) Contended() *Contention { return &s.contended }

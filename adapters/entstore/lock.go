@@ -1,13 +1,14 @@
 package entstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"runtime"
+	"slices"
 	"time"
 
-	"entgo.io/ent/dialect"
 	entsql "entgo.io/ent/dialect/sql"
 
 	"github.com/cleveragents/locks/application"
@@ -32,31 +33,44 @@ const updateAttempts = 3
 
 // Update implements application.LockRepository. The read and the write
 // share one transaction that no other Update of the resource can enter
-// (an immediate transaction on SQLite, an advisory lock on PostgreSQL), so
-// nothing can slip in between; a release or a cleanup that changed the row
-// meanwhile makes the Update decide again.
+// (the backend's write lock, or TxSteps.First), so nothing can slip in
+// between; a release or a cleanup that changed the row meanwhile makes
+// the Update decide again.
 //
 // A refusal needs no write, and a resource that was just refused is likely
 // to be refused again: for those the decision is first taken on a plain
-// read, which does not wait for writers (WAL on SQLite, MVCC on
-// PostgreSQL). Pollers of a held lock then neither queue behind the
-// holder's release nor wait for the database's write lock (SQLite's
-// sleeping busy handler). The refusal is exact: the lock it names was
-// stored and active at the read. Anything else is decided again under the
-// write lock.
+// read, which does not wait for writers. Pollers of a held lock then
+// neither queue behind the holder's release nor wait for the database's
+// write lock. The refusal is exact: the lock it names was stored and
+// active at the read. Anything else is decided again under the write
+// lock.
 func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
-	return s.update(ctx, ref, decide, nil)
+	l, _, err := s.UpdateTx(ctx, ref, decide, TxSteps{})
+	return l, err
 }
 
-// update is Update. When inserted is not nil, it is set to the row
-// version (PostgreSQL's xmin) of the lock that the run that stands
-// inserted, read in its transaction, so that the acquisition can be
-// undone by its token and version (PostgresStore.Update).
-func (s *Store) update(ctx context.Context, ref domain.ResourceRef, decide application.Decide, inserted *string) (domain.Lock, error) {
-	if s.contended.has(ref) {
-		cur, err := s.readLock(ctx, ref)
+// TxSteps are a database's own steps in an Update's transaction.
+type TxSteps struct {
+	// First runs before the read, and must keep every other Update of
+	// the resource out until the transaction ends.
+	First func(ctx context.Context, tx *sql.Tx) error
+	// Replacing runs before a change of hands removes cur, the lock the
+	// decision was taken on. An error of it that matches
+	// domain.ErrConflict refuses the change, as the decision's own error.
+	Replacing func(ctx context.Context, tx *sql.Tx, cur *domain.Lock, change application.Change) error
+	// Inserted runs after a new lock is inserted, and returns a note on
+	// it (such as the row's version) that UpdateTx returns.
+	Inserted func(ctx context.Context, tx *sql.Tx, l domain.Lock) (string, error)
+}
+
+// UpdateTx is Update with the database's own steps in its transaction.
+// It returns, with the lock, the note of Inserted from the run that
+// stands ("" when that run inserted nothing).
+func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide application.Decide, steps TxSteps) (domain.Lock, string, error) {
+	if s.contended.Has(ref) {
+		cur, err := s.ReadLock(ctx, ref)
 		if err != nil {
-			return domain.Lock{}, s.explain(ctx, err, "read lock on "+ref.String())
+			return domain.Lock{}, "", s.explain(ctx, err, "read lock on "+ref.String())
 		}
 		if _, err := decide(cur); errors.Is(err, domain.ErrConflict) {
 			// A caller refused here is likely to ask again at once; on a
@@ -65,25 +79,25 @@ func (s *Store) update(ctx context.Context, ref domain.ResourceRef, decide appli
 			// refusal took 8 pollers of one resource from 1.04 ms to
 			// 0.32 ms per hand-over (BenchmarkOneResource/ServicePolling).
 			runtime.Gosched()
-			return domain.Lock{}, err
+			return domain.Lock{}, "", err
 		}
 	}
 	var (
-		out domain.Lock
+		out written
 		err error
 	)
 	for attempt := 1; attempt <= updateAttempts; attempt++ {
-		out, err = inTx(ctx, s, ref, func(ctx context.Context, tx *sql.Tx) (domain.Lock, error) {
-			cur, err := scanLock(s.on(ctx, tx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
+		out, err = inTx(ctx, s, steps.First, func(ctx context.Context, tx *sql.Tx) (written, error) {
+			cur, err := scanLock(s.On(ctx, tx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
 			if err != nil {
-				return domain.Lock{}, err
+				return written{}, err
 			}
 			change, err := decide(cur)
-			s.contended.note(ref, errors.Is(err, domain.ErrConflict))
+			s.contended.Note(ref, errors.Is(err, domain.ErrConflict))
 			if err != nil {
-				return domain.Lock{}, decided{err}
+				return written{}, decided{err}
 			}
-			return s.apply(ctx, tx, ref, cur, change, inserted)
+			return s.apply(ctx, tx, ref, cur, change, steps)
 		})
 		if !errors.Is(err, errRowChanged) {
 			break
@@ -93,12 +107,19 @@ func (s *Store) update(ctx context.Context, ref domain.ResourceRef, decide appli
 	// joined, wrapped or explained. It comes from the run that stands, as
 	// the write's error does.
 	if d, ok := errors.AsType[decided](err); ok {
-		return domain.Lock{}, d.err
+		return domain.Lock{}, "", d.err
 	}
 	if err != nil {
-		return domain.Lock{}, s.failed(ctx, err, "update lock on", ref)
+		return domain.Lock{}, "", s.Failed(ctx, err, "update lock on", ref)
 	}
-	return out, nil
+	return out.lock, out.note, nil
+}
+
+// written is what one run of an Update's transaction wrote: the lock as
+// stored, and the note of TxSteps.Inserted.
+type written struct {
+	lock domain.Lock
+	note string
 }
 
 // decided carries a Decide function's error out of the write that asked
@@ -114,82 +135,65 @@ func (d decided) Error() string { return d.err.Error() }
 // Each statement's WHERE names the row version the decision was taken on
 // (its token and its expiry as read), not only the row: a statement that
 // matched a row changed since would carry out a decision nobody took.
-// Another Update cannot change the row meanwhile (LockResource, or SQLite's
-// single writer), but a release or a cleanup can delete it.
-func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change, inserted *string) (domain.Lock, error) {
+// Another Update cannot change the row meanwhile (the backend's write
+// lock, or TxSteps.First), but a release or a cleanup can delete it.
+func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change, steps TxSteps) (written, error) {
 	switch change.Kind {
 	case application.ChangeExtend:
 		if cur == nil {
-			return domain.Lock{}, &domain.StoreError{Op: "extend lock", Err: errNoRow}
+			return written{}, &domain.StoreError{Op: "extend lock", Err: errNoRow}
 		}
-		expires := formatTime(change.Lock.ExpiresAt)
-		res, err := s.on(ctx, tx, s.stmts.extend).ExecContext(ctx, expires, cur.Token, formatTime(cur.ExpiresAt))
+		expires := FormatTime(change.Lock.ExpiresAt)
+		res, err := s.On(ctx, tx, s.stmts.extend).ExecContext(ctx, expires, cur.Token, FormatTime(cur.ExpiresAt))
 		if err := oneRow(res, err); err != nil {
-			return domain.Lock{}, err
+			return written{}, err
 		}
 		l := *cur
-		l.ExpiresAt, err = parseTime(entlock.FieldExpiresAt, expires)
-		return l, err
+		l.ExpiresAt, err = ParseTime(entlock.FieldExpiresAt, expires)
+		return written{lock: l}, err
 	case application.ChangeInsert:
 		// A change of hands inserts a new row, so the lock gets a new id
-		// (SQLite's AUTOINCREMENT, PostgreSQL's identity sequence): its
-		// fencing token, never reused. The old row goes only if it is
-		// still the version that was decided on; if a release or a
-		// cleanup removed it meanwhile, there is nothing to remove.
+		// (an AUTOINCREMENT or identity column): its fencing token, never
+		// reused. The old row goes only if it is still the version that
+		// was decided on; if a release or a cleanup removed it meanwhile,
+		// there is nothing to remove.
 		if cur != nil {
-			if err := s.changeOfHandsOnServer(ctx, tx, cur, change); err != nil {
-				return domain.Lock{}, err
+			if steps.Replacing != nil {
+				if err := steps.Replacing(ctx, tx, cur, change); err != nil {
+					if errors.Is(err, domain.ErrConflict) {
+						return written{}, decided{err}
+					}
+					return written{}, err
+				}
 			}
-			if _, err := s.on(ctx, tx, s.stmts.delID).ExecContext(ctx, cur.Token, formatTime(cur.ExpiresAt)); err != nil {
-				return domain.Lock{}, err
+			if _, err := s.On(ctx, tx, s.stmts.delID).ExecContext(ctx, cur.Token, FormatTime(cur.ExpiresAt)); err != nil {
+				return written{}, err
 			}
 		}
 		l := change.Lock
 		l.Resource = ref
-		acquired, expires := formatTime(l.AcquiredAt), formatTime(l.ExpiresAt)
-		err := s.on(ctx, tx, s.stmts.insert).QueryRowContext(ctx,
+		acquired, expires := FormatTime(l.AcquiredAt), FormatTime(l.ExpiresAt)
+		err := s.On(ctx, tx, s.stmts.insert).QueryRowContext(ctx,
 			l.Owner, string(ref.Type), ref.ID, acquired, expires).Scan(&l.Token)
 		if err != nil {
-			return domain.Lock{}, err
+			return written{}, err
 		}
-		if inserted != nil && tx != nil {
-			if err := tx.QueryRowContext(ctx, rowVersionSQL, l.Token).Scan(inserted); err != nil {
-				return domain.Lock{}, err
+		var note string
+		if steps.Inserted != nil {
+			if note, err = steps.Inserted(ctx, tx, l); err != nil {
+				return written{}, err
 			}
 		}
-		if l.AcquiredAt, err = parseTime(entlock.FieldAcquiredAt, acquired); err != nil {
-			return domain.Lock{}, err
+		if l.AcquiredAt, err = ParseTime(entlock.FieldAcquiredAt, acquired); err != nil {
+			return written{}, err
 		}
-		l.ExpiresAt, err = parseTime(entlock.FieldExpiresAt, expires)
-		return l, err
+		l.ExpiresAt, err = ParseTime(entlock.FieldExpiresAt, expires)
+		return written{lock: l, note: note}, err
 	}
 	if cur == nil {
-		return domain.Lock{}, nil
+		return written{}, nil
 	}
-	return *cur, nil
-}
-
-// changeOfHandsOnServer refuses, on PostgreSQL, a change of hands that
-// took cur for expired at the decision's now (the new lock's acquisition
-// time: the host's estimate of the server's time, which can run ahead of
-// it) while it is still active on the server's own clock, read in tx: the
-// statements that take over and purge test that clock too (acquireSQL),
-// and Update must not take what they would not. A replacement decided at
-// a now when cur was active, a dead holder's, is the caller's deliberate
-// choice and goes ahead. The refusal is the conflict that the server's
-// clock decides, returned as the decision's own error.
-func (s *Store) changeOfHandsOnServer(ctx context.Context, tx *sql.Tx, cur *domain.Lock, change application.Change) error {
-	if s.b.Dialect != dialect.Postgres || s.b.LocalTime || !cur.ExpiredAt(change.Lock.AcquiredAt) {
-		return nil
-	}
-	server, err := serverNow(ctx, tx)
-	if err != nil {
-		return err
-	}
-	if cur.ExpiredAt(server) {
-		return nil
-	}
-	return decided{&domain.LockConflictError{Holder: *cur, Now: server, SameOwner: cur.Owner == change.Lock.Owner}}
+	return written{lock: *cur}, nil
 }
 
 // oneRow checks that a statement changed exactly the one row it named.
@@ -211,7 +215,7 @@ func oneRow(res sql.Result, err error) error {
 func (s *Store) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
 	var cur *domain.Lock
 	err := s.reading(ctx, func(ctx context.Context) (err error) {
-		cur, err = s.readLock(ctx, ref)
+		cur, err = s.ReadLock(ctx, ref)
 		return err
 	})
 	switch {
@@ -233,9 +237,8 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 		q = q.Where(entlock.OwnerID(f.Owner))
 	}
 	if !f.ActiveAt.IsZero() {
-		q = q.Where(entlock.ExpiresAtGT(formatTime(f.ActiveAt)))
+		q = q.Where(entlock.ExpiresAtGT(FormatTime(f.ActiveAt)))
 	}
-	q = q.Order(byBytes(entlock.FieldResourceType), byBytes(entlock.FieldResourceID))
 	var rows []*ent.Lock
 	err := s.reading(ctx, func(ctx context.Context) (err error) {
 		rows, err = q.Clone().All(ctx)
@@ -252,16 +255,21 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 		}
 		out = append(out, l)
 	}
+	// In byte order, as the port promises, whatever the database's
+	// collation (under en-US, "_x" sorts before "a" and "B" after "a1").
+	slices.SortFunc(out, func(a, b domain.Lock) int {
+		return cmp.Or(cmp.Compare(a.Resource.Type, b.Resource.Type), cmp.Compare(a.Resource.ID, b.Resource.ID))
+	})
 	return out, nil
 }
 
 // DeleteOwned implements application.LockRepository with one statement.
 func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	n, err := s.deleteOwned(ctx, ref, owner)
+	n, err := s.ReleaseRows(ctx, ref, owner, 0, "")
 	if err != nil {
 		// The release is not known to stand: what a run that was rolled
 		// back removed is there again.
-		return false, s.failed(ctx, err, "release lock on", ref)
+		return false, s.Failed(ctx, err, "release lock on", ref)
 	}
 	if n > 0 {
 		s.released(ref)
@@ -273,10 +281,10 @@ func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner s
 // whose WHERE is the whole decision: this token, on this resource, active
 // at now.
 func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
-	n, err := s.deleteToken(ctx, ref, token, formatTime(now))
+	n, err := s.ReleaseRows(ctx, ref, "", token, FormatTime(now))
 	if err != nil {
 		// As for DeleteOwned: a release rolled back is not known to stand.
-		return false, s.failed(ctx, err, "release lock on", ref)
+		return false, s.Failed(ctx, err, "release lock on", ref)
 	}
 	if n > 0 {
 		s.released(ref)
@@ -284,22 +292,16 @@ func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token i
 	return n > 0, nil
 }
 
-// deleteOwned runs DeleteOwned's statement and returns the rows it
-// removed, or the database's error as it is.
-func (s *Store) deleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (int64, error) {
-	return writeOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		res, err := s.on(ctx, tx, s.stmts.delOwned).ExecContext(ctx, string(ref.Type), ref.ID, owner)
-		if err != nil {
-			return 0, err
+// ReleaseRows runs the release of DeleteOwned (token 0) or DeleteToken
+// (now as stored), and returns the rows it removed, or the database's
+// error as it is. It tells Released nothing.
+func (s *Store) ReleaseRows(ctx context.Context, ref domain.ResourceRef, owner string, token int64, now string) (int64, error) {
+	return WriteOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+		st, args := s.stmts.delOwned, []any{string(ref.Type), ref.ID, owner}
+		if token != 0 {
+			st, args = s.stmts.delToken, []any{string(ref.Type), ref.ID, token, now}
 		}
-		return res.RowsAffected()
-	})
-}
-
-// deleteToken runs DeleteToken's statement, with now as stored.
-func (s *Store) deleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now string) (int64, error) {
-	return writeOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		res, err := s.on(ctx, tx, s.stmts.delToken).ExecContext(ctx, string(ref.Type), ref.ID, token, now)
+		res, err := s.On(ctx, tx, st).ExecContext(ctx, args...)
 		if err != nil {
 			return 0, err
 		}
@@ -325,7 +327,7 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 // that removes at most limit expired rows, found through the expires_at
 // index.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
-	query, args := deleteExpired(s.b.Dialect, now, limit, !s.b.LocalTime)
+	query, args := deleteExpired(s.b.Dialect, now, limit)
 	n, err := s.deleteRows(ctx, Cleanup, query, args)
 	if err != nil {
 		return n, s.explain(ctx, err, "clean up expired locks")
@@ -336,7 +338,7 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 // deleteRows runs one DELETE as a write and returns how many rows it
 // removed.
 func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, args []any) (int, error) {
-	n, err := writeOne(ctx, s, kind, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+	n, err := WriteOne(ctx, s, kind, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		var x interface {
 			ExecContext(context.Context, string, ...any) (sql.Result, error)
 		} = s.write
@@ -380,80 +382,35 @@ func byResource(ref domain.ResourceRef) predicate.Lock {
 // expiredAt matches the rows that have expired at now: the same rule as
 // domain.Lock.ExpiredAt, in SQL.
 func expiredAt(now time.Time) predicate.Lock {
-	return entlock.ExpiresAtLTE(formatTime(now))
+	return entlock.ExpiresAtLTE(FormatTime(now))
 }
 
 // deleteExpired is the statement that removes at most limit expired rows,
-// oldest first, chosen by a subquery on the expires_at index: SQLite has
-// no DELETE ... LIMIT by default.
-//
-// The expiry is tested on the deleted row itself as well, not only in the
-// subquery. On PostgreSQL, a DELETE that waited for a concurrent renew to
-// commit re-checks its own WHERE against the renewed row, but not the
-// subquery that chose it: with "id IN (...)" alone, a lock renewed a moment
-// before its expiry was deleted after its holder had been told it held it.
-//
-// On PostgreSQL a row must have expired on the server's clock too (unless
-// Backend.LocalTime): now is
-// the host's estimate of the server's time, which a link slower one way
-// than the other can put seconds ahead, and a cleanup must never purge a
-// lock that is still active on the server (another host would then take
-// it before its expiry).
-//
-// On PostgreSQL the subquery also locks the rows it chooses, FOR UPDATE
-// SKIP LOCKED: a row that another transaction holds is left for a later
-// cleanup rather than waited for. A fenced transaction holds its lock's
-// row (FOR KEY SHARE) until it ends, and may run on past the lock's
-// expiry: the lock does not change hands meanwhile, and a cleanup that
-// waited for it held up the Open of every new container (its startup
-// cleanup) for as long as the transaction ran. The row a cleanup then
-// deletes is one it has locked, tested again by the DELETE's own WHERE
-// (above), so skipping decides nothing on a weaker test.
-func deleteExpired(dialectName string, now time.Time, limit int, onServer bool) (string, []any) {
+// oldest first, chosen by a subquery on the expires_at index (DELETE ...
+// LIMIT is not in every database). The expiry is tested on the deleted
+// row itself as well, not only in the subquery: a DELETE that waited for
+// a concurrent renew to commit re-checks its own WHERE against the
+// renewed row, but, in some databases, not the subquery that chose it.
+func deleteExpired(dialectName string, now time.Time, limit int) (string, []any) {
 	b := entsql.Dialect(dialectName)
-	expired := func() *entsql.Predicate {
-		p := entsql.LTE(entlock.FieldExpiresAt, formatTime(now))
-		if dialectName == dialect.Postgres && onServer {
-			p = entsql.And(p, entsql.P(func(b *entsql.Builder) {
-				b.WriteString(serverExpired)
-			}))
-		}
-		return p
-	}
+	expired := entsql.LTE(entlock.FieldExpiresAt, FormatTime(now))
 	batch := b.Select(entlock.FieldID).
 		From(b.Table(entlock.Table)).
-		Where(expired()).
+		Where(expired).
 		OrderBy(entlock.FieldExpiresAt).
 		Limit(limit)
-	if dialectName == dialect.Postgres {
-		batch.ForUpdate(entsql.WithLockAction(entsql.SkipLocked))
-	}
 	return b.Delete(entlock.Table).Where(entsql.And(
-		expired(),
+		entsql.LTE(entlock.FieldExpiresAt, FormatTime(now)),
 		entsql.In(entlock.FieldID, batch),
 	)).Query()
 }
 
-// byBytes orders by column in byte order on every database, as the port
-// promises, and as SQLite's default collation and Go's string comparison
-// do. PostgreSQL would otherwise sort by the database's collation, which
-// under en-US puts "_x" before "a" and "B" after "a1".
-func byBytes(column string) func(*entsql.Selector) {
-	return func(s *entsql.Selector) {
-		if s.Dialect() == dialect.Postgres {
-			s.OrderExpr(entsql.Expr(s.C(column) + ` COLLATE "C"`))
-			return
-		}
-		s.OrderBy(s.C(column))
-	}
-}
-
 func toDomain(row *ent.Lock) (domain.Lock, error) {
-	acquired, err := parseTime(entlock.FieldAcquiredAt, row.AcquiredAt)
+	acquired, err := ParseTime(entlock.FieldAcquiredAt, row.AcquiredAt)
 	if err != nil {
 		return domain.Lock{}, &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
 	}
-	expires, err := parseTime(entlock.FieldExpiresAt, row.ExpiresAt)
+	expires, err := ParseTime(entlock.FieldExpiresAt, row.ExpiresAt)
 	if err != nil {
 		return domain.Lock{}, &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
 	}

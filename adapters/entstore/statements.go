@@ -84,8 +84,9 @@ func (s *Store) prepare(ctx context.Context) error {
 	return err
 }
 
-// readLock reads the lock on ref outside any transaction, or nil.
-func (s *Store) readLock(ctx context.Context, ref domain.ResourceRef) (*domain.Lock, error) {
+// ReadLock reads the lock on ref outside any transaction, or nil. It
+// returns the database's error as it is.
+func (s *Store) ReadLock(ctx context.Context, ref domain.ResourceRef) (*domain.Lock, error) {
 	if s.stmts.read == nil { // a read-only store prepares nothing
 		return scanLock(s.read.QueryRowContext(ctx, s.text.sel, string(ref.Type), ref.ID))
 	}
@@ -108,10 +109,10 @@ func scanLock(row interface{ Scan(dest ...any) error }) (*domain.Lock, error) {
 		return nil, err
 	}
 	l.Resource.Type = domain.ResourceType(typ)
-	if l.AcquiredAt, err = parseTime(entlock.FieldAcquiredAt, acquired); err != nil {
+	if l.AcquiredAt, err = ParseTime(entlock.FieldAcquiredAt, acquired); err != nil {
 		return nil, &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
 	}
-	if l.ExpiresAt, err = parseTime(entlock.FieldExpiresAt, expires); err != nil {
+	if l.ExpiresAt, err = ParseTime(entlock.FieldExpiresAt, expires); err != nil {
 		return nil, &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
 	}
 	return &l, nil

@@ -1,9 +1,10 @@
-// Package entstore is the lock store shared by every SQL database the
-// module runs on: the repository over the Ent schema, its statements and
-// its transactions. A database adapter (sqlite, postgres) opens the
-// connections, applies its migrations and supplies a Backend: how it
-// queues and retries writes, how it keeps two updates of one resource
-// apart, and how it explains its errors.
+// Package entstore is what the SQL databases share: the repository over
+// the Ent schema, its statements written by Ent's builder in the
+// adapter's dialect, its transactions, the part of a fence check that
+// does not depend on the database, and the migrations' bookkeeping. It
+// knows no database: an adapter (sqlite, postgres) opens the connections,
+// applies its migrations and supplies a Backend (how it runs and retries
+// writes, and explains its errors), and adds its own statements on top.
 package entstore
 
 import (
@@ -22,60 +23,46 @@ import (
 
 // Backend is what a database adds to the shared store.
 type Backend struct {
-	// Dialect is Ent's name of the database (dialect.SQLite, ...).
+	// Dialect is Ent's name of the database, in which the store's
+	// statements are written.
 	Dialect string
-	// Write runs one write, fn: a single statement or a whole transaction,
-	// safe to run again. It applies the database's queueing and retry
-	// policy and returns fn's last error as it is: the store explains it
-	// with FormatError, and builds that message only when there is one.
-	// It returns nil only when fn's last run returned nil. Unused when
-	// WriteTx is set.
-	Write func(ctx context.Context, fn func(context.Context) error) error
-	// WriteTx, when set, runs every write of the store: it begins a write
-	// transaction, runs body in it and commits. It may run the bodies of
-	// concurrent calls in one transaction and one commit (group commit);
-	// each body must then be atomic on its own (a savepoint), one body's
-	// failure must roll back nothing but its own changes, and no call may
-	// return before the commit that made its changes durable. body runs
-	// with a context that carries ctx's values but not its cancellation
-	// (so that one caller giving up cannot interrupt a transaction that
-	// others share); WriteTx itself answers with ctx's error when ctx
-	// ends before body's changes are committed, and undoes them. body
-	// must be safe to run again: WriteTx runs it again when the
-	// transaction it ran in was rolled back (a busy COMMIT; in a shared
-	// transaction, another body whose failure ended it), in a new
-	// transaction. WriteTx returns body's error as it is, or the
-	// transaction's; it returns nil only when body's last run returned nil
-	// and that run's changes committed.
+	// WriteTx runs every write of the store. For kind Statements it
+	// begins a write transaction, runs body in it and commits; for a
+	// single statement it may run body alone, with tx nil. It applies the
+	// database's queueing and retry policy. It may run the bodies of
+	// concurrent calls in one transaction and one commit (group commit,
+	// SharedTx); each body must then be atomic on its own (a savepoint),
+	// one body's failure must roll back nothing but its own changes, and
+	// no call may return before the commit that made its changes durable.
+	// body then runs with a context that carries ctx's values but not its
+	// cancellation (so that one caller giving up cannot interrupt a
+	// transaction that others share); WriteTx itself answers with ctx's
+	// error when ctx ends before body's changes are committed, and undoes
+	// them. body must be safe to run again: WriteTx runs it again when the
+	// database was busy, or the transaction it ran in was rolled back (a
+	// busy COMMIT; in a shared transaction, another body whose failure
+	// ended it), in a new transaction. WriteTx returns body's error as it
+	// is, or the transaction's: the store explains it with FormatError,
+	// and builds that message only when there is one. It returns nil only
+	// when body's last run returned nil and that run's changes committed.
 	//
 	// kind says what the body runs, and so what it needs (see WriteKind).
 	WriteTx func(ctx context.Context, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) error) error
+	// SharedTx says that WriteTx runs the bodies of concurrent calls in
+	// one transaction at a time: the statements bound to it are then kept
+	// for the other bodies of that transaction.
+	SharedTx bool
 	// Read, when set, runs one read, fn, and runs it again while it fails
 	// in a way that another connection may not: the connection ended
 	// under it (a server's backend terminated by an operator). It returns
 	// fn's last error as it is. Nil runs fn once.
 	Read func(ctx context.Context, fn func(context.Context) error) error
-	// LockResource, when set, runs first in every Update transaction and
-	// must keep any other Update of ref out until the transaction ends.
-	// Nil when beginning the transaction already excludes every other
-	// writer (SQLite's BEGIN IMMEDIATE).
-	LockResource func(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error
-	// TxOptions begin every Update transaction. A server database pins its
-	// isolation level here, so that a server's or role's default cannot
-	// change how contention surfaces; nil keeps the driver's default.
-	TxOptions *sql.TxOptions
 	// FormatError translates the database's errors into domain errors.
 	FormatError func(op string, err error) error
-	// LocalTime, on PostgreSQL, decides expiry on the callers' now alone.
-	// Otherwise a lock changes hands, and is purged, only once it has
-	// expired on the server's clock (clock_timestamp()) as well as at
-	// now, which is a host's estimate of the server's time and may run
-	// ahead of it. For stores whose times come from a test's mock clock.
-	LocalTime bool
 	// Released, when set, is told after the commit of every write that
 	// removed locks which may have been active: the lock on each of refs,
 	// or, with none, any lock. It must not block. A database that sends
-	// its wake-ups inside the transaction (PostgreSQL's NOTIFY) leaves it
+	// its wake-ups inside the transaction (ReleaseStatement) leaves it
 	// nil. A purge removes only expired locks, which waiters take at the
 	// expiry they already wait for, and is not reported.
 	Released func(refs ...domain.ResourceRef)
@@ -118,8 +105,7 @@ const (
 	OneDatedStatement
 	// Cleanup: a single statement of a purge of expired locks, which
 	// changes many pages; otherwise like OneStatement. A backend may keep
-	// costly upkeep (SQLite's end of a checkpoint) out of the way while
-	// purges run.
+	// costly upkeep (a checkpoint's end) out of the way while purges run.
 	Cleanup
 )
 
@@ -131,7 +117,7 @@ type Store struct {
 	b           Backend
 	text        statementText // the hot path's SQL in b.Dialect
 	stmts       stmts
-	contended   contention
+	contended   Contention
 	bound       boundStmts
 }
 
@@ -156,10 +142,9 @@ func New(ctx context.Context, read, write *sql.DB, b Backend) (*Store, error) {
 // nothing (the locks table may be missing: it is for inspection). Its
 // writes fail with a StoreError of kind StoreReadOnly.
 func NewReadOnly(read *sql.DB, b Backend) *Store {
-	b.Write = func(context.Context, func(context.Context) error) error {
+	b.WriteTx = func(context.Context, WriteKind, func(context.Context, *sql.Tx) error) error {
 		return &domain.StoreError{Op: "write", Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
 	}
-	b.WriteTx = nil
 	return &Store{read: read, b: b, text: buildStatements(b.Dialect),
 		readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read)))}
 }
@@ -177,39 +162,33 @@ func (s *Store) Close() error {
 }
 
 // A write's body may run more than once: the backend runs it again when
-// the database was busy, and SQLite's group commit runs every body of a
-// batch again when the batch's transaction was rolled back (a busy
-// COMMIT, a member whose failure ended the transaction). Only the last
-// run's changes are committed, so only the last run's outcome may reach
-// the caller. Each body therefore returns its outcome, and the functions
+// the database was busy, and a group commit runs every body of a batch
+// again when the batch's transaction was rolled back (a busy COMMIT, a
+// member whose failure ended the transaction). Only the last run's
+// changes are committed, so only the last run's outcome may reach the
+// caller. Each body therefore returns its outcome, and the functions
 // below keep only what the last run returned: a body never writes to a
 // variable of its caller, where a run that was rolled back would leave
 // its decision behind (an insert's token, a refusal) for the run that
 // counts.
 
-// writeOne runs body, a write of one statement of the given kind
-// (OneStatement, OneDatedStatement or Cleanup), and returns what its last
-// run returned: through the backend's WriteTx when it has one, otherwise
-// on its own, through Write, with tx nil, where a single statement needs
-// no transaction around it.
-func writeOne[T any](ctx context.Context, s *Store, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) (T, error)) (T, error) {
+// WriteOne runs body, a write of one statement of the given kind
+// (OneStatement, OneDatedStatement or Cleanup), through the backend's
+// WriteTx, and returns what its last run returned. tx is nil where the
+// backend runs the statement alone.
+func WriteOne[T any](ctx context.Context, s *Store, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) (T, error)) (T, error) {
 	return lastRun(body, func(run func(context.Context, *sql.Tx) error) error {
-		if s.b.WriteTx != nil {
-			return s.b.WriteTx(ctx, kind, run)
-		}
-		return s.b.Write(ctx, func(ctx context.Context) error { return run(ctx, nil) })
+		return s.b.WriteTx(ctx, kind, run)
 	})
 }
 
-// inTx runs body in one write transaction, after Backend.LockResource,
-// with the backend's write policy (through WriteTx when the backend has
-// it, otherwise in a transaction of its own through Write), and returns
-// what its last run returned.
-func inTx[T any](ctx context.Context, s *Store, ref domain.ResourceRef, body func(context.Context, *sql.Tx) (T, error)) (T, error) {
-	if s.b.LockResource != nil {
+// inTx runs body in one write transaction, after first (unless nil), and
+// returns what its last run returned.
+func inTx[T any](ctx context.Context, s *Store, first func(context.Context, *sql.Tx) error, body func(context.Context, *sql.Tx) (T, error)) (T, error) {
+	if first != nil {
 		locked := body
 		body = func(ctx context.Context, tx *sql.Tx) (T, error) {
-			if err := s.b.LockResource(ctx, tx, ref); err != nil {
+			if err := first(ctx, tx); err != nil {
 				var zero T
 				return zero, err
 			}
@@ -217,20 +196,8 @@ func inTx[T any](ctx context.Context, s *Store, ref domain.ResourceRef, body fun
 		}
 	}
 	return lastRun(body, func(run func(context.Context, *sql.Tx) error) error {
-		if s.b.WriteTx != nil {
-			return s.b.WriteTx(ctx, Statements, run)
-		}
-		return s.b.Write(ctx, func(ctx context.Context) error { return RunTx(ctx, s.write, s.b.TxOptions, run) })
+		return s.b.WriteTx(ctx, Statements, run)
 	})
-}
-
-// writeStatement runs body, one statement on the writing connection,
-// through the backend's Write, and returns what its last run returned.
-func writeStatement[T any](ctx context.Context, s *Store, body func(context.Context) (T, error)) (T, error) {
-	return lastRun(func(ctx context.Context, _ *sql.Tx) (T, error) { return body(ctx) },
-		func(run func(context.Context, *sql.Tx) error) error {
-			return s.b.Write(ctx, func(ctx context.Context) error { return run(ctx, nil) })
-		})
 }
 
 // lastRun runs body through write, which may run it several times, and
@@ -259,8 +226,8 @@ func lastRun[T any](body func(context.Context, *sql.Tx) (T, error), write func(r
 // RunTx runs fn in a transaction of its own on db and commits it. The
 // transaction always ends: it is rolled back when fn fails and also when
 // fn panics (a Decide function that panics inside a recovering server),
-// before the panic goes on; a transaction left open would hold SQLite's
-// only writer connection, or PostgreSQL's lock on the resource, for good.
+// before the panic goes on; a transaction left open would hold the
+// database's write lock, or a lock on the resource, for good.
 func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(context.Context, *sql.Tx) error) (err error) {
 	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
@@ -290,9 +257,9 @@ func (s *Store) reading(ctx context.Context, fn func(context.Context) error) err
 	return s.b.Read(ctx, fn)
 }
 
-// failed explains err, when there is one, naming the operation on ref;
+// Failed explains err, when there is one, naming the operation on ref;
 // the message is built only then, never on the way of a write that worked.
-func (s *Store) failed(ctx context.Context, err error, what string, ref domain.ResourceRef) error {
+func (s *Store) Failed(ctx context.Context, err error, what string, ref domain.ResourceRef) error {
 	if err == nil {
 		return nil
 	}

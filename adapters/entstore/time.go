@@ -3,6 +3,9 @@ package entstore
 import (
 	"fmt"
 	"time"
+
+	"github.com/cleveragents/locks/domain"
+	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
 // timeLayout writes every stored instant: UTC, microseconds, always 27
@@ -11,12 +14,12 @@ import (
 // to microseconds before they get here, so nothing is lost.
 const timeLayout = "2006-01-02T15:04:05.000000Z"
 
-// formatTime writes t in timeLayout. It writes the digits itself: the
+// FormatTime writes t in timeLayout. It writes the digits itself: the
 // leader of a SQLite batch formats two instants per acquire inside the
 // transaction, where time.Format's interpretation of the layout was 5% of
 // the time an acquire held the write lock. Years outside 0-9999, which
 // the layout cannot hold in four digits, go through time.Format.
-func formatTime(t time.Time) string {
+func FormatTime(t time.Time) string {
 	t = t.UTC()
 	year, month, day := t.Date()
 	if year < 0 || year > 9999 {
@@ -47,10 +50,22 @@ func formatTime(t time.Time) string {
 	return string(b[:])
 }
 
-func parseTime(column, s string) (time.Time, error) {
+// ParseTime reads s, a time as stored in column.
+func ParseTime(column, s string) (time.Time, error) {
 	t, err := time.Parse(timeLayout, s)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("column %s holds %q, not a time in the form %s", column, s, timeLayout)
 	}
 	return t, nil
+}
+
+// ParseTimes sets l's times from their stored form.
+func ParseTimes(l *domain.Lock, acquired, expires string) (err error) {
+	if l.AcquiredAt, err = ParseTime(entlock.FieldAcquiredAt, acquired); err == nil {
+		l.ExpiresAt, err = ParseTime(entlock.FieldExpiresAt, expires)
+	}
+	if err != nil {
+		return &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
+	}
+	return nil
 }

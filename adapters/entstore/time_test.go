@@ -29,10 +29,10 @@ func FuzzFormatTime(f *testing.F) {
 	f.Fuzz(func(t *testing.T, sec, nsec int64, offset int) {
 		at := time.Unix(sec, nsec).In(time.FixedZone("", offset%(24*3600)))
 		want := at.UTC().Format(timeLayout)
-		got := formatTime(at)
+		got := FormatTime(at)
 		require.Equal(t, want, got, "%v", at)
 		if y := at.UTC().Year(); y >= 0 && y <= 9999 {
-			back, err := parseTime("expires_at", got)
+			back, err := ParseTime("expires_at", got)
 			require.NoError(t, err)
 			assert.True(t, back.Equal(at.Truncate(time.Microsecond)), "%v read back as %v", at, back)
 		}

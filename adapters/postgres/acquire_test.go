@@ -19,7 +19,7 @@ import (
 	"github.com/cleveragents/locks/tests/testdb"
 )
 
-// The one-statement acquire (entstore.PostgresStore.AcquireAt): what it
+// The one-statement acquire (LockRepository.AcquireAt): what it
 // must never write, and what it decides when it waited for another write
 // of the resource with a now read before the wait.
 

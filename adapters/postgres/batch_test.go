@@ -23,7 +23,7 @@ import (
 	"github.com/cleveragents/locks/tests/testdb"
 )
 
-// The windows of group commit (entstore/batch.go), each with a batch in
+// The windows of group commit (batch.go), each with a batch in
 // flight on purpose (testdb.Batches).
 
 func newBatchFixture(t *testing.T) *testdb.Batches {

@@ -80,6 +80,56 @@ func benchService(b *testing.B, callers int) {
 	})
 }
 
+// BenchmarkGroupCommit compares the store with and without group commit
+// (Options.DisableGroupCommit), each through a lock service on the
+// server's clock with the store's wake-ups, as locks.Open makes it,
+// cycling as BenchmarkCycle's Service does. Run it
+// interleaved, the one beside the other:
+//
+//	go test -c -o /tmp/pg.test ./adapters/postgres
+//	for i in 1 2 3 4 5 6; do /tmp/pg.test -test.run '^$' \
+//	  -test.bench 'GroupCommit/callers=32' -test.benchtime 2s; done
+func BenchmarkGroupCommit(b *testing.B) {
+	for _, callers := range []int{8, 32} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			for _, disabled := range []bool{false, true} {
+				b.Run(fmt.Sprintf("disabled=%v", disabled), func(b *testing.B) {
+					benchStore(b, callers, postgres.Options{DisableGroupCommit: disabled})
+				})
+			}
+		})
+	}
+}
+
+func benchStore(b *testing.B, callers int, opts postgres.Options) {
+	ctx := context.Background()
+	dsn, server := serverCPU(b, testdb.Postgres(b), "locks-bench-store")
+	db, err := postgres.Open(ctx, dsn, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	clk, err := postgres.NewServerClock(ctx, db, postgres.SystemClock{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(clk.Close)
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), clk, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	svc.SetWakeups(db.Wakeups()) // as locks.Open does
+	runCycles(b, callers, server, func(ref domain.ResourceRef) error {
+		if _, err := svc.Acquire(ctx, "bench", ref, 5*time.Minute); err != nil {
+			return err
+		}
+		if ok, err := svc.Release(ctx, "bench", ref); err != nil || !ok {
+			return fmt.Errorf("release: %v, %v", ok, err)
+		}
+		return nil
+	})
+}
+
 // The lease floor's statements. Its acquire keeps the row's id on a
 // takeover, which the service must not; every acquire here finds the
 // resource free.

@@ -10,7 +10,6 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -47,7 +46,7 @@ func TestWrites_OnlyReleasesSkipTheWALFlush(t *testing.T) {
 				_, err := raw.ExecContext(ctx, q)
 				require.NoError(t, err)
 			}
-			var repo *entstore.PostgresStore = postgres.NewLockRepository(db)
+			var repo *postgres.LockRepository = postgres.NewLockRepository(db)
 			if mode == "in batches" {
 				repo = repo.InBatches()
 			}

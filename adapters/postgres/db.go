@@ -30,7 +30,7 @@ const writeAttempts = 4
 type DB struct {
 	sql   *sql.DB
 	conns *pool // the pool's connections, to cut when the server is silent
-	store *entstore.PostgresStore
+	store *LockRepository
 	// wake carries wake-ups to and from the other processes on the store;
 	// nil when opened for inspection.
 	wake *listener
@@ -47,6 +47,11 @@ type Options struct {
 	// server's own clock too: an estimate (ServerClock) can run ahead of
 	// the server, over a link slower one way than the other.
 	LocalTime bool
+	// DisableGroupCommit runs every acquire, renewal and release as a
+	// statement of its own. By default those that arrive while others of
+	// their kind are in flight go out together, in one statement and one
+	// commit (batch.go).
+	DisableGroupCommit bool
 }
 
 // Open connects to the database that dsn names (a postgres:// URL or a
@@ -71,8 +76,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	// serialization failures, rather than as conflicts. A startup
 	// parameter overrides the server's, the database's and the role's
 	// defaults (and the DSN's "options"), so that it holds for statements
-	// outside any transaction too; Backend.TxOptions pins the
-	// transactions themselves.
+	// outside any transaction too; writeTx pins the transactions
+	// themselves.
 	cfg.RuntimeParams["default_transaction_isolation"] = "read committed"
 	// The store's statements are prepared once per connection (pgx's
 	// statement cache) and their plans do not depend on their values: each
@@ -122,13 +127,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	}
 	channel := channelName(schema)
 	backend := entstore.Backend{
-		Dialect:      dialect.Postgres,
-		Write:        write,
-		Read:         read,
-		LockResource: lockResource,
-		TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
-		FormatError:  FormatError,
-		LocalTime:    opts.LocalTime,
+		Dialect:     dialect.Postgres,
+		WriteTx:     writeTx(sdb),
+		Read:        read,
+		FormatError: FormatError,
 		// Releases notify inside their statement (wake.go), so Released
 		// stays nil.
 		ReleaseStatement: releaseStatement(channel),
@@ -138,13 +140,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		sdb.Close()
 		return nil, err
 	}
-	db.store = entstore.NewPostgres(store, resourceKey, entstore.PostgresBatching{
-		EveryBody:     everyMembers,
-		Unwritten:     unwritten,
-		Notice:        releaseNotice(channel),
-		ReleaseCommit: releaseCommit,
-		RowBusy:       lockNotAvailable,
-	})
+	db.store = newLockRepository(store, sdb, opts.LocalTime, backend.ReleaseStatement, releaseNotice(channel))
+	if !opts.DisableGroupCommit {
+		db.store.w = newBatches(db.store, false, context.Background())
+	}
 	db.wake = newListener(params.listenerConfig(cfg), channel)
 	return db, nil
 }
@@ -182,8 +181,7 @@ func WithConnectTimeout(dsn string) string {
 }
 
 // NewLockRepository returns the lock repository of db.
-// Its Acquire is one statement (application.Acquirer).
-func NewLockRepository(db *DB) *entstore.PostgresStore { return db.store }
+func NewLockRepository(db *DB) *LockRepository { return db.store }
 
 // Close closes the pool. Call it after the last use of the store.
 func (db *DB) Close() error { return db.CloseContext(context.Background()) }
@@ -356,6 +354,20 @@ func sessionEnded(err error) bool {
 		return false // no server answered
 	}
 	return connectionLost(err) || pgconn.SafeToRetry(err)
+}
+
+// writeTx is the store's Backend.WriteTx: a single statement alone, and
+// several in a transaction at READ COMMITTED (so that a server's or
+// role's default cannot change how contention surfaces), each through
+// write.
+func writeTx(db *sql.DB) func(ctx context.Context, kind entstore.WriteKind, body func(context.Context, *sql.Tx) error) error {
+	committed := &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	return func(ctx context.Context, kind entstore.WriteKind, body func(context.Context, *sql.Tx) error) error {
+		if kind != entstore.Statements {
+			return write(ctx, func(ctx context.Context) error { return body(ctx, nil) })
+		}
+		return write(ctx, func(ctx context.Context) error { return entstore.RunTx(ctx, db, committed, body) })
+	}
 }
 
 // write runs fn, retrying it a bounded number of times with jittered

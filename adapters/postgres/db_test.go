@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
@@ -332,7 +331,7 @@ WHERE datname = current_database() AND application_name = $1 AND state = 'idle'`
 
 // heldBy opens a store on dsn with a pool of conns connections, and a
 // service on it in which owner holds ref for a minute.
-func heldBy(t *testing.T, dsn string, conns int, owner string, ref domain.ResourceRef) (*entstore.PostgresStore, *application.LockService) {
+func heldBy(t *testing.T, dsn string, conns int, owner string, ref domain.ResourceRef) (*postgres.LockRepository, *application.LockService) {
 	t.Helper()
 	db, err := postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: conns})
 	require.NoError(t, err)

@@ -121,3 +121,15 @@ func Write(ctx context.Context, fn func(context.Context) error) error { return w
 
 // SessionEnded is the test of a read's failure that runs it again.
 func SessionEnded(err error) bool { return sessionEnded(err) }
+
+// BatchStatements returns the batch statements by name, as a store that
+// reads the server's clock runs them (the release without wake-ups).
+func BatchStatements() map[string]string {
+	return map[string]string{
+		"free":    acquireFreeBatchSQL,
+		"acquire": acquireBatchSQL[0],
+		"take":    takeBatchSQL[0],
+		"renew":   renewBatchSQL,
+		"release": releaseBatch(nil, ""),
+	}
+}

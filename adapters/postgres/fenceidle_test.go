@@ -7,11 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"entgo.io/ent/dialect"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/tests/testdb"
 )
@@ -48,12 +47,12 @@ func TestFence_CheckAgainAfterRenewalExtendsTheIdleBound(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback() })
 	// Checked with half a second left: the bound is a second and a half.
-	require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(held), held.ExpiresAt.Add(-500*time.Millisecond)))
+	require.NoError(t, postgres.CheckFence(ctx, tx, application.FenceOf(held), held.ExpiresAt.Add(-500*time.Millisecond)))
 	assert.InDelta(t, 1500*time.Millisecond, idleBound(t, tx), float64(10*time.Millisecond), "the first check's bound")
 
 	renewed, err := a.Renew(ctx, "A", plan1, time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(renewed), now))
+	require.NoError(t, postgres.CheckFence(ctx, tx, application.FenceOf(renewed), now))
 	assert.InDelta(t, time.Minute+time.Second, idleBound(t, tx), float64(time.Second), "the check after the renewal extends the bound")
 
 	// Idle past the first bound: the server must not end the transaction.
@@ -82,15 +81,15 @@ func TestFence_ExtendedIdleBoundKeepsTheShortest(t *testing.T) {
 		tx, err := raw.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		defer tx.Rollback()
-		require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(short), now))
-		require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(long), now))
+		require.NoError(t, postgres.CheckFence(ctx, tx, application.FenceOf(short), now))
+		require.NoError(t, postgres.CheckFence(ctx, tx, application.FenceOf(long), now))
 		assert.InDelta(t, 6*time.Second, idleBound(t, tx), float64(time.Second), "the shortest fence's bound")
 		renewed, err := a.Renew(ctx, "A", plan1, time.Hour)
 		require.NoError(t, err)
-		require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(renewed), now))
+		require.NoError(t, postgres.CheckFence(ctx, tx, application.FenceOf(renewed), now))
 		assert.InDelta(t, 31*time.Second, idleBound(t, tx), float64(time.Second), "bounded by the other fence")
 		// Checked later, the other fence's bound is shorter by the time gone.
-		require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(renewed), now.Add(10*time.Second)))
+		require.NoError(t, postgres.CheckFence(ctx, tx, application.FenceOf(renewed), now.Add(10*time.Second)))
 		assert.InDelta(t, 21*time.Second, idleBound(t, tx), float64(time.Second), "the other fence's time left, at the later now")
 	})
 	t.Run("own timeout", func(t *testing.T) {
@@ -99,11 +98,11 @@ func TestFence_ExtendedIdleBoundKeepsTheShortest(t *testing.T) {
 		defer tx.Rollback()
 		_, err = tx.Exec("SET LOCAL idle_in_transaction_session_timeout = '10s'")
 		require.NoError(t, err)
-		require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(long), now))
+		require.NoError(t, postgres.CheckFence(ctx, tx, application.FenceOf(long), now))
 		assert.Equal(t, 10*time.Second, idleBound(t, tx), "the transaction's own, shorter timeout")
 		renewed, err := a.Renew(ctx, "A", plan2, time.Hour)
 		require.NoError(t, err)
-		require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(renewed), now))
+		require.NoError(t, postgres.CheckFence(ctx, tx, application.FenceOf(renewed), now))
 		assert.Equal(t, 10*time.Second, idleBound(t, tx), "still the transaction's own timeout")
 	})
 }

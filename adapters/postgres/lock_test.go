@@ -67,3 +67,16 @@ func TestLockRepository_ContractInBatches(t *testing.T) {
 		return postgres.NewLockRepository(MustOpenDB(t)).InBatches()
 	})
 }
+
+// TestLockRepository_ContractWithoutGroupCommit holds the store without
+// its batches (Options.DisableGroupCommit) to the contract: every write
+// its own statement.
+func TestLockRepository_ContractWithoutGroupCommit(t *testing.T) {
+	testdb.Postgres(t)
+	locktest.Run(t, func(t *testing.T) application.LockRepository {
+		db, err := postgres.Open(context.Background(), testdb.Postgres(t), postgres.Options{DisableGroupCommit: true})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, db.Close()) })
+		return postgres.NewLockRepository(db)
+	})
+}

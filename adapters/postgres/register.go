@@ -19,6 +19,8 @@ func init() {
 		Open:             openBackend,
 		FormatError:      FormatError,
 		SnapshotConflict: SnapshotConflict,
+		CheckFence:       CheckFence,
+		StaleFence:       StaleFence,
 	})
 }
 

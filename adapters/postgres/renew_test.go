@@ -13,7 +13,7 @@ import (
 	"github.com/cleveragents/locks/tests/testdb"
 )
 
-// The one-statement renew (entstore.PostgresStore.RenewAt) waits for the
+// The one-statement renew (LockRepository.RenewAt) waits for the
 // resource's advisory lock like every other write that decides, and
 // decides with a now read before that wait.
 

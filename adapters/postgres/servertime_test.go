@@ -8,9 +8,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"entgo.io/ent/dialect"
-
-	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -69,12 +66,12 @@ func TestFence_StoppedHolderDoesNotKeepTheLock(t *testing.T) {
 	tx, err := raw.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback() })
-	require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(held), now))
+	require.NoError(t, postgres.CheckFence(ctx, tx, application.FenceOf(held), now))
 	// A second fence, on a lock with an hour left, keeps the shortest
 	// bound (each check used to set its own, the last one winning).
 	long, err := a.Acquire(ctx, "A", plan2, time.Hour)
 	require.NoError(t, err)
-	require.NoError(t, entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(long), now))
+	require.NoError(t, postgres.CheckFence(ctx, tx, application.FenceOf(long), now))
 	// The holder stops here: its transaction stays open, idle.
 
 	// B's clock is past the expiry; the server's gets there in half a

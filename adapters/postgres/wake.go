@@ -189,9 +189,10 @@ func releaseStatement(channel string) func(deleteSQL string) string {
 	}
 }
 
-// releaseNotice returns the entstore.PostgresBatching.Notice that
-// notifies channel of each lock a batch of releases removed that a
-// listener watches, as a lone release does.
+// releaseNotice returns the SQL expression, of the resource whose type
+// and id are the expressions typ and id, that notifies channel of each
+// lock a batch of releases removed that a listener watches, as a lone
+// release does.
 func releaseNotice(channel string) func(typ, id string) string {
 	return func(typ, id string) string { return watchedOrNotify(channel, typ, id) }
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/tests/testdb"
@@ -203,7 +202,7 @@ func TestWakeups_AReleaseNobodyWatchesSendsNothing(t *testing.T) {
 	unwatched := domain.ResourceRef{Type: domain.ResourcePlan, ID: "unwatched"}
 
 	repo := postgres.NewLockRepository(a)
-	for _, store := range []*entstore.PostgresStore{repo, repo.InBatches()} {
+	for _, store := range []*postgres.LockRepository{repo, repo.InBatches()} {
 		acquire(t, a, unwatched, "A")
 		ok, err := store.DeleteOwned(ctx, unwatched, "A")
 		require.NoError(t, err)

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -19,7 +18,7 @@ import (
 
 // fillUp acquires locks of owner on new resources until the database is
 // full, and returns them.
-func fillUp(t *testing.T, repo *entstore.FreeFirstStore, owner string) []domain.ResourceRef {
+func fillUp(t *testing.T, repo *sqlite.LockRepository, owner string) []domain.ResourceRef {
 	t.Helper()
 	var held []domain.ResourceRef
 	for i := range 10_000 {

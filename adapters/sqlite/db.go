@@ -63,7 +63,7 @@ type DB struct {
 	// then: a later chdir changes neither.
 	file  os.FileInfo
 	abs   string
-	store *entstore.FreeFirstStore
+	store *LockRepository
 }
 
 // Options tune Open. The zero value is the recommended setting.
@@ -175,7 +175,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		db.Close()
 		return nil, err
 	}
-	if db.store, err = entstore.NewFreeFirst(ctx, store, isDuplicate); err != nil {
+	if db.store, err = newLockRepository(ctx, store, db); err != nil {
 		store.Close()
 		db.Close()
 		return nil, err
@@ -184,13 +184,13 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 }
 
 // NewLockRepository returns the lock repository of db.
-func NewLockRepository(db *DB) *entstore.FreeFirstStore { return db.store }
+func NewLockRepository(db *DB) *LockRepository { return db.store }
 
 // backend is what SQLite brings to the shared store: group commit behind
 // a queue of the processes' writers, and its errors. No per-resource lock
 // is needed: BEGIN IMMEDIATE already keeps every other writer out.
 func (db *DB) backend() entstore.Backend {
-	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, FormatError: db.formatError,
+	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, SharedTx: true, FormatError: db.formatError,
 		Released: db.wake.freed}
 }
 

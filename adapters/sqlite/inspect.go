@@ -84,7 +84,7 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 		}
 	}
 	db := &DB{sql: sdb, writer: make(chan struct{}, 1), path: path}
-	db.store = &entstore.FreeFirstStore{Store: entstore.NewReadOnly(sdb, db.backend())}
+	db.store = &LockRepository{Store: entstore.NewReadOnly(sdb, db.backend())}
 	// No statements are prepared: the locks table may be missing, which is
 	// for the schema check to report, and reads fall back to plain queries.
 	return db, nil

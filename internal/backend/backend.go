@@ -13,8 +13,11 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
 )
 
 // Postgres is the name adapters/postgres registers, and the one Open looks
@@ -58,6 +61,12 @@ type Backend struct {
 	// SnapshotConflict reports a refusal of a fenced write because the
 	// transaction's snapshot is older than a change of the lock.
 	SnapshotConflict func(err error) bool
+	// CheckFence checks a fence inside the caller's transaction q.
+	CheckFence func(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time) error
+	// StaleFence is the error of a fence that failed on its transaction's
+	// old snapshot while the lock, read outside it, is held (held) or
+	// unknown (nil).
+	StaleFence func(f application.Fence, isolation string, held *domain.Lock, cause error) *domain.StaleSnapshotError
 }
 
 var (

@@ -182,7 +182,7 @@ func (s *Store) Persist(ctx context.Context, planID string, p Plan, fences []app
 }
 
 // txOptions are those of Persist's transaction: on PostgreSQL, READ
-// COMMITTED, as the fence expects (entstore.CheckFence); SQLite has one
+// COMMITTED, as the fence expects (postgres.CheckFence); SQLite has one
 // level.
 func (s *Store) txOptions() *sql.TxOptions {
 	if s.dialect == dialect.Postgres {

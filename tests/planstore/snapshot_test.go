@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -137,7 +137,7 @@ func TestCheckFence_PostgresSnapshotIsolation(t *testing.T) {
 				tx := begin(t, level)
 				a, err := c.Locks.Acquire(ctx, "A", ref, ttl)
 				require.NoError(t, err)
-				err = entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(a), c.Locks.Now())
+				err = postgres.CheckFence(ctx, tx, application.FenceOf(a), c.Locks.Now())
 				if level == sql.LevelReadCommitted {
 					require.NoError(t, err)
 					return
@@ -154,7 +154,7 @@ func TestCheckFence_PostgresSnapshotIsolation(t *testing.T) {
 				b, err := c.Locks.Acquire(ctx, "B", old, ttl)
 				require.NoError(t, err)
 				tx = begin(t, level)
-				err = entstore.CheckFence(ctx, tx, dialect.Postgres, application.FenceOf(a), c.Locks.Now())
+				err = postgres.CheckFence(ctx, tx, application.FenceOf(a), c.Locks.Now())
 				requireTakenOver(t, err, a, b)
 			})
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
@@ -27,7 +27,7 @@ import (
 // statement that waits for the table in its turn. The pilots' resources
 // are named "pilot-..." and Rows leaves them out.
 type Batches struct {
-	Store *entstore.PostgresStore
+	Store *postgres.LockRepository
 	// Admin reaches the store's database past the store.
 	Admin *sql.DB
 	// App, when set, is the application_name of the store's connections

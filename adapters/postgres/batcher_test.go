@@ -1,4 +1,4 @@
-package entstore
+package postgres
 
 import (
 	"context"
@@ -42,9 +42,8 @@ func newFakeBatcher() *fakeBatcher {
 			}
 			return nil
 		},
-		everyBody: func(error) bool { return true },
-		life:      context.Background(),
-		group:     &batchGroup{},
+		life:  context.Background(),
+		group: &batchGroup{leftGroup: &leftGroup{}},
 	}
 	return f
 }

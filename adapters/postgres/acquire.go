@@ -1,4 +1,4 @@
-package entstore
+package postgres
 
 import (
 	"context"
@@ -8,58 +8,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// PostgresStore is the Store on PostgreSQL, which also acquires in one
-// statement (application.Acquirer): one round trip, where the Store's
-// Update takes a transaction of several (BEGIN, the advisory lock, the
-// read, the write, COMMIT). Everything else is the Store's.
-type PostgresStore struct {
-	*Store
-	// key is the resource's advisory lock key: the one the backend's
-	// LockResource takes, so that the statement and every Update of one
-	// resource still exclude each other.
-	key func(domain.ResourceRef) int64
-	// occupied remembers the resources this process acquired and has not
-	// released since: the same bounded hint as contended, here of where a
-	// row is likely, so that a re-entry goes straight to acquireSQL rather
-	// than through acquireFreeSQL first. It never decides anything.
-	occupied contention
-	// batch queues the writes that arrive while others of their kind are
-	// in flight (batch.go).
-	batch    batchers
-	batching PostgresBatching
-	// undoSQL releases one version of a lock (its id and xmin), with the
-	// wake-up of a release: see undo.
-	undoSQL string
-	// life ends at Close, and with it every batch still on its way.
-	life context.Context
-	stop context.CancelFunc
-}
-
-var _ application.Acquirer = (*PostgresStore)(nil)
-
-// DecidesAll says that AcquireAt leaves nothing to Update but a re-entry
-// that its lock's expiry overtook: the contract suite holds it to that.
-func (s *PostgresStore) DecidesAll() {}
-
-// NewPostgres returns s, a store on PostgreSQL whose Backend.LockResource
-// takes pg_advisory_xact_lock(key(ref)), with Acquire in one statement,
-// and its acquires, renewals and releases in batches (group commit) when
-// they arrive while others are in flight.
-func NewPostgres(s *Store, key func(domain.ResourceRef) int64, p PostgresBatching) *PostgresStore {
-	ps := &PostgresStore{Store: s, key: key, batching: p, undoSQL: s.b.releasing(undoVersionSQL)}
-	ps.life, ps.stop = context.WithCancel(context.Background())
-	ps.batch = ps.newBatchers(p, false)
-	return ps
-}
-
-// pgStatement writes the schema's names into a statement of this file or
-// renew.go ({locks}, {id}, ...), and {layout}, the stored time format
-// (timeLayout) in to_char's terms.
+// pgStatement writes the schema's names into a statement of the package
+// ({locks}, {id}, ...), and {layout}, the stored time format in to_char's
+// terms.
 var pgStatement = strings.NewReplacer(
 	"{locks}", entlock.Table, "{id}", entlock.FieldID, "{owner}", entlock.FieldOwnerID,
 	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
@@ -80,7 +37,7 @@ var pgStatement = strings.NewReplacer(
 // as the transaction ran, past any deadline but the caller's context.
 // Past rowWait the statement fails (lock_not_available), writing
 // nothing, and the acquire is refused with a conflict that names the
-// holder and says that its row is held (PostgresBatching.RowBusy).
+// holder and says that its row is held (lockNotAvailable).
 const rowWait = 500 * time.Millisecond
 
 // rowWaitSQL sets lock_timeout to rowWait for the rest of the statement's
@@ -98,7 +55,7 @@ func serverNow(ctx context.Context, q interface {
 	if err := q.QueryRowContext(ctx, serverNowSQL).Scan(&at); err != nil {
 		return time.Time{}, err
 	}
-	t, err := parseTime("clock_timestamp()", at)
+	t, err := entstore.ParseTime("clock_timestamp()", at)
 	if err != nil {
 		return time.Time{}, &domain.StoreError{Op: "read the server's time", Kind: domain.StoreCorrupt, Err: err}
 	}
@@ -113,7 +70,7 @@ var serverExpired = pgStatement("{expires} <= {serverNow}")
 
 // pgStatements writes a statement that changes hands twice, as
 // pgStatement does: [0] with {expiredOnServer} the test of the server's
-// clock, [1] without it (Backend.LocalTime).
+// clock, [1] without it (Options.LocalTime).
 func pgStatements(src string) [2]string {
 	return [2]string{
 		pgStatement(strings.ReplaceAll(src, "{expiredOnServer}", serverExpired)),
@@ -123,8 +80,8 @@ func pgStatements(src string) [2]string {
 
 // pick returns the version of a statement of pgStatements that this store
 // runs.
-func (s *PostgresStore) pick(st [2]string) string {
-	if s.b.LocalTime {
+func (s *LockRepository) pick(st [2]string) string {
+	if s.localTime {
 		return st[1]
 	}
 	return st[0]
@@ -177,7 +134,7 @@ RETURNING {id}, xmin::text`)
 //     change of hands. It must have expired on the server's clock too
 //     ({serverNow}, read when the row is tested): now is this host's
 //     estimate of the server's time, which a link slower one way than the
-//     other can put seconds ahead (postgres.ServerClock), and a lock must
+//     other can put seconds ahead (ServerClock), and a lock must
 //     never change hands before it has expired on the server.
 //   - re extends the caller's own lock if it is still active: a re-entry
 //     keeps the token and the acquisition time, and the later of the two
@@ -254,12 +211,12 @@ ins AS (
 SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}, ins.v
 FROM ins LEFT JOIN old ON true`)
 
-var _ application.Taker = (*PostgresStore)(nil)
+var _ application.Taker = (*LockRepository)(nil)
 
 // TakeAt implements application.Taker as AcquireAt does Acquirer, with
 // takeSQL: it never re-enters the caller's own active lock.
-func (s *PostgresStore) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
-	return s.acquireBy(ctx, ref, owner, at, s.batch.take, application.DecideTake)
+func (s *LockRepository) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
+	return s.acquireBy(ctx, ref, owner, at, true, application.DecideTake)
 }
 
 // AcquireAt implements application.Acquirer with acquireFreeSQL, then, if
@@ -288,41 +245,41 @@ func (s *PostgresStore) TakeAt(ctx context.Context, ref domain.ResourceRef, owne
 // or this process holds the lock: occupied), where it would only cost a
 // round trip; when it finds a row anyway, acquireSQL follows. Either way
 // one statement decides, on the row as it is when that statement runs.
-func (s *PostgresStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
-	return s.acquireBy(ctx, ref, owner, at, s.batch.acquire, application.DecideAcquire)
+func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
+	return s.acquireBy(ctx, ref, owner, at, false, application.DecideAcquire)
 }
 
-// acquireBy is AcquireAt with statement, the queue of acquireSQL or
-// takeSQL, and the rule it carries out, decide, for the refusals it reads.
-func (s *PostgresStore) acquireBy(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing, statement *batcher[writeReq, made],
+// acquireBy is AcquireAt with acquireSQL, or with takeSQL (take), and the
+// rule it carries out, decide, for the refusals it reads.
+func (s *LockRepository) acquireBy(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing, take bool,
 	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) (application.Acquisition, error) {
 	now, expires := at()
 	seen := false // a row was read just now
-	if s.contended.has(ref) {
+	if s.Contended().Has(ref) {
 		var err error
 		if seen, err = s.refusal(ctx, ref, owner, now, expires, decide); err != nil {
 			return application.Acquisition{}, err
 		}
 	}
-	acquired, until := formatTime(now), formatTime(expires)
-	if !seen && !s.occupied.has(ref) {
+	acquired, until := entstore.FormatTime(now), entstore.FormatTime(expires)
+	if !seen && !s.occupied.Has(ref) {
 		a, ok, err := s.acquireFree(ctx, ref, owner, acquired, until)
 		if err != nil || ok {
 			return a, err
 		}
 	}
-	req := writeReq{key: s.key(ref), ref: ref, owner: owner, now: acquired, expires: until}
-	m, err := statement.do(ctx, ref, req)
+	req := writeReq{key: resourceKey(ref), ref: ref, owner: owner, now: acquired, expires: until, take: take}
+	m, err := s.w.acquire(ctx, req)
 	for again := 0; ; again++ {
 		if err != nil {
 			if held := s.rowHeld(ctx, err, ref, owner, now, expires, decide); held != nil {
 				return application.Acquisition{}, held
 			}
-			return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
+			return application.Acquisition{}, s.Failed(ctx, err, "acquire lock on", ref)
 		}
 		if m.decided {
-			s.contended.note(ref, false)
-			s.occupied.note(ref, true)
+			s.Contended().Note(ref, false)
+			s.occupied.Note(ref, true)
 			return m.a, nil
 		}
 		if err := s.refusalOnServer(ctx, ref, owner, now, expires, decide); err != nil {
@@ -338,8 +295,8 @@ func (s *PostgresStore) acquireBy(ctx context.Context, ref domain.ResourceRef, o
 		// whose caller leaves is undone (runOne), an Update cut in its
 		// commit is not.
 		now, expires = at()
-		req.now, req.expires = formatTime(now), formatTime(expires)
-		m, err = statement.runAlone(ctx, req)
+		req.now, req.expires = entstore.FormatTime(now), entstore.FormatTime(expires)
+		m, err = s.w.acquireAlone(ctx, req)
 	}
 }
 
@@ -356,15 +313,15 @@ const undecidedAgain = 2
 // alone, must not take over what the statement would not. now is this
 // host's estimate of the server's time, which a link slower one way than
 // the other can put seconds ahead; the server's clock is read only then.
-func (s *PostgresStore) refusalOnServer(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time,
+func (s *LockRepository) refusalOnServer(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time,
 	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) error {
-	cur, err := s.readLock(ctx, ref)
+	cur, err := s.ReadLock(ctx, ref)
 	if err != nil {
 		return s.explain(ctx, err, "read lock on "+ref.String())
 	}
 	_, err = decide(cur, owner, ref, now, expires)
-	if err == nil && cur != nil && cur.ExpiredAt(now) && !s.b.LocalTime {
-		server, serr := serverNow(ctx, s.read)
+	if err == nil && cur != nil && cur.ExpiredAt(now) && !s.localTime {
+		server, serr := serverNow(ctx, s.db)
 		if serr != nil {
 			return s.explain(ctx, serr, "read the server's time")
 		}
@@ -373,14 +330,14 @@ func (s *PostgresStore) refusalOnServer(ctx context.Context, ref domain.Resource
 		}
 	}
 	if errors.Is(err, domain.ErrConflict) {
-		s.contended.note(ref, true)
+		s.Contended().Note(ref, true)
 		return err
 	}
 	return nil
 }
 
 // rowHeld explains an acquire statement that could not have the row of
-// the lock it met within rowWait (PostgresBatching.RowBusy): the lock as
+// the lock it met within rowWait (lockNotAvailable): the lock as
 // it is now, read outside the statement, refuses the caller (it was
 // renewed meanwhile, or is another owner's and active), or it has expired
 // and its row is held by another transaction, most likely the holder's
@@ -389,161 +346,58 @@ func (s *PostgresStore) refusalOnServer(ctx context.Context, ref domain.Resource
 // neither holds (the lock is gone, or the wait was for something else,
 // such as the advisory lock under a lock_timeout of the caller's role):
 // the statement's error then stands.
-func (s *PostgresStore) rowHeld(ctx context.Context, err error, ref domain.ResourceRef, owner string, now, expires time.Time,
+func (s *LockRepository) rowHeld(ctx context.Context, err error, ref domain.ResourceRef, owner string, now, expires time.Time,
 	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) error {
-	if s.batching.RowBusy == nil || !s.batching.RowBusy(err) || ctx.Err() != nil {
+	if !lockNotAvailable(err) || ctx.Err() != nil {
 		return nil
 	}
-	cur, rerr := s.readLock(ctx, ref)
+	cur, rerr := s.ReadLock(ctx, ref)
 	if rerr != nil || cur == nil {
 		return nil
 	}
 	if _, derr := decide(cur, owner, ref, now, expires); errors.Is(derr, domain.ErrConflict) {
-		s.contended.note(ref, true)
+		s.Contended().Note(ref, true)
 		return derr
 	}
 	if !cur.ExpiredAt(now) {
 		return nil
 	}
-	s.contended.note(ref, true)
+	s.Contended().Note(ref, true)
 	return &domain.LockConflictError{Holder: *cur, Now: now, RowHeld: true}
 }
 
 // acquireFree runs acquireFreeSQL; ok says whether it inserted the lock.
-func (s *PostgresStore) acquireFree(ctx context.Context, ref domain.ResourceRef, owner, acquired, expires string) (application.Acquisition, bool, error) {
-	in, err := s.batch.free.do(ctx, ref, writeReq{key: s.key(ref), ref: ref, owner: owner, now: acquired, expires: expires})
+func (s *LockRepository) acquireFree(ctx context.Context, ref domain.ResourceRef, owner, acquired, expires string) (application.Acquisition, bool, error) {
+	in, err := s.w.free(ctx, writeReq{key: resourceKey(ref), ref: ref, owner: owner, now: acquired, expires: expires})
 	var a application.Acquisition
 	if err == nil && in.ok {
 		a.Lock = domain.Lock{Token: in.token, Owner: owner, Resource: ref}
-		err = parseTimes(&a.Lock, acquired, expires)
+		err = entstore.ParseTimes(&a.Lock, acquired, expires)
 	}
 	if err != nil {
-		return application.Acquisition{}, false, s.failed(ctx, err, "acquire lock on", ref)
+		return application.Acquisition{}, false, s.Failed(ctx, err, "acquire lock on", ref)
 	}
 	if in.ok {
-		s.contended.note(ref, false)
-		s.occupied.note(ref, true)
+		s.Contended().Note(ref, false)
+		s.occupied.Note(ref, true)
 	}
 	return a, in.ok, nil
-}
-
-// undoVersionSQL deletes the row version that a batch wrote: $1 its id,
-// $2 its xmin.
-var undoVersionSQL = pgStatement(`DELETE FROM {locks} WHERE {id} = $1::bigint AND xmin = $2::xid`)
-
-// Close waits, leftCloseGrace at most, for the batches on their way and
-// the lone acquires whose callers left to have their answers, and for the
-// acquisitions of callers that left to be undone, so that a program that
-// gives up on an acquire and exits leaves no lock behind. Cutting them
-// sooner could cut a commit that the server completes unseen. It then
-// ends the batches still on their way, whose waiting callers get an
-// error that matches domain.ErrClosed, and closes the Store. It reports
-// the writes that got no answer, or whose outcome stayed unknown, in a
-// *domain.StoreError.
-func (s *PostgresStore) Close() error {
-	n := s.batch.group.quiet(leftCloseGrace)
-	s.stop()
-	var unanswered error
-	if n > 0 {
-		unanswered = &domain.StoreError{Op: "close the lock store", Kind: domain.StoreUnreachable,
-			Advice: fmt.Sprintf("%d writes (acquires whose callers had given up, or batches) were cut or got no answer before the store closed, "+
-				"so their outcome is unknown: if they committed, their locks last until their TTL; check that the server answers", n)}
-	}
-	return errors.Join(unanswered, s.Store.Close())
-}
-
-// leftCloseGrace bounds how long Close waits for the batches on their way
-// and the lone acquires whose callers left: past it, a lock they
-// committed lasts until its TTL.
-const leftCloseGrace = 2 * time.Second
-
-// DeleteOwned implements application.LockRepository: the Store's
-// statement, in a batch when others are in flight, and a lock it removed
-// no longer makes the resource occupied.
-func (s *PostgresStore) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	ok, err := s.batch.release.do(ctx, ref, releaseReq{ref: ref, owner: owner})
-	if err != nil {
-		// The release is not known to stand: what a run that was rolled
-		// back removed is there again.
-		return false, s.failed(ctx, err, "release lock on", ref)
-	}
-	if ok {
-		s.occupied.note(ref, false)
-	}
-	return ok, nil
-}
-
-// DeleteToken implements application.LockRepository as DeleteOwned does.
-func (s *PostgresStore) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
-	ok, err := s.batch.release.do(ctx, ref, releaseReq{ref: ref, token: token, now: formatTime(now)})
-	if err != nil {
-		return false, s.failed(ctx, err, "release lock on", ref)
-	}
-	if ok {
-		s.occupied.note(ref, false)
-	}
-	return ok, nil
 }
 
 // refusal reads the lock on ref and returns decide's conflict (Acquire's:
 // another owner's lock, stored and active at now; Take's: any active
 // lock) if it refuses owner; nil otherwise. found says whether the read
 // saw a row.
-func (s *PostgresStore) refusal(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time,
+func (s *LockRepository) refusal(ctx context.Context, ref domain.ResourceRef, owner string, now, expires time.Time,
 	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) (found bool, err error) {
-	cur, err := s.readLock(ctx, ref)
+	cur, err := s.ReadLock(ctx, ref)
 	if err != nil {
 		return false, s.explain(ctx, err, "read lock on "+ref.String())
 	}
 	_, err = decide(cur, owner, ref, now, expires)
 	if errors.Is(err, domain.ErrConflict) {
-		s.contended.note(ref, true)
+		s.Contended().Note(ref, true)
 		return true, err
 	}
 	return cur != nil, nil
-}
-
-// scanAcquisition reads acquireSQL's row.
-func scanAcquisition(rows *sql.Rows, ref domain.ResourceRef, owner string) (application.Acquisition, string, error) {
-	var (
-		reentered bool
-		token     int64
-		times     [2]string         // acquired, expires
-		prevID    sql.NullInt64     // the lock replaced, if any:
-		prev      [3]sql.NullString // its owner, acquired, expires
-		version   sql.NullString    // of the row inserted
-	)
-	if err := rows.Scan(&reentered, &token, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2], &version); err != nil {
-		return application.Acquisition{}, "", err
-	}
-	a, err := acquisitionOf(ref, owner, reentered, token, times[0], times[1], prevID, prev)
-	return a, version.String, err
-}
-
-// acquisitionOf builds the acquisition that acquireSQL's row describes.
-func acquisitionOf(ref domain.ResourceRef, owner string, reentered bool, token int64, acquired, expires string,
-	prevID sql.NullInt64, prev [3]sql.NullString) (application.Acquisition, error) {
-	a := application.Acquisition{Reentered: reentered, Lock: domain.Lock{Token: token, Owner: owner, Resource: ref}}
-	if err := parseTimes(&a.Lock, acquired, expires); err != nil {
-		return a, err
-	}
-	if prevID.Valid {
-		p := domain.Lock{Token: prevID.Int64, Owner: prev[0].String, Resource: ref}
-		if err := parseTimes(&p, prev[1].String, prev[2].String); err != nil {
-			return a, err
-		}
-		a.Previous = &p
-	}
-	return a, nil
-}
-
-// parseTimes sets l's times from their stored form.
-func parseTimes(l *domain.Lock, acquired, expires string) (err error) {
-	if l.AcquiredAt, err = parseTime(entlock.FieldAcquiredAt, acquired); err == nil {
-		l.ExpiresAt, err = parseTime(entlock.FieldExpiresAt, expires)
-	}
-	if err != nil {
-		return &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
-	}
-	return nil
 }

@@ -1,15 +1,16 @@
-package entstore
+package postgres
 
 import (
 	"context"
 	"strings"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-var _ application.Renewer = (*PostgresStore)(nil)
+var _ application.Renewer = (*LockRepository)(nil)
 
 // renewSQL is Renew's extension (application.DecideRenew) as one
 // statement: a keep-alive renews every RenewInterval, and Update's
@@ -45,7 +46,7 @@ WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {owner} = $4::varchar
   AND EXISTS (SELECT FROM held)
 RETURNING {id}, {acquired}, {expires}`)
 
-var _ application.TokenRenewer = (*PostgresStore)(nil)
+var _ application.TokenRenewer = (*LockRepository)(nil)
 
 // renewTokenSQL is a handle's renewal (application.DecideRenewToken) as
 // one statement: renewSQL whose WHERE names the acquisition too, $7 its
@@ -56,7 +57,7 @@ var renewTokenSQL = strings.Replace(renewSQL, "AND EXISTS (SELECT FROM held)",
 
 // RenewTokenAt implements application.TokenRenewer with renewTokenSQL,
 // as RenewAt does with renewSQL.
-func (s *PostgresStore) RenewTokenAt(ctx context.Context, ref domain.ResourceRef, owner string, token int64, at application.Timing) (domain.Lock, error) {
+func (s *LockRepository) RenewTokenAt(ctx context.Context, ref domain.ResourceRef, owner string, token int64, at application.Timing) (domain.Lock, error) {
 	return s.renewWith(ctx, ref, owner, at, token)
 }
 
@@ -64,22 +65,22 @@ func (s *PostgresStore) RenewTokenAt(ctx context.Context, ref domain.ResourceRef
 // is dated now, read before the statement, so after a wait it has less
 // than its TTL left; the service refuses one that has expired by the time
 // the statement returns, as it does after every write.
-func (s *PostgresStore) RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (domain.Lock, error) {
+func (s *LockRepository) RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (domain.Lock, error) {
 	return s.renewWith(ctx, ref, owner, at, 0)
 }
 
 // renewWith runs renewSQL, or renewTokenSQL for a token other than 0, in
 // a batch when others are in flight.
-func (s *PostgresStore) renewWith(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing, token int64) (domain.Lock, error) {
+func (s *LockRepository) renewWith(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing, token int64) (domain.Lock, error) {
 	now, expires := at()
-	r := writeReq{key: s.key(ref), ref: ref, owner: owner, now: formatTime(now), expires: formatTime(expires), token: token}
-	e, err := s.batch.renew.do(ctx, ref, r)
+	r := writeReq{key: resourceKey(ref), ref: ref, owner: owner, now: entstore.FormatTime(now), expires: entstore.FormatTime(expires), token: token}
+	e, err := s.w.renew(ctx, r)
 	l := domain.Lock{Token: e.token, Owner: owner, Resource: ref}
 	if err == nil && e.extended {
-		err = parseTimes(&l, e.times[0], e.times[1])
+		err = entstore.ParseTimes(&l, e.times[0], e.times[1])
 	}
 	if err != nil {
-		return domain.Lock{}, s.failed(ctx, err, "renew lock on", ref)
+		return domain.Lock{}, s.Failed(ctx, err, "renew lock on", ref)
 	}
 	if !e.extended {
 		return domain.Lock{}, application.ErrUndecided

@@ -1,4 +1,4 @@
-package entstore
+package postgres
 
 import "strings"
 

@@ -1,4 +1,4 @@
-package entstore
+package sqlite
 
 import (
 	"context"
@@ -6,15 +6,17 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// FreeFirstStore is a Store that acquires a free resource in one
-// statement (application.Acquirer), an insert that the unique index
-// refuses when the resource has a row, and leaves every other case to Update: the row's
-// owner, expiry and token need the rule, which Update applies in Go.
+// LockRepository is the lock store on SQLite: the shared store, which
+// also acquires a free resource in one statement (application.Acquirer),
+// an insert that the unique index refuses when the resource has a row,
+// and leaves every other case to Update: the row's owner, expiry and
+// token need the rule, which Update applies in Go.
 //
 // It is the common case made cheap. An Update that acquires a free
 // resource runs a read and an insert; in a shared transaction (SQLite's
@@ -22,13 +24,12 @@ import (
 // single insert needs no savepoint, since a statement that fails changes
 // nothing. Like Update, it reads the time inside the transaction that
 // writes.
-type FreeFirstStore struct {
-	*Store
+type LockRepository struct {
+	*entstore.Store
 	insertFree *sql.Stmt // nil on a store opened for inspection
-	duplicate  func(error) bool
 }
 
-var _ application.Acquirer = (*FreeFirstStore)(nil)
+var _ application.Acquirer = (*LockRepository)(nil)
 
 // insertFreeSQL inserts a lock, which the unique index on the resource
 // refuses when the resource has a row. The new lock's id is the row's
@@ -52,40 +53,37 @@ var insertFreeSQL = strings.NewReplacer(
 	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
 ).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`) VALUES (?, ?, ?, ?, ?)")
 
-// NewFreeFirst returns s with Acquire of a free resource in one
-// statement. Its dialect must be SQLite's (the statement's quoting and
-// placeholders). duplicate reports whether an error of the driver is the
-// unique index's refusal of a second row for a resource.
-func NewFreeFirst(ctx context.Context, s *Store, duplicate func(error) bool) (*FreeFirstStore, error) {
-	query := insertFreeSQL
-	st, err := s.write.PrepareContext(ctx, query)
+// newLockRepository returns s, the store of db, with Acquire of a free
+// resource in one statement.
+func newLockRepository(ctx context.Context, s *entstore.Store, db *DB) (*LockRepository, error) {
+	st, err := db.wsql.PrepareContext(ctx, insertFreeSQL)
 	if err != nil {
-		return nil, s.b.FormatError("prepare statements", err)
+		return nil, db.formatError("prepare statements", err)
 	}
-	return &FreeFirstStore{Store: s, insertFree: st, duplicate: duplicate}, nil
+	return &LockRepository{Store: s, insertFree: st}, nil
 }
 
 // Close releases the prepared statements.
-func (s *FreeFirstStore) Close() error {
+func (s *LockRepository) Close() error {
 	if s.insertFree == nil {
 		return s.Store.Close()
 	}
 	return errors.Join(s.insertFree.Close(), s.Store.Close())
 }
 
-var _ application.Taker = (*FreeFirstStore)(nil)
+var _ application.Taker = (*LockRepository)(nil)
 
 // TakeAt implements application.Taker: AcquireAt, which only ever inserts
 // into a free resource, and so never re-enters a lock.
-func (s *FreeFirstStore) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
+func (s *LockRepository) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
 	return s.AcquireAt(ctx, ref, owner, at)
 }
 
 // AcquireAt implements application.Acquirer: it inserts the lock if the
 // resource has no row, and otherwise returns application.ErrUndecided, as
 // it does at once for a resource that was just refused (see Update).
-func (s *FreeFirstStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
-	if s.insertFree == nil || s.contended.has(ref) {
+func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
+	if s.insertFree == nil || s.Contended().Has(ref) {
 		return application.Acquisition{}, application.ErrUndecided
 	}
 	// inserted is the outcome of one run of the write.
@@ -94,15 +92,15 @@ func (s *FreeFirstStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 		token             int64
 		acquired, expires string
 	}
-	ins, err := writeOne(ctx, s.Store, OneDatedStatement, func(ctx context.Context, tx *sql.Tx) (inserted, error) {
+	ins, err := entstore.WriteOne(ctx, s.Store, entstore.OneDatedStatement, func(ctx context.Context, tx *sql.Tx) (inserted, error) {
 		// The time is read here, inside the transaction that writes, so
 		// that a write that waited is dated when it is made.
 		now, exp := at()
-		in := inserted{acquired: formatTime(now), expires: formatTime(exp)}
-		res, err := s.on(ctx, tx, s.insertFree).ExecContext(ctx,
+		in := inserted{acquired: entstore.FormatTime(now), expires: entstore.FormatTime(exp)}
+		res, err := s.On(ctx, tx, s.insertFree).ExecContext(ctx,
 			owner, string(ref.Type), ref.ID, in.acquired, in.expires)
 		if err != nil {
-			if s.duplicate(err) {
+			if isDuplicate(err) {
 				return inserted{}, nil // the resource has a row: Update decides
 			}
 			return inserted{}, err
@@ -112,14 +110,14 @@ func (s *FreeFirstStore) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 		return in, err
 	})
 	if err != nil {
-		return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
+		return application.Acquisition{}, s.Failed(ctx, err, "acquire lock on", ref)
 	}
 	if !ins.ok {
 		return application.Acquisition{}, application.ErrUndecided
 	}
 	l := domain.Lock{Token: ins.token, Owner: owner, Resource: ref}
-	if err := parseTimes(&l, ins.acquired, ins.expires); err != nil {
-		return application.Acquisition{}, s.failed(ctx, err, "acquire lock on", ref)
+	if err := entstore.ParseTimes(&l, ins.acquired, ins.expires); err != nil {
+		return application.Acquisition{}, s.Failed(ctx, err, "acquire lock on", ref)
 	}
 	return application.Acquisition{Lock: l}, nil
 }

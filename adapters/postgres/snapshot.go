@@ -1,4 +1,4 @@
-package entstore
+package postgres
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
@@ -23,7 +24,7 @@ const snapshotAdvice = "roll the transaction back and run it again, with the fen
 // a lock acquired or renewed since is invisible to it, so the fence fails
 // while the lock may be held. Only a newer lock in the snapshot proves the
 // fence's lock gone (tokens only grow).
-func snapshotMayBeOld(ctx context.Context, q Querier, f application.Fence, lost error) error {
+func snapshotMayBeOld(ctx context.Context, q entstore.Querier, f application.Fence, lost error) error {
 	var l *domain.LockLostError
 	if !errors.As(lost, &l) || (l.NewHolder != nil && l.NewHolder.Token > f.Token) {
 		return lost

@@ -1,4 +1,4 @@
-package entstore_test
+package postgres_test
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
@@ -47,7 +46,7 @@ func TestBatchStatements_LookUpRowsThroughIndexes(t *testing.T) {
 	}
 
 	param := regexp.MustCompile(`\$(\d+)`)
-	for name, query := range entstore.BatchStatements() {
+	for name, query := range postgres.BatchStatements() {
 		t.Run(name, func(t *testing.T) {
 			params := 0
 			for _, m := range param.FindAllStringSubmatch(query, -1) {
@@ -105,7 +104,7 @@ func TestBatchStatements_ReleaseOfARowChangedMidStatement(t *testing.T) {
 	release := func(ref domain.ResourceRef) (bool, time.Duration) {
 		ids[last] = ref.ID
 		began := time.Now()
-		rows, err := pool.QueryContext(ctx, entstore.BatchStatements()["release"], types, ids, owners, tokens, nows)
+		rows, err := pool.QueryContext(ctx, postgres.BatchStatements()["release"], types, ids, owners, tokens, nows)
 		require.NoError(t, err)
 		defer rows.Close()
 		named := false

@@ -1,18 +1,18 @@
-package entstore
+package postgres
 
 import (
 	"context"
 	"fmt"
 	"runtime"
 	"sync"
-	"time"
 
 	"github.com/cleveragents/locks/domain"
 )
 
-// Group commit on PostgreSQL. A write that finds nothing of its kind in
-// flight runs alone, as its own statement, so that a lone caller pays no
-// more than before. One that arrives while writes of its kind are in
+// Group commit on PostgreSQL, a decorator of the one-statement writes
+// (lone) that Options.DisableGroupCommit leaves out. A write that finds
+// nothing of its kind in flight runs alone, as its own statement, so that
+// a lone caller pays for one statement only. One that arrives while writes of its kind are in
 // flight joins a queue, and batches carry the queue, one at a time, each
 // in one statement over arrays (unnest): one round trip and one commit
 // for all of them, each member decided row by row by the same rule as its
@@ -36,7 +36,7 @@ import (
 //   - One member's failure is its own. A batch whose statement fails for
 //     a reason of its rows (a constraint, a deadlock the server chose it
 //     for) leaves every member to run its own statement; only a failure of
-//     the connection or the server (Backend-specific: everyBody) is told to
+//     the connection or the server (everyMembers) is told to
 //     all members, as each would have met it alone.
 //   - No member returns before the commit of its write: the statement
 //     runs outside any transaction, and its answer comes after its commit.
@@ -65,148 +65,14 @@ const maxDetached = 2
 
 // batchGroup is what the batchers of one store share: how many of their
 // batches are detached, and how to send each one's next batch when one
-// ends.
+// ends; and the store's count of what Close waits for, which includes the
+// batches on their way until the acquisitions of their members that left
+// are undone.
 type batchGroup struct {
+	*leftGroup
 	mu       sync.Mutex
 	detached int
 	kicks    []func()
-	// left counts the writes whose callers left and that go on to their
-	// answers (outlive), within maxLeft. pending counts what Close waits
-	// for: those, the writes cut past the bound until their answers come,
-	// and the batches on their way until the acquisitions of their members
-	// that left are undone. idle, when not nil, is closed when pending
-	// comes back to zero. unknown counts the writes whose outcome stayed
-	// unknown: an error that does not show that nothing was written, or
-	// an undo that got no answer.
-	left    int
-	pending int
-	idle    chan struct{}
-	unknown int
-}
-
-// maxLeft bounds the writes of a store whose callers left and that go on
-// to their answers (outlive), each on a connection of the pool: a
-// statement that waits (behind another session's transaction on its
-// resource, or on a server that stopped answering) would otherwise hold
-// its connection for leftTimeout, and callers that give up and try again
-// could take the whole pool from the other calls. Past the bound, a
-// caller's statement is cut when it leaves, as before the undo: if it
-// committed all the same, its lock lasts until its TTL. With maxDetached
-// batches, that leaves at least four of the pool's ten connections to the
-// other calls. Two proved too few: under a burst of cancellations on a
-// loaded machine, statements outlived their callers three and four at a
-// time and were cut.
-const maxLeft = 4
-
-// tryLeave counts one more write whose caller left and that goes on, if
-// the bound allows.
-func (g *batchGroup) tryLeave() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.left >= maxLeft {
-		return false
-	}
-	g.left++
-	g.pending++
-	return true
-}
-
-// leftEnded counts out such a write, its outcome known or not.
-func (g *batchGroup) leftEnded(known bool) {
-	g.mu.Lock()
-	g.left--
-	g.mu.Unlock()
-	g.ended(unknownIf(!known))
-}
-
-// started counts one more write that Close must wait for: a batch on its
-// way, or a write cut past maxLeft until its answer comes.
-func (g *batchGroup) started() {
-	g.mu.Lock()
-	g.pending++
-	g.mu.Unlock()
-}
-
-// ended counts out a write that Close waited for, unknown of whose
-// outcomes stayed unknown.
-func (g *batchGroup) ended(unknown int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.unknown += unknown
-	if g.pending--; g.pending == 0 && g.idle != nil {
-		close(g.idle)
-		g.idle = nil
-	}
-}
-
-func unknownIf(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// quiet waits, for d at most, until the writes whose callers left and the
-// batches on their way have had their answers, and the acquisitions of
-// callers that left are undone. It returns how many had not (a batch
-// counts once), or ended with their outcome unknown since the group
-// began: what a Close that cuts them leaves to their TTLs.
-func (g *batchGroup) quiet(d time.Duration) int {
-	g.mu.Lock()
-	if g.pending > 0 {
-		if g.idle == nil {
-			g.idle = make(chan struct{})
-		}
-		idle := g.idle
-		g.mu.Unlock()
-		t := time.NewTimer(d) // real time: it paces I/O, as leftTimeout does
-		select {
-		case <-idle:
-		case <-t.C:
-		}
-		t.Stop()
-		g.mu.Lock()
-	}
-	defer g.mu.Unlock()
-	return g.pending + g.unknown
-}
-
-// outlive runs op on a context that does not end with ctx, whose end
-// could cut a statement after the server committed it, unseen. It returns
-// op's answer and true if it came before ctx ended. Otherwise it returns
-// at once, false, and op goes on, leftTimeout at most, after leaving (if
-// set) has run; settle then reads its answer and says whether the outcome
-// is known (an acquisition undone, or nothing written). At most maxLeft
-// such writes go on at once; past the bound op is cut when its caller
-// leaves, and its answer is still settled. Close waits for them all.
-func outlive[T any](ctx context.Context, g *batchGroup, op func(context.Context) T, leaving func(), settle func(T) bool) (T, bool) {
-	run, cut := context.WithCancel(context.WithoutCancel(ctx))
-	answered := make(chan T, 1)
-	go func() { answered <- op(run) }()
-	select {
-	case a := <-answered:
-		cut()
-		return a, true
-	case <-ctx.Done():
-	}
-	if leaving != nil {
-		leaving()
-	}
-	var zero T
-	if !g.tryLeave() {
-		cut()
-		g.started()
-		go func() { g.ended(unknownIf(!settle(<-answered))) }()
-		return zero, false
-	}
-	late := time.AfterFunc(leftTimeout, cut)
-	go func() {
-		a := <-answered
-		late.Stop()
-		cut()
-		g.leftEnded(settle(a))
-	}()
-	return zero, false
 }
 
 // full says whether the group has as many detached batches as it may.
@@ -276,14 +142,11 @@ type batcher[Req, Res any] struct {
 	// each member's res, or its alone. It returns the statement's error,
 	// which leaves every member's outcome unset.
 	many func(ctx context.Context, ops []*batchOp[Req, Res]) error
-	// everyBody says whether an error of many is every member's (the
-	// connection or the server failed) rather than one of its rows'.
-	everyBody func(error) bool
 	// undo, when set, undoes res, the outcome of a member whose caller
 	// left before it came; it reports whether the database answered.
 	undo func(req Req, res Res) bool
-	// unwritten: PostgresBatching.Unwritten (nil: every failure leaves
-	// the outcome unknown).
+	// unwritten says whether a write's error shows that it wrote nothing
+	// (nil: every failure leaves the outcome unknown).
 	unwritten func(error) bool
 
 	// always runs every write through many, alone or not: see InBatches.
@@ -306,7 +169,7 @@ type batcher[Req, Res any] struct {
 	stats   WriteStats
 }
 
-// WriteStats counts the writes of a PostgresStore.
+// WriteStats counts the writes of a LockRepository.
 type WriteStats struct {
 	// Statements is how many statements the writes ran in: one per write
 	// that ran alone, one per batch.
@@ -332,7 +195,7 @@ func (b *batcher[Req, Res]) countLocked(n int) {
 	}
 }
 
-// alone runs req alone, as its caller's own statement.
+// runAlone runs req alone, as its caller's own statement.
 func (b *batcher[Req, Res]) runAlone(ctx context.Context, req Req) (Res, error) {
 	b.mu.Lock()
 	b.countLocked(1)
@@ -340,54 +203,13 @@ func (b *batcher[Req, Res]) runAlone(ctx context.Context, req Req) (Res, error) 
 	return b.runOne(ctx, req)
 }
 
-// leftTimeout bounds how long a lone acquire whose caller left goes on to
-// learn its outcome (runOne). Past it the statement is cut, as its
-// caller's context would have cut it, and a lock it committed all the
-// same lasts until its TTL.
-const leftTimeout = 10 * time.Second
-
-// runOne runs req as its own statement. A write that can be undone (an
-// acquire) does not end with its caller's context, which could cut the
-// statement after the server committed it, unseen: when the caller
-// leaves, it returns at once with the context's error, and the statement
-// goes on, until its answer or leftTimeout, so that an acquisition it
-// made is undone (released by its token and row version), as a batch's
-// is; at most maxLeft such statements at once, and Close waits a moment
-// for them. Past maxLeft, the statement is cut, and undone only if its
-// answer still says that it acquired. Renewals and releases end with
-// their callers' contexts: what they commit stands, as in a batch.
+// runOne runs req as its own statement (see runOne).
 func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
-	if b.undo == nil {
-		return b.one(ctx, req)
-	}
-	var zero Res
-	if err := ctx.Err(); err != nil {
-		return zero, err
-	}
-	type answer struct {
-		res Res
-		err error
-	}
-	a, ok := outlive(ctx, b.group, func(run context.Context) answer {
-		res, err := b.one(run, req)
-		return answer{res, err}
-	}, nil, func(a answer) bool {
-		// An error leaves the outcome unknown (a connection cut after
-		// the commit, say), unless it shows that nothing was written, and
-		// so does an undo the database did not answer.
-		if a.err != nil {
-			return b.isUnwritten(a.err)
-		}
-		return b.undo(req, a.res)
-	})
-	if !ok {
-		return zero, ctx.Err()
-	}
-	return a.res, a.err
+	return runOne(ctx, b.group.leftGroup, req, b.one, b.undo)
 }
 
 // isUnwritten says whether err, a write's failure, shows that it wrote
-// nothing (PostgresBatching.Unwritten).
+// nothing (unwritten).
 func (b *batcher[Req, Res]) isUnwritten(err error) bool {
 	return b.unwritten != nil && b.unwritten(err)
 }
@@ -578,7 +400,7 @@ func (b *batcher[Req, Res]) run(f *flight, batch []*batchOp[Req, Res]) {
 		if b.life.Err() != nil {
 			err = fmt.Errorf("the lock store was closed while the write was on its way: %w", domain.ErrClosed)
 		}
-		every := b.everyBody(err)
+		every := everyMembers(err)
 		for _, op := range batch {
 			var zero Res
 			op.res, op.err, op.alone = zero, nil, !every
@@ -631,6 +453,11 @@ func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 		}
 	}
 	b.group.ended(unknown)
+}
+
+// set gives b its store's settings.
+func (b *batcher[Req, Res]) set(always bool, life context.Context, g *batchGroup) {
+	b.always, b.life, b.group = always, life, g
 }
 
 // kick sends the next batch, if one waits.

@@ -1,10 +1,12 @@
-package entstore
+package postgres
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"sync"
 
+	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
@@ -18,7 +20,8 @@ var rowVersionSQL = pgStatement(`SELECT xmin::text FROM {locks} WHERE {id} = $1:
 var errCallerLeft = errors.New("the caller left before the decision stood")
 
 // Update implements application.LockRepository: the Store's transaction,
-// which, as a lone acquire (runOne), does not end with its caller's
+// behind the resource's advisory lock (txSteps), which, as a lone acquire
+// (runOne), does not end with its caller's
 // context. Cut during its COMMIT, it could commit unseen, and a takeover
 // (of an expired lock, of a dead holder's) would hold the resource for a
 // caller told that it failed. When the caller leaves, it returns at once
@@ -27,14 +30,13 @@ var errCallerLeft = errors.New("the caller left before the decision stood")
 // it writes nothing; if it inserted a lock, that acquisition is undone by
 // its token and row version, so that a later re-entry of the same owner
 // is spared. A renewal or a re-entry that commits stands, as in a batch
-// (outlive). These
-// transactions count among the maxLeft that may outlive their callers;
-// past the bound, the transaction is cut as before, and undone only if
-// its answer still says that it inserted. Close waits for them as for the
-// lone acquires.
-func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
+// (outlive). These transactions count among the maxLeft that may outlive
+// their callers; past the bound, the transaction is cut, and undone only
+// if its answer still says that it inserted. Close waits for them as for
+// the lone acquires.
+func (s *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
 	if err := ctx.Err(); err != nil {
-		return domain.Lock{}, s.failed(ctx, err, "update lock on", ref)
+		return domain.Lock{}, s.Failed(ctx, err, "update lock on", ref)
 	}
 	var (
 		mu   sync.Mutex
@@ -67,7 +69,7 @@ func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, deci
 		panicked bool
 		panic    any
 	}
-	a, ok := outlive(ctx, s.batch.group, func(run context.Context) (a answer) {
+	a, ok := outlive(ctx, s.left, func(run context.Context) (a answer) {
 		defer func() {
 			if p := recover(); p != nil {
 				a.panicked, a.panic = true, p
@@ -76,7 +78,7 @@ func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, deci
 			a.change = last
 			mu.Unlock()
 		}()
-		a.lock, a.err = s.Store.update(run, ref, track, &a.version)
+		a.lock, a.version, a.err = s.Store.UpdateTx(run, ref, track, s.txSteps(ref))
 		return a
 	}, func() {
 		mu.Lock()
@@ -90,7 +92,7 @@ func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, deci
 		case a.panicked:
 			panic(a.panic)
 		case a.err != nil:
-			if s.batching.Unwritten != nil && s.batching.Unwritten(a.err) {
+			if unwritten(a.err) {
 				return true
 			}
 			// The decision's own errors wrote nothing; the store's and a
@@ -105,11 +107,53 @@ func (s *PostgresStore) Update(ctx context.Context, ref domain.ResourceRef, deci
 	})
 	switch {
 	case !ok:
-		return domain.Lock{}, s.failed(ctx, ctx.Err(), "update lock on", ref)
+		return domain.Lock{}, s.Failed(ctx, ctx.Err(), "update lock on", ref)
 	case a.panicked:
 		panic(a.panic)
 	case errors.Is(a.err, errCallerLeft):
-		return domain.Lock{}, s.failed(ctx, ctx.Err(), "update lock on", ref)
+		return domain.Lock{}, s.Failed(ctx, ctx.Err(), "update lock on", ref)
 	}
 	return a.lock, a.err
+}
+
+// txSteps are PostgreSQL's steps in an Update's transaction on ref: it
+// takes the resource's advisory lock first, refuses a change of hands
+// that the server's clock does not allow (unless LocalTime), and reads
+// the row version of a lock it inserts, for undo.
+func (s *LockRepository) txSteps(ref domain.ResourceRef) entstore.TxSteps {
+	t := entstore.TxSteps{
+		First: func(ctx context.Context, tx *sql.Tx) error { return lockResource(ctx, tx, ref) },
+		Inserted: func(ctx context.Context, tx *sql.Tx, l domain.Lock) (string, error) {
+			var version string
+			err := tx.QueryRowContext(ctx, rowVersionSQL, l.Token).Scan(&version)
+			return version, err
+		},
+	}
+	if !s.localTime {
+		t.Replacing = changeOfHandsOnServer
+	}
+	return t
+}
+
+// changeOfHandsOnServer refuses a change of hands that took cur for
+// expired at the decision's now (the new lock's acquisition time: the
+// host's estimate of the server's time, which can run ahead of it) while
+// it is still active on the server's own clock, read in tx: the
+// statements that take over and purge test that clock too (acquireSQL),
+// and Update must not take what they would not. A replacement decided at
+// a now when cur was active, a dead holder's, is the caller's deliberate
+// choice and goes ahead. The refusal is the conflict that the server's
+// clock decides.
+func changeOfHandsOnServer(ctx context.Context, tx *sql.Tx, cur *domain.Lock, change application.Change) error {
+	if !cur.ExpiredAt(change.Lock.AcquiredAt) {
+		return nil
+	}
+	server, err := serverNow(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if cur.ExpiredAt(server) {
+		return nil
+	}
+	return &domain.LockConflictError{Holder: *cur, Now: server, SameOwner: cur.Owner == change.Lock.Owner}
 }
