@@ -13,10 +13,11 @@ import (
 )
 
 // The kinds of database that Config.Database can name. Those other than
-// memory and SQLite are registered by their own package (internal/backend).
+// memory register their Open from their own package (internal/backend):
+// SQLite's is always linked, PostgreSQL's when the program imports it.
 const (
 	kindMemory   = "memory"
-	kindSQLite   = "sqlite"
+	kindSQLite   = backend.SQLite
 	kindPostgres = backend.Postgres
 )
 

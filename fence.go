@@ -2,7 +2,6 @@ package locks
 
 import (
 	"context"
-	"errors"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
@@ -12,10 +11,6 @@ import (
 // *sql.Tx, or the Tx of an Ent client generated with the sql/execquery
 // feature.
 type Querier = entstore.Querier
-
-// errNoSQL is why CheckFence cannot work on a memory store.
-var errNoSQL = errors.New("the locks are kept in this process's memory (MemoryDatabase), not in a SQL database: " +
-	"there is no transaction to fence; open the container on the SQLite file or PostgreSQL database that holds the plans")
 
 // CheckFence checks, inside tx, a transaction of the caller's on the same
 // database as the locks, that f still holds: its owner still holds the

@@ -2,14 +2,10 @@ package locks
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"sync/atomic"
 	"time"
 
-	"github.com/benbjohnson/clock"
-
-	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/adapters/proc"
 	"github.com/cleveragents/locks/adapters/telemetry"
 	"github.com/cleveragents/locks/application"
@@ -106,33 +102,6 @@ func isMock(clk application.Clock) bool {
 func provideRepository(s backend.Store) application.LockRepository { return s.Repository() }
 func provideClock(s backend.Store) application.Clock               { return s.Clock() }
 func provideWakeups(s backend.Store) application.Wakeups           { return s.Wakeups() }
-
-// openMemory opens MemoryDatabase: a store no other process shares, in
-// no SQL database.
-func openMemory(_ context.Context, opts backend.Options) (backend.Store, error) {
-	clk := opts.Clock
-	if clk == nil {
-		clk = clock.New()
-	}
-	return memoryStore{repo: memory.NewLockRepository(), clock: clk}, nil
-}
-
-type memoryStore struct {
-	repo  *memory.LockRepository
-	clock application.Clock
-}
-
-func (m memoryStore) Repository() application.LockRepository { return m.repo }
-func (m memoryStore) Clock() application.Clock               { return m.clock }
-func (m memoryStore) Wakeups() application.Wakeups           { return nil }
-func (m memoryStore) Close(context.Context) error            { return nil }
-func (m memoryStore) Writer() func(context.Context, func(context.Context, *sql.Tx) error) error {
-	return nil
-}
-
-func (m memoryStore) CheckFence(context.Context, Querier, application.Fence, time.Time, backend.ReadLock) error {
-	return &domain.StoreError{Op: "fenced write", Kind: domain.StoreInternal, Err: errNoSQL}
-}
 
 // newContainer runs the startup cleanup, so that locks left by a process
 // that died are gone before anyone asks for them, and starts the periodic
