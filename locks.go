@@ -32,11 +32,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"entgo.io/ent/dialect"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/cleveragents/locks/adapters/proc"
-	"github.com/cleveragents/locks/adapters/sqlite"
+	_ "github.com/cleveragents/locks/adapters/sqlite" // registers SQLite, always linked
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/internal/backend"
@@ -118,6 +117,10 @@ type Config struct {
 	// MeterProvider, when set, receives the module's OpenTelemetry metrics
 	// (package adapters/telemetry lists them).
 	MeterProvider metric.MeterProvider
+	// Observer, when set, is told of every lock event too, beside Logger
+	// and MeterProvider, from the container's first call on: for a
+	// program that acts on them (a supervisor told of each renewal).
+	Observer application.Observer
 	// CleanupInterval, when set, purges expired locks every interval (on
 	// Clock) for as long as the container is open, as the startup cleanup
 	// does once: for a long-running process, so that locks left by
@@ -145,7 +148,7 @@ type Container struct {
 	owner    string
 	clock    application.Clock
 	keep     bool
-	fence    fencer
+	store    backend.Store // CheckFence's and Write's
 	shutdown *shutdown
 	cleanup  func()
 	once     sync.Once
@@ -186,30 +189,18 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 			return nil, err
 		}
 	}
-	var (
-		c       *Container
-		cleanup func()
-		f       fencer
-	)
-	switch kind {
-	case kindMemory:
-		c, cleanup, err = openMemory(ctx, cfg)
-	case kindSQLite:
-		c, cleanup, err = openSQLite(ctx, cfg)
-		f = fencer{dialect: dialect.SQLite, check: sqlite.CheckFence, formatError: sqlite.FormatError, snapshotConflict: sqlite.SnapshotConflict}
-	default:
-		b, ok := backend.Lookup(kind)
-		if !ok {
+	open := openMemory
+	if kind != kindMemory {
+		var ok bool
+		if open, ok = backend.Lookup(kind); !ok {
 			return nil, notLinked()
 		}
-		c, cleanup, err = openBackend(ctx, cfg, b)
-		f = fencer{dialect: b.Dialect, check: b.CheckFence, stale: b.StaleFence, formatError: b.FormatError, snapshotConflict: b.SnapshotConflict}
 	}
+	c, cleanup, err := openStore(ctx, cfg, open)
 	if err != nil {
 		return nil, err
 	}
 	c.cleanup = cleanup
-	c.fence = f
 	return c, nil
 }
 

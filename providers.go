@@ -3,51 +3,51 @@ package locks
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
-	"github.com/benbjohnson/clock"
-
-	"github.com/cleveragents/locks/adapters/memory"
 	"github.com/cleveragents/locks/adapters/proc"
-	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/adapters/telemetry"
 	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/internal/backend"
 )
 
 // The providers that wire.go assembles. They are plain functions, so that
 // wire_gen.go stays readable and could be written by hand.
 
-func provideClock(cfg Config) application.Clock {
-	if cfg.Clock == nil {
-		return clock.New()
-	}
-	return cfg.Clock
-}
-
-// provideService builds the lock service and connects it to the
-// embedder's logger and metrics, if any; its cleanup unregisters the
-// metrics' callback, after the container's cleanup has closed the service.
+// provideService builds the lock service with its ports: the store's
+// wake-ups (unless cfg.PollOnly), this machine's process table (unless
+// cfg.DisableDeadHolderTakeover), and the embedder's logger and metrics,
+// if any; its cleanup unregisters the metrics' callback, after the
+// container's cleanup has closed the service.
 func provideService(repo application.LockRepository, clk application.Clock, wake application.Wakeups, cfg Config) (*application.LockService, func(), error) {
-	svc, err := application.NewLockService(repo, clk, cfg.DefaultTTL)
-	if err != nil {
-		return nil, nil, err
-	}
+	var opts []application.Option
 	if !cfg.PollOnly {
-		svc.SetWakeups(wake)
+		opts = append(opts, application.WithWakeups(wake))
 	}
 	if !cfg.DisableDeadHolderTakeover {
 		if m, err := proc.ThisMachine(); err == nil { // no /proc: no process is proven gone
-			svc.SetProcesses(m)
+			opts = append(opts, application.WithProcesses(m))
 		}
 	}
 	var observers telemetry.Observers
 	if cfg.Logger != nil {
 		observers = append(observers, telemetry.NewLogger(cfg.Logger))
 	}
+	if cfg.Observer != nil {
+		observers = append(observers, cfg.Observer)
+	}
 	cleanup := func() {}
+	// The gauge of active locks asks the service, which is made once the
+	// metrics are: until then there is nothing to report.
+	var made atomic.Pointer[application.LockService]
 	if cfg.MeterProvider != nil {
 		m, err := telemetry.NewMetrics(cfg.MeterProvider, func(ctx context.Context) (int, error) {
+			svc := made.Load()
+			if svc == nil {
+				return 0, domain.ErrClosed
+			}
 			active, err := svc.List(ctx, application.ListOptions{})
 			return len(active), err
 		})
@@ -58,27 +58,24 @@ func provideService(repo application.LockRepository, clk application.Clock, wake
 		cleanup = func() { _ = m.Close() }
 	}
 	if len(observers) > 0 {
-		svc.SetObserver(observers)
+		opts = append(opts, application.WithObserver(observers))
 	}
+	svc, err := application.NewLockService(repo, clk, cfg.DefaultTTL, opts...)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	made.Store(svc)
 	return svc, cleanup, nil
 }
 
-// provideSQLite opens the database; its cleanup closes it, after the
+// provideStore opens the database; its cleanup closes it, after the
 // container's cleanup has released the owner's locks (Wire runs a
-// provider's cleanup before those of its inputs).
-func provideSQLite(ctx context.Context, cfg Config, sd *shutdown) (*sqlite.DB, func(), error) {
-	db, err := sqlite.Open(ctx, cfg.Database, sqlite.Options{BusyTimeout: cfg.BusyTimeout})
-	if err != nil {
-		return nil, nil, err
-	}
-	return db, func() { sd.add(db.Close()) }, nil
-}
-
-// provideBackend opens a store that its package registered (PostgreSQL,
-// when the program imports adapters/postgres); its cleanup closes it,
-// after the container's cleanup, like provideSQLite's.
-func provideBackend(ctx context.Context, cfg Config, b backend.Backend, sd *shutdown) (*backend.Store, func(), error) {
-	s, err := b.Open(ctx, backend.Options{Database: cfg.Database, Clock: cfg.Clock, LocalTime: cfg.LocalTime || isMock(cfg.Clock)})
+// provider's cleanup before those of its inputs), with the context of
+// the container's Close or Shutdown.
+func provideStore(ctx context.Context, cfg Config, open backend.Open, sd *shutdown) (backend.Store, func(), error) {
+	s, err := open(ctx, backend.Options{Database: cfg.Database, Clock: cfg.Clock,
+		LocalTime: cfg.LocalTime || isMock(cfg.Clock), BusyTimeout: cfg.BusyTimeout})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -100,23 +97,11 @@ func isMock(clk application.Clock) bool {
 	return ok
 }
 
-// The parts of a registered store that the service and the container use.
+// The parts of the store that the service uses.
 
-func provideBackendRepository(s *backend.Store) application.LockRepository { return s.Repository }
-func provideBackendClock(s *backend.Store) application.Clock               { return s.Clock }
-
-// provideBackendWakeups lets waiters sleep until a holder in another
-// process, on this host or another, lets go (PostgreSQL's notifications).
-func provideBackendWakeups(s *backend.Store) application.Wakeups { return s.Wakeups }
-
-func provideMemory() *memory.LockRepository { return memory.NewLockRepository() }
-
-// provideSQLiteWakeups lets waiters sleep until a holder in another
-// process on the same file lets go (nil where the system cannot).
-func provideSQLiteWakeups(db *sqlite.DB) application.Wakeups { return db.Wakeups() }
-
-// provideNoWakeups is for a store no other process shares (memory).
-func provideNoWakeups() application.Wakeups { return nil }
+func provideRepository(s backend.Store) application.LockRepository { return s.Repository() }
+func provideClock(s backend.Store) application.Clock               { return s.Clock() }
+func provideWakeups(s backend.Store) application.Wakeups           { return s.Wakeups() }
 
 // newContainer runs the startup cleanup, so that locks left by a process
 // that died are gone before anyone asks for them, and starts the periodic
@@ -126,9 +111,9 @@ func provideNoWakeups() application.Wakeups { return nil }
 // calls fail with domain.ErrClosed, and the calls in flight finish) and
 // only then releases the owner's locks, through the repository itself:
 // nothing the service admitted can commit a lock after that release.
-func newContainer(ctx context.Context, svc *application.LockService, repo application.LockRepository, clk application.Clock,
-	cfg Config, sd *shutdown, write appWriter) (*Container, func(), error) {
-	c := &Container{Locks: svc, owner: cfg.Owner, clock: clk, keep: cfg.KeepLocksOnClose, shutdown: sd, write: write}
+func newContainer(ctx context.Context, svc *application.LockService, s backend.Store, repo application.LockRepository, clk application.Clock,
+	cfg Config, sd *shutdown) (*Container, func(), error) {
+	c := &Container{Locks: svc, owner: cfg.Owner, clock: clk, keep: cfg.KeepLocksOnClose, store: s, shutdown: sd, write: s.Writer()}
 	if !cfg.SkipStartupCleanup {
 		if _, err := svc.CleanupExpired(ctx); err != nil {
 			return nil, nil, err

@@ -8,28 +8,34 @@ package locks
 
 import (
 	"context"
-	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/internal/backend"
+)
+
+import (
+	_ "github.com/cleveragents/locks/adapters/sqlite"
 )
 
 // Injectors from wire.go:
 
-func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
+// openStore opens the database that open opens (SQLite's, PostgreSQL's,
+// memory's) and builds the container on it. The root package does not
+// import PostgreSQL's adapter, which registers its open, so that a
+// program that does not use it does not link it.
+func openStore(ctx context.Context, cfg Config, open backend.Open) (*Container, func(), error) {
 	locksShutdown := newShutdown()
-	db, cleanup, err := provideSQLite(ctx, cfg, locksShutdown)
+	store, cleanup, err := provideStore(ctx, cfg, open, locksShutdown)
 	if err != nil {
 		return nil, nil, err
 	}
-	lockRepository := sqlite.NewLockRepository(db)
-	clock := provideClock(cfg)
-	wakeups := provideSQLiteWakeups(db)
+	lockRepository := provideRepository(store)
+	clock := provideClock(store)
+	wakeups := provideWakeups(store)
 	lockService, cleanup2, err := provideService(lockRepository, clock, wakeups, cfg)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
-	locksAppWriter := provideSQLiteWriter(db)
-	container, cleanup3, err := newContainer(ctx, lockService, lockRepository, clock, cfg, locksShutdown, locksAppWriter)
+	container, cleanup3, err := newContainer(ctx, lockService, store, lockRepository, clock, cfg, locksShutdown)
 	if err != nil {
 		cleanup2()
 		cleanup()
@@ -37,58 +43,6 @@ func openSQLite(ctx context.Context, cfg Config) (*Container, func(), error) {
 	}
 	return container, func() {
 		cleanup3()
-		cleanup2()
-		cleanup()
-	}, nil
-}
-
-// openBackend opens a store that its package registered, such as
-// PostgreSQL's: the root package does not import it, so that a program
-// that does not use it does not link it.
-func openBackend(ctx context.Context, cfg Config, b backend.Backend) (*Container, func(), error) {
-	locksShutdown := newShutdown()
-	store, cleanup, err := provideBackend(ctx, cfg, b, locksShutdown)
-	if err != nil {
-		return nil, nil, err
-	}
-	lockRepository := provideBackendRepository(store)
-	clock := provideBackendClock(store)
-	wakeups := provideBackendWakeups(store)
-	lockService, cleanup2, err := provideService(lockRepository, clock, wakeups, cfg)
-	if err != nil {
-		cleanup()
-		return nil, nil, err
-	}
-	locksAppWriter := provideNoWriter()
-	container, cleanup3, err := newContainer(ctx, lockService, lockRepository, clock, cfg, locksShutdown, locksAppWriter)
-	if err != nil {
-		cleanup2()
-		cleanup()
-		return nil, nil, err
-	}
-	return container, func() {
-		cleanup3()
-		cleanup2()
-		cleanup()
-	}, nil
-}
-
-func openMemory(ctx context.Context, cfg Config) (*Container, func(), error) {
-	lockRepository := provideMemory()
-	clock := provideClock(cfg)
-	wakeups := provideNoWakeups()
-	lockService, cleanup, err := provideService(lockRepository, clock, wakeups, cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	locksShutdown := newShutdown()
-	locksAppWriter := provideNoWriter()
-	container, cleanup2, err := newContainer(ctx, lockService, lockRepository, clock, cfg, locksShutdown, locksAppWriter)
-	if err != nil {
-		cleanup()
-		return nil, nil, err
-	}
-	return container, func() {
 		cleanup2()
 		cleanup()
 	}, nil

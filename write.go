@@ -5,19 +5,12 @@ import (
 	"database/sql"
 	"errors"
 
-	"github.com/cleveragents/locks/adapters/sqlite"
 	"github.com/cleveragents/locks/domain"
 )
 
 // appWriter runs an application's write transaction in the lock store's
 // queue of writers (Container.Write); nil for a store that has none.
 type appWriter func(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error
-
-func provideSQLiteWriter(db *sqlite.DB) appWriter { return db.Write }
-
-// provideNoWriter is for PostgreSQL, whose writers of different rows do
-// not exclude each other, and memory, which has no SQL at all.
-func provideNoWriter() appWriter { return nil }
 
 // errNoWriter is why Write cannot work on a store other than SQLite.
 var errNoWriter = errors.New("Container.Write serves the SQLite lock store, whose file has one write lock for " +

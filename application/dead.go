@@ -20,10 +20,10 @@ type Processes interface {
 	Gone(p domain.ProcessOwner) bool
 }
 
-// SetProcesses lets Acquire take over, at once, an active lock whose holder
-// is a process of this machine that is gone, instead of refusing until the
-// lock expires (nil: never). Call it before the service is used.
-func (s *LockService) SetProcesses(p Processes) { s.processes = p }
+// WithProcesses lets Acquire take over, at once, an active lock whose
+// holder is a process of this machine that is gone, instead of refusing
+// until the lock expires (nil: never).
+func WithProcesses(p Processes) Option { return func(s *LockService) { s.processes = p } }
 
 // takeOverDead takes the lock on ref for owner if holder, whose active lock
 // refused it, is a process that is gone. The liveness probe runs outside

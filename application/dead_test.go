@@ -34,15 +34,15 @@ func TestLockService_DeadHolderTakeover(t *testing.T) {
 	setup := func(t *testing.T, holder string, procs *goneProcesses) (*application.LockService, *recorder, domain.Lock) {
 		mc := clock.NewMock()
 		mc.Set(holdStart)
-		svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0)
-		require.NoError(t, err)
 		rec := &recorder{}
-		svc.SetObserver(rec)
+		opts := []application.Option{application.WithObserver(rec)}
+		if procs != nil {
+			opts = append(opts, application.WithProcesses(procs))
+		}
+		svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0, opts...)
+		require.NoError(t, err)
 		held, err := svc.Acquire(ctx, holder, plan, time.Hour)
 		require.NoError(t, err)
-		if procs != nil {
-			svc.SetProcesses(procs)
-		}
 		return svc, rec, held
 	}
 

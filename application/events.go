@@ -91,9 +91,8 @@ type Observer interface {
 	Observe(ctx context.Context, e Event)
 }
 
-// SetObserver makes the service report its events to o (nil: to nobody).
-// Call it before the service is used.
-func (s *LockService) SetObserver(o Observer) { s.observer = o }
+// WithObserver makes the service report its events to o (nil: to nobody).
+func WithObserver(o Observer) Option { return func(s *LockService) { s.observer = o } }
 
 func (s *LockService) observe(ctx context.Context, e Event) {
 	if s.observer != nil {

@@ -19,9 +19,8 @@ import (
 func TestLockService_WaitedEvent(t *testing.T) {
 	ctx := context.Background()
 	clk := testclock.New(holdStart)
-	svc := newHoldService(t, memory.NewLockRepository(), clk)
 	rec := &recorder{}
-	svc.SetObserver(rec)
+	svc := newHoldService(t, memory.NewLockRepository(), clk, application.WithObserver(rec))
 	_, err := svc.Acquire(ctx, "A", plan, time.Hour)
 	require.NoError(t, err)
 
@@ -46,9 +45,8 @@ func TestLockService_WaitedEvent(t *testing.T) {
 func TestLockService_ReleasedEventNamesTheAcquisition(t *testing.T) {
 	ctx := context.Background()
 	clk := testclock.New(holdStart)
-	svc := newHoldService(t, memory.NewLockRepository(), clk)
 	rec := &recorder{}
-	svc.SetObserver(rec)
+	svc := newHoldService(t, memory.NewLockRepository(), clk, application.WithObserver(rec))
 	h, err := svc.Take(ctx, "A", plan, application.AcquireOptions{})
 	require.NoError(t, err)
 	clk.Add(time.Second)

@@ -187,9 +187,10 @@ func (o closeOnAcquire) Observe(ctx context.Context, e application.Event) {
 func TestHandle_DoReturnsTheLossOfACloseBeforeKeepAlive(t *testing.T) {
 	ctx := context.Background()
 	mc := shareMock()
-	svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0)
+	closer := &closeOnAcquire{}
+	svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0, application.WithObserver(closer))
 	require.NoError(t, err)
-	svc.SetObserver(closeOnAcquire{svc})
+	closer.svc = svc
 	var cause error
 	err = svc.Do(ctx, "A", sharePlan, application.AcquireOptions{TTL: time.Minute}, func(ctx context.Context, _ domain.Lock) error {
 		cause = context.Cause(ctx)

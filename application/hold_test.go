@@ -21,9 +21,9 @@ import (
 
 var holdStart = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
 
-func newHoldService(t *testing.T, repo application.LockRepository, clk *testclock.Clock) *application.LockService {
+func newHoldService(t *testing.T, repo application.LockRepository, clk *testclock.Clock, opts ...application.Option) *application.LockService {
 	t.Helper()
-	svc, err := application.NewLockService(repo, clk, 0)
+	svc, err := application.NewLockService(repo, clk, 0, opts...)
 	require.NoError(t, err)
 	return svc
 }

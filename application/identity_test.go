@@ -28,11 +28,11 @@ func TestHandle_DeadHolderTakeoverMessage(t *testing.T) {
 		BootID: "6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9", PIDNamespace: 1, StartTime: 9}.String()
 	mc := clock.NewMock()
 	mc.Set(holdStart)
-	svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0)
+	// The holder's process is taken for gone.
+	svc, err := application.NewLockService(memory.NewLockRepository(), mc, 0, application.WithProcesses(&goneProcesses{}))
 	require.NoError(t, err)
 	h, err := svc.Take(ctx, dead, plan, application.AcquireOptions{TTL: time.Hour})
 	require.NoError(t, err)
-	svc.SetProcesses(&goneProcesses{}) // the holder's process is taken for gone
 	b, err := svc.Acquire(ctx, "B", plan, 0)
 	require.NoError(t, err)
 

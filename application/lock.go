@@ -77,11 +77,15 @@ type LockService struct {
 	holders      *holders     // the handles holding each resource
 }
 
+// Option gives a LockService, when it is made, one of the ports it may
+// do without: WithObserver, WithWakeups, WithProcesses.
+type Option func(*LockService)
+
 // NewLockService returns a service storing locks in repo and reading time
 // from clock. defaultTTL replaces a zero TTL in Acquire and Renew; zero
 // means domain.DefaultLockTTL, and any other value must lie within the TTL
 // bounds.
-func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) (*LockService, error) {
+func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration, opts ...Option) (*LockService, error) {
 	ttl, err := domain.ResolveTTL(defaultTTL)
 	if err != nil {
 		return nil, err
@@ -100,6 +104,9 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration) 
 	s.renewer, _ = repo.(Renewer)
 	s.taker, _ = repo.(Taker)
 	s.tokenRenewer, _ = repo.(TokenRenewer)
+	for _, o := range opts {
+		o(s)
+	}
 	return s, nil
 }
 
@@ -136,6 +143,33 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 		one = s.acquirer.AcquireAt
 	}
 	return s.acquire(ctx, owner, ref, ttl, DecideAcquire, one)
+}
+
+// AcquireResult is what an owner-scoped acquisition did, for a caller that
+// must say so, as `agents locks acquire` does.
+type AcquireResult struct {
+	// Lock is the lock as held.
+	Lock domain.Lock
+	// Reentered says that owner held the lock already: the token and the
+	// acquisition time stay, the expiry is extended.
+	Reentered bool
+	// TookOverFrom is the active lock taken over because its holder, a
+	// process of this machine, was gone; nil otherwise.
+	TookOverFrom *domain.Lock
+}
+
+// resultKey carries the *AcquireResult that AcquireWaitResult fills, down
+// through AcquireWait's tries to the one that takes the lock.
+type resultKey struct{}
+
+// AcquireWaitResult is AcquireWait, and says whether the acquisition
+// re-entered the owner's lock or took over a dead holder's, whatever the
+// clock showed. Its errors are AcquireWait's.
+func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (AcquireResult, error) {
+	r := &AcquireResult{}
+	l, err := s.AcquireWait(context.WithValue(ctx, resultKey{}, r), owner, ref, opts)
+	r.Lock = l
+	return *r, err
 }
 
 // acquire is Acquire with its rule, decide (DecideAcquire, or Take's
@@ -193,6 +227,9 @@ func (s *LockService) acquire(ctx context.Context, owner string, ref domain.Reso
 			// its expiry, and says so through the observer.
 			s.observe(ctx, Event{Kind: EventTakenOver, Owner: owner, Resource: ref, Lock: dl,
 				Previous: &conflict.Holder, DeadHolder: true})
+			if r, ok := ctx.Value(resultKey{}).(*AcquireResult); ok {
+				r.Reentered, r.TookOverFrom = false, &conflict.Holder
+			}
 			return dl, derr
 		}
 		if derr != nil || dl.Token != 0 {
@@ -206,6 +243,9 @@ func (s *LockService) acquire(ctx context.Context, owner string, ref domain.Reso
 			e.Kind, e.Previous = EventRefused, &conflict.Holder
 		}
 		s.observer.Observe(ctx, e)
+	}
+	if r, ok := ctx.Value(resultKey{}).(*AcquireResult); ok && err == nil {
+		r.Reentered = kind == EventReentered
 	}
 	return l, err
 }

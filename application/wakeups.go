@@ -33,10 +33,9 @@ type Wakeups interface {
 	Contended(ref domain.ResourceRef) bool
 }
 
-// SetWakeups lets waiters sleep until a holder in another process lets go,
-// instead of polling the store (nil: poll). Call it before the service is
-// used.
-func (s *LockService) SetWakeups(w Wakeups) { s.wakeups = w }
+// WithWakeups lets waiters sleep until a holder in another process lets
+// go, instead of polling the store (nil: poll).
+func WithWakeups(w Wakeups) Option { return func(s *LockService) { s.wakeups = w } }
 
 const (
 	// waitFallback is how often a waiter that receives wake-ups still

@@ -72,8 +72,7 @@ func startWaitingBehind(t *testing.T, watchable bool, ttl time.Duration, opts ap
 	var err error
 	w.holder, err = newHoldService(t, repo, w.clk).Take(context.Background(), "A", plan, application.AcquireOptions{TTL: ttl})
 	require.NoError(t, err)
-	svc := newHoldService(t, repo, w.clk)
-	svc.SetWakeups(w.wake)
+	svc := newHoldService(t, repo, w.clk, application.WithWakeups(w.wake))
 	takeAsync(svc, "B", opts, w.out)
 	require.Equal(t, plan, <-w.wake.watched)
 	return w
@@ -176,8 +175,7 @@ func TestLockService_WaitWithWakeups(t *testing.T) {
 			clk := testclock.New(holdStart)
 			wake := newFakeWakeups(true)
 			wake.contended = contended // another process waits for plan
-			svc := newHoldService(t, memory.NewLockRepository(), clk)
-			svc.SetWakeups(wake)
+			svc := newHoldService(t, memory.NewLockRepository(), clk, application.WithWakeups(wake))
 			holder, err := svc.Take(ctx, "A", plan, application.AcquireOptions{})
 			require.NoError(t, err)
 			out := make(chan taken, 1)

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -32,18 +33,19 @@ func testDeadHolder(t *testing.T, newRepo NewRepository) {
 		{"TheDeadOwnerIdTookItAgain", dead},
 	} {
 		run(t, "RowChangesHandsDuringProbe/"+tc.name, func(t *testing.T) {
-			f := mustFixture(t, newRepo)
+			probe := &handOver{}
+			f := mustFixture(t, newRepo, application.WithProcesses(probe))
 			held := f.MustAcquire(t, dead, plan1, time.Hour)
 			var next domain.Lock
 			probes := 0
-			f.Svc.SetProcesses(&handOver{during: func() {
+			probe.during = func() {
 				probes++
 				released, err := f.Svc.Release(f.Ctx, dead, plan1)
 				require.NoError(t, err)
 				require.True(t, released)
 				f.Clock.Add(time.Second)
 				next = f.MustAcquire(t, tc.next, plan1, time.Hour)
-			}})
+			}
 
 			_, err := f.Svc.Acquire(f.Ctx, "B", plan1, 0)
 			require.Equal(t, 1, probes, "the dead holder was probed")

@@ -47,12 +47,12 @@ type fixture struct {
 }
 
 // mustFixture builds a service on a new store with the clock at Start.
-func mustFixture(t *testing.T, newRepo NewRepository) *fixture {
+func mustFixture(t *testing.T, newRepo NewRepository, opts ...application.Option) *fixture {
 	t.Helper()
 	repo := newRepo(t)
 	mc := clock.NewMock()
 	mc.Set(Start)
-	svc, err := application.NewLockService(repo, mc, 0)
+	svc, err := application.NewLockService(repo, mc, 0, opts...)
 	require.NoError(t, err)
 	return &fixture{Svc: svc, Repo: repo, Clock: mc, Ctx: context.Background()}
 }

@@ -28,12 +28,12 @@ var acquireStart = time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 // mustService opens a store on dsn (a new pool, so a new contention hint)
 // and a service on it at the clock mc. Its sessions carry the name
 // waitFor looks for.
-func mustService(t *testing.T, dsn string, mc application.Clock) *application.LockService {
+func mustService(t *testing.T, dsn string, mc application.Clock, opts ...application.Option) *application.LockService {
 	t.Helper()
 	db, err := postgres.Open(context.Background(), withParam(t, dsn, "application_name", appName(t)), postgres.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	svc, err := application.NewLockService(postgres.NewLockRepository(db), mc, 0)
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), mc, 0, opts...)
 	require.NoError(t, err)
 	return svc
 }
@@ -123,9 +123,8 @@ func TestAcquire_ReentryAfterTheLockExpiredWhileItWaited(t *testing.T) {
 	dsn := testdb.Postgres(t)
 	ctx := context.Background()
 	mc := mockAt(acquireStart)
-	svc := mustService(t, dsn, mc)
 	var events recorder
-	svc.SetObserver(&events)
+	svc := mustService(t, dsn, mc, application.WithObserver(&events))
 	first, err := svc.Acquire(ctx, "A", plan1, 5*time.Second)
 	require.NoError(t, err)
 	mc.Set(first.ExpiresAt.Add(-time.Millisecond))

@@ -114,11 +114,11 @@ func benchStore(b *testing.B, callers int, opts postgres.Options) {
 		b.Fatal(err)
 	}
 	b.Cleanup(clk.Close)
-	svc, err := application.NewLockService(postgres.NewLockRepository(db), clk, 0)
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), clk, 0,
+		application.WithWakeups(db.Wakeups())) // as locks.Open does
 	if err != nil {
 		b.Fatal(err)
 	}
-	svc.SetWakeups(db.Wakeups()) // as locks.Open does
 	runCycles(b, callers, server, func(ref domain.ResourceRef) error {
 		if _, err := svc.Acquire(ctx, "bench", ref, 5*time.Minute); err != nil {
 			return err

@@ -2,36 +2,38 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
+	"errors"
+	"time"
 
-	"entgo.io/ent/dialect"
 	"github.com/benbjohnson/clock"
 
+	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/internal/backend"
 )
 
 // Importing this package is what lets locks.Open open a PostgreSQL DSN:
 // a program that only uses SQLite does not import it, and links neither
 // this package nor pgx.
-func init() {
-	backend.Register(backend.Backend{
-		Name:             backend.Postgres,
-		Dialect:          dialect.Postgres,
-		Open:             openBackend,
-		FormatError:      FormatError,
-		SnapshotConflict: SnapshotConflict,
-		CheckFence:       CheckFence,
-		StaleFence:       StaleFence,
-	})
+func init() { backend.Register(backend.Postgres, openStore) }
+
+// store is a PostgreSQL database as the container uses it.
+type store struct {
+	db    *DB
+	clock application.Clock
+	close func(ctx context.Context) error
 }
 
-// openBackend connects to the server and decides expiry on the server's
+// openStore connects to the server and decides expiry on the server's
 // clock (its time read at a measurement, plus the local monotonic time
 // elapsed since), so that hosts whose clocks disagree, or are stepped,
 // never take a live lock early; opts.LocalTime keeps the local clock, for
 // tests that drive a mock clock. Without opts.Clock the elapsed time
 // counts the host's sleep (SystemClock). Close stops the clock's
 // refreshes, then closes the pool.
-func openBackend(ctx context.Context, opts backend.Options) (*backend.Store, error) {
+func openStore(ctx context.Context, opts backend.Options) (backend.Store, error) {
 	db, err := Open(ctx, opts.Database, Options{LocalTime: opts.LocalTime})
 	if err != nil {
 		return nil, err
@@ -40,7 +42,7 @@ func openBackend(ctx context.Context, opts backend.Options) (*backend.Store, err
 	if local == nil {
 		local = clock.New()
 	}
-	s := &backend.Store{Repository: NewLockRepository(db), Clock: local, Wakeups: db.Wakeups(), Close: db.CloseContext}
+	s := &store{db: db, clock: local, close: db.CloseContext}
 	if opts.LocalTime {
 		return s, nil
 	}
@@ -52,10 +54,42 @@ func openBackend(ctx context.Context, opts backend.Options) (*backend.Store, err
 		_ = db.Close()
 		return nil, err
 	}
-	s.Clock = c
-	s.Close = func(ctx context.Context) error {
+	s.clock = c
+	s.close = func(ctx context.Context) error {
 		c.Close()
 		return db.CloseContext(ctx)
 	}
 	return s, nil
+}
+
+func (s *store) Repository() application.LockRepository { return NewLockRepository(s.db) }
+func (s *store) Clock() application.Clock               { return s.clock }
+
+// Wakeups lets waiters sleep until a holder in another process, on this
+// host or another, lets go (the server's notifications).
+func (s *store) Wakeups() application.Wakeups    { return s.db.Wakeups() }
+func (s *store) Close(ctx context.Context) error { return s.close(ctx) }
+
+// Writer is nil: writers of different rows do not exclude each other, so
+// an application's writes run on its own pool.
+func (s *store) Writer() func(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
+	return nil
+}
+
+// CheckFence checks f in q with a SELECT ... FOR KEY SHARE
+// (entstore.CheckFence); a transaction above READ COMMITTED, whose
+// snapshot may be older than the lock, is told whether the lock, read
+// outside it, is held.
+func (s *store) CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time, read backend.ReadLock) error {
+	err := CheckFence(ctx, q, f, now)
+	var stale *domain.StaleSnapshotError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &stale) || SnapshotConflict(err):
+		return entstore.ExplainStale(ctx, err, f, now, read, FormatError, func(held *domain.Lock, isolation string, cause error) *domain.StaleSnapshotError {
+			return StaleFence(f, isolation, held, cause)
+		})
+	}
+	return entstore.Explain(ctx, err, "fenced write", FormatError)
 }

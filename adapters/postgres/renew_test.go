@@ -25,9 +25,8 @@ func TestRenew_AfterTheLockExpiredWhileItWaited(t *testing.T) {
 	dsn := testdb.Postgres(t)
 	ctx := context.Background()
 	mc := mockAt(acquireStart)
-	svc := mustService(t, dsn, mc)
 	var events recorder
-	svc.SetObserver(&events)
+	svc := mustService(t, dsn, mc, application.WithObserver(&events))
 	first, err := svc.Acquire(ctx, "A", plan1, 5*time.Second)
 	require.NoError(t, err)
 	mc.Set(first.ExpiresAt.Add(-time.Millisecond))

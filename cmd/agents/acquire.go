@@ -6,7 +6,6 @@ import (
 	"io"
 
 	"github.com/cleveragents/locks/application"
-	"github.com/cleveragents/locks/domain"
 )
 
 // acquire runs "locks acquire TYPE ID [--ttl D] [--wait [--timeout D]]":
@@ -28,54 +27,34 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.close(ctr)
-	var seen acquireEvents
-	ctr.Locks.SetObserver(&seen)
 	// Owner-scoped, as the spec has it: a second acquire by the holder
 	// re-enters its lock, which a Take (a handle) would refuse.
-	l, err := waitRounds(c, ctx, opts, func(ctx context.Context, opts application.AcquireOptions) (domain.Lock, error) {
-		return ctr.Locks.AcquireWait(ctx, owner, ref, opts)
+	r, err := waitRounds(c, ctx, opts, func(ctx context.Context, opts application.AcquireOptions) (application.AcquireResult, error) {
+		return ctr.Locks.AcquireWaitResult(ctx, owner, ref, opts)
 	})
 	if err != nil {
 		return err
 	}
 	// Re-entry keeps the first acquisition time, and the token: the
 	// service says which it was, whatever the clock showed.
-	reentered := seen.last == application.EventReentered
+	l := r.Lock
 	verb := "Acquired"
-	if reentered {
+	if r.Reentered {
 		verb = "Re-entered"
 	}
 	now := ctr.Locks.Now()
-	doc := acquireDoc{lockDoc: newLockDoc(l), Reentered: reentered}
-	if seen.dead != nil {
-		prev := newLockDoc(*seen.dead)
+	doc := acquireDoc{lockDoc: newLockDoc(l), Reentered: r.Reentered}
+	if r.TookOverFrom != nil {
+		prev := newLockDoc(*r.TookOverFrom)
 		doc.TookOverFrom = &prev
 	}
 	return c.emit(doc, func(w io.Writer) {
 		c.printLock(w, verb, l, now)
-		if d := seen.dead; d != nil {
+		if d := r.TookOverFrom; d != nil {
 			fmt.Fprintf(w, "  took it over from owner %q (token %d), a process of this machine that is gone, before its expiry %s\n",
 				d.Owner, d.Token, c.when(d.ExpiresAt, now))
 		}
 	})
-}
-
-// acquireEvents remembers what the service reported of acquire's tries:
-// the last one's kind (a re-entry or not) and the holder of a lock taken
-// over because its process was gone.
-type acquireEvents struct {
-	last application.EventKind
-	dead *domain.Lock
-}
-
-func (t *acquireEvents) Observe(_ context.Context, e application.Event) {
-	switch e.Kind {
-	case application.EventAcquired, application.EventReentered, application.EventTakenOver, application.EventRefused:
-		t.last = e.Kind
-	}
-	if e.Kind == application.EventTakenOver && e.DeadHolder && e.Previous != nil {
-		t.dead = e.Previous
-	}
 }
 
 // acquireDoc is the JSON output of acquire: the lock, and whether the

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cleveragents/locks"
 	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/application"
 )
 
 // open builds the same container as an application that embeds the lock
@@ -27,6 +28,17 @@ import (
 // when a command that may create it runs first; any other must be in a
 // directory that exists.
 func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool, access storeAccess) (*locks.Container, error) {
+	return c.openWith(ctx, locks.Config{Owner: owner, SkipStartupCleanup: skipCleanup}, access)
+}
+
+// openObserved is open for a command that acts on the lock events (run,
+// told of each renewal): obs sees them from the container's first call.
+func (c *invocation) openObserved(ctx context.Context, owner string, access storeAccess, obs application.Observer) (*locks.Container, error) {
+	return c.openWith(ctx, locks.Config{Owner: owner, Observer: obs}, access)
+}
+
+// openWith is open with cfg's Owner, SkipStartupCleanup and Observer.
+func (c *invocation) openWith(ctx context.Context, cfg locks.Config, access storeAccess) (*locks.Container, error) {
 	db, isDefault, err := c.database()
 	if err != nil {
 		return nil, err
@@ -48,15 +60,12 @@ func (c *invocation) open(ctx context.Context, owner string, skipCleanup bool, a
 	// SQLite waits for another process's write lock in C, where the
 	// context does not reach: a shorter deadline shortens that wait too.
 	deadline, _ := c.deadline()
-	return locks.Open(ctx, locks.Config{
-		BusyTimeout:        min(deadline, sqlite.DefaultBusyTimeout),
-		Database:           db,
-		Owner:              owner,
-		Clock:              c.clock,
-		LocalTime:          c.localTime,
-		SkipStartupCleanup: skipCleanup,
-		KeepLocksOnClose:   true,
-	})
+	cfg.BusyTimeout = min(deadline, sqlite.DefaultBusyTimeout)
+	cfg.Database = db
+	cfg.Clock = c.clock
+	cfg.LocalTime = c.localTime
+	cfg.KeepLocksOnClose = true
+	return locks.Open(ctx, cfg)
 }
 
 // close closes the container within the deadline (and Close's own

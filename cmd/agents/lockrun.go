@@ -118,26 +118,27 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 		owner = runOwner(g)
 	}
 
-	ctr, err := c.open(ctx, owner, false, mayCreate)
-	if err != nil {
-		return err
-	}
-	defer c.close(ctr)
 	// Every renewal tells the keeper the new expiry: it stops the group
-	// should agents stop renewing without dying (see group.lease). Set
-	// before the lock is taken, while nothing else reads it.
+	// should agents stop renewing without dying (see group.lease).
 	// The expiry is on the store's clock (the server's time, on
 	// PostgreSQL), so what is left of it is read on that clock too, not on
 	// this host's: a server whose clock runs ahead would otherwise have
 	// the keeper act late.
-	var leaseTTL time.Duration // the handle's, set before the keep-alive starts
-	storeClock := ctr.Clock()
+	var (
+		leaseTTL   time.Duration     // the handle's, set before the keep-alive starts
+		storeClock application.Clock // the container's, set before the lock is taken
+	)
 	left := func(l domain.Lock) func() time.Duration {
 		return func() time.Duration { return l.ExpiresAt.Sub(storeClock.Now()) }
 	}
-	ctr.Locks.SetObserver(renewals{ref: ref, lease: func(l domain.Lock) {
+	ctr, err := c.openObserved(ctx, owner, mayCreate, renewals{ref: ref, lease: func(l domain.Lock) {
 		g.lease(left(l), leaseTTL, grace)
 	}})
+	if err != nil {
+		return err
+	}
+	defer c.close(ctr)
+	storeClock = ctr.Clock()
 	h, err := waitRounds(c, ctx, opts, func(ctx context.Context, opts application.AcquireOptions) (*application.Handle, error) {
 		return ctr.Locks.Take(ctx, owner, ref, opts)
 	})

@@ -1,16 +1,18 @@
-// Package backend is where an optional lock store registers itself with
-// the root package, as database/sql drivers and image decoders do: the
-// store's package calls Register from an init function, and locks.Open
-// finds it with Lookup. A program links a store's code, and its driver's,
-// only when it imports that store's package.
+// Package backend is what locks.Open asks of a kind of database: Open
+// opens it and returns a Store, through which the container runs its
+// service, checks fences and queues the application's writes. Each kind
+// registers its Open from its package's init, as database/sql drivers
+// do, so that a program links a database's code, and its driver's, only
+// when it imports its package; locks.Open finds it with Lookup.
 //
-// It is internal: the stores that register are the module's own
-// (adapters/postgres); other stores are tested with package locktest and
-// served by an application.LockService of their own.
+// It is internal: the databases that register are the module's own
+// (adapters/sqlite, adapters/postgres); other stores are tested with
+// package locktest and served by an application.LockService of their own.
 package backend
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"sync"
 	"time"
@@ -20,75 +22,74 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Postgres is the name adapters/postgres registers, and the one Open looks
-// up for a PostgreSQL DSN.
-const Postgres = "postgres"
+// The kinds of database that register, by the names Open looks up.
+const (
+	SQLite   = "sqlite"
+	Postgres = "postgres"
+)
 
-// Options is what a store is opened with: the parts of locks.Config that
-// concern it.
+// Options is what a database is opened with: the parts of locks.Config
+// that concern it.
 type Options struct {
 	// Database is the DSN, as given in locks.Config.Database.
 	Database string
 	// Clock is locks.Config.Clock; nil means the real clock.
 	Clock application.Clock
-	// LocalTime is locks.Config.LocalTime.
+	// LocalTime is locks.Config.LocalTime, or implied by a mock Clock.
 	LocalTime bool
+	// BusyTimeout is locks.Config.BusyTimeout.
+	BusyTimeout time.Duration
 }
 
-// Store is an open store: what the container runs its service on.
-type Store struct {
-	Repository application.LockRepository
+// Store is an open database of locks, as the container uses it.
+type Store interface {
+	// Repository is where the service keeps the locks.
+	Repository() application.LockRepository
 	// Clock is the clock the service decides expiry on.
-	Clock   application.Clock
-	Wakeups application.Wakeups
+	Clock() application.Clock
+	// Wakeups carries releases between processes; nil where none can.
+	Wakeups() application.Wakeups
+	// CheckFence is Container.CheckFence on this database: now is the
+	// service's time, and read reads a lock as committed, outside q, to
+	// explain a check that failed on q's old snapshot.
+	CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time, read ReadLock) error
+	// Writer is the queue that Container.Write joins, nil where the
+	// database has none (its writers do not exclude each other).
+	Writer() func(ctx context.Context, fn func(context.Context, *sql.Tx) error) error
 	// Close stops whatever Open started and closes the database; the
 	// container calls it last, after releasing its owner's locks, with
 	// the context of its Close or Shutdown, whose deadline bounds what
 	// closing waits for the server.
-	Close func(ctx context.Context) error
+	Close(ctx context.Context) error
 }
 
-// Backend is a kind of store that Open can open.
-type Backend struct {
-	// Name is the kind of database, as locks.Open names it ("postgres").
-	Name string
-	// Dialect is Ent's name of the database, for Container.CheckFence.
-	Dialect string
-	// Open opens the store, applies its migrations and returns it.
-	Open func(ctx context.Context, opts Options) (*Store, error)
-	// FormatError translates a driver's error into the domain's.
-	FormatError func(op string, err error) error
-	// SnapshotConflict reports a refusal of a fenced write because the
-	// transaction's snapshot is older than a change of the lock.
-	SnapshotConflict func(err error) bool
-	// CheckFence checks a fence inside the caller's transaction q.
-	CheckFence func(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time) error
-	// StaleFence is the error of a fence that failed on its transaction's
-	// old snapshot while the lock, read outside it, is held (held) or
-	// unknown (nil).
-	StaleFence func(f application.Fence, isolation string, held *domain.Lock, cause error) *domain.StaleSnapshotError
-}
+// ReadLock reads the lock on a resource (application.LockService.Get).
+type ReadLock func(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error)
+
+// Open opens a database, applies its migrations and returns it.
+type Open func(ctx context.Context, opts Options) (Store, error)
 
 var (
-	mu       sync.RWMutex
-	backends = map[string]Backend{}
+	mu    sync.RWMutex
+	opens = map[string]Open{}
 )
 
-// Register makes b available to locks.Open. Registering a name twice is a
-// programming error, and panics, as sql.Register does.
-func Register(b Backend) {
+// Register makes the kind of database name available to locks.Open.
+// Registering a name twice is a programming error, and panics, as
+// sql.Register does.
+func Register(name string, open Open) {
 	mu.Lock()
 	defer mu.Unlock()
-	if _, dup := backends[b.Name]; dup {
-		panic(fmt.Sprintf("backend: %s registered twice", b.Name))
+	if _, dup := opens[name]; dup {
+		panic(fmt.Sprintf("backend: %s registered twice", name))
 	}
-	backends[b.Name] = b
+	opens[name] = open
 }
 
-// Lookup returns the backend registered as name.
-func Lookup(name string) (Backend, bool) {
+// Lookup returns the Open registered as name.
+func Lookup(name string) (Open, bool) {
 	mu.RLock()
 	defer mu.RUnlock()
-	b, ok := backends[name]
-	return b, ok
+	open, ok := opens[name]
+	return open, ok
 }

@@ -262,7 +262,7 @@ func workerMain() int {
 	var c *locks.Container
 	for { // a host may start while its network or the server is down
 		var err error
-		c, err = locks.Open(ctx, locks.Config{Database: dsn, Owner: owner, Clock: clk, DefaultTTL: ttl})
+		c, err = locks.Open(ctx, locks.Config{Database: dsn, Owner: owner, Clock: clk, DefaultTTL: ttl, Observer: rec})
 		if err == nil {
 			break
 		}
@@ -276,7 +276,6 @@ func workerMain() int {
 	if clk, ok := c.Clock().(serverClock); ok {
 		rec.clock.Store(clk)
 	}
-	c.Locks.SetObserver(rec)
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, host, err)

@@ -34,9 +34,8 @@ func TestFault_CloseOnASilentServer(t *testing.T) {
 	ctx := context.Background()
 	db, err := postgres.Open(ctx, dsn, postgres.Options{MaxConns: 8})
 	require.NoError(t, err)
-	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0, application.WithWakeups(db.Wakeups()))
 	require.NoError(t, err)
-	svc.SetWakeups(db.Wakeups())
 	var wg sync.WaitGroup
 	for g := range 16 { // enough at once to open every connection of the pool
 		wg.Go(func() {
@@ -88,9 +87,8 @@ func TestFault_CloseOnASilentServerWithCallsInFlight(t *testing.T) {
 	ctx := context.Background()
 	db, err := postgres.Open(ctx, dsn, postgres.Options{MaxConns: 1})
 	require.NoError(t, err)
-	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0)
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), clock.New(), 0, application.WithWakeups(db.Wakeups()))
 	require.NoError(t, err)
-	svc.SetWakeups(db.Wakeups())
 	var (
 		wg      sync.WaitGroup
 		stopped = make(chan struct{})

@@ -1,0 +1,87 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/application"
+	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/internal/backend"
+)
+
+// SQLite is the database locks.Open opens for every name that is not a
+// PostgreSQL DSN or MemoryDatabase: the root package imports this
+// package, so it is always linked.
+func init() { backend.Register(backend.SQLite, openStore) }
+
+// store is a SQLite file as the container uses it.
+type store struct {
+	db    *DB
+	clock application.Clock
+}
+
+func openStore(ctx context.Context, opts backend.Options) (backend.Store, error) {
+	db, err := Open(ctx, opts.Database, Options{BusyTimeout: opts.BusyTimeout})
+	if err != nil {
+		return nil, err
+	}
+	clk := opts.Clock
+	if clk == nil {
+		clk = clock.New()
+	}
+	return &store{db: db, clock: clk}, nil
+}
+
+func (s *store) Repository() application.LockRepository { return NewLockRepository(s.db) }
+func (s *store) Clock() application.Clock               { return s.clock }
+func (s *store) Wakeups() application.Wakeups           { return s.db.Wakeups() }
+func (s *store) Close(context.Context) error            { return s.db.Close() }
+
+// Writer is the queue of the store's own writes: an application's writes
+// join it, in this process and across processes (writers.go), so that
+// they cannot keep the store's renewals out of the file's one write lock.
+func (s *store) Writer() func(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
+	return s.db.Write
+}
+
+// CheckFence checks f in q with an UPDATE that changes nothing
+// (entstore.CheckFence): a deferred transaction that read first cannot
+// take the write lock (SQLITE_BUSY_SNAPSHOT), and is told whether the
+// lock, read outside it, is held.
+func (s *store) CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time, read backend.ReadLock) error {
+	err := CheckFence(ctx, q, f, now)
+	switch {
+	case err == nil:
+		return nil
+	case SnapshotConflict(err):
+		return entstore.ExplainStale(ctx, err, f, now, read, FormatError, func(held *domain.Lock, _ string, cause error) *domain.StaleSnapshotError {
+			return staleFence(f, held, cause)
+		})
+	}
+	return entstore.Explain(ctx, err, "fenced write", FormatError)
+}
+
+// staleFence is SQLite's refusal of the fence of a deferred transaction
+// that read first (SQLITE_BUSY_SNAPSHOT, in err), which says what the
+// lock, read outside the transaction, is: held, or unknown (nil).
+func staleFence(f application.Fence, held *domain.Lock, err error) *domain.StaleSnapshotError {
+	var stale *domain.StaleSnapshotError
+	if !errors.As(FormatError("check a fence", err), &stale) {
+		stale = &domain.StaleSnapshotError{Op: "check a fence", What: "the transaction's snapshot is out of date", Err: err}
+	}
+	lock := fmt.Sprintf("the lock of owner %q on %s (token %d)", f.Owner, f.Resource, f.Token)
+	if held != nil {
+		stale.Held = true
+		stale.What = fmt.Sprintf("%s is held (until %s), but the fence cannot take SQLite's write lock: %s",
+			lock, held.ExpiresAt.UTC().Format(time.RFC3339Nano), stale.What)
+	} else {
+		stale.What = fmt.Sprintf("%s may be held, but the fence cannot take SQLite's write lock: %s", lock, stale.What)
+	}
+	return stale
+}
