@@ -60,7 +60,7 @@ const (
 // may try, but after handOverGrace if another process waits for ref.
 func (s *LockService) freed(ref domain.ResourceRef) {
 	if s.wakeups != nil && s.wakeups.Contended(ref) {
-		s.waiters.yieldUntil(ref, s.Now().Add(handOverGrace))
+		s.waiters.yieldUntil(ref, time.Now().Add(handOverGrace)) // real time: see waitTurn
 	}
 	s.waiters.wake(ref)
 }

@@ -323,3 +323,49 @@ func TestTimeTravel_TimeoutBeforeExpiryInOneMove(t *testing.T) {
 		}
 	})
 }
+
+// Two containers on one database share a test clock: a holds a handle, and
+// a waiter of b and then one of a are parked. a releases. A release hands
+// the lock over without any move of the clock: both waits end, one after
+// the other, although b's process waits and a keeps its own waiter back
+// for a moment to let b go first.
+func TestTimeTravel_ReleaseHandsOverAcrossProcessesWithoutAMove(t *testing.T) {
+	run := func(t *testing.T, db string, rounds int) {
+		ctx := context.Background()
+		clk := testclock.New(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
+		a := MustOpen(t, locks.Config{Database: db, Owner: "a", Clock: clk})
+		b := MustOpen(t, locks.Config{Database: db, Owner: "b", Clock: clk})
+		for i := range rounds {
+			ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: fmt.Sprintf("handover-%d-%d", i, time.Now().UnixNano())}
+			h, err := a.Locks.Take(ctx, "a", ref, application.AcquireOptions{TTL: time.Hour})
+			require.NoError(t, err)
+			done := make(chan error, 2)
+			wait := func(c *locks.Container, owner string) {
+				done <- c.Locks.Do(ctx, owner, ref, application.AcquireOptions{Wait: true, TTL: time.Hour},
+					func(context.Context, domain.Lock) error { return nil })
+			}
+			go wait(b, "b")
+			untilWaiting(t, b, ref, 1, "b's waiter")
+			go wait(a, "a")
+			untilWaiting(t, a, ref, 1, "a's waiter")
+			_, err = h.Release(ctx)
+			require.NoError(t, err)
+			for n := range 2 {
+				select {
+				case err := <-done:
+					require.NoError(t, err)
+				case <-time.After(10 * time.Second):
+					t.Fatalf("round %d: %d of 2 waits ended; Waiting a=%d b=%d, timers pending: %v",
+						i, n, a.Locks.Waiting(ref), b.Locks.Waiting(ref), clk.PendingIn())
+				}
+			}
+		}
+	}
+	t.Run("sqlite", func(t *testing.T) { run(t, filepath.Join(t.TempDir(), "agents.db"), 50) })
+	t.Run("postgres", func(t *testing.T) {
+		if os.Getenv("LOCKS_TEST_POSTGRES_DSN") == "" {
+			t.Skip("LOCKS_TEST_POSTGRES_DSN is not set")
+		}
+		run(t, testdb.Postgres(t), 50)
+	})
+}
