@@ -39,9 +39,9 @@ func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain
 		return domain.Lock{}, false, nil
 	}
 	tookOver := false
-	l, err := s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
+	out, err := s.apply(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
 		cur, tookOver = overDead(holder, cur, now)
 		return decide(cur, owner, ref, now, expires)
-	})
-	return l, tookOver, err
+	}, nil)
+	return out.Lock, tookOver, err
 }

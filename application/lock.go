@@ -453,24 +453,6 @@ func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock
 	return s.repo.List(ctx, f)
 }
 
-// update validates the input and lets rule decide the change from the
-// current lock, now and the expiry now+ttl. Now is read inside the store's
-// Update, once the current row is in hand, and not before: the store may
-// first wait for other writers (a busy database, a queue of writes) for
-// longer than the TTL, and a lock dated before that wait could be returned
-// already expired.
-//
-// The write itself can still be slow (a commit waiting for the disk). A
-// lock that has expired by the time the store returns is of no use to the
-// caller, who could not know it: that ends in a *domain.LockExpiredError
-// whose WrittenAt says when the write finished.
-func (s *LockService) update(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
-	rule func(cur *domain.Lock, now, expires time.Time) (Change, error)) (domain.Lock, error) {
-	return s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
-		return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
-	})
-}
-
 // apply carries out a decision for owner on ref with ttl: by one, in one
 // statement, when one is set and the store can (OneStatement) and
 // decides; otherwise, or when it left the decision, through Update by
@@ -512,7 +494,12 @@ func (s *LockService) times(ttl time.Duration) func() (time.Time, time.Time) {
 }
 
 // decideNow is rule as a Decide function, which reads now when the store
-// calls it.
+// calls it, once the current row is in hand, and not before: the store may
+// first wait for other writers (a busy database, a queue of writes) for
+// longer than the TTL, and a lock dated before that wait could be returned
+// already expired. The write itself can still be slow (a commit waiting
+// for the disk): write refuses a lock that has expired by the time the
+// store returns (lateWrite).
 func (s *LockService) decideNow(ttl time.Duration, rule func(cur *domain.Lock, now, expires time.Time) (Change, error)) Decide {
 	return func(cur *domain.Lock) (Change, error) {
 		now, expires := s.times(ttl)()
@@ -521,7 +508,7 @@ func (s *LockService) decideNow(ttl time.Duration, rule func(cur *domain.Lock, n
 }
 
 // write validates the input, runs do with the TTL to use, inside the gate,
-// and refuses a lock that do returns already expired (see update).
+// and refuses a lock that do returns already expired (lateWrite).
 func (s *LockService) write(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	do func(ttl time.Duration) (domain.Lock, error)) (domain.Lock, error) {
 	ttl, err := s.checkInput(owner, ref, ttl)
