@@ -27,9 +27,8 @@ func WithProcesses(p Processes) Option { return func(s *LockService) { s.process
 
 // takeOverDead takes the lock on ref for owner if holder, whose active lock
 // refused it, is a process that is gone. The liveness probe runs outside
-// the write; the write then takes over only if the row is still the one
-// probed (the same token), and otherwise decides by decide, the rule of
-// the call (Acquire's or Take's).
+// the write; the write then decides by decide, the rule of the call
+// (Acquire's or Take's), on the row as overDead has it.
 func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	holder domain.Lock, decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error)) (domain.Lock, bool, error) {
 	if s.processes == nil {
@@ -40,14 +39,9 @@ func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain
 		return domain.Lock{}, false, nil
 	}
 	tookOver := false
-	l, err := s.update(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
-		tookOver = cur != nil && cur.Token == holder.Token && !cur.ExpiredAt(now)
-		if tookOver {
-			// The probed holder's lock counts as gone: the store still
-			// replaces its row, which it read itself.
-			cur = nil
-		}
+	out, err := s.apply(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
+		cur, tookOver = overDead(holder, cur, now)
 		return decide(cur, owner, ref, now, expires)
-	})
-	return l, tookOver, err
+	}, nil)
+	return out.Lock, tookOver, err
 }

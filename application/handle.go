@@ -159,11 +159,7 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	if l, ok := s.holders.holding(sl, now); ok {
 		return nil, &domain.LockConflictError{Holder: l, Now: now, InProcess: true}
 	}
-	var one func(context.Context, domain.ResourceRef, string, Timing) (Acquisition, error)
-	if s.taker != nil {
-		one = s.taker.TakeAt
-	}
-	decide := DecideTake
+	decide, one := DecideTake, &Op{Kind: OpTake}
 	if !notAfter.IsZero() {
 		decide, one = beforeDeadline(decide, notAfter), nil
 	}

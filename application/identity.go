@@ -13,38 +13,14 @@ import (
 // is named by its token. The service's owner-scoped calls stay as the
 // spec has them; these are the token-scoped ones that handles use.
 
-// renewToken renews held, a handle's acquisition, by its token: in one
-// write when the store can (TokenRenewer), and otherwise, or when that
-// write extended nothing, through Update with DecideRenewToken. It never
-// falls back to an owner-scoped write.
+// renewToken renews held, a handle's acquisition, by its token
+// (OpRenewToken): never through an owner-scoped write.
 func (s *LockService) renewToken(ctx context.Context, held domain.Lock, ttl time.Duration) (domain.Lock, error) {
 	owner, ref := held.Owner, held.Resource
-	rule := func(cur *domain.Lock, now, expires time.Time) (Change, error) {
-		return DecideRenewToken(cur, held, now, expires)
-	}
-	var (
-		l   domain.Lock
-		err error
-	)
-	if s.tokenRenewer == nil {
-		l, err = s.update(ctx, owner, ref, ttl, rule)
-	} else {
-		l, err = s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
-			l, err := s.tokenRenewer.RenewTokenAt(ctx, ref, owner, held.Token, s.timing(ttl))
-			if errors.Is(err, ErrUndecided) {
-				return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
-			}
-			return l, err
-		})
-	}
-	var (
-		slow *domain.LockExpiredError
-		lost *domain.LockLostError
-	)
-	if errors.As(err, &slow) && !errors.As(err, &lost) {
-		// Extended, but only after the lock had expired: of no use.
-		err = &domain.LockLostError{Lock: held, Reason: domain.LostStoreFailing, At: slow.WrittenAt, Err: slow}
-	}
+	op := Op{Kind: OpRenewToken, Owner: owner, Ref: ref, Held: held}
+	out, err := s.apply(ctx, owner, ref, ttl, op.Decide, &op)
+	l := out.Lock
+	err = lateRenewal(held, err)
 	if err == nil && l.Token != held.Token {
 		// A store that broke its contract: never adopt the token.
 		err = &domain.StoreError{Op: "renew lock on " + ref.String(),
@@ -86,41 +62,15 @@ func (s *LockService) releaseToken(ctx context.Context, held domain.Lock) (bool,
 		s.observe(ctx, e)
 		return true, nil
 	}
-	// Nothing removed: the lock was not this acquisition's, active, at now.
 	lost, err := s.lossNow(ctx, held)
-	switch {
-	case lost != nil:
-		return false, lost
-	case err != nil:
-		// Why is unknown, but not whether: the removal found no active
-		// lock of this token, so it is lost. An active lock is taken over
-		// only once removed (or its holder found gone).
-		reason := domain.LostRemoved
-		if held.ExpiredAt(now) {
-			reason = domain.LostExpired
-		}
-		return false, &domain.LockLostError{Lock: held, Reason: reason, At: now}
-	}
-	// The store shows the lock active, after a removal that found it
-	// expired: only a clock that went back could do that.
-	return false, &domain.LockLostError{Lock: held, Reason: domain.LostExpired, At: now}
+	return false, lossOfRelease(held, lost, err, now)
 }
 
 // lossNow reads the lock on held's resource and says whether, and why,
-// held is lost now (LossOf). A store that cannot be read is no proof of
-// loss before held's expiry: nil and the error then; after it, the loss.
+// held is lost now (lossOnRead).
 func (s *LockService) lossNow(ctx context.Context, held domain.Lock) (*domain.LockLostError, error) {
 	cur, err := s.repo.Get(ctx, held.Resource)
-	now := s.Now()
-	switch {
-	case err == nil:
-		return LossOf(held, &cur, now), nil
-	case errors.Is(err, domain.ErrNotFound):
-		return LossOf(held, nil, now), nil
-	case held.ExpiredAt(now):
-		return &domain.LockLostError{Lock: held, Reason: domain.LostExpired, At: now}, nil
-	}
-	return nil, err
+	return lossOnRead(held, cur, err, s.Now())
 }
 
 // checkToken returns the lock stored on held's resource if it is still
@@ -134,17 +84,12 @@ func (s *LockService) checkToken(ctx context.Context, held domain.Lock) (domain.
 	}
 	defer s.gate.leave()
 	cur, err := s.repo.Get(ctx, held.Resource)
-	now := s.Now()
+	lost, err := lossOnRead(held, cur, err, s.Now())
 	switch {
-	case err == nil:
-		if lost := LossOf(held, &cur, now); lost != nil {
-			return domain.Lock{}, lost
-		}
-		return cur, nil
-	case errors.Is(err, domain.ErrNotFound):
-		return domain.Lock{}, LossOf(held, nil, now)
-	case held.ExpiredAt(now):
-		return domain.Lock{}, &domain.LockLostError{Lock: held, Reason: domain.LostExpired, At: now}
+	case lost != nil:
+		return domain.Lock{}, lost
+	case err != nil:
+		return domain.Lock{}, err
 	}
-	return domain.Lock{}, err
+	return cur, nil
 }

@@ -32,7 +32,7 @@ const (
 
 // LockService applies the lock rules on top of a LockRepository.
 //
-// The rules, in one place:
+// The rules, whose functions are in decide.go:
 //   - A lock is active while now < ExpiresAt; at now == ExpiresAt it has
 //     expired (domain.Lock.ExpiredAt).
 //   - Acquire by the holder of an active lock is re-entrant: the expiry
@@ -54,15 +54,13 @@ const (
 //   - Every decision reads the clock when the store has the resource's
 //     current row in hand, inside the write that applies it: never before
 //     a wait for the store, which would date the lock in the past. The
-//     one exception is a store that acquires (Acquirer) or renews
-//     (Renewer) in one statement, whose decisions at an earlier now are
-//     never less safe (see there).
+//     one exception is a store that decides in one statement
+//     (OneStatement), whose decisions at an earlier now are never less
+//     safe (see there).
 //   - After Close, every call fails with domain.ErrClosed.
 type LockService struct {
 	repo       LockRepository
-	acquirer   Acquirer // repo, when it can acquire in one write
-	renewer    Renewer  // repo, when it can renew in one write
-	taker      Taker    // repo, when it can take a handle's lock in one write
+	one        OneStatement // repo, when it can decide in one statement
 	clock      Clock
 	timers     Timers
 	defaultTTL time.Duration
@@ -72,9 +70,7 @@ type LockService struct {
 	observer   Observer
 	processes  Processes
 	wakeups    Wakeups
-
-	tokenRenewer TokenRenewer // repo, when it can renew a handle in one write
-	holders      *holders     // the handles holding each resource
+	holders    *holders // the handles holding each resource
 }
 
 // Option gives a LockService, when it is made, one of the ports it may
@@ -100,10 +96,7 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration, 
 		// move may land while a waiter looks at the store (waitTurn).
 		_, s.jumps = clock.(interface{ Add(time.Duration) })
 	}
-	s.acquirer, _ = repo.(Acquirer)
-	s.renewer, _ = repo.(Renewer)
-	s.taker, _ = repo.(Taker)
-	s.tokenRenewer, _ = repo.(TokenRenewer)
+	s.one, _ = repo.(OneStatement)
 	for _, o := range opts {
 		o(s)
 	}
@@ -138,11 +131,7 @@ func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx
 // WrittenAt set when the store took longer than ttl to write the lock;
 // *domain.StoreError when the store fails; domain.ErrClosed after Close.
 func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
-	var one func(context.Context, domain.ResourceRef, string, Timing) (Acquisition, error)
-	if s.acquirer != nil {
-		one = s.acquirer.AcquireAt
-	}
-	return s.acquire(ctx, owner, ref, ttl, DecideAcquire, one)
+	return s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
 }
 
 // AcquireResult is what an owner-scoped acquisition did, for a caller that
@@ -172,52 +161,26 @@ func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref d
 	return *r, err
 }
 
-// acquire is Acquire with its rule, decide (DecideAcquire, or Take's
-// DecideTake), and one, the store's one-write variant of that rule (nil:
-// Update decides).
+// acquire is Acquire, or Take, by decide, the rule in Go (DecideAcquire,
+// DecideTake, or one of them with a deadline), and one, the Op of that
+// rule that a OneStatement store may carry out instead (nil: Update
+// decides, by decide).
 func (s *LockService) acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error),
-	one func(context.Context, domain.ResourceRef, string, Timing) (Acquisition, error)) (domain.Lock, error) {
-	var (
-		start    time.Time
-		kind     EventKind
-		previous *domain.Lock
-	)
+	one *Op) (domain.Lock, error) {
+	var start time.Time
 	if s.observer != nil {
 		start = s.clock.Now()
 	}
-	rule := func(cur *domain.Lock, now, expires time.Time) (Change, error) {
-		change, err := decide(cur, owner, ref, now, expires)
-		kind, previous = EventReentered, nil
-		if change.Kind == ChangeInsert {
-			kind, previous = EventAcquired, cur
-			if cur != nil {
-				kind = EventTakenOver
-			}
+	out, err := s.apply(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
+		return decide(cur, owner, ref, now, expires)
+	}, one)
+	l, kind, previous := out.Lock, EventReentered, out.Previous
+	if out.Kind == ChangeInsert {
+		kind = EventAcquired
+		if previous != nil {
+			kind = EventTakenOver
 		}
-		return change, err
-	}
-	var (
-		l   domain.Lock
-		err error
-	)
-	if one != nil {
-		l, err = s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
-			a, err := one(ctx, ref, owner, s.timing(ttl))
-			if errors.Is(err, ErrUndecided) {
-				return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
-			}
-			kind, previous = EventAcquired, a.Previous
-			switch {
-			case a.Reentered:
-				kind = EventReentered
-			case a.Previous != nil:
-				kind = EventTakenOver
-			}
-			return a.Lock, err
-		})
-	} else {
-		l, err = s.update(ctx, owner, ref, ttl, rule)
 	}
 	var conflict *domain.LockConflictError
 	if errors.As(err, &conflict) && s.processes != nil {
@@ -272,22 +235,11 @@ func (s *LockService) Renew(ctx context.Context, owner string, ref domain.Resour
 	return l, err
 }
 
-// renew extends in one write when the store can (Renewer), and otherwise,
-// or when that write extended nothing, decides through Update.
+// renew is Renew without its event.
 func (s *LockService) renew(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
-	rule := func(cur *domain.Lock, now, expires time.Time) (Change, error) {
-		return DecideRenew(cur, owner, ref, now, expires)
-	}
-	if s.renewer == nil {
-		return s.update(ctx, owner, ref, ttl, rule)
-	}
-	return s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
-		l, err := s.renewer.RenewAt(ctx, ref, owner, s.timing(ttl))
-		if errors.Is(err, ErrUndecided) {
-			return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
-		}
-		return l, err
-	})
+	op := Op{Kind: OpRenew, Owner: owner, Ref: ref}
+	out, err := s.apply(ctx, owner, ref, ttl, op.Decide, &op)
+	return out.Lock, err
 }
 
 // Release removes owner's lock on ref and reports whether there was one. A
@@ -501,26 +453,40 @@ func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock
 	return s.repo.List(ctx, f)
 }
 
-// update validates the input and lets rule decide the change from the
-// current lock, now and the expiry now+ttl. Now is read inside the store's
-// Update, once the current row is in hand, and not before: the store may
-// first wait for other writers (a busy database, a queue of writes) for
-// longer than the TTL, and a lock dated before that wait could be returned
-// already expired.
-//
-// The write itself can still be slow (a commit waiting for the disk). A
-// lock that has expired by the time the store returns is of no use to the
-// caller, who could not know it: that ends in a *domain.LockExpiredError
-// whose WrittenAt says when the write finished.
-func (s *LockService) update(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
-	rule func(cur *domain.Lock, now, expires time.Time) (Change, error)) (domain.Lock, error) {
-	return s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
-		return s.repo.Update(ctx, ref, s.decideNow(ttl, rule))
+// apply carries out a decision for owner on ref with ttl: by one, in one
+// statement, when one is set and the store can (OneStatement) and
+// decides; otherwise, or when it left the decision, through Update by
+// rule, which is one's rule in Go (Op.Decide) or one that the store
+// cannot carry out. It returns what was done, with the lock as write
+// returns it.
+func (s *LockService) apply(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
+	rule func(cur *domain.Lock, now, expires time.Time) (Change, error), one *Op) (Outcome, error) {
+	var out Outcome
+	l, err := s.write(ctx, owner, ref, ttl, func(ttl time.Duration) (domain.Lock, error) {
+		if s.one != nil && one != nil {
+			op := *one
+			op.Owner, op.Ref, op.At = owner, ref, s.times(ttl)
+			o, err := s.one.Apply(ctx, op)
+			if err != nil || o.Kind != ChangeNone {
+				out = o
+				return o.Lock, err
+			}
+		}
+		return s.repo.Update(ctx, ref, s.decideNow(ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
+			c, err := rule(cur, now, expires)
+			out = Outcome{Kind: c.Kind}
+			if c.Kind == ChangeInsert {
+				out.Previous = cur
+			}
+			return c, err
+		}))
 	})
+	out.Lock = l
+	return out, err
 }
 
-// timing is the Timing of a one-write Acquire or Renew with ttl.
-func (s *LockService) timing(ttl time.Duration) Timing {
+// times reads now on the service's clock, and the expiry now+ttl.
+func (s *LockService) times(ttl time.Duration) func() (time.Time, time.Time) {
 	return func() (time.Time, time.Time) {
 		now := s.Now()
 		return now, now.Add(ttl).Truncate(Precision)
@@ -528,16 +494,21 @@ func (s *LockService) timing(ttl time.Duration) Timing {
 }
 
 // decideNow is rule as a Decide function, which reads now when the store
-// calls it.
+// calls it, once the current row is in hand, and not before: the store may
+// first wait for other writers (a busy database, a queue of writes) for
+// longer than the TTL, and a lock dated before that wait could be returned
+// already expired. The write itself can still be slow (a commit waiting
+// for the disk): write refuses a lock that has expired by the time the
+// store returns (lateWrite).
 func (s *LockService) decideNow(ttl time.Duration, rule func(cur *domain.Lock, now, expires time.Time) (Change, error)) Decide {
 	return func(cur *domain.Lock) (Change, error) {
-		now := s.Now()
-		return rule(cur, now, now.Add(ttl).Truncate(Precision))
+		now, expires := s.times(ttl)()
+		return rule(cur, now, expires)
 	}
 }
 
 // write validates the input, runs do with the TTL to use, inside the gate,
-// and refuses a lock that do returns already expired (see update).
+// and refuses a lock that do returns already expired (lateWrite).
 func (s *LockService) write(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	do func(ttl time.Duration) (domain.Lock, error)) (domain.Lock, error) {
 	ttl, err := s.checkInput(owner, ref, ttl)
@@ -549,11 +520,11 @@ func (s *LockService) write(ctx context.Context, owner string, ref domain.Resour
 	}
 	defer s.gate.leave()
 	l, err := do(ttl)
+	if err == nil {
+		err = lateWrite(l, owner, ref, s.Now())
+	}
 	if err != nil {
 		return domain.Lock{}, err
-	}
-	if now := s.Now(); l.ExpiredAt(now) {
-		return domain.Lock{}, &domain.LockExpiredError{Owner: owner, Resource: ref, ExpiredAt: l.ExpiresAt, WrittenAt: now}
 	}
 	return l, nil
 }

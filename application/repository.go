@@ -2,7 +2,6 @@ package application
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/cleveragents/locks/domain"
@@ -39,43 +38,6 @@ func timersOf(clk Clock) Timers {
 	return realTimers{}
 }
 
-// ChangeKind says what a Decide function wants done with a resource's row.
-type ChangeKind int
-
-const (
-	// ChangeNone leaves the store untouched.
-	ChangeNone ChangeKind = iota
-	// ChangeInsert removes any existing lock on the resource and stores
-	// Change.Lock as a new lock with a new fencing token, larger than every
-	// token the store has handed out before, on any resource. Tokens need
-	// not start at 1 nor be consecutive; they must never repeat, and they
-	// grow in the order of the writes. It is used whenever the resource
-	// changes hands.
-	ChangeInsert
-	// ChangeExtend sets the expiry of the current lock to
-	// Change.Lock.ExpiresAt, keeping its owner, acquisition time and token.
-	// The expiry given is the new one, earlier or later than the current
-	// one: a renewal with a shorter TTL shortens the lock (a re-entry's
-	// rule, DecideAcquire, never gives an earlier one).
-	ChangeExtend
-)
-
-// Change is the outcome of a Decide function.
-type Change struct {
-	// Kind is what to do with the resource's row.
-	Kind ChangeKind
-	// Lock carries the new owner, resource and times for ChangeInsert (its
-	// Token is ignored and assigned by the store), and the new ExpiresAt for
-	// ChangeExtend.
-	Lock domain.Lock
-}
-
-// Decide looks at the current lock on a resource (nil when there is none)
-// and returns the change to apply, or an error to abort with nothing written.
-// A store may call it more than once for one Update (a transaction that was
-// rolled back runs again); only its last call's decision stands.
-type Decide func(current *domain.Lock) (Change, error)
-
 // ListFilter selects locks for List. Zero fields do not filter.
 type ListFilter struct {
 	// Type, when set, keeps only the locks of that resource type.
@@ -102,7 +64,7 @@ type ListFilter struct {
 // over a database compares them with a binary collation, never one that
 // folds case or pads with spaces.
 //
-// A write (Update, the Delete methods, and the optional ports below)
+// A write (Update, the Delete methods, and OneStatement's Apply)
 // whose ctx has ended before it is made returns the ctx's error (matching
 // ctx.Err() with errors.Is, and not domain.ErrUnavailable) and writes
 // nothing: a caller that has given up, or timed out, has not released,
@@ -148,223 +110,48 @@ type LockRepository interface {
 	CountExpired(ctx context.Context, now time.Time) (int, error)
 }
 
-// ErrUndecided is what an Acquirer returns when it leaves a call to
-// Update: the service then takes the decision there, with the Go rule. It
-// never reaches the service's callers.
-var ErrUndecided = errors.New("the store left this decision to Update")
-
-// Acquirer is an optional capability of a LockRepository: carrying out
-// Acquire's rule (DecideAcquire) itself, in one write, instead of a
-// transaction that reads the row and then writes it. The service uses it
-// when its repository has it (a type assertion), for Acquire only.
+// OneStatement is the one optional port of a LockRepository: a store
+// that carries out a decision of the service (an Op) in one statement,
+// instead of a transaction that reads the row and then writes it. The
+// service uses it when its repository has it (a type assertion), for
+// every Op, and decides through Update whatever it leaves undecided.
 //
-// Unlike Update, it is given now before it reaches the store: the service
-// cannot read the clock in the middle of one statement. A store that waits
-// (for another writer of the resource) decides at that earlier now, so it
-// must only ever err on the side that a later now would not contradict:
-// an expired lock stays expired later, so a takeover or an acquisition of
-// a free resource at the earlier now is also right at the write; a lock
-// active at the earlier now may have expired meanwhile, so a refusal is
-// at worst early, and a re-entry must be checked against the time of the
-// write, or left to Update (ErrUndecided).
-type Acquirer interface {
-	// AcquireAt applies Acquire's rule for owner on ref at the now that at
-	// gives, with the new expiry it gives (now+TTL), atomically, and
-	// reports what it did.
-	// Its decisions must be DecideAcquire's on the row it changed.
+// Unlike Update, it is given now before it reaches the store (Op.At): the
+// service cannot read the clock in the middle of one statement. A store
+// that waits (for another writer of the resource) decides at that earlier
+// now, so it must only ever err on the side that a later now would not
+// contradict: an expired lock stays expired later, so a takeover or an
+// acquisition of a free resource at the earlier now is also right at the
+// write; a lock active at the earlier now may have expired meanwhile, so
+// a refusal is at worst early, and an extension (a re-entry, a renewal)
+// must check that the lock is active at the time of the write, or leave
+// it undecided: extending a lock that had lapsed would keep its token
+// across a moment when no one held it.
+type OneStatement interface {
+	// Apply carries out op atomically and reports what it did. Its
+	// decisions must be op.Decide's on the row it changed. OpTake never
+	// re-enters, and OpRenewToken extends only the row of op.Held's
+	// token and owner, never another acquisition of the same owner.
 	//
-	// Errors: a *domain.LockConflictError naming the holder when another
-	// owner's lock, stored and active at now, refuses the caller (nothing
-	// written); ErrUndecided when the store did not decide (nothing
-	// written): the caller decides through Update; a *domain.StoreError
-	// when the store fails.
-	AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at Timing) (Acquisition, error)
+	// Errors: for OpAcquire and OpTake, the rule's
+	// *domain.LockConflictError when a lock stored and active at now
+	// refuses the caller (nothing written); a *domain.StoreError when
+	// the store fails. Any other outcome, every refusal of a renewal
+	// included, is left undecided: Outcome.Kind ChangeNone and a nil
+	// error, nothing written, and the service decides through Update,
+	// which also names the error.
+	Apply(ctx context.Context, op Op) (Outcome, error)
 }
 
-// Renewer is an optional capability of a LockRepository: carrying out
-// Renew's extension in one write, instead of a transaction that reads the
-// row and then writes it. The service uses it when its repository has it,
-// for Renew only, and leaves every other outcome to Update.
-//
-// As for an Acquirer, now is read before the write, which may wait: the
-// lock must be owner's and active at the time of the write, not only at
-// now, or extending it would keep its token across a moment when it had
-// lapsed (Renew of an expired lock must fail).
-type Renewer interface {
-	// RenewAt sets the expiry of owner's lock on ref to the expiry that at
-	// gives (now+TTL), if that lock is active at the time of the write, and
-	// returns the lock as stored afterwards. Its decision must be
-	// DecideRenew's extension on the row it changed.
-	//
-	// Errors: ErrUndecided when it extended nothing (nothing written): the
-	// caller decides through Update, which also names the error; a
-	// *domain.StoreError when the store fails.
-	RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at Timing) (domain.Lock, error)
-}
-
-// TokenRenewer is an optional capability of a LockRepository: a Handle's
-// renewal in one write. A handle renews its own acquisition, by token,
-// never whatever lock its owner holds: the write must match the token as
-// well as the owner, and the lock must be active at the time of the
-// write, as for a Renewer. A store without it renews handles through
-// Update (DecideRenewToken), never through an owner-scoped write.
-type TokenRenewer interface {
-	// RenewTokenAt sets the expiry of the lock on ref whose token is token
-	// and whose owner is owner to the expiry that at gives, if that lock
-	// is active at the time of the write, and returns the lock as stored
-	// afterwards. Its decision must be DecideRenewToken's extension.
-	//
-	// Errors: ErrUndecided when it extended nothing (nothing written):
-	// the caller decides through Update, which also explains the loss; a
-	// *domain.StoreError when the store fails.
-	RenewTokenAt(ctx context.Context, ref domain.ResourceRef, owner string, token int64, at Timing) (domain.Lock, error)
-}
-
-// DecideRenewToken is a Handle's renewal rule: the extension of held, the
-// handle's acquisition, to expires (now+TTL) if cur, the lock stored on
-// its resource, is that acquisition (same token and owner) and active at
-// now; otherwise the *domain.LockLostError that says why it is lost
-// (LossOf). Unlike DecideRenew, it never extends a lock of the same owner
-// with another token: that is another acquisition.
-func DecideRenewToken(cur *domain.Lock, held domain.Lock, now, expires time.Time) (Change, error) {
-	if lost := LossOf(held, cur, now); lost != nil {
-		return Change{}, lost
-	}
-	return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
-}
-
-// LossOf says whether, and why, held is lost at now, given cur, the lock
-// stored on its resource (nil when there is none): nil while cur is held
-// itself (same token and owner), active; otherwise a *domain.LockLostError
-// with At set to now and the reason that the store shows:
-//   - another token (another acquisition, of any owner): taken over, with
-//     cur as NewHolder, whether or not cur is still active;
-//   - held's own row, expired: expired;
-//   - no row, before held's expiry as last known: removed (released
-//     elsewhere, or purged by a clock running ahead); after it: expired
-//     (and perhaps purged since).
-func LossOf(held domain.Lock, cur *domain.Lock, now time.Time) *domain.LockLostError {
-	lost := &domain.LockLostError{Lock: held, At: now}
-	switch {
-	case cur == nil && held.ExpiredAt(now):
-		lost.Reason = domain.LostExpired
-	case cur == nil:
-		lost.Reason = domain.LostRemoved
-	case cur.Token != held.Token || cur.Owner != held.Owner:
-		holder := *cur
-		lost.Reason, lost.NewHolder = domain.LostTakenOver, &holder
-	case cur.ExpiredAt(now):
-		lost.Reason, lost.Lock = domain.LostExpired, *cur
-	default:
-		return nil
-	}
-	return lost
-}
-
-// Timing gives an Acquirer or a Renewer the time of its decision, now, and the new
-// expiry, now+TTL. The store calls it once, as close to its write as it
-// can: inside the transaction that writes, or just before a statement
-// that decides by itself.
-type Timing func() (now, expires time.Time)
-
-// Acquisition is what an Acquirer did.
-type Acquisition struct {
+// Outcome is what a OneStatement store did.
+type Outcome struct {
+	// Kind is the change written: ChangeInsert when the resource changed
+	// hands, ChangeExtend when the lock's expiry moved (a re-entry, a
+	// renewal), ChangeNone when nothing was written and the decision is
+	// left to Update.
+	Kind ChangeKind
 	// Lock is the lock as stored afterwards.
 	Lock domain.Lock
-	// Reentered says that Lock was owner's active lock, extended.
-	Reentered bool
 	// Previous is the expired lock that was replaced, on a takeover.
 	Previous *domain.Lock
-}
-
-// DecideRenew is Renew's rule: the extension of owner's lock cur on ref to
-// expires (now+TTL) if it is active at now; a *domain.LockExpiredError when
-// owner holds nothing there at now (no lock, its own lock has expired, or
-// another owner's has); a *domain.LockConflictError naming cur when
-// another owner holds it at now.
-func DecideRenew(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
-	switch {
-	case cur == nil:
-		return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref}
-	case cur.Owner == owner && cur.ExpiredAt(now):
-		return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref, ExpiredAt: cur.ExpiresAt}
-	case cur.Owner == owner:
-		return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
-	case cur.ExpiredAt(now):
-		// Someone else's lapsed lock: the caller holds nothing here.
-		return Change{}, &domain.LockExpiredError{Owner: owner, Resource: ref}
-	default:
-		return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
-	}
-}
-
-// DecideAcquire is Acquire's rule: the change that owner's Acquire of ref
-// at now makes to cur, the lock stored on ref (nil when there is none),
-// with expires = now+TTL; or a *domain.LockConflictError naming cur when
-// another owner holds it at now. A re-entry (owner's own active lock)
-// extends it to the later of its expiry and expires, never shortening
-// it: whoever keeps the lock alive at its own TTL (a keep-alive, agents
-// locks run) must not lose it to the same owner's re-entry with a
-// shorter one. An Acquirer repeats it in its own terms,
-// and the contract suite checks the two against each other.
-func DecideAcquire(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
-	switch {
-	case cur == nil || cur.ExpiredAt(now):
-		// Free, or the previous lock has lapsed: the resource changes
-		// hands (even back to the same owner, who held nothing between
-		// the expiry and now), so it gets a new token.
-		return Change{Kind: ChangeInsert, Lock: domain.Lock{
-			Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
-		}}, nil
-	case cur.Owner == owner:
-		return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: later(cur.ExpiresAt, expires)}}, nil
-	default:
-		return Change{}, &domain.LockConflictError{Holder: *cur, Now: now}
-	}
-}
-
-// later returns the later of a and b.
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
-// DecideTake is Take's rule, for a handle: the change that owner's Take of
-// ref at now makes to cur, the lock stored on ref (nil when there is
-// none), with expires = now+TTL. A free or expired resource gets a new
-// lock with a new token; an active lock refuses the Take with a
-// *domain.LockConflictError naming it, whatever its owner: unlike
-// DecideAcquire, it never re-enters, since a handle is one acquisition
-// and must never share another's token (for the same owner, SameOwner is
-// set). The only way for handles to share a token is an explicit re-entry
-// inside the holder's work (AcquireOptions.Reentrant), which does not
-// reach the store's rule.
-func DecideTake(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
-	if cur == nil || cur.ExpiredAt(now) {
-		return Change{Kind: ChangeInsert, Lock: domain.Lock{
-			Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
-		}}, nil
-	}
-	return Change{}, &domain.LockConflictError{Holder: *cur, Now: now, SameOwner: cur.Owner == owner}
-}
-
-// Taker is an optional capability of a LockRepository: carrying out Take's
-// rule (DecideTake) itself, in one write, as an Acquirer does Acquire's.
-// The service uses it for Take only, and never an Acquirer there: an
-// Acquirer re-enters the owner's active lock, which a Take must refuse.
-// The same caution about now holds as for an Acquirer; there is no
-// re-entry to check at the time of the write.
-type Taker interface {
-	// TakeAt applies Take's rule for owner on ref at the now that at
-	// gives, with the new expiry it gives, atomically, and reports what it
-	// did (never Reentered). Its decisions must be DecideTake's on the row
-	// it changed.
-	//
-	// Errors: DecideTake's *domain.LockConflictError when an active lock,
-	// of any owner, is stored at now (nothing written); ErrUndecided when
-	// the store did not decide (nothing written): the caller decides
-	// through Update; a *domain.StoreError when the store fails.
-	TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at Timing) (Acquisition, error)
 }

@@ -26,12 +26,15 @@ type rowHeldRepo struct {
 	tries  atomic.Int64
 }
 
-func (r *rowHeldRepo) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
-	r.tries.Add(1)
-	if now, _ := at(); r.held.Load() {
-		return application.Acquisition{}, &domain.LockConflictError{Holder: r.holder, Now: now, RowHeld: true}
+func (r *rowHeldRepo) Apply(ctx context.Context, op application.Op) (application.Outcome, error) {
+	if op.Kind != application.OpTake {
+		return application.Outcome{}, nil
 	}
-	return application.Acquisition{}, application.ErrUndecided
+	r.tries.Add(1)
+	if now, _ := op.At(); r.held.Load() {
+		return application.Outcome{}, &domain.LockConflictError{Holder: r.holder, Now: now, RowHeld: true}
+	}
+	return application.Outcome{}, nil
 }
 
 // A wait refused by a lock that has expired but cannot change hands yet

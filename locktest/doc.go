@@ -52,13 +52,14 @@
 //     rather than keep it looping); a context that ended before a write, or
 //     mid-write, is the context's error and writes nothing; List orders
 //     ids by their bytes.
-//   - Acquirer, Taker, Renewer, and Handles/TokenRenewer: the optional
-//     one-statement ports (application.Acquirer, Taker, Renewer,
-//     TokenRenewer), each put through ten states of a resource and
-//     compared with the Go rule it replaces (DecideAcquire, DecideTake,
-//     DecideRenew, DecideRenewToken); a re-entry must never shorten the
-//     lock (the caller's own lock that outlives now+ttl keeps its expiry). They skip, saying so, for a store
-//     that does not implement them.
+//   - OneStatement: the optional port application.OneStatement, each of
+//     its rules (Acquire, Take, Renew, RenewToken) put through ten states
+//     of a resource and compared with the Go rule it replaces (Op.Decide:
+//     DecideAcquire, DecideTake, DecideRenew, DecideRenewToken); a
+//     re-entry must never shorten the lock (the caller's own lock that
+//     outlives now+ttl keeps its expiry). They skip, saying so, for a
+//     store that does not implement the port, or leaves a rule's plainest
+//     case (a free resource, the caller's own active lock) to Update.
 //   - DeadHolder: a lock that changes hands while the dead-holder probe
 //     runs is not taken over.
 //   - Handles: writes by an acquisition's token never touch another
@@ -80,10 +81,10 @@
 // that wait, and ends, leaving its goroutines blocked; once one has hung,
 // the rest of the test binary's subtests have 3 s each (under -race too).
 //
-// A store that implements Acquirer may leave some cases to Update by
-// returning application.ErrUndecided. One that leaves none but a
-// re-entry within a second of its lock's expiry says so with a method
-// DecidesAll(), and Run then holds it to that.
+// A OneStatement store may leave some cases to Update, by returning
+// ChangeNone and no error. One that leaves none of an acquire or a take,
+// and no extension but one within a second of its lock's expiry, says so
+// with a method DecidesAll(), and Run then holds it to that.
 //
 // # Using it
 //

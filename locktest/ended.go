@@ -32,7 +32,7 @@ func requireEnded(t *testing.T, ctx context.Context, err error, call string) {
 // testEndedContext holds the service's writes, over the store, to a
 // context that has ended before the call: the context's error, and
 // nothing written. Each call goes through whatever the store implements
-// (Update, or an Acquirer, Taker, Renewer or TokenRenewer).
+// (Update, or a OneStatement store's Apply).
 func testEndedContext(t *testing.T, newRepo NewRepository) {
 	for name, ctx := range endedContexts() {
 		run(t, name, func(t *testing.T) {

@@ -1,7 +1,6 @@
 package locktest
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -64,58 +63,4 @@ func testHandles(t *testing.T, newRepo NewRepository) {
 		require.ErrorAs(t, err, &lost)
 		assert.Equal(t, []domain.Lock{again}, f.All(t), "A's new lock is untouched")
 	})
-
-	run(t, "TokenRenewer", func(t *testing.T) {
-		if _, ok := newRepo(t).(application.TokenRenewer); !ok {
-			t.Skip("the store does not renew handles by itself")
-		}
-		for _, tc := range resourceStates() {
-			run(t, tc.name, func(t *testing.T) {
-				repo := newRepo(t)
-				cur := mustStore(t, repo, tc.cur)
-				helds := []domain.Lock{{Token: 1 << 40, Owner: "A", Resource: plan1, AcquiredAt: Start, ExpiresAt: Start.Add(10 * time.Second)}}
-				if cur != nil {
-					own := *cur
-					own.Owner = "A" // the row's own token, and another owner's, as a handle of A would hold it
-					helds = append(helds, own)
-				}
-				for _, held := range helds {
-					checkTokenRenewal(t, repo, cur, held)
-				}
-			})
-		}
-	})
-}
-
-// checkTokenRenewal renews held through the store's TokenRenewer on cur
-// and compares the outcome with application.DecideRenewToken.
-func checkTokenRenewal(t *testing.T, repo application.LockRepository, cur *domain.Lock, held domain.Lock) {
-	t.Helper()
-	now, expires := Start, Start.Add(stateTTL)
-	want, wantErr := application.DecideRenewToken(cur, held, now, expires)
-	got, err := repo.(application.TokenRenewer).RenewTokenAt(t.Context(), plan1, held.Owner, held.Token,
-		func() (time.Time, time.Time) { return now, expires })
-	after, gerr := repo.Get(t.Context(), plan1)
-	if errors.Is(gerr, domain.ErrNotFound) {
-		gerr = nil
-	}
-	require.NoError(t, gerr)
-	if err != nil {
-		require.ErrorIs(t, err, application.ErrUndecided, "a TokenRenewer leaves every other outcome to Update")
-		if wantErr == nil {
-			assert.Less(t, cur.ExpiresAt.Sub(now), undecidedMargin, "an extension well before the expiry is decided")
-		}
-		if cur == nil {
-			assert.Zero(t, after, "nothing was written")
-		} else {
-			assert.Equal(t, *cur, after, "nothing was written")
-		}
-		return
-	}
-	require.NoError(t, wantErr, "the store extended token %d where the rule says %v", held.Token, wantErr)
-	require.Equal(t, application.ChangeExtend, want.Kind)
-	l := *cur
-	l.ExpiresAt = want.Lock.ExpiresAt
-	assert.Equal(t, l, got, "the token and the acquisition time stay, the expiry moves")
-	assert.Equal(t, l, after)
 }

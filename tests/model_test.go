@@ -220,12 +220,11 @@ func (s *machine) Acquire(t *rapid.T) {
 }
 
 // acquireSpy is a store that acquires and renews by itself, counting how
-// often it left the decision to Update. Concurrently calls it from several
-// goroutines at once.
+// often it left the decision to Update; it leaves every other Op to
+// Update. Concurrently calls it from several goroutines at once.
 type acquireSpy struct {
 	application.LockRepository
-	acquirer application.Acquirer
-	renewer  application.Renewer
+	one application.OneStatement
 
 	mu                 sync.Mutex // Concurrently calls it from several goroutines
 	undecided, decided int
@@ -233,26 +232,23 @@ type acquireSpy struct {
 	last               bool // the last call was left undecided
 }
 
-func (a *acquireSpy) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
-	got, err := a.acquirer.AcquireAt(ctx, ref, owner, at)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.last = errors.Is(err, application.ErrUndecided)
-	if a.last {
-		a.undecided++
-	} else {
-		a.decided++
+func (a *acquireSpy) Apply(ctx context.Context, op application.Op) (application.Outcome, error) {
+	if op.Kind != application.OpAcquire && op.Kind != application.OpRenew {
+		return application.Outcome{}, nil
 	}
-	return got, err
-}
-
-func (a *acquireSpy) RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (domain.Lock, error) {
-	got, err := a.renewer.RenewAt(ctx, ref, owner, at)
+	got, err := a.one.Apply(ctx, op)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.last = errors.Is(err, application.ErrUndecided)
-	if err == nil {
-		a.renewed++
+	a.last = err == nil && got.Kind == application.ChangeNone
+	switch {
+	case op.Kind == application.OpRenew:
+		if err == nil && !a.last {
+			a.renewed++
+		}
+	case a.last:
+		a.undecided++
+	default:
+		a.decided++
 	}
 	return got, err
 }
@@ -454,7 +450,7 @@ func TestModel_PostgreSQL(t *testing.T) {
 		// that it takes those decisions itself, so that they are the ones
 		// the model checks.
 		repo := postgres.NewLockRepository(db)
-		return &acquireSpy{LockRepository: repo, acquirer: repo, renewer: repo}, func() {
+		return &acquireSpy{LockRepository: repo, one: repo}, func() {
 			shared += repo.WriteStats().Shared
 			db.Close()
 		}

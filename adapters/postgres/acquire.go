@@ -211,15 +211,13 @@ ins AS (
 SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}, ins.v
 FROM ins LEFT JOIN old ON true`)
 
-var _ application.Taker = (*LockRepository)(nil)
-
-// TakeAt implements application.Taker as AcquireAt does Acquirer, with
+// TakeAt is Take's rule (application.OpTake) as AcquireAt is Acquire's, with
 // takeSQL: it never re-enters the caller's own active lock.
-func (s *LockRepository) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
+func (s *LockRepository) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time)) (application.Outcome, error) {
 	return s.acquireBy(ctx, ref, owner, at, true, application.DecideTake)
 }
 
-// AcquireAt implements application.Acquirer with acquireFreeSQL, then, if
+// AcquireAt is Acquire's rule (application.OpAcquire) with acquireFreeSQL, then, if
 // the resource has a row, acquireSQL.
 //
 // now was read before the statement, which may wait (for the resource's
@@ -245,20 +243,20 @@ func (s *LockRepository) TakeAt(ctx context.Context, ref domain.ResourceRef, own
 // or this process holds the lock: occupied), where it would only cost a
 // round trip; when it finds a row anyway, acquireSQL follows. Either way
 // one statement decides, on the row as it is when that statement runs.
-func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
+func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time)) (application.Outcome, error) {
 	return s.acquireBy(ctx, ref, owner, at, false, application.DecideAcquire)
 }
 
 // acquireBy is AcquireAt with acquireSQL, or with takeSQL (take), and the
 // rule it carries out, decide, for the refusals it reads.
-func (s *LockRepository) acquireBy(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing, take bool,
-	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) (application.Acquisition, error) {
+func (s *LockRepository) acquireBy(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time), take bool,
+	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) (application.Outcome, error) {
 	now, expires := at()
 	seen := false // a row was read just now
 	if s.Contended().Has(ref) {
 		var err error
 		if seen, err = s.refusal(ctx, ref, owner, now, expires, decide); err != nil {
-			return application.Acquisition{}, err
+			return application.Outcome{}, err
 		}
 	}
 	acquired, until := entstore.FormatTime(now), entstore.FormatTime(expires)
@@ -273,9 +271,9 @@ func (s *LockRepository) acquireBy(ctx context.Context, ref domain.ResourceRef, 
 	for again := 0; ; again++ {
 		if err != nil {
 			if held := s.rowHeld(ctx, err, ref, owner, now, expires, decide); held != nil {
-				return application.Acquisition{}, held
+				return application.Outcome{}, held
 			}
-			return application.Acquisition{}, s.Failed(ctx, err, "acquire lock on", ref)
+			return application.Outcome{}, s.Failed(ctx, err, "acquire lock on", ref)
 		}
 		if m.decided {
 			s.Contended().Note(ref, false)
@@ -283,10 +281,10 @@ func (s *LockRepository) acquireBy(ctx context.Context, ref domain.ResourceRef, 
 			return m.a, nil
 		}
 		if err := s.refusalOnServer(ctx, ref, owner, now, expires, decide); err != nil {
-			return application.Acquisition{}, err
+			return application.Outcome{}, err
 		}
 		if again == undecidedAgain {
-			return application.Acquisition{}, application.ErrUndecided
+			return application.Outcome{}, nil
 		}
 		// Nothing refuses the caller now: the lock that the statement met
 		// was released since, or it expired while the statement waited.
@@ -367,15 +365,15 @@ func (s *LockRepository) rowHeld(ctx context.Context, err error, ref domain.Reso
 }
 
 // acquireFree runs acquireFreeSQL; ok says whether it inserted the lock.
-func (s *LockRepository) acquireFree(ctx context.Context, ref domain.ResourceRef, owner, acquired, expires string) (application.Acquisition, bool, error) {
+func (s *LockRepository) acquireFree(ctx context.Context, ref domain.ResourceRef, owner, acquired, expires string) (application.Outcome, bool, error) {
 	in, err := s.w.free(ctx, writeReq{key: resourceKey(ref), ref: ref, owner: owner, now: acquired, expires: expires})
-	var a application.Acquisition
+	var a application.Outcome
 	if err == nil && in.ok {
-		a.Lock = domain.Lock{Token: in.token, Owner: owner, Resource: ref}
+		a.Kind, a.Lock = application.ChangeInsert, domain.Lock{Token: in.token, Owner: owner, Resource: ref}
 		err = entstore.ParseTimes(&a.Lock, acquired, expires)
 	}
 	if err != nil {
-		return application.Acquisition{}, false, s.Failed(ctx, err, "acquire lock on", ref)
+		return application.Outcome{}, false, s.Failed(ctx, err, "acquire lock on", ref)
 	}
 	if in.ok {
 		s.Contended().Note(ref, false)

@@ -233,7 +233,7 @@ func TestGroupCommit_ReleasesAndRenewals(t *testing.T) {
 	f := newBatchFixture(t)
 	ctx := context.Background()
 	owners, refs := members(4)
-	held := make([]application.Acquisition, 4)
+	held := make([]application.Outcome, 4)
 	for i := range refs {
 		a, err := f.Store.AcquireAt(ctx, refs[i], owners[i], now(time.Minute))
 		require.NoError(t, err)
@@ -274,8 +274,9 @@ func TestGroupCommit_ReleasesAndRenewals(t *testing.T) {
 	require.Equal(t, map[string]string{"r2": "o2", "r3": "o3"}, got)
 	_, err := f.Store.RenewTokenAt(ctx, refs[2], owners[2], held[2].Lock.Token, now(2*time.Minute))
 	require.NoError(t, err)
-	_, err = f.Store.RenewTokenAt(ctx, refs[3], owners[3], held[3].Lock.Token+100, now(2*time.Minute))
-	require.True(t, errors.Is(err, application.ErrUndecided), "a stale token renews nothing: %v", err)
+	out, err := f.Store.RenewTokenAt(ctx, refs[3], owners[3], held[3].Lock.Token+100, now(2*time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, application.ChangeNone, out.Kind, "a stale token renews nothing")
 }
 
 func plan(id string) domain.ResourceRef { return domain.ResourceRef{Type: domain.ResourcePlan, ID: id} }

@@ -19,7 +19,7 @@ import (
 // LockRepository is the lock store on PostgreSQL: the shared store, whose
 // Update takes a transaction of several round trips (BEGIN, the advisory
 // lock, the read, the write, COMMIT), with acquires, renewals and releases
-// in one statement each (application.Acquirer, Renewer, TokenRenewer).
+// in one statement each (application.OneStatement).
 type LockRepository struct {
 	*entstore.Store
 	db        *sql.DB
@@ -44,10 +44,27 @@ type LockRepository struct {
 	notice func(typ, id string) string
 }
 
-var _ application.Acquirer = (*LockRepository)(nil)
+var _ application.OneStatement = (*LockRepository)(nil)
 
-// DecidesAll says that AcquireAt leaves nothing to Update but a re-entry
-// that its lock's expiry overtook: the contract suite holds it to that.
+// Apply implements application.OneStatement: AcquireAt, TakeAt, RenewAt
+// or RenewTokenAt.
+func (s *LockRepository) Apply(ctx context.Context, op application.Op) (application.Outcome, error) {
+	switch op.Kind {
+	case application.OpAcquire:
+		return s.AcquireAt(ctx, op.Ref, op.Owner, op.At)
+	case application.OpTake:
+		return s.TakeAt(ctx, op.Ref, op.Owner, op.At)
+	case application.OpRenew:
+		return s.RenewAt(ctx, op.Ref, op.Owner, op.At)
+	case application.OpRenewToken:
+		return s.RenewTokenAt(ctx, op.Ref, op.Owner, op.Held.Token, op.At)
+	}
+	return application.Outcome{}, nil
+}
+
+// DecidesAll says that Apply leaves nothing to Update but an extension
+// that its lock's expiry overtook and a renewal's refusals: the contract
+// suite holds it to that.
 func (s *LockRepository) DecidesAll() {}
 
 // newLockRepository returns the store s on db, each of whose writes is

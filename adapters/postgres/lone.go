@@ -64,7 +64,7 @@ type inserted struct {
 
 // made is the outcome of acquireSQL or takeSQL for one caller.
 type made struct {
-	a       application.Acquisition
+	a       application.Outcome
 	decided bool   // false: no row came back
 	version string // the row version inserted (its xmin), for undo
 }
@@ -186,14 +186,14 @@ func (s *LockRepository) undoFree(r writeReq, in inserted) bool {
 // undoMade undoes m, an acquire whose caller left, unless it re-entered
 // the caller's own lock; it reports whether the database answered.
 func (s *LockRepository) undoMade(r writeReq, m made) bool {
-	if m.decided && !m.a.Reentered && m.version != "" {
+	if m.decided && m.a.Kind == application.ChangeInsert && m.version != "" {
 		return s.undo(r.ref, m.a.Lock.Token, m.version)
 	}
 	return true
 }
 
 // scanAcquisition reads acquireSQL's row.
-func scanAcquisition(rows *sql.Rows, ref domain.ResourceRef, owner string) (application.Acquisition, string, error) {
+func scanAcquisition(rows *sql.Rows, ref domain.ResourceRef, owner string) (application.Outcome, string, error) {
 	var (
 		reentered bool
 		token     int64
@@ -203,7 +203,7 @@ func scanAcquisition(rows *sql.Rows, ref domain.ResourceRef, owner string) (appl
 		version   sql.NullString    // of the row inserted
 	)
 	if err := rows.Scan(&reentered, &token, &times[0], &times[1], &prevID, &prev[0], &prev[1], &prev[2], &version); err != nil {
-		return application.Acquisition{}, "", err
+		return application.Outcome{}, "", err
 	}
 	a, err := acquisitionOf(ref, owner, reentered, token, times[0], times[1], prevID, prev)
 	return a, version.String, err
@@ -211,8 +211,11 @@ func scanAcquisition(rows *sql.Rows, ref domain.ResourceRef, owner string) (appl
 
 // acquisitionOf builds the acquisition that acquireSQL's row describes.
 func acquisitionOf(ref domain.ResourceRef, owner string, reentered bool, token int64, acquired, expires string,
-	prevID sql.NullInt64, prev [3]sql.NullString) (application.Acquisition, error) {
-	a := application.Acquisition{Reentered: reentered, Lock: domain.Lock{Token: token, Owner: owner, Resource: ref}}
+	prevID sql.NullInt64, prev [3]sql.NullString) (application.Outcome, error) {
+	a := application.Outcome{Kind: application.ChangeInsert, Lock: domain.Lock{Token: token, Owner: owner, Resource: ref}}
+	if reentered {
+		a.Kind = application.ChangeExtend
+	}
 	if err := entstore.ParseTimes(&a.Lock, acquired, expires); err != nil {
 		return a, err
 	}

@@ -3,14 +3,13 @@ package postgres
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
-
-var _ application.Renewer = (*LockRepository)(nil)
 
 // renewSQL is Renew's extension (application.DecideRenew) as one
 // statement: a keep-alive renews every RenewInterval, and Update's
@@ -46,8 +45,6 @@ WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {owner} = $4::varchar
   AND EXISTS (SELECT FROM held)
 RETURNING {id}, {acquired}, {expires}`)
 
-var _ application.TokenRenewer = (*LockRepository)(nil)
-
 // renewTokenSQL is a handle's renewal (application.DecideRenewToken) as
 // one statement: renewSQL whose WHERE names the acquisition too, $7 its
 // token. A lock of the same owner with another token is another
@@ -55,23 +52,24 @@ var _ application.TokenRenewer = (*LockRepository)(nil)
 var renewTokenSQL = strings.Replace(renewSQL, "AND EXISTS (SELECT FROM held)",
 	"AND "+entlock.FieldID+" = $7::bigint AND EXISTS (SELECT FROM held)", 1)
 
-// RenewTokenAt implements application.TokenRenewer with renewTokenSQL,
-// as RenewAt does with renewSQL.
-func (s *LockRepository) RenewTokenAt(ctx context.Context, ref domain.ResourceRef, owner string, token int64, at application.Timing) (domain.Lock, error) {
+// RenewTokenAt is a handle's renewal (application.OpRenewToken) with
+// renewTokenSQL, as RenewAt does with renewSQL.
+func (s *LockRepository) RenewTokenAt(ctx context.Context, ref domain.ResourceRef, owner string, token int64, at func() (time.Time, time.Time)) (application.Outcome, error) {
 	return s.renewWith(ctx, ref, owner, at, token)
 }
 
-// RenewAt implements application.Renewer with renewSQL. The lock written
+// RenewAt is Renew's extension (application.OpRenew) with renewSQL: an
+// Outcome of ChangeNone when it extended nothing. The lock written
 // is dated now, read before the statement, so after a wait it has less
 // than its TTL left; the service refuses one that has expired by the time
 // the statement returns, as it does after every write.
-func (s *LockRepository) RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (domain.Lock, error) {
+func (s *LockRepository) RenewAt(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time)) (application.Outcome, error) {
 	return s.renewWith(ctx, ref, owner, at, 0)
 }
 
 // renewWith runs renewSQL, or renewTokenSQL for a token other than 0, in
 // a batch when others are in flight.
-func (s *LockRepository) renewWith(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing, token int64) (domain.Lock, error) {
+func (s *LockRepository) renewWith(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time), token int64) (application.Outcome, error) {
 	now, expires := at()
 	r := writeReq{key: resourceKey(ref), ref: ref, owner: owner, now: entstore.FormatTime(now), expires: entstore.FormatTime(expires), token: token}
 	e, err := s.w.renew(ctx, r)
@@ -80,10 +78,10 @@ func (s *LockRepository) renewWith(ctx context.Context, ref domain.ResourceRef, 
 		err = entstore.ParseTimes(&l, e.times[0], e.times[1])
 	}
 	if err != nil {
-		return domain.Lock{}, s.Failed(ctx, err, "renew lock on", ref)
+		return application.Outcome{}, s.Failed(ctx, err, "renew lock on", ref)
 	}
 	if !e.extended {
-		return domain.Lock{}, application.ErrUndecided
+		return application.Outcome{}, nil
 	}
-	return l, nil
+	return application.Outcome{Kind: application.ChangeExtend, Lock: l}, nil
 }

@@ -35,7 +35,7 @@ func fillUp(t *testing.T, repo *sqlite.LockRepository, owner string) []domain.Re
 	return nil
 }
 
-func timing() application.Timing {
+func timing() func() (time.Time, time.Time) {
 	now := mockClock().Now()
 	return func() (time.Time, time.Time) { return now, now.Add(time.Hour) }
 }

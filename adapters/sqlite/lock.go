@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
@@ -13,7 +14,7 @@ import (
 )
 
 // LockRepository is the lock store on SQLite: the shared store, which
-// also acquires a free resource in one statement (application.Acquirer),
+// also acquires a free resource in one statement (application.OneStatement),
 // an insert that the unique index refuses when the resource has a row,
 // and leaves every other case to Update: the row's owner, expiry and
 // token need the rule, which Update applies in Go.
@@ -29,7 +30,7 @@ type LockRepository struct {
 	insertFree *sql.Stmt // nil on a store opened for inspection
 }
 
-var _ application.Acquirer = (*LockRepository)(nil)
+var _ application.OneStatement = (*LockRepository)(nil)
 
 // insertFreeSQL inserts a lock, which the unique index on the resource
 // refuses when the resource has a row. The new lock's id is the row's
@@ -71,20 +72,22 @@ func (s *LockRepository) Close() error {
 	return errors.Join(s.insertFree.Close(), s.Store.Close())
 }
 
-var _ application.Taker = (*LockRepository)(nil)
-
-// TakeAt implements application.Taker: AcquireAt, which only ever inserts
-// into a free resource, and so never re-enters a lock.
-func (s *LockRepository) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
-	return s.AcquireAt(ctx, ref, owner, at)
+// Apply implements application.OneStatement: AcquireAt for an acquire or
+// a take, since it only ever inserts into a free resource, and so never
+// re-enters a lock; a renewal is left to Update.
+func (s *LockRepository) Apply(ctx context.Context, op application.Op) (application.Outcome, error) {
+	if op.Kind != application.OpAcquire && op.Kind != application.OpTake {
+		return application.Outcome{}, nil
+	}
+	return s.AcquireAt(ctx, op.Ref, op.Owner, op.At)
 }
 
-// AcquireAt implements application.Acquirer: it inserts the lock if the
-// resource has no row, and otherwise returns application.ErrUndecided, as
-// it does at once for a resource that was just refused (see Update).
-func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at application.Timing) (application.Acquisition, error) {
+// AcquireAt inserts the lock if the resource has no row, and otherwise
+// leaves the decision to Update (ChangeNone), as it does at once for a
+// resource that was just refused (see Update).
+func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time)) (application.Outcome, error) {
 	if s.insertFree == nil || s.Contended().Has(ref) {
-		return application.Acquisition{}, application.ErrUndecided
+		return application.Outcome{}, nil
 	}
 	// inserted is the outcome of one run of the write.
 	type inserted struct {
@@ -110,14 +113,14 @@ func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 		return in, err
 	})
 	if err != nil {
-		return application.Acquisition{}, s.Failed(ctx, err, "acquire lock on", ref)
+		return application.Outcome{}, s.Failed(ctx, err, "acquire lock on", ref)
 	}
 	if !ins.ok {
-		return application.Acquisition{}, application.ErrUndecided
+		return application.Outcome{}, nil
 	}
 	l := domain.Lock{Token: ins.token, Owner: owner, Resource: ref}
 	if err := entstore.ParseTimes(&l, ins.acquired, ins.expires); err != nil {
-		return application.Acquisition{}, s.Failed(ctx, err, "acquire lock on", ref)
+		return application.Outcome{}, s.Failed(ctx, err, "acquire lock on", ref)
 	}
-	return application.Acquisition{Lock: l}, nil
+	return application.Outcome{Kind: application.ChangeInsert, Lock: l}, nil
 }

@@ -52,8 +52,8 @@ func WithApp(t *testing.T, dsn string) (string, string) {
 	return u.String(), app
 }
 
-// Now is a Timing on the real clock, which the server's is close to.
-func Now(ttl time.Duration) application.Timing {
+// Now gives an Op's At on the real clock, which the server's is close to.
+func Now(ttl time.Duration) func() (time.Time, time.Time) {
 	return func() (time.Time, time.Time) {
 		n := time.Now().UTC().Truncate(time.Microsecond)
 		return n, n.Add(ttl)
@@ -92,7 +92,7 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query
 
 // Result is one member's outcome.
 type Result struct {
-	A   application.Acquisition
+	A   application.Outcome
 	Err error
 }
 
