@@ -163,7 +163,8 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	if !notAfter.IsZero() {
 		decide, one = beforeDeadline(decide, notAfter), nil
 	}
-	l, err := s.acquire(ctx, owner, ref, ttl, decide, one)
+	r, err := s.acquire(ctx, owner, ref, ttl, decide, one)
+	l := r.Lock
 	var conflict *domain.LockConflictError
 	if errors.As(err, &conflict) && s.holders.holdsToken(sl, conflict.Holder.Token) {
 		// The store's holder is this service's handle, past its expiry as

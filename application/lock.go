@@ -131,7 +131,8 @@ func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx
 // WrittenAt set when the store took longer than ttl to write the lock;
 // *domain.StoreError when the store fails; domain.ErrClosed after Close.
 func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
-	return s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
+	r, err := s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
+	return r.Lock, err
 }
 
 // AcquireResult is what an owner-scoped acquisition did, for a caller that
@@ -147,27 +148,13 @@ type AcquireResult struct {
 	TookOverFrom *domain.Lock
 }
 
-// resultKey carries the *AcquireResult that AcquireWaitResult fills, down
-// through AcquireWait's tries to the one that takes the lock.
-type resultKey struct{}
-
-// AcquireWaitResult is AcquireWait, and says whether the acquisition
-// re-entered the owner's lock or took over a dead holder's, whatever the
-// clock showed. Its errors are AcquireWait's.
-func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (AcquireResult, error) {
-	r := &AcquireResult{}
-	l, err := s.AcquireWait(context.WithValue(ctx, resultKey{}, r), owner, ref, opts)
-	r.Lock = l
-	return *r, err
-}
-
 // acquire is Acquire, or Take, by decide, the rule in Go (DecideAcquire,
 // DecideTake, or one of them with a deadline), and one, the Op of that
 // rule that a OneStatement store may carry out instead (nil: Update
 // decides, by decide).
 func (s *LockService) acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error),
-	one *Op) (domain.Lock, error) {
+	one *Op) (AcquireResult, error) {
 	var start time.Time
 	if s.observer != nil {
 		start = s.clock.Now()
@@ -190,10 +177,7 @@ func (s *LockService) acquire(ctx context.Context, owner string, ref domain.Reso
 			// its expiry, and says so through the observer.
 			s.observe(ctx, Event{Kind: EventTakenOver, Owner: owner, Resource: ref, Lock: dl,
 				Previous: &conflict.Holder, DeadHolder: true})
-			if r, ok := ctx.Value(resultKey{}).(*AcquireResult); ok {
-				r.Reentered, r.TookOverFrom = false, &conflict.Holder
-			}
-			return dl, derr
+			return AcquireResult{Lock: dl, TookOverFrom: &conflict.Holder}, derr
 		}
 		if derr != nil || dl.Token != 0 {
 			// The row changed since the probe and was decided afresh.
@@ -207,10 +191,7 @@ func (s *LockService) acquire(ctx context.Context, owner string, ref domain.Reso
 		}
 		s.observer.Observe(ctx, e)
 	}
-	if r, ok := ctx.Value(resultKey{}).(*AcquireResult); ok && err == nil {
-		r.Reentered = kind == EventReentered
-	}
-	return l, err
+	return AcquireResult{Lock: l, Reentered: err == nil && kind == EventReentered}, err
 }
 
 // Renew sets the expiry of owner's active lock on ref to now+ttl (zero: the

@@ -481,18 +481,27 @@ func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, sta
 // for a Timeout without Wait; the last *domain.LockConflictError, with
 // Waited and Cause, when the wait ends without the lock).
 func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (domain.Lock, error) {
+	r, err := s.AcquireWaitResult(ctx, owner, ref, opts)
+	return r.Lock, err
+}
+
+// AcquireWaitResult is AcquireWait, and says whether the acquisition
+// re-entered the owner's lock or took over a dead holder's, whatever the
+// clock showed. Its errors are AcquireWait's.
+func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (AcquireResult, error) {
 	ttl, err := s.checkTake(owner, ref, opts)
 	if err != nil {
-		return domain.Lock{}, err
+		return AcquireResult{}, err
 	}
 	if !opts.Wait {
-		return s.Acquire(ctx, owner, ref, ttl)
+		return s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
 	}
 	var start time.Time
 	if s.observer != nil {
 		start = s.clock.Now()
 	}
-	h, err := s.waitTurn(ctx, ref, opts.Timeout, func(notAfter time.Time) (*Handle, error) {
+	var r AcquireResult // of the try that took the lock
+	_, err = s.waitTurn(ctx, ref, opts.Timeout, func(notAfter time.Time) (*Handle, error) {
 		sl, err := s.holders.enter(ctx, ref)
 		if err != nil {
 			return nil, err
@@ -503,24 +512,22 @@ func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.
 			// release, which wakes this waiter, as a Take would.
 			return nil, &domain.LockConflictError{Holder: held, Now: s.Now(), InProcess: true}
 		}
-		var l domain.Lock
 		if notAfter.IsZero() {
-			l, err = s.Acquire(ctx, owner, ref, ttl)
+			r, err = s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
 		} else {
-			l, err = s.acquire(ctx, owner, ref, ttl, beforeDeadline(DecideAcquire, notAfter), nil)
+			r, err = s.acquire(ctx, owner, ref, ttl, beforeDeadline(DecideAcquire, notAfter), nil)
 		}
 		if err != nil {
 			return nil, err
 		}
-		return &Handle{svc: s, ttl: ttl, lock: l}, nil // never a holder: only its lock is returned
+		return &Handle{svc: s, ttl: ttl, lock: r.Lock}, nil // never a holder: only its lock is returned
 	})
-	var l domain.Lock
-	if h != nil {
-		l = h.lock
+	if err != nil {
+		r = AcquireResult{}
 	}
 	if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
-		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: l,
+		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: r.Lock,
 			Took: s.clock.Now().Sub(start), Err: err})
 	}
-	return l, err
+	return r, err
 }
