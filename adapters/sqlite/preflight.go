@@ -114,6 +114,16 @@ func isHot(err error) bool {
 	return errors.Is(err, ErrHotJournal) || isHotJournal(err)
 }
 
+// isCorrupt reports whether SQLite found the file damaged.
+func isCorrupt(err error) bool {
+	var serr *sqlite.Error
+	if !errors.As(err, &serr) {
+		return false
+	}
+	c := serr.Code() & 0xff
+	return c == sqlite3.SQLITE_CORRUPT || c == sqlite3.SQLITE_NOTADB
+}
+
 // quietPause is the pause before quietRead's attempt after attempt.
 func quietPause(attempt int) time.Duration {
 	return min(time.Duration(attempt)*10*time.Millisecond, 50*time.Millisecond)
@@ -131,19 +141,31 @@ func quietRead(ctx context.Context, op, dsn, path string, read func(*sql.DB) err
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		patient := time.Since(start) < hotJournalPatience
+		before, _ := os.Stat(path)
 		wal, err := readHeader(ctx, dsn, path)
-		if errors.Is(err, errNotDatabase) {
+		if isCorrupt(err) && changedMeanwhile(path, before) != nil {
+			err = errChangedMeanwhile // read alone while a writer was at work
+		}
+		var acc access
+		switch {
+		case errors.Is(err, errNotDatabase):
 			return &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
-		}
-		if err != nil {
+		case errors.Is(err, errChangedMeanwhile):
+		case err != nil:
 			return FormatError(op, err)
+		default:
+			acc, err = quietAccess(path, wal)
 		}
-		acc, err := quietAccess(path, wal)
 		if err == nil {
-			before, _ := os.Stat(path)
+			before, _ = os.Stat(path)
 			err = readWith(readOnlyDSN(dsn, acc), path, read)
-			if err == nil && acc.immutable {
-				err = changedMeanwhile(path, before)
+			if acc.immutable && (err == nil || isCorrupt(err)) {
+				// Read alone, the file may have been half-written by a
+				// writer at work (another opener migrating it): what was
+				// read, or found corrupt, is not the file if it changed.
+				if changed := changedMeanwhile(path, before); changed != nil || err == nil {
+					err = changed
+				}
 			}
 		}
 		switch {
