@@ -104,7 +104,8 @@ type Config struct {
 	// for a testing/synctest bubble, in which the watch's read does not
 	// block durably, so the bubble's time would not move while a waiter
 	// waits (see docs/testing.md). A release is then seen at the next
-	// poll, up to a second later, instead of at once.
+	// poll, up to a second later on the service's clock, instead of at
+	// once: with a test clock, only once the test moves it.
 	PollOnly bool
 	// SkipStartupCleanup leaves expired locks in place when opening, for
 	// tools that must show them (diagnostics, listings of expired locks).

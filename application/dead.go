@@ -43,5 +43,7 @@ func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain
 		cur, tookOver = overDead(holder, cur, now)
 		return decide(cur, owner, ref, now, expires)
 	}, nil)
-	return out.Lock, tookOver, err
+	// A decision that matched the dead holder but wrote nothing (refused
+	// at a wait's deadline, or failed) took nothing over.
+	return out.Lock, tookOver && (err == nil || out.Lock.Token != 0), err
 }

@@ -161,7 +161,7 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	}
 	decide, one := DecideTake, &Op{Kind: OpTake}
 	if !notAfter.IsZero() {
-		decide, one = beforeDeadline(decide, notAfter), nil
+		decide, one = s.beforeDeadline(decide, notAfter), nil
 	}
 	r, err := s.acquire(ctx, owner, ref, ttl, decide, one)
 	l := r.Lock

@@ -246,18 +246,21 @@ func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref doma
 }
 
 // errDeadline is a decision refused because the wait it was made for had
-// timed out by the decision's now (see beforeDeadline).
+// timed out by then (see beforeDeadline).
 var errDeadline = errors.New("the wait timed out before this decision")
 
-// beforeDeadline returns decide, refusing every decision made at or after
-// notAfter. A waiter on a clock that jumps decides so: one move of the
-// clock past both its timeout and the holder's expiry may land while it
-// looks at the store, and that look must not take a lock that came free
-// only after the wait had timed out, as it would not in real time.
-func beforeDeadline(decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error),
+// beforeDeadline returns decide, refusing every decision made once the
+// service's clock reads notAfter or later. A waiter on a clock that jumps
+// decides so: one move of the clock past both its timeout and the
+// holder's expiry may land while it looks at the store, and that look
+// must not take a lock that came free only after the wait had timed out,
+// as it would not in real time. The clock is read as it is, not at the
+// decisions' precision, so that the refusal starts exactly when the
+// timeout's timer fires.
+func (s *LockService) beforeDeadline(decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error),
 	notAfter time.Time) func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
 	return func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
-		if !now.Before(notAfter) {
+		if !s.waiters.now().Before(notAfter) {
 			return Change{Kind: ChangeNone}, errDeadline
 		}
 		return decide(cur, owner, ref, now, expires)
@@ -275,7 +278,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 	if timeout > 0 {
 		deadline = s.after(timeout)
 		if s.jumps {
-			notAfter = start.Add(timeout)
+			notAfter = deadline.due // when the timeout's timer fires
 		}
 	}
 	expired := deadline.c
@@ -361,6 +364,9 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 		h, err := try(notAfter)
 		if errors.Is(err, errDeadline) {
+			if last == nil {
+				return s.queuedOut(ctx, ref, start) // names the holder, if any
+			}
 			return gaveUp(context.DeadlineExceeded)
 		}
 		if late := (*domain.LockExpiredError)(nil); errors.As(err, &late) && !late.WrittenAt.IsZero() && ctx.Err() == nil {
@@ -515,7 +521,7 @@ func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref d
 		if notAfter.IsZero() {
 			r, err = s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
 		} else {
-			r, err = s.acquire(ctx, owner, ref, ttl, beforeDeadline(DecideAcquire, notAfter), nil)
+			r, err = s.acquire(ctx, owner, ref, ttl, s.beforeDeadline(DecideAcquire, notAfter), nil)
 		}
 		if err != nil {
 			return nil, err

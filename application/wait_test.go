@@ -2,10 +2,14 @@ package application_test
 
 import (
 	"context"
+	"errors"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cleveragents/locks/adapters/memory"
@@ -70,4 +74,79 @@ func TestLockService_Waiting_BehindAHeadThatTimesOut(t *testing.T) {
 		}
 		require.ErrorIs(t, <-head, context.DeadlineExceeded)
 	}
+}
+
+// hookRepo runs onConflict once, after the first Update that the lock's
+// holder refuses, before it returns: a test's move of the clock that
+// lands between a waiter's look and its next decision.
+type hookRepo struct {
+	*memory.LockRepository
+	once       sync.Once
+	onConflict func()
+}
+
+func (r *hookRepo) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
+	l, err := r.LockRepository.Update(ctx, ref, decide)
+	if conflict := (*domain.LockConflictError)(nil); errors.As(err, &conflict) && r.onConflict != nil {
+		r.once.Do(r.onConflict)
+	}
+	return l, err
+}
+
+// switchedProcesses says every process is alive until gone is set.
+type switchedProcesses struct{ gone atomic.Bool }
+
+func (p *switchedProcesses) Gone(domain.ProcessOwner) bool { return p.gone.Load() }
+
+// A waiter whose look finds the holder's process gone, while a move past
+// its Timeout lands before the takeover, times out: the lock stays the
+// dead holder's, and no observer hears of a takeover.
+func TestLockService_Waiting_DeadHolderAtTheDeadline(t *testing.T) {
+	ctx := context.Background()
+	clk := testclock.New(holdStart)
+	dead := domain.ProcessOwner{Host: "h", PID: 7, Nonce: "0a1b2c3d",
+		BootID: "6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9", PIDNamespace: 1, StartTime: 9}.String()
+	repo := &hookRepo{LockRepository: memory.NewLockRepository()}
+	procs := &switchedProcesses{}
+	rec := &syncRecorder{}
+	svc, err := application.NewLockService(repo, clk, 0, application.WithProcesses(procs), application.WithObserver(rec))
+	require.NoError(t, err)
+	_, err = svc.Acquire(ctx, dead, plan, time.Hour)
+	require.NoError(t, err)
+	out := make(chan taken, 1)
+	takeAsync(svc, "B", application.AcquireOptions{Wait: true, Timeout: 10 * time.Second}, out)
+	untilParked(t, svc, plan, 1)
+
+	procs.gone.Store(true)
+	repo.onConflict = func() { clk.Add(15 * time.Second) } // past the Timeout, before the takeover
+	other := domain.ResourceRef{Type: domain.ResourcePlan, ID: "other"}
+	_, err = svc.Acquire(ctx, "C", other, time.Hour)
+	require.NoError(t, err)
+	_, err = svc.ReleaseAllForOwner(ctx, "C") // wakes every head waiter: it looks
+	require.NoError(t, err)
+	got := <-out
+	require.ErrorIs(t, got.err, context.DeadlineExceeded)
+	l, err := svc.Get(ctx, plan)
+	require.NoError(t, err)
+	assert.Equal(t, dead, l.Owner, "the lock is still the dead holder's")
+	for _, e := range rec.all() {
+		assert.NotEqual(t, application.EventTakenOver, e.Kind, "no takeover happened: %+v", e)
+	}
+}
+
+type syncRecorder struct {
+	mu     sync.Mutex
+	events []application.Event
+}
+
+func (r *syncRecorder) Observe(_ context.Context, e application.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+func (r *syncRecorder) all() []application.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]application.Event(nil), r.events...)
 }

@@ -27,8 +27,15 @@ import (
 // queueing and its timer was lost, and the run hung.
 func waitThenTravel(t *testing.T, cfg locks.Config) {
 	t.Helper()
+	waitThenTravelBy(t, cfg, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC), time.Minute, 31*time.Second)
+}
+
+// waitThenTravelBy is waitThenTravel from start, with the waiter's
+// Timeout and the move given.
+func waitThenTravelBy(t *testing.T, cfg locks.Config, start time.Time, timeout, move time.Duration) {
+	t.Helper()
 	ctx := context.Background()
-	clk := testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	clk := testclock.New(start)
 	cfg.Clock, cfg.Owner = clk, "me"
 	c := MustOpen(t, cfg)
 	_, err := c.Locks.Acquire(ctx, "other", plan1, 30*time.Second)
@@ -36,19 +43,19 @@ func waitThenTravel(t *testing.T, cfg locks.Config) {
 
 	done := make(chan error, 1)
 	go func() {
-		done <- c.Locks.Do(ctx, c.Owner(), plan1, application.AcquireOptions{Wait: true, Timeout: time.Minute},
+		done <- c.Locks.Do(ctx, c.Owner(), plan1, application.AcquireOptions{Wait: true, Timeout: timeout},
 			func(context.Context, domain.Lock) error { return nil })
 	}()
 	for deadline := time.Now().Add(10 * time.Second); c.Locks.Waiting(plan1) != 1; {
 		require.True(t, time.Now().Before(deadline), "the waiter never said it waits")
 		runtime.Gosched() // look again at once: a test asks as soon as it can
 	}
-	clk.Add(31 * time.Second)
+	clk.Add(move)
 	select {
 	case err := <-done:
 		require.NoError(t, err, "the wait ends with the lock taken once the holder expired")
 	case <-time.After(10 * time.Second):
-		t.Fatalf("hung: the waiter did not see the clock move 31s past the holder's expiry (timers pending: %v)", clk.PendingIn())
+		t.Fatalf("hung: the waiter did not see the clock move %s (timers pending: %v)", move, clk.PendingIn())
 	}
 }
 
@@ -367,5 +374,15 @@ func TestTimeTravel_ReleaseHandsOverAcrossProcessesWithoutAMove(t *testing.T) {
 			t.Skip("LOCKS_TEST_POSTGRES_DSN is not set")
 		}
 		run(t, testdb.Postgres(t), 50)
+	})
+}
+
+// A Timeout counts from the clock as it reads, not as the service records
+// times (to the microsecond): on a clock 500ns past a microsecond, a move
+// that leaves 200ns of the Timeout, past the holder's expiry, lets the
+// waiter take the lock.
+func TestTimeTravel_TimeoutCountsFromTheClockAsItReads(t *testing.T) {
+	timeTravelStores(t, func(t *testing.T, cfg locks.Config, _ int) {
+		waitThenTravelBy(t, cfg, time.Date(2026, 12, 1, 9, 0, 0, 500, time.UTC), 31*time.Second, 31*time.Second-200*time.Nanosecond)
 	})
 }
