@@ -90,8 +90,9 @@ func (s *LockService) after(d time.Duration) timer {
 		return timer{c: s.timers.After(d)}
 	}
 	before := s.waiters.now()
-	c := s.timers.After(d)
-	return timer{c: c, due: before.Add(d), moved: !s.waiters.now().Equal(before)}
+	t := timer{c: s.timers.After(d), due: before.Add(d)}
+	t.moved = s.jumps && !s.waiters.now().Equal(before) // only a clock that tests move jumps
+	return t
 }
 
 func newWaitQueues() *waitQueues {
