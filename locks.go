@@ -1,19 +1,9 @@
 // Package locks is the advisory-lock module of CleverAgents: it stops two
-// processes from changing the same plan or project at once.
-//
-// Open builds a Container from a Config: it opens the lock store (a SQLite
-// file, a PostgreSQL server for locks shared between machines, or memory
-// for tests), migrates it, purges the locks that expired while no process
-// ran, and returns the container, whose Locks service takes, renews and
-// releases locks. Close releases the owner's locks and closes the store.
-//
-// A program links only the stores it uses: SQLite and memory always, and
-// PostgreSQL once it imports its package, as database/sql drivers are:
-//
-//	import _ "github.com/cleveragents/locks/adapters/postgres"
-//
-// The rules live in package application, the vocabulary and errors in
-// package domain; a store of one's own is checked with package locktest.
+// processes from changing the same plan or project at once. Open builds a
+// Container on a SQLite file, a PostgreSQL server (linked once the program
+// imports PostgresPackage) or memory; its Locks service takes, renews and
+// releases locks, and Close releases the owner's. The rules live in
+// package application, the vocabulary and errors in package domain.
 package locks
 
 import (
@@ -38,8 +28,7 @@ import (
 )
 
 // MemoryDatabase, as Config.Database, keeps the locks in this process's
-// memory: for tests, and for programs that only exclude their own
-// goroutines.
+// memory: for tests, and for excluding only this process's goroutines.
 const MemoryDatabase = ":memory:"
 
 // DefaultShutdownTimeout bounds how long Close waits to release the
@@ -48,68 +37,58 @@ const DefaultShutdownTimeout = 10 * time.Second
 
 // Config says how to build a Container. Only Database is required.
 type Config struct {
-	// Database is a SQLite file (a path, or a "file:" URI), a PostgreSQL
-	// DSN (a "postgres://" URL or libpq's "host=... dbname=..."; the
-	// program must import PostgresPackage), or MemoryDatabase. A new SQLite
-	// file gets mode 0600 in a directory that must exist. Other URLs and a
-	// malformed keyword/value string are refused (see ValidateDatabase).
+	// Database is a SQLite file (a path, or a "file:" URI; created with
+	// mode 0600), a PostgreSQL DSN (a "postgres://" URL or libpq's
+	// "host=... dbname=...", with PostgresPackage imported), or
+	// MemoryDatabase. Anything else is refused: see ValidateDatabase.
 	Database string
 	// Owner identifies this process in its locks; empty means
 	// DefaultOwner(). Close releases every lock the owner holds.
 	Owner string
-	// DefaultTTL replaces a zero TTL in Acquire and Renew; zero means
-	// domain.DefaultLockTTL.
+	// DefaultTTL replaces a zero TTL; zero means domain.DefaultLockTTL.
 	DefaultTTL time.Duration
-	// Clock is the service's time; nil means the real clock. Tests pass one
-	// they move (locktest/testclock, or github.com/benbjohnson/clock's
-	// mock; see docs/testing.md). On PostgreSQL expiry is decided on the
-	// server's time, advanced by a monotonic clock, so that a step of the
+	// Clock is the service's time; nil means the real clock (see
+	// docs/testing.md for test clocks). On PostgreSQL expiry is decided on
+	// the server's time advanced by a monotonic clock, so a step of the
 	// wall clock moves nothing; a mock clock (one with Add and Set) implies
 	// LocalTime instead, so that moving it moves every lock's expiry.
 	Clock application.Clock
 	// DisableDeadHolderTakeover makes Acquire wait for the expiry of every
-	// active lock. By default a lock whose owner is a DefaultOwner of this
-	// machine whose process is provably gone is taken over at once; a
-	// stopped process is alive, and explicit owner ids are never taken early.
+	// active lock, rather than take over at once one whose owner is a
+	// DefaultOwner of this machine whose process is provably gone.
 	DisableDeadHolderTakeover bool
-	// LocalTime, on PostgreSQL, decides expiry on Clock alone rather than
-	// also on the server's time: for tests that drive a mock clock. Hosts
-	// that share locks must not set it unless their clocks agree.
+	// LocalTime, on PostgreSQL, decides expiry on Clock alone, not also on
+	// the server's time: only where every host's clock agrees.
 	LocalTime bool
 	// BusyTimeout is how long a SQLite statement waits for another
 	// process's write; zero means 5 seconds.
 	BusyTimeout time.Duration
-	// PollOnly makes a wait for a lock held elsewhere poll the store rather
-	// than also watch for the holder's release (SQLite's wake file,
-	// PostgreSQL's notifications), whose read does not block durably in a
-	// testing/synctest bubble (docs/testing.md). A release is then seen at
-	// the next poll, up to a second later on Clock.
+	// PollOnly makes a wait for a lock held elsewhere poll the store (a
+	// release is seen up to a second late) rather than also watch for its
+	// release, a read that does not block durably in a testing/synctest
+	// bubble.
 	PollOnly bool
 	// SkipStartupCleanup leaves expired locks in place when opening, for
 	// tools that must show them.
 	SkipStartupCleanup bool
-	// Logger, when set, receives every lock event: changes of hands,
-	// releases and cleanups at Info, failed renewals at Warn, re-entries,
-	// renewals and refusals at Debug.
+	// Logger, when set, receives every lock event (telemetry.Logger).
 	Logger *slog.Logger
 	// MeterProvider, when set, receives the module's OpenTelemetry metrics
-	// (package adapters/telemetry lists them).
+	// (telemetry.Metrics).
 	MeterProvider metric.MeterProvider
 	// Observer, when set, is told of every lock event too.
 	Observer application.Observer
-	// CleanupInterval, when set, purges expired locks every interval (on
-	// Clock) while the container is open, so that the locks of processes
-	// that died do not pile up in a long-running process. Zero runs none;
-	// otherwise it must be at least application.MinCleanupInterval.
+	// CleanupInterval, when not zero, purges expired locks every interval
+	// (on Clock) while the container is open, so that dead processes'
+	// locks do not pile up; at least application.MinCleanupInterval.
 	CleanupInterval time.Duration
-	// OnCleanup, when set with CleanupInterval, is called after every
-	// periodic cleanup with how many locks it purged and its error (a
-	// failed one is tried again an interval later). It runs in the
-	// cleanup's goroutine and must return promptly.
+	// OnCleanup, when set, is called after every periodic cleanup with how
+	// many locks it purged and its error, in the cleanup's goroutine: it
+	// must return promptly. A failed cleanup is tried again an interval later.
 	OnCleanup func(purged int, err error)
-	// KeepLocksOnClose makes Close leave the owner's locks in place, for a
-	// process that takes a lock on purpose and exits, such as the agents
-	// CLI: they expire with their TTL or are released explicitly.
+	// KeepLocksOnClose makes Close leave the owner's locks to expire or be
+	// released explicitly: for a process that exits holding a lock on
+	// purpose, such as the agents CLI.
 	KeepLocksOnClose bool
 }
 
@@ -125,22 +104,19 @@ type Container struct {
 	shutdown *shutdown
 	cleanup  func()
 	once     sync.Once
-	write    appWriter   // nil but on SQLite
-	closing  atomic.Bool // Close has begun: Write refuses
+	write    appWriter // nil but on SQLite
+	closing  atomic.Bool
 }
 
-// Open builds the container that cfg describes: it applies the pending
-// migrations, purges expired locks (unless cfg.SkipStartupCleanup) and
-// starts the periodic cleanup (when cfg.CleanupInterval is set).
+// Open builds the container that cfg describes: it migrates the store,
+// purges expired locks (unless cfg.SkipStartupCleanup) and starts the
+// periodic cleanup.
 //
 // Errors: *domain.ValidationError for a bad Config, including a Database
-// that names no kind of database Open accepts (the error lists them) and
-// a PostgreSQL DSN in a program that does not import PostgresPackage (the
-// error says to import it); *domain.StoreError when the store cannot be
-// opened, migrated or cleaned. A SQLite file that Open refuses is left as
-// it was; among the refusals (see sqlite.Open), a file with more than one
-// name wraps a *sqlite.LinkedFileError, and a file whose locks table the
-// store did not create matches sqlite.ErrForeignLocksTable.
+// of no kind Open accepts or a PostgreSQL DSN without PostgresPackage
+// imported; *domain.StoreError when the store cannot be opened, migrated
+// or cleaned. A SQLite file that Open refuses is left as it was (see
+// sqlite.Open: *sqlite.LinkedFileError, sqlite.ErrForeignLocksTable).
 func Open(ctx context.Context, cfg Config) (*Container, error) {
 	kind, err := databaseKind(cfg.Database)
 	if err != nil {
@@ -176,27 +152,24 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 // Owner returns the owner id this container acts for.
 func (c *Container) Owner() string { return c.owner }
 
-// Clock returns the clock the container decides expiry on: Config.Clock
-// (or the real clock), corrected to the server's time on PostgreSQL
-// unless Config.LocalTime or Config.Clock is a mock clock.
+// Clock returns the clock the container decides expiry on: Config.Clock,
+// corrected to the server's time on PostgreSQL (see Config.Clock).
 func (c *Container) Clock() application.Clock { return c.clock }
 
-// Close shuts the container down, in this order: the periodic cleanup
-// stops, the lock service refuses new calls (domain.ErrClosed), the calls
-// in progress finish, the owner's locks are released (unless
-// Config.KeepLocksOnClose), and the store closes. It waits at most
+// Close stops the periodic cleanup, refuses new calls (domain.ErrClosed),
+// lets the calls in progress finish, releases the owner's locks (unless
+// Config.KeepLocksOnClose) and closes the store, within
 // DefaultShutdownTimeout; if calls are still in progress by then, it
-// releases nothing and says so, since they could take locks after the
-// release. Only the first call does anything.
+// releases nothing, since they could take locks after the release, and
+// says so. Only the first call does anything.
 func (c *Container) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
 	defer cancel()
 	return c.shutdownWithin(ctx, "Close's "+DefaultShutdownTimeout.String())
 }
 
-// Shutdown is Close within ctx: on PostgreSQL, the farewell to the other
-// processes (that this one waits for no lock any more) takes at most half
-// of what remains of ctx, and none once it has ended.
+// Shutdown is Close within ctx; on PostgreSQL, the farewell to the other
+// processes takes at most half of what remains of it.
 func (c *Container) Shutdown(ctx context.Context) error {
 	budget := "its context, which has no deadline"
 	if d, ok := ctx.Deadline(); ok {
@@ -205,8 +178,7 @@ func (c *Container) Shutdown(ctx context.Context) error {
 	return c.shutdownWithin(ctx, budget)
 }
 
-// shutdownWithin runs Wire's cleanups once; budget names, for their
-// errors, the time ctx gives.
+// shutdownWithin runs Wire's cleanups once; budget names ctx's time.
 func (c *Container) shutdownWithin(ctx context.Context, budget string) error {
 	c.once.Do(func() {
 		c.closing.Store(true)
@@ -216,10 +188,9 @@ func (c *Container) shutdownWithin(ctx context.Context, budget string) error {
 	return errors.Join(c.shutdown.errs...)
 }
 
-// DefaultOwner returns an owner id that identifies this process: on Linux
-// a domain.ProcessOwner, which another process of this machine can prove
-// gone (see Config.DisableDeadHolderTakeover), elsewhere
-// "host:pid:random". Both are unique even when a pid is reused.
+// DefaultOwner returns an owner id unique to this process: on Linux a
+// domain.ProcessOwner, which this machine's other processes can prove
+// gone, elsewhere "host:pid:random".
 func DefaultOwner() string {
 	if m, err := proc.ThisMachine(); err == nil {
 		if p, err := m.Owner(os.Getpid()); err == nil {
@@ -231,12 +202,12 @@ func DefaultOwner() string {
 	return fmt.Sprintf("%s:%d:%s", proc.Hostname(), os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// shutdown hands the context of the Close or Shutdown in progress to the
-// cleanups that Wire runs, and collects their errors. It needs no mutex:
-// the cleanups run inside Close's sync.Once, and errs is read after it.
+// shutdown hands Close's context to the cleanups that Wire runs, and
+// collects their errors. sync.Once orders it: the cleanups run inside
+// Close's once.Do, and errs is read after it.
 type shutdown struct {
 	ctx    context.Context
-	budget string // the time ctx gives, in words
+	budget string // ctx's time, in words, for errors
 	errs   []error
 }
 
