@@ -9,47 +9,29 @@ import (
 // Sentinel errors: every error the lock service returns matches one of
 // them with errors.Is; the typed errors below carry the details.
 var (
-	// ErrConflict: another owner holds an active lock on the resource.
-	ErrConflict = errors.New("lock is held by another owner")
-	// ErrExpired: the caller's lock has expired or no longer exists.
-	ErrExpired = errors.New("lock has expired")
-	// ErrValidation: a parameter was invalid; nothing was written.
-	ErrValidation = errors.New("invalid lock parameter")
-	// ErrNotFound: there is no lock on the resource.
-	ErrNotFound = errors.New("no lock on resource")
-	// ErrUnavailable: the lock store failed; the StoreError kind says why.
-	ErrUnavailable = errors.New("lock store unavailable")
-	// ErrClosed: the container shut down; nothing was read or written.
-	ErrClosed = errors.New("lock service is closed; open a new container to take locks again")
+	ErrConflict    = errors.New("lock is held by another owner")
+	ErrExpired     = errors.New("lock has expired") // or no longer exists
+	ErrValidation  = errors.New("invalid lock parameter")
+	ErrNotFound    = errors.New("no lock on resource")
+	ErrUnavailable = errors.New("lock store unavailable") // the StoreError's Kind says why
+	ErrClosed      = errors.New("lock service is closed; open a new container to take locks again")
 )
 
-// rfc3339 formats t as the errors show instants.
 func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 // LockConflictError reports that Holder holds an active lock on the
 // resource the caller asked for.
 type LockConflictError struct {
 	Holder Lock
-	Now    time.Time // when the conflict was decided
-	// Waited is how long the caller waited before giving up; zero for an
-	// acquire that did not wait.
-	Waited time.Duration
-	// Cause is why a wait ended without the lock (the context's error,
-	// context.DeadlineExceeded also for a wait's own timeout); nil for an
-	// acquire that did not wait.
-	Cause error
-	// InProcess: Holder is a handle of the caller's own lock service,
-	// whatever its owner; handles exclude each other even where the store
-	// would let an owner re-enter.
+	Now    time.Time     // when the conflict was decided
+	Waited time.Duration // how long the caller waited; zero without a wait
+	Cause  error         // why a wait ended (the context's error); nil without a wait
+	// InProcess: Holder is a handle of the caller's own service, which
+	// excludes the caller's other handles even of the same owner.
 	InProcess bool
-	// Nested: the caller's context came from the KeepAlive (or Do) of the
-	// handle that holds the lock, so waiting would wait for itself.
-	Nested bool
-	// SameOwner: Holder has the caller's owner id but is another
-	// acquisition; a handle never shares a lock it did not take.
-	SameOwner bool
-	// RowHeld: Holder's lock has expired but another transaction holds its
-	// row (the holder's fenced write); it changes hands once that ends.
+	Nested    bool // the caller runs in the holding handle's KeepAlive or Do
+	SameOwner bool // Holder is another acquisition of the caller's owner id
+	// RowHeld: Holder has expired, but its fenced write still holds its row.
 	RowHeld bool
 }
 
@@ -82,8 +64,6 @@ func (e *LockConflictError) Error() string {
 		h.Resource, h.Owner, held, waited)
 }
 
-// roundForHumans rounds d to whole seconds from a second up, to
-// milliseconds below.
 func roundForHumans(d time.Duration) time.Duration {
 	if d >= time.Second {
 		return d.Round(time.Second)
@@ -101,13 +81,10 @@ func (e *LockConflictError) Unwrap() error { return e.Cause }
 // LockExpiredError reports that the caller's lock has expired or is gone:
 // it must acquire the resource again before continuing.
 type LockExpiredError struct {
-	Owner    string
-	Resource ResourceRef
-	// ExpiredAt is when the caller's lock expired; zero when it had none.
-	ExpiredAt time.Time
-	// WrittenAt, when set, is when the store finished writing the lock,
-	// after ExpiredAt: the write took longer than the TTL.
-	WrittenAt time.Time
+	Owner     string
+	Resource  ResourceRef
+	ExpiredAt time.Time // zero when the caller had no lock
+	WrittenAt time.Time // when set, the store wrote the lock only after ExpiredAt
 }
 
 func (e *LockExpiredError) Error() string {
@@ -130,18 +107,11 @@ type LostReason int
 
 // Why a lock is lost.
 const (
-	// LostExpired: it passed its expiry unrenewed, and nobody took it yet.
-	LostExpired LostReason = iota + 1
-	// LostTakenOver: another owner holds the resource now (NewHolder).
-	LostTakenOver
-	// LostStoreFailing: every renewal failed until the expiry, or one
-	// failed permanently (IsPermanent); it matches ErrUnavailable too.
-	LostStoreFailing
-	// LostClosed: the lock service was closed while keeping it alive.
-	LostClosed
-	// LostRemoved: it was removed before its expiry, behind the
-	// keep-alive's back (released elsewhere, or purged by a clock ahead).
-	LostRemoved
+	LostExpired      LostReason = iota + 1 // expired unrenewed, not yet taken
+	LostTakenOver                          // another owner holds it (NewHolder)
+	LostStoreFailing                       // renewals failed until the expiry, or one permanently
+	LostClosed                             // the service was closed
+	LostRemoved                            // released elsewhere or purged before its expiry
 )
 
 var lostReasons = map[LostReason]string{LostExpired: "expired", LostTakenOver: "taken over",
@@ -191,10 +161,8 @@ func (e *LockLostError) Error() string {
 	return lost + fmt.Sprintf("it expired at %s without being renewed; %s", rfc3339(l.ExpiresAt), next)
 }
 
-// takenWhen says when the new holder took the resource relative to the
-// lost lock's expiry. The new lock's time is on its holder's clock: one
-// later than At, on this clock, proves the clocks disagree, so no order is
-// claimed then.
+// takenWhen places the takeover against the lost lock's expiry, unless the
+// new holder's clock is provably ahead of this one.
 func (e *LockLostError) takenWhen() string {
 	took, expires := e.NewHolder.AcquiredAt, e.Lock.ExpiresAt
 	switch {
@@ -214,8 +182,8 @@ func (e *LockLostError) takenWhen() string {
 }
 
 // Is makes errors.Is(err, ErrExpired) true; also ErrClosed for
-// LostClosed, and ErrUnavailable for LostStoreFailing whatever the last
-// failure (a renewal that never answered carries no *StoreError).
+// LostClosed, and ErrUnavailable for LostStoreFailing even when Err is no
+// *StoreError (a renewal that never answered).
 func (e *LockLostError) Is(target error) bool {
 	return target == ErrExpired || (target == ErrClosed && e.Reason == LostClosed) ||
 		(target == ErrUnavailable && e.Reason == LostStoreFailing)
@@ -239,17 +207,15 @@ func (e *ValidationError) Is(target error) bool { return target == ErrValidation
 // StoreErrorKind classifies why the lock store failed.
 type StoreErrorKind int
 
-// The kinds of store failure.
+// The kinds of store failure, as storeKinds describes them.
 const (
-	StoreInternal    StoreErrorKind = iota // any failure not classified below
-	StoreBusy                              // another writer kept the database locked past the busy timeout and retries
-	StoreReadOnly                          // the file, its directory or the connection does not allow writing
-	StoreCorrupt                           // the file is not a database, or is damaged
-	StoreUnreachable                       // the database could not be opened or reached
-	StoreFull                              // the disk or the database is full
-	StoreSchema                            // the database does not have the expected schema
-	// StoreTokensExhausted: the database has issued the largest fencing
-	// token it can store; tokens only grow, so no retry helps.
+	StoreInternal StoreErrorKind = iota
+	StoreBusy
+	StoreReadOnly
+	StoreCorrupt
+	StoreUnreachable
+	StoreFull
+	StoreSchema
 	StoreTokensExhausted
 )
 
@@ -276,14 +242,11 @@ func (k StoreErrorKind) String() string {
 // StoreError reports a failure of the lock store. It always matches
 // ErrUnavailable; Kind says why and Err carries the underlying cause.
 type StoreError struct {
-	Op   string
-	Kind StoreErrorKind
-	Err  error
-	// Advice, when set, replaces the kind's advice, written for a file.
-	Advice string
-	// Permanent says that no retry through the store as opened can succeed
-	// whatever Kind says (its file was removed or replaced): IsPermanent.
-	Permanent bool
+	Op        string
+	Kind      StoreErrorKind
+	Err       error
+	Advice    string // when set, replaces the kind's advice, written for a file
+	Permanent bool   // no retry can succeed whatever Kind says (see IsPermanent)
 }
 
 func (e *StoreError) Error() string {
@@ -306,9 +269,8 @@ func (e *StoreError) Is(target error) bool { return target == ErrUnavailable }
 func (e *StoreError) Unwrap() error { return e.Err }
 
 // IsPermanent reports whether err is a store failure that no retry can
-// resolve while the store stays open: one marked Permanent, or of kind
-// StoreReadOnly, StoreSchema, StoreCorrupt or StoreTokensExhausted. A
-// keep-alive retries any other failure until the lock's expiry.
+// resolve while the store stays open: marked Permanent, or of kind
+// StoreReadOnly, StoreSchema, StoreCorrupt or StoreTokensExhausted.
 func IsPermanent(err error) bool {
 	var se *StoreError
 	if !errors.As(err, &se) {
@@ -327,21 +289,17 @@ func IsStoreKind(err error, kind StoreErrorKind) bool {
 	return errors.As(err, &se) && se.Kind == kind
 }
 
-// StaleSnapshotError reports a fence check inside a caller's transaction
-// that had read a snapshot before the check (a SQLite deferred
-// transaction, a PostgreSQL one above READ COMMITTED), after which the
-// lock changed: nothing it guards may be written in that transaction,
-// though the lock may still be held. It unwraps to a *StoreError of kind
-// StoreBusy, which a retry resolves, and never matches ErrExpired.
+// StaleSnapshotError reports a fence checked in a transaction whose
+// snapshot predates the lock's last change (a SQLite deferred transaction,
+// a PostgreSQL one above READ COMMITTED, that read first). It unwraps to a
+// StoreBusy *StoreError, which a retry resolves, never to ErrExpired.
 type StaleSnapshotError struct {
 	Op        string
 	What      string // what is true, in the database's terms
 	Isolation string // the transaction's isolation level ("REPEATABLE READ"), if known
-	// Held: the lock, read outside the transaction after the check, was
-	// held; only the transaction's snapshot is old.
-	Held   bool
-	Advice string // what to do
-	Err    error  // the database's own report, if any
+	Held      bool   // the lock, read outside the transaction, is still held
+	Advice    string
+	Err       error // the database's own report, if any
 }
 
 func (e *StaleSnapshotError) Error() string {
