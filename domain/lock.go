@@ -1,7 +1,6 @@
 // Package domain holds the vocabulary of the lock service: locks,
-// resources, the TTL policy, input validation and the errors callers match.
-// It imports the standard library only, and every rule that involves time
-// takes "now" as an argument, so it answers alike under any clock.
+// resources, the TTL policy, validation and errors. Every rule that
+// involves time takes "now", so it answers alike under any clock.
 package domain
 
 import (
@@ -28,8 +27,7 @@ func ResourceTypes() []ResourceType { return []ResourceType{ResourcePlan, Resour
 // Valid reports whether t is one of the known resource types.
 func (t ResourceType) Valid() bool { return t == ResourcePlan || t == ResourceProject }
 
-// ResourceRef identifies one lockable resource; at most one lock exists
-// per ResourceRef at any time.
+// ResourceRef identifies one lockable resource, which has one lock at most.
 type ResourceRef struct {
 	Type ResourceType
 	ID   string
@@ -50,9 +48,8 @@ func (r ResourceRef) Validate() error {
 	return validateIdentifier("resource_id", r.ID)
 }
 
-// String renders the reference as "type/id". An id that is empty, has
-// spaces or does not print is quoted, so that it cannot disguise itself or
-// disturb a terminal.
+// String renders the reference as "type/id", the id quoted when it is
+// empty, has spaces or does not print, so that it cannot disguise itself.
 func (r ResourceRef) String() string {
 	id := r.ID
 	if id == "" || strings.IndexFunc(id, func(c rune) bool { return !unicode.IsGraphic(c) || unicode.IsSpace(c) }) >= 0 || !utf8.ValidString(id) {
@@ -61,8 +58,8 @@ func (r ResourceRef) String() string {
 	return string(r.Type) + "/" + id
 }
 
-// MaxIdentifierBytes is the longest owner or resource id accepted, in
-// bytes: the stores' VARCHAR(255) columns.
+// MaxIdentifierBytes is the longest owner or resource id accepted: the
+// stores' VARCHAR(255) columns.
 const MaxIdentifierBytes = 255
 
 // ValidateOwner checks an owner id.
@@ -90,9 +87,8 @@ func validateIdentifier(field, v string) error {
 // Lock is one held (or expired but not yet purged) advisory lock, active
 // from AcquiredAt up to, but not including, ExpiresAt.
 type Lock struct {
-	// Token is the fencing token: it strictly increases every time the
-	// resource changes hands, and stays while one owner re-enters or
-	// renews, so that what the lock protects can refuse a former holder.
+	// Token, the fencing token, grows whenever the resource changes hands,
+	// so that what the lock protects can refuse a former holder.
 	Token      int64
 	Owner      string
 	Resource   ResourceRef
@@ -103,8 +99,7 @@ type Lock struct {
 // ExpiredAt reports whether the lock has expired at the instant now.
 func (l Lock) ExpiredAt(now time.Time) bool { return !now.Before(l.ExpiresAt) }
 
-// Remaining returns how long the lock stays active after now (zero once
-// expired).
+// Remaining returns how long the lock stays active after now.
 func (l Lock) Remaining(now time.Time) time.Duration {
 	if l.ExpiredAt(now) {
 		return 0
@@ -124,8 +119,8 @@ const (
 	MaxLockTTL     = 3600 * time.Second // the longest; longer work renews
 )
 
-// ResolveTTL returns DefaultLockTTL for zero, ttl when ValidateTTL accepts
-// it, and otherwise its *ValidationError: a mistake is never clamped.
+// ResolveTTL returns DefaultLockTTL for zero, else ttl or ValidateTTL's
+// error: a mistake is never clamped.
 func ResolveTTL(ttl time.Duration) (time.Duration, error) {
 	if ttl == 0 {
 		return DefaultLockTTL, nil
@@ -145,6 +140,6 @@ func ValidateTTL(ttl time.Duration) error {
 	return nil
 }
 
-// RenewInterval is how often a holder should renew a lock taken with ttl:
-// half of it, leaving the other half to absorb a slow renewal.
+// RenewInterval is how often to renew a lock of ttl: half of it, the other
+// half left to absorb a slow renewal.
 func RenewInterval(ttl time.Duration) time.Duration { return ttl / 2 }
