@@ -47,11 +47,11 @@ var urlScheme = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]+):(//)?`)
 func databaseKind(database string) (string, error) {
 	switch {
 	case database == "":
-		return "", &domain.ValidationError{Field: "database", Reason: "is empty: it must name " + supportedDatabases}
+		return "", invalidDatabase("is empty: it must name " + supportedDatabases)
 	case strings.TrimFunc(database, isBlank) == "":
-		return "", &domain.ValidationError{Field: "database", Reason: "is blank (white space or invisible characters only): it must name " + supportedDatabases}
+		return "", invalidDatabase("is blank (white space or invisible characters only): it must name " + supportedDatabases)
 	case strings.ContainsRune(database, 0):
-		return "", &domain.ValidationError{Field: "database", Reason: "contains a NUL byte, which no file name or DSN may contain"}
+		return "", invalidDatabase("contains a NUL byte, which no file name or DSN may contain")
 	case database == MemoryDatabase:
 		return kindMemory, nil
 	case pgdsn.IsURL(database):
@@ -71,56 +71,53 @@ func databaseKind(database string) (string, error) {
 		return kindPostgres, nil
 	}
 	if strings.TrimFunc(database, isBlank) != database {
-		return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
+		return "", invalidDatabase(fmt.Sprintf(
 			"%q begins or ends with white space (or an invisible character), which is taken for a typo rather than part of a file's name: "+
 				"remove it, or, for a file whose name has it, write a file: URI with the white space escaped (file:%s)",
-			database, (&url.URL{Path: database}).EscapedPath())}
+			database, (&url.URL{Path: database}).EscapedPath()))
 	}
 	return kindSQLite, nil
 }
 
 // ValidateDatabase returns the *domain.ValidationError with which Open
-// refuses database by its form alone (empty, blank, a URL of a database it
-// does not support, a malformed PostgreSQL keyword/value DSN), or nil. It
-// opens nothing, and says nothing of whether the program can open a
-// PostgreSQL DSN (see PostgresPackage): a command line calls it to refuse
-// a mistyped database before it acts.
+// refuses database by its form alone (empty, blank, an unsupported URL, a
+// malformed keyword/value DSN), or nil, opening nothing: for a command
+// line to refuse a mistyped database before it acts.
 func ValidateDatabase(database string) error {
 	_, err := databaseKind(database)
 	return err
 }
 
-// schemeError refuses database, whose scheme m (from urlScheme) Open does
-// not support.
+// schemeError refuses database, whose scheme is m (from urlScheme).
 func schemeError(database string, m []string) error {
 	if err := pgdsn.SchemeError(m[1], m[2]); err != nil {
 		return err
 	}
 	scheme := m[1] + ":" + m[2]
 	if strings.ToLower(m[1]) == "file" {
-		return &domain.ValidationError{Field: "database",
-			Reason: `write "file:" in lower case: SQLite reads only that as a URI, and would take "` + scheme + `" for part of a file's name`}
+		return invalidDatabase(`write "file:" in lower case: SQLite reads only that as a URI, and would take "` + scheme + `" for part of a file's name`)
 	}
 	reason := "the " + scheme + " scheme is not supported: name " + supportedDatabases
 	if m[2] == "" {
 		reason += " (for a file whose name has a colon, write a directory before it: ./" + database + ")"
 	}
+	return invalidDatabase(reason)
+}
+
+func invalidDatabase(reason string) error {
 	return &domain.ValidationError{Field: "database", Reason: reason}
 }
 
-// IsPostgres reports whether database names a PostgreSQL server: a
+// IsPostgres reports whether database names a PostgreSQL server (a
 // postgres:// or postgresql:// URL, or a well-formed libpq keyword/value
-// string ("host=db dbname=agents"). Use it to route a DSN before Open; it
-// says nothing of whether the program can open it (see PostgresPackage),
-// and a malformed keyword/value string is neither server nor file.
+// string), whether or not the program imports PostgresPackage.
 func IsPostgres(database string) bool {
 	kind, err := databaseKind(database)
 	return err == nil && kind == kindPostgres
 }
 
-// isBlank reports whether r is Unicode white space or an invisible format
-// character (zero-width space, BOM): a name that has them at an end looks,
-// to whoever typed it, like the name without them.
+// isBlank reports whether r is white space or an invisible format
+// character (zero-width space, BOM), which a reader does not see.
 func isBlank(r rune) bool { return unicode.IsSpace(r) || unicode.Is(unicode.Cf, r) }
 
 // openMemory opens MemoryDatabase.
@@ -132,8 +129,8 @@ func openMemory(_ context.Context, opts backend.Options) (backend.Store, error) 
 	return memoryStore{repo: memory.NewLockRepository(), clock: clk}, nil
 }
 
-// memoryStore keeps the locks in this process's memory: there is no other
-// process to wake, and no SQL transaction to fence or queue.
+// memoryStore has no other process to wake, nor SQL transactions to fence
+// or queue.
 type memoryStore struct {
 	repo  *memory.LockRepository
 	clock application.Clock

@@ -99,7 +99,6 @@ type Container struct {
 
 	owner    string
 	clock    application.Clock
-	keep     bool
 	store    backend.Store
 	shutdown *shutdown
 	cleanup  func()
@@ -137,8 +136,7 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 	if kind != kindMemory {
 		var ok bool
 		if open, ok = backend.Lookup(kind); !ok {
-			return nil, &domain.ValidationError{Field: "database",
-				Reason: "names a PostgreSQL server, which this program cannot open: import " + PostgresPackage + " to enable PostgreSQL"}
+			return nil, invalidDatabase("names a PostgreSQL server, which this program cannot open: import " + PostgresPackage + " to enable PostgreSQL")
 		}
 	}
 	c, cleanup, err := openStore(ctx, cfg, open)

@@ -13,12 +13,7 @@ import (
 	"github.com/cleveragents/locks/internal/backend"
 )
 
-// The providers that wire.go assembles: plain functions, so that
-// wire_gen.go stays readable.
-
-// provideService builds the lock service with the store's wake-ups
-// (unless cfg.PollOnly), this machine's process table (unless
-// cfg.DisableDeadHolderTakeover) and the embedder's observers; its cleanup
+// provideService builds the lock service with its ports. Its cleanup
 // unregisters the metrics' callback, after the container's has closed the
 // service.
 func provideService(repo application.LockRepository, clk application.Clock, wake application.Wakeups, cfg Config) (*application.LockService, func(), error) {
@@ -68,11 +63,10 @@ func provideService(repo application.LockRepository, clk application.Clock, wake
 	return svc, cleanup, nil
 }
 
-// provideStore opens the database; Wire runs its cleanup, which closes it
-// within Close's context, after the container's has released the locks.
+// provideStore opens the database; its cleanup closes it, after the
+// container's has released the locks.
 func provideStore(ctx context.Context, cfg Config, open backend.Open, sd *shutdown) (backend.Store, func(), error) {
-	// A clock the test moves (testclock.Clock, clock.Mock) implies LocalTime:
-	// the test cannot move a server's clock.
+	// A clock the test moves implies LocalTime: it cannot move the server's.
 	_, mock := cfg.Clock.(interface {
 		Add(time.Duration)
 		Set(time.Time)
@@ -89,13 +83,12 @@ func provideClock(s backend.Store) application.Clock               { return s.Cl
 func provideWakeups(s backend.Store) application.Wakeups           { return s.Wakeups() }
 
 // newContainer runs the startup cleanup and starts the periodic one. Its
-// cleanup, which Wire runs before the store's, stops the periodic cleanup
-// (no goroutine outlives the container), closes the service, letting the
-// calls in flight finish, and only then releases the owner's locks through
-// the repository: nothing the service admitted can commit after that.
+// cleanup stops the periodic one, closes the service, letting the calls in
+// flight finish, and only then releases the owner's locks through the
+// repository, so that nothing the service admitted commits after that.
 func newContainer(ctx context.Context, svc *application.LockService, s backend.Store, repo application.LockRepository, clk application.Clock,
 	cfg Config, sd *shutdown) (*Container, func(), error) {
-	c := &Container{Locks: svc, owner: cfg.Owner, clock: clk, keep: cfg.KeepLocksOnClose, store: s, shutdown: sd, write: s.Writer()}
+	c := &Container{Locks: svc, owner: cfg.Owner, clock: clk, store: s, shutdown: sd, write: s.Writer()}
 	if !cfg.SkipStartupCleanup {
 		if _, err := svc.CleanupExpired(ctx); err != nil {
 			return nil, nil, err
@@ -115,14 +108,14 @@ func newContainer(ctx context.Context, svc *application.LockService, s backend.S
 		if err := svc.Close(sd.ctx); err != nil {
 			// A call still in flight could commit a lock after a release.
 			what := "they stay held until their TTL, or until released elsewhere"
-			if c.keep {
+			if cfg.KeepLocksOnClose {
 				what = "they stay held, as KeepLocksOnClose asks"
 			}
 			sd.add(fmt.Errorf("shutting down the lock service of owner %q: %w; its locks were not released: %s "+
 				"(give Shutdown a longer context than %s, or end the calls in flight first)", c.owner, err, what, sd.budget))
 			return
 		}
-		if c.keep {
+		if cfg.KeepLocksOnClose {
 			return
 		}
 		_, err := repo.DeleteAllOwned(sd.ctx, c.owner)

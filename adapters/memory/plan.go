@@ -29,15 +29,14 @@ func NewPlanStore[P any](locks *LockRepository, clock application.Clock) *PlanSt
 	return &PlanStore[P]{locks: locks, clock: clock, plans: make(map[string]P)}
 }
 
-// Put stores plan as it is, unfenced: for setting up tests.
+// Put stores plan unfenced, to set up tests.
 func (s *PlanStore[P]) Put(planID string, plan P) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.plans[planID] = plan
 }
 
-// Load implements application.PlanStore; a missing plan is
-// domain.ErrNotFound.
+// Load implements application.PlanStore.
 func (s *PlanStore[P]) Load(ctx context.Context, planID string) (P, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -1,6 +1,5 @@
-// Package telemetry shows the lock service's events to the embedder's
-// logs (log/slog) and metrics (OpenTelemetry): the adapters of the
-// application.Observer port.
+// Package telemetry shows the lock service's events in log/slog and
+// OpenTelemetry: the adapters of application.Observer.
 package telemetry
 
 import (
@@ -14,9 +13,7 @@ import (
 // Logger writes every lock event to a *slog.Logger: changes of hands,
 // releases and cleanups at Info, failed renewals at Warn, and the frequent
 // ones (re-entries, renewals, refusals) at Debug.
-type Logger struct {
-	log *slog.Logger
-}
+type Logger struct{ log *slog.Logger }
 
 var _ application.Observer = (*Logger)(nil)
 

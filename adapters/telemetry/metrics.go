@@ -14,8 +14,8 @@ import (
 // ScopeName is the instrumentation scope of the module's metrics.
 const ScopeName = "github.com/cleveragents/locks"
 
-// Metrics records lock events as OpenTelemetry metrics: the locks.*
-// instruments that docs/operations.md ("Logs and metrics") lists.
+// Metrics records lock events as the locks.* OpenTelemetry instruments
+// that docs/operations.md lists.
 type Metrics struct {
 	events, takeovers, cleaned metric.Int64Counter
 	acquire, hold, wait        metric.Float64Histogram
@@ -56,7 +56,7 @@ func NewMetrics(mp metric.MeterProvider, active func(context.Context) (int, erro
 		m.active, err = meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 			n, err := active(ctx)
 			if errors.Is(err, domain.ErrClosed) {
-				return nil // the container is closing: nothing to report
+				return nil // the container is closing
 			}
 			if err == nil {
 				o.ObserveInt64(gauge, int64(n))
