@@ -37,25 +37,21 @@ const DefaultShutdownTimeout = 10 * time.Second
 
 // Config says how to build a Container. Only Database is required.
 type Config struct {
-	// Database is a SQLite file (a path, or a "file:" URI; created with
-	// mode 0600), a PostgreSQL DSN (a "postgres://" URL or libpq's
-	// "host=... dbname=...", with PostgresPackage imported), or
-	// MemoryDatabase. Anything else is refused: see ValidateDatabase.
+	// Database is a SQLite file (a path, or a "file:" URI), a PostgreSQL
+	// DSN (a URL or libpq's "host=... dbname=..."; import PostgresPackage)
+	// or MemoryDatabase. Anything else is refused (see ValidateDatabase).
 	Database string
-	// Owner identifies this process in its locks; empty means
-	// DefaultOwner(). Close releases every lock the owner holds.
+	// Owner identifies this process in its locks; empty means DefaultOwner().
 	Owner string
 	// DefaultTTL replaces a zero TTL; zero means domain.DefaultLockTTL.
 	DefaultTTL time.Duration
-	// Clock is the service's time; nil means the real clock (see
-	// docs/testing.md for test clocks). On PostgreSQL expiry is decided on
-	// the server's time advanced by a monotonic clock, so a step of the
-	// wall clock moves nothing; a mock clock (one with Add and Set) implies
-	// LocalTime instead, so that moving it moves every lock's expiry.
+	// Clock is the service's time; nil means the real clock. On PostgreSQL
+	// expiry is decided on the server's time advanced by a monotonic clock,
+	// unless Clock is a mock (it has Add and Set), which implies LocalTime
+	// so that moving it moves every expiry (docs/testing.md).
 	Clock application.Clock
-	// DisableDeadHolderTakeover makes Acquire wait for the expiry of every
-	// active lock, rather than take over at once one whose owner is a
-	// DefaultOwner of this machine whose process is provably gone.
+	// DisableDeadHolderTakeover makes Acquire wait for the expiry of a lock
+	// whose owner's process, on this machine, is provably gone.
 	DisableDeadHolderTakeover bool
 	// LocalTime, on PostgreSQL, decides expiry on Clock alone, not also on
 	// the server's time: only where every host's clock agrees.
@@ -63,32 +59,26 @@ type Config struct {
 	// BusyTimeout is how long a SQLite statement waits for another
 	// process's write; zero means 5 seconds.
 	BusyTimeout time.Duration
-	// PollOnly makes a wait for a lock held elsewhere poll the store (a
-	// release is seen up to a second late) rather than also watch for its
-	// release, a read that does not block durably in a testing/synctest
-	// bubble.
+	// PollOnly makes waits poll the store rather than also watch for
+	// releases, whose read never blocks durably in a testing/synctest bubble.
 	PollOnly bool
-	// SkipStartupCleanup leaves expired locks in place when opening, for
-	// tools that must show them.
+	// SkipStartupCleanup leaves expired locks in place when opening.
 	SkipStartupCleanup bool
 	// Logger, when set, receives every lock event (telemetry.Logger).
 	Logger *slog.Logger
-	// MeterProvider, when set, receives the module's OpenTelemetry metrics
-	// (telemetry.Metrics).
+	// MeterProvider, when set, receives the metrics (telemetry.Metrics).
 	MeterProvider metric.MeterProvider
 	// Observer, when set, is told of every lock event too.
 	Observer application.Observer
 	// CleanupInterval, when not zero, purges expired locks every interval
-	// (on Clock) while the container is open, so that dead processes'
-	// locks do not pile up; at least application.MinCleanupInterval.
+	// (on Clock) while the container is open; at least
+	// application.MinCleanupInterval.
 	CleanupInterval time.Duration
-	// OnCleanup, when set, is called after every periodic cleanup with how
-	// many locks it purged and its error, in the cleanup's goroutine: it
-	// must return promptly. A failed cleanup is tried again an interval later.
+	// OnCleanup, when set, is told of every periodic cleanup's count and
+	// error, in its goroutine: it must return promptly.
 	OnCleanup func(purged int, err error)
-	// KeepLocksOnClose makes Close leave the owner's locks to expire or be
-	// released explicitly: for a process that exits holding a lock on
-	// purpose, such as the agents CLI.
+	// KeepLocksOnClose makes Close leave the owner's locks to expire, for a
+	// process that exits holding one on purpose, such as the agents CLI.
 	KeepLocksOnClose bool
 }
 

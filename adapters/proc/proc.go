@@ -37,7 +37,11 @@ var ThisMachine = sync.OnceValues(func() (*Machine, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns, err := pidNamespace("self")
+	link, err := os.Readlink(Root + "/self/ns/pid") // "pid:[4026531836]"
+	if err != nil {
+		return nil, err
+	}
+	ns, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(link, "pid:["), "]"), 10, 64)
 	if err != nil {
 		return nil, err
 	}
@@ -106,25 +110,14 @@ func stat(pid int) (start uint64, state byte, err error) {
 	// Field 2, the command name in parentheses, may contain anything.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, 0, fmt.Errorf("unexpected %s/%d/stat", Root, pid)
+	var fields []string
+	if i >= 0 {
+		fields = strings.Fields(s[i+1:])
 	}
-	fields := strings.Fields(s[i+1:])
 	if len(fields) < 20 || len(fields[0]) != 1 {
 		return 0, 0, fmt.Errorf("unexpected %s/%d/stat", Root, pid)
 	}
 	// fields[0] is field 3, the state; fields[19] is field 22, starttime.
 	start, err = strconv.ParseUint(fields[19], 10, 64)
 	return start, fields[0][0], err
-}
-
-// pidNamespace returns the inode of the pid namespace of process pid
-// ("self" for this one).
-func pidNamespace(pid string) (uint64, error) {
-	link, err := os.Readlink(Root + "/" + pid + "/ns/pid")
-	if err != nil {
-		return 0, err
-	}
-	inode := strings.TrimSuffix(strings.TrimPrefix(link, "pid:["), "]")
-	return strconv.ParseUint(inode, 10, 64)
 }
