@@ -8,7 +8,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/cleveragents/locks/adapters/entstore"
@@ -53,16 +52,13 @@ type ReadLock func(ctx context.Context, ref domain.ResourceRef) (domain.Lock, er
 // Open opens a database, applies its migrations and returns it.
 type Open func(ctx context.Context, opts Options) (Store, error)
 
-var (
-	mu    sync.RWMutex
-	opens = map[string]Open{}
-)
+// opens needs no lock: only the adapters' init functions write it, and
+// they all run before main.
+var opens = map[string]Open{}
 
 // Register makes the kind of database name available to locks.Open; it
 // panics on a name registered twice, as sql.Register does.
 func Register(name string, open Open) {
-	mu.Lock()
-	defer mu.Unlock()
 	if _, dup := opens[name]; dup {
 		panic(fmt.Sprintf("backend: %s registered twice", name))
 	}
@@ -71,8 +67,6 @@ func Register(name string, open Open) {
 
 // Lookup returns the Open registered as name.
 func Lookup(name string) (Open, bool) {
-	mu.RLock()
-	defer mu.RUnlock()
 	open, ok := opens[name]
 	return open, ok
 }
