@@ -1,9 +1,7 @@
 // Package locks is the advisory-lock module of CleverAgents: it stops two
 // processes from changing the same plan or project at once. Open builds a
-// Container on a SQLite file, a PostgreSQL server (linked once the program
-// imports PostgresPackage) or memory; its Locks service takes, renews and
-// releases locks, and Close releases the owner's. The rules live in
-// package application, the vocabulary and errors in package domain.
+// Container on a SQLite file, a PostgreSQL server or memory, whose Locks
+// service takes, renews and releases locks.
 package locks
 
 import (
@@ -37,24 +35,21 @@ const DefaultShutdownTimeout = 10 * time.Second
 
 // Config says how to build a Container. Only Database is required.
 type Config struct {
-	// Database is a SQLite file (a path, or a "file:" URI), a PostgreSQL
-	// DSN (a URL or libpq's "host=... dbname=..."; import PostgresPackage)
-	// or MemoryDatabase. Anything else is refused (see ValidateDatabase).
+	// Database is a SQLite file (a path or a "file:" URI), a PostgreSQL DSN
+	// (with PostgresPackage imported) or MemoryDatabase: see ValidateDatabase.
 	Database string
 	// Owner identifies this process in its locks; empty means DefaultOwner().
 	Owner string
 	// DefaultTTL replaces a zero TTL; zero means domain.DefaultLockTTL.
 	DefaultTTL time.Duration
-	// Clock is the service's time; nil means the real clock. On PostgreSQL
-	// expiry is decided on the server's time advanced by a monotonic clock,
-	// unless Clock is a mock (it has Add and Set), which implies LocalTime
-	// so that moving it moves every expiry (docs/testing.md).
+	// Clock is the service's time; nil means the real clock. A mock clock
+	// (one with Add and Set) implies LocalTime (docs/testing.md).
 	Clock application.Clock
 	// DisableDeadHolderTakeover makes Acquire wait for the expiry of a lock
 	// whose owner's process, on this machine, is provably gone.
 	DisableDeadHolderTakeover bool
-	// LocalTime, on PostgreSQL, decides expiry on Clock alone, not also on
-	// the server's time: only where every host's clock agrees.
+	// LocalTime, on PostgreSQL, decides expiry on Clock rather than on the
+	// server's time, advanced by a monotonic clock: only where clocks agree.
 	LocalTime bool
 	// BusyTimeout is how long a SQLite statement waits for another
 	// process's write; zero means 5 seconds.
@@ -70,9 +65,8 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// Observer, when set, is told of every lock event too.
 	Observer application.Observer
-	// CleanupInterval, when not zero, purges expired locks every interval
-	// (on Clock) while the container is open; at least
-	// application.MinCleanupInterval.
+	// CleanupInterval, when not zero (and at least
+	// application.MinCleanupInterval), purges expired locks that often.
 	CleanupInterval time.Duration
 	// OnCleanup, when set, is told of every periodic cleanup's count and
 	// error, in its goroutine: it must return promptly.
@@ -147,9 +141,8 @@ func (c *Container) Clock() application.Clock { return c.clock }
 // Close stops the periodic cleanup, refuses new calls (domain.ErrClosed),
 // lets the calls in progress finish, releases the owner's locks (unless
 // Config.KeepLocksOnClose) and closes the store, within
-// DefaultShutdownTimeout; if calls are still in progress by then, it
-// releases nothing, since they could take locks after the release, and
-// says so. Only the first call does anything.
+// DefaultShutdownTimeout: if calls still run by then, it releases nothing,
+// since they could take locks after the release. Only the first call acts.
 func (c *Container) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
 	defer cancel()

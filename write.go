@@ -17,16 +17,14 @@ var errNoWriter = errors.New("Container.Write serves the SQLite lock store, whos
 	"every writer; on PostgreSQL run the transaction on the application's own connection pool, " +
 	"and on MemoryDatabase there is no SQL database to write")
 
-// Write runs fn in a write transaction on the container's SQLite file,
-// committed when fn returns nil, in the queue of the lock store's own
-// writes: a stream of the application's transactions on its own *sql.DB,
-// waiting in SQLite's busy handler instead, can keep renewals out until a
-// lock expires (docs/lifecycle.md). fn holds the file's only write lock:
-// keep it short, and let it start from nothing (it may run again when the
-// database was busy). It may call CheckFence on tx, but a lock call in it
-// would wait for fn's own transaction: with fn's context it is refused,
-// with another it waits, stalling every process's locks, until that
-// context ends. fn runs with ctx's values but not its cancellation.
+// Write runs fn in a write transaction on the container's SQLite file, in
+// the queue of the lock store's own writes, which transactions on the
+// application's *sql.DB skip, keeping renewals out (docs/lifecycle.md).
+// fn holds the file's only write lock: keep it short, starting from
+// nothing each time (it runs again when the database was busy). It may
+// call CheckFence on tx, but a lock call in it would wait for fn's own
+// transaction: with fn's context it is refused, with another it waits
+// until that context ends.
 //
 // Errors: fn's own error; ctx's error when ctx ends before the commit
 // (the changes are undone); domain.ErrClosed once Close has begun; a
@@ -50,10 +48,9 @@ func (c *Container) Write(ctx context.Context, fn func(ctx context.Context, tx *
 // *sql.Tx, or the Tx of an Ent client generated with sql/execquery.
 type Querier = entstore.Querier
 
-// CheckFence checks, inside tx, the caller's transaction on the locks'
-// database, that f still holds at the container's clock's now, and keeps
-// the lock from changing hands until tx ends. A plan store calls it in
-// Persist for every fence, in order, before it writes (docs/lifecycle.md).
+// CheckFence checks, inside tx, that f still holds, and keeps the lock
+// from changing hands until tx ends: a plan store calls it for every fence
+// before it writes (docs/lifecycle.md).
 //
 // Errors: *domain.ValidationError for a malformed fence;
 // *domain.LockLostError (matching domain.ErrExpired) when the fence does
