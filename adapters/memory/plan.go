@@ -52,10 +52,9 @@ func (s *PlanStore[P]) Load(ctx context.Context, planID string) (P, error) {
 
 // Persist implements application.PlanStore.
 func (s *PlanStore[P]) Persist(ctx context.Context, planID string, plan P, fences []application.Fence) error {
-	if err := ctx.Err(); err != nil {
+	if err := s.locks.lock(ctx); err != nil {
 		return err
 	}
-	s.locks.mu.Lock()
 	defer s.locks.mu.Unlock()
 	now := stored(s.clock.Now())
 	for _, f := range fences {
