@@ -66,22 +66,20 @@ const MaxIdentifierBytes = 255
 func ValidateOwner(owner string) error { return validateIdentifier("owner_id", owner) }
 
 func validateIdentifier(field, v string) error {
-	reason := ""
+	fail := func(reason string) error { return &ValidationError{Field: field, Reason: reason} }
 	switch {
 	case v == "":
-		reason = "must not be empty"
+		return fail("must not be empty")
 	case strings.TrimSpace(v) == "":
-		reason = "must not be blank (only white space)"
+		return fail("must not be blank (only white space)")
 	case len(v) > MaxIdentifierBytes:
-		reason = fmt.Sprintf("is %d bytes long; the limit is %d bytes", len(v), MaxIdentifierBytes)
+		return fail(fmt.Sprintf("is %d bytes long; the limit is %d bytes", len(v), MaxIdentifierBytes))
 	case !utf8.ValidString(v):
-		reason = "is not valid UTF-8"
+		return fail("is not valid UTF-8")
 	case strings.IndexByte(v, 0) >= 0:
-		reason = "must not contain NUL bytes"
-	default:
-		return nil
+		return fail("must not contain NUL bytes")
 	}
-	return &ValidationError{Field: field, Reason: reason}
+	return nil
 }
 
 // Lock is one held (or expired but not yet purged) advisory lock, active

@@ -55,27 +55,27 @@ func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, dec
 	if err != nil {
 		return domain.Lock{}, err
 	}
+	var l domain.Lock
 	switch change.Kind {
 	case application.ChangeExtend:
 		if cur == nil {
 			return domain.Lock{}, &domain.StoreError{Op: "extend lock", Err: domain.ErrNotFound}
 		}
-		l := *cur
+		l = *cur
 		l.ExpiresAt = stored(change.Lock.ExpiresAt)
-		r.locks[ref] = l
-		return l, nil
 	case application.ChangeInsert:
 		r.lastToken++
-		l := change.Lock
+		l = change.Lock
 		l.Token, l.Resource = r.lastToken, ref
 		l.AcquiredAt, l.ExpiresAt = stored(l.AcquiredAt), stored(l.ExpiresAt)
-		r.locks[ref] = l
-		return l, nil
+	default:
+		if cur == nil {
+			return domain.Lock{}, nil
+		}
+		return *cur, nil
 	}
-	if cur == nil {
-		return domain.Lock{}, nil
-	}
-	return *cur, nil
+	r.locks[ref] = l
+	return l, nil
 }
 
 // stored is an instant as the SQL stores keep it (UTC, truncated to
@@ -88,11 +88,10 @@ func (r *LockRepository) Get(ctx context.Context, ref domain.ResourceRef) (domai
 		return domain.Lock{}, err
 	}
 	defer r.mu.Unlock()
-	l, ok := r.locks[ref]
-	if !ok {
-		return domain.Lock{}, domain.ErrNotFound
+	if l, ok := r.locks[ref]; ok {
+		return l, nil
 	}
-	return l, nil
+	return domain.Lock{}, domain.ErrNotFound
 }
 
 // List implements application.LockRepository.
