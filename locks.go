@@ -1,23 +1,7 @@
 // Package locks is the advisory-lock module of CleverAgents: it stops two
-// processes from changing the same plan or project at once.
-//
-// Open builds a Container from a Config: it opens the lock store (a SQLite
-// file by default, PostgreSQL for locks shared between machines, or memory
-// for tests), applies the schema migrations,
-// purges locks that expired while no process was running, and returns the
-// container, whose Locks service takes, renews and releases locks. Close
-// releases every lock the container's owner still holds, then closes the
-// store, so that other processes can take the resources at once.
-//
-// A program links only the stores it uses. SQLite and memory are always
-// there; PostgreSQL is enabled by importing its package, as database/sql
-// drivers are:
-//
-//	import _ "github.com/cleveragents/locks/adapters/postgres"
-//
-// The rules themselves live in package application, the vocabulary and the
-// errors in package domain. A store of one's own is checked with package
-// locktest and run by an application.LockService.
+// processes from changing the same plan or project at once. Open builds a
+// Container on a SQLite file, a PostgreSQL server or memory, whose Locks
+// service takes, renews and releases locks.
 package locks
 
 import (
@@ -41,9 +25,8 @@ import (
 	"github.com/cleveragents/locks/internal/backend"
 )
 
-// MemoryDatabase, as Config.Database, keeps the locks in the memory of this
-// process: for tests, and for programs that only need to exclude their own
-// goroutines.
+// MemoryDatabase, as Config.Database, keeps the locks in this process's
+// memory: for tests, and for excluding only this process's goroutines.
 const MemoryDatabase = ":memory:"
 
 // DefaultShutdownTimeout bounds how long Close waits to release the
@@ -52,92 +35,44 @@ const DefaultShutdownTimeout = 10 * time.Second
 
 // Config says how to build a Container. Only Database is required.
 type Config struct {
-	// Database is the SQLite file (a path, or a "file:" URI with extra
-	// parameters), a PostgreSQL DSN (a "postgres://..." URL, or libpq's
-	// "host=... dbname=..." form; the program must import PostgresPackage),
-	// or MemoryDatabase. A new SQLite file is created with mode 0600; its
-	// directory must exist. A URL of any other scheme (mysql://, http://)
-	// is refused, and so is a string that reads as libpq's keyword/value
-	// form but is malformed (see ValidateDatabase): it never names a file.
+	// Database is a SQLite file (a path or a "file:" URI), a PostgreSQL DSN
+	// (with PostgresPackage imported) or MemoryDatabase: see ValidateDatabase.
 	Database string
-	// Owner identifies this process in the locks it takes; empty means
-	// DefaultOwner(). Every lock the owner holds is released by Close.
+	// Owner identifies this process in its locks; empty means DefaultOwner().
 	Owner string
-	// DefaultTTL replaces a zero TTL in Acquire and Renew; zero means
-	// domain.DefaultLockTTL (5 minutes).
+	// DefaultTTL replaces a zero TTL; zero means domain.DefaultLockTTL.
 	DefaultTTL time.Duration
-	// Clock is where the service reads the time; nil means the real clock.
-	// Tests pass a mock clock that they move: testclock.New() from
-	// locktest/testclock (see docs/testing.md), or clock.NewMock() from
-	// github.com/benbjohnson/clock. On PostgreSQL, expiry is decided on
-	// the server's time: its time at the last measurement plus the time
-	// elapsed since, measured on this clock's monotonic reading if it is a
-	// postgres.MonotonicClock, and otherwise on the host's own monotonic
-	// clock, never on the readings' wall time, so a step of the wall clock
-	// moves nothing, even for a clock whose readings carry no monotonic
-	// reading (time.Now().UTC()). The exception is a mock clock, one with
-	// the methods Add(time.Duration) and Set(time.Time) as both of those
-	// have: its time is the test's, and expiry is decided on it alone, as
-	// with LocalTime, which it implies, so that moving it moves every
-	// lock's expiry on PostgreSQL as on SQLite.
+	// Clock is the service's time; nil means the real clock. A mock clock
+	// (one with Add and Set) implies LocalTime (docs/testing.md).
 	Clock application.Clock
-	// DisableDeadHolderTakeover makes Acquire wait for the expiry of every
-	// active lock. By default, an active lock whose owner is a process of
-	// this machine (a DefaultOwner id) that is provably gone is taken over
-	// at once, with a new token, and reported as a takeover; a stopped
-	// process is alive, and explicit owner ids are never taken early.
+	// DisableDeadHolderTakeover makes Acquire wait for the expiry of a lock
+	// whose owner's process, on this machine, is provably gone.
 	DisableDeadHolderTakeover bool
-	// LocalTime, on PostgreSQL, decides expiry on Clock as it is rather
-	// than on the server's time, and does not also require a lock to have
-	// expired on the server's clock before it changes hands: for tests
-	// that drive a mock clock, ahead of the server's if they like (a mock
-	// clock implies it: see Clock). Hosts that share locks must not set it
-	// unless their clocks agree.
+	// LocalTime, on PostgreSQL, decides expiry on Clock rather than on the
+	// server's time, advanced by a monotonic clock: only where clocks agree.
 	LocalTime bool
 	// BusyTimeout is how long a SQLite statement waits for another
 	// process's write; zero means 5 seconds.
 	BusyTimeout time.Duration
-	// PollOnly makes a wait for a lock held by another process (or by an
-	// owner-scoped Acquire) poll the store, with a backoff that never
-	// sleeps past the holder's expiry, instead of also watching for the
-	// holder's release (SQLite's wake file, PostgreSQL's notifications):
-	// for a testing/synctest bubble, in which the watch's read does not
-	// block durably, so the bubble's time would not move while a waiter
-	// waits (see docs/testing.md). A release is then seen at the next
-	// poll, up to a second later on the service's clock, instead of at
-	// once: with a test clock, only once the test moves it.
+	// PollOnly makes waits poll the store rather than also watch for
+	// releases, whose read never blocks durably in a testing/synctest bubble.
 	PollOnly bool
-	// SkipStartupCleanup leaves expired locks in place when opening, for
-	// tools that must show them (diagnostics, listings of expired locks).
+	// SkipStartupCleanup leaves expired locks in place when opening.
 	SkipStartupCleanup bool
-	// Logger, when set, receives every lock event: acquisitions, takeovers
-	// of expired locks (with the previous holder), releases and cleanups at
-	// Info, failed renewals at Warn, re-entries, renewals and refusals at
-	// Debug.
+	// Logger, when set, receives every lock event (telemetry.Logger).
 	Logger *slog.Logger
-	// MeterProvider, when set, receives the module's OpenTelemetry metrics
-	// (package adapters/telemetry lists them).
+	// MeterProvider, when set, receives the metrics (telemetry.Metrics).
 	MeterProvider metric.MeterProvider
-	// Observer, when set, is told of every lock event too, beside Logger
-	// and MeterProvider, from the container's first call on: for a
-	// program that acts on them (a supervisor told of each renewal).
+	// Observer, when set, is told of every lock event too.
 	Observer application.Observer
-	// CleanupInterval, when set, purges expired locks every interval (on
-	// Clock) for as long as the container is open, as the startup cleanup
-	// does once: for a long-running process, so that locks left by
-	// processes that died do not pile up until the next start. Zero, the
-	// default, runs no periodic cleanup; otherwise it must be at least
-	// application.MinCleanupInterval.
+	// CleanupInterval, when not zero (and at least
+	// application.MinCleanupInterval), purges expired locks that often.
 	CleanupInterval time.Duration
-	// OnCleanup, when set with CleanupInterval, is called after every
-	// periodic cleanup with how many locks it purged and its error, nil
-	// on success. A failed cleanup (a busy database) is tried again an
-	// interval later; this is where the application logs it. It runs in
-	// the cleanup's goroutine and must return promptly.
+	// OnCleanup, when set, is told of every periodic cleanup's count and
+	// error, in its goroutine: it must return promptly.
 	OnCleanup func(purged int, err error)
-	// KeepLocksOnClose makes Close leave the owner's locks in place, for a
-	// process that takes a lock on purpose and exits, such as the agents
-	// CLI: they expire with their TTL or are released explicitly.
+	// KeepLocksOnClose makes Close leave the owner's locks to expire, for a
+	// process that exits holding one on purpose, such as the agents CLI.
 	KeepLocksOnClose bool
 }
 
@@ -148,32 +83,23 @@ type Container struct {
 
 	owner    string
 	clock    application.Clock
-	keep     bool
-	store    backend.Store // CheckFence's and Write's
+	store    backend.Store
 	shutdown *shutdown
 	cleanup  func()
 	once     sync.Once
-	write    appWriter   // Write's, nil but on SQLite
-	closing  atomic.Bool // Close has begun: Write refuses
-	// closeCtx is the context of the Close call in progress, read by the
-	// release-all that Wire's cleanup runs.
-	closeCtx    context.Context
-	closeBudget string // the time closeCtx gives, in words
+	write    appWriter // nil but on SQLite
+	closing  atomic.Bool
 }
 
-// Open builds the container that cfg describes. Opening applies the
-// pending migrations and then purges expired locks (unless
-// cfg.SkipStartupCleanup), and starts the periodic cleanup when
-// cfg.CleanupInterval is set.
+// Open builds the container that cfg describes: it migrates the store,
+// purges expired locks (unless cfg.SkipStartupCleanup) and starts the
+// periodic cleanup.
 //
 // Errors: *domain.ValidationError for a bad Config, including a Database
-// that names no kind of database Open accepts (the error lists them) and
-// a PostgreSQL DSN in a program that does not import PostgresPackage (the
-// error says to import it); *domain.StoreError when the store cannot be
-// opened, migrated or cleaned. A SQLite file that Open refuses is left as
-// it was; among the refusals (see sqlite.Open), a file with more than one
-// name wraps a *sqlite.LinkedFileError, and a file whose locks table the
-// store did not create matches sqlite.ErrForeignLocksTable.
+// of no kind Open accepts or a PostgreSQL DSN without PostgresPackage
+// imported; *domain.StoreError when the store cannot be opened, migrated
+// or cleaned. A SQLite file that Open refuses is left as it was (see
+// sqlite.Open: *sqlite.LinkedFileError, sqlite.ErrForeignLocksTable).
 func Open(ctx context.Context, cfg Config) (*Container, error) {
 	kind, err := databaseKind(cfg.Database)
 	if err != nil {
@@ -194,7 +120,7 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 	if kind != kindMemory {
 		var ok bool
 		if open, ok = backend.Lookup(kind); !ok {
-			return nil, notLinked()
+			return nil, invalidDatabase("names a PostgreSQL server, which this program cannot open: import " + PostgresPackage + " to enable PostgreSQL")
 		}
 	}
 	c, cleanup, err := openStore(ctx, cfg, open)
@@ -208,29 +134,23 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 // Owner returns the owner id this container acts for.
 func (c *Container) Owner() string { return c.owner }
 
-// Clock returns the clock the container decides expiry on: Config.Clock
-// (or the real clock), corrected to the server's time on PostgreSQL
-// unless Config.LocalTime or Config.Clock is a mock clock.
+// Clock returns the clock the container decides expiry on: Config.Clock,
+// corrected to the server's time on PostgreSQL (see Config.Clock).
 func (c *Container) Clock() application.Clock { return c.clock }
 
-// Close shuts the container down, in this order: the periodic cleanup
-// stops (a run in progress is cut short), the lock service refuses
-// every new call (they fail with domain.ErrClosed), the calls in progress
-// finish, every lock of the container's owner is released (unless
-// Config.KeepLocksOnClose), and the store closes. It waits at most
-// DefaultShutdownTimeout; if calls are still in progress by then, it
-// releases nothing and says so, since they could take locks after the
-// release. Only the first call does anything.
+// Close stops the periodic cleanup, refuses new calls (domain.ErrClosed),
+// lets the calls in progress finish, releases the owner's locks (unless
+// Config.KeepLocksOnClose) and closes the store, within
+// DefaultShutdownTimeout: if calls still run by then, it releases nothing,
+// since they could take locks after the release. Only the first call acts.
 func (c *Container) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
 	defer cancel()
 	return c.shutdownWithin(ctx, "Close's "+DefaultShutdownTimeout.String())
 }
 
-// Shutdown is Close with a caller's context for the release of the locks
-// and the closing of the store: on PostgreSQL, the store's farewell to
-// the other processes (that this one waits for no lock any more) takes
-// at most half of what remains of ctx, and none once it has ended.
+// Shutdown is Close within ctx; on PostgreSQL, the farewell to the other
+// processes takes at most half of what remains of it.
 func (c *Container) Shutdown(ctx context.Context) error {
 	budget := "its context, which has no deadline"
 	if d, ok := ctx.Deadline(); ok {
@@ -239,24 +159,19 @@ func (c *Container) Shutdown(ctx context.Context) error {
 	return c.shutdownWithin(ctx, budget)
 }
 
-// shutdownWithin shuts the container down once; budget names the time
-// ctx gives it, for its errors.
+// shutdownWithin runs Wire's cleanups once; budget names ctx's time.
 func (c *Container) shutdownWithin(ctx context.Context, budget string) error {
 	c.once.Do(func() {
 		c.closing.Store(true)
-		c.closeCtx, c.closeBudget = ctx, budget
-		c.shutdown.setContext(ctx)
+		c.shutdown.ctx, c.shutdown.budget = ctx, budget
 		c.cleanup()
 	})
-	return c.shutdown.err()
+	return errors.Join(c.shutdown.errs...)
 }
 
-// DefaultOwner returns an owner id that identifies this process. On Linux
-// it is a domain.ProcessOwner, "host:pid:random/proc1:boot-id:pid-ns:start",
-// precise enough for another process of this machine to prove it gone (and
-// take its locks over at once; see Config.DisableDeadHolderTakeover).
-// Elsewhere it is "host:pid:random". Both are unique even when a pid is
-// reused.
+// DefaultOwner returns an owner id unique to this process: on Linux a
+// domain.ProcessOwner, which this machine's other processes can prove
+// gone, elsewhere "host:pid:random".
 func DefaultOwner() string {
 	if m, err := proc.ThisMachine(); err == nil {
 		if p, err := m.Owner(os.Getpid()); err == nil {
@@ -268,45 +183,19 @@ func DefaultOwner() string {
 	return fmt.Sprintf("%s:%d:%s", proc.Hostname(), os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// shutdown collects the errors of the cleanups that Wire runs on Close,
-// and gives them the context of the Close or Shutdown that runs them.
+// shutdown hands Close's context to the cleanups that Wire runs, and
+// collects their errors. sync.Once orders it: the cleanups run inside
+// Close's once.Do, and errs is read after it.
 type shutdown struct {
-	mu   sync.Mutex
-	errs []error
-	ctx  context.Context
+	ctx    context.Context
+	budget string // ctx's time, in words, for errors
+	errs   []error
 }
 
-// setContext records the context of the Close or Shutdown in progress,
-// before the cleanups run.
-func (s *shutdown) setContext(ctx context.Context) {
-	s.mu.Lock()
-	s.ctx = ctx
-	s.mu.Unlock()
-}
-
-// context returns the context of the Close or Shutdown in progress:
-// closing the store waits for the server within its deadline.
-func (s *shutdown) context() context.Context {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ctx == nil {
-		return context.Background()
-	}
-	return s.ctx
-}
-
-func newShutdown() *shutdown { return &shutdown{} }
+func newShutdown() *shutdown { return &shutdown{ctx: context.Background()} }
 
 func (s *shutdown) add(err error) {
 	if err != nil {
-		s.mu.Lock()
 		s.errs = append(s.errs, err)
-		s.mu.Unlock()
 	}
-}
-
-func (s *shutdown) err() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return errors.Join(s.errs...)
 }

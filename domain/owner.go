@@ -8,25 +8,15 @@ import (
 )
 
 // ProcessOwner is an owner id that names one process of one machine well
-// enough to prove it gone: the host, the kernel's boot id (a reboot starts
-// a new one), the pid namespace (another container has its own), the pid
-// and the process's start time (a reused pid starts later). Containers
-// use it as their default owner; an explicit owner id ("alice",
-// "session-42") never parses as one, so it is never taken over early.
+// enough to prove it gone: the boot id changes with a reboot, the pid
+// namespace with a container, the start time with a reused pid. Its text
+// keeps "host:pid:nonce" first, for people, then the proof after a
+// versioned marker, and the process group doing the owner's work, if any:
 //
-// Its text form keeps "host:pid:nonce" first, for people, and adds the
-// proof after a versioned marker:
+//	host:pid:nonce/proc1:boot-id:pid-namespace:start-time[:gPGID]
 //
-//	host:pid:nonce/proc1:boot-id:pid-namespace:start-time
-//
-// An owner whose work runs in a process group of its own ("agents locks
-// run" and its command) names the group too, after a "g":
-//
-//	host:pid:nonce/proc1:boot-id:pid-namespace:start-time:gPGID
-//
-// Such an owner is gone only once the process and every member of the
-// group are. A reader that predates the group (and so does not parse it)
-// takes the id for an explicit owner's, which is never taken over early.
+// An explicit owner id ("alice") never parses as one, so it is never taken
+// over early; nor is a group id, to a reader older than the group.
 type ProcessOwner struct {
 	Host         string
 	PID          int
@@ -34,9 +24,7 @@ type ProcessOwner struct {
 	BootID       string // /proc/sys/kernel/random/boot_id
 	PIDNamespace uint64 // the inode of /proc/self/ns/pid
 	StartTime    uint64 // clock ticks after boot, /proc/PID/stat field 22
-	// Group is the id of the process group that does the owner's work,
-	// whose members count as the owner while any is alive; 0 for none.
-	Group int
+	Group        int    // a process group whose live members keep the owner alive; 0 for none
 }
 
 var processOwnerPattern = regexp.MustCompile(
@@ -51,11 +39,11 @@ func (p ProcessOwner) String() string {
 	return s
 }
 
-// ParseProcessOwner parses an owner id written by ProcessOwner.String. It
-// accepts nothing else: any other id is an owner that carries no process.
+// ParseProcessOwner parses an owner id written by ProcessOwner.String, and
+// nothing else.
 func ParseProcessOwner(owner string) (ProcessOwner, bool) {
 	if !strings.Contains(owner, "/proc1:") {
-		return ProcessOwner{}, false // most owners: no need for the pattern
+		return ProcessOwner{}, false // most owners, without the regexp
 	}
 	m := processOwnerPattern.FindStringSubmatch(owner)
 	if m == nil {
@@ -64,14 +52,11 @@ func ParseProcessOwner(owner string) (ProcessOwner, bool) {
 	pid, err1 := strconv.Atoi(m[2])
 	ns, err2 := strconv.ParseUint(m[5], 10, 64)
 	start, err3 := strconv.ParseUint(m[6], 10, 64)
-	group := 0
-	var err4 error
+	group, err4 := 0, error(nil)
 	if m[7] != "" {
-		if group, err4 = strconv.Atoi(m[7]); err4 == nil && group <= 0 {
-			err4 = strconv.ErrRange
-		}
+		group, err4 = strconv.Atoi(m[7])
 	}
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || pid <= 0 {
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || pid <= 0 || (m[7] != "" && group <= 0) {
 		return ProcessOwner{}, false
 	}
 	return ProcessOwner{Host: m[1], PID: pid, Nonce: m[3], BootID: m[4], PIDNamespace: ns, StartTime: start, Group: group}, true

@@ -1,6 +1,6 @@
-// Package memory stores locks in the memory of one process. It implements
-// the same port as the SQLite adapter, passes the same contract suite, and
-// is the test double of choice: fast, and with no files to clean up.
+// Package memory stores locks in the memory of one process. It passes the
+// same contract suite as the SQL stores, and is the test double of choice:
+// fast, and with no files to clean up.
 package memory
 
 import (
@@ -16,14 +16,13 @@ import (
 
 var _ application.LockRepository = (*LockRepository)(nil)
 
-// LockRepository implements application.LockRepository in memory. It is
-// safe for concurrent use. The zero value is not usable: call
-// NewLockRepository.
+// LockRepository implements application.LockRepository in memory, safe for
+// concurrent use. Make it with NewLockRepository.
 type LockRepository struct {
 	mu    sync.Mutex
 	locks map[domain.ResourceRef]domain.Lock
-	// lastToken is the last fencing token handed out; like SQLite's
-	// AUTOINCREMENT it only grows, also when the map empties.
+	// lastToken only grows, also when the map empties, as SQLite's
+	// AUTOINCREMENT does.
 	lastToken int64
 }
 
@@ -32,13 +31,21 @@ func NewLockRepository() *LockRepository {
 	return &LockRepository{locks: make(map[domain.ResourceRef]domain.Lock)}
 }
 
+// lock takes the mutex, unless ctx has ended.
+func (r *LockRepository) lock(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	return nil
+}
+
 // Update implements application.LockRepository; decide runs under the
 // repository's mutex.
 func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
-	if err := ctx.Err(); err != nil {
+	if err := r.lock(ctx); err != nil {
 		return domain.Lock{}, err
 	}
-	r.mu.Lock()
 	defer r.mu.Unlock()
 	var cur *domain.Lock
 	if l, ok := r.locks[ref]; ok {
@@ -48,58 +55,53 @@ func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, dec
 	if err != nil {
 		return domain.Lock{}, err
 	}
+	var l domain.Lock
 	switch change.Kind {
 	case application.ChangeExtend:
 		if cur == nil {
 			return domain.Lock{}, &domain.StoreError{Op: "extend lock", Err: domain.ErrNotFound}
 		}
-		l := *cur
+		l = *cur
 		l.ExpiresAt = stored(change.Lock.ExpiresAt)
-		r.locks[ref] = l
-		return l, nil
 	case application.ChangeInsert:
 		r.lastToken++
-		l := change.Lock
+		l = change.Lock
 		l.Token, l.Resource = r.lastToken, ref
 		l.AcquiredAt, l.ExpiresAt = stored(l.AcquiredAt), stored(l.ExpiresAt)
-		r.locks[ref] = l
-		return l, nil
+	default:
+		if cur == nil {
+			return domain.Lock{}, nil
+		}
+		return *cur, nil
 	}
-	if cur == nil {
-		return domain.Lock{}, nil
-	}
-	return *cur, nil
+	r.locks[ref] = l
+	return l, nil
 }
 
 // stored is an instant as the SQL stores keep it (UTC, truncated to
-// application.Precision, no monotonic reading), so that the memory store
-// decides expiry at exactly the instants they do.
+// application.Precision), so that expiry falls at the same instants.
 func stored(t time.Time) time.Time { return t.UTC().Truncate(application.Precision) }
 
 // Get implements application.LockRepository.
 func (r *LockRepository) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
-	if err := ctx.Err(); err != nil {
+	if err := r.lock(ctx); err != nil {
 		return domain.Lock{}, err
 	}
-	r.mu.Lock()
 	defer r.mu.Unlock()
-	l, ok := r.locks[ref]
-	if !ok {
-		return domain.Lock{}, domain.ErrNotFound
+	if l, ok := r.locks[ref]; ok {
+		return l, nil
 	}
-	return l, nil
+	return domain.Lock{}, domain.ErrNotFound
 }
 
 // List implements application.LockRepository.
 func (r *LockRepository) List(ctx context.Context, f application.ListFilter) ([]domain.Lock, error) {
-	if err := ctx.Err(); err != nil {
+	if err := r.lock(ctx); err != nil {
 		return nil, err
 	}
-	r.mu.Lock()
 	out := make([]domain.Lock, 0, len(r.locks))
 	for _, l := range r.locks {
-		if (f.Type == "" || l.Resource.Type == f.Type) &&
-			(f.Owner == "" || l.Owner == f.Owner) &&
+		if (f.Type == "" || l.Resource.Type == f.Type) && (f.Owner == "" || l.Owner == f.Owner) &&
 			(f.ActiveAt.IsZero() || !l.ExpiredAt(f.ActiveAt)) {
 			out = append(out, l)
 		}
@@ -113,26 +115,20 @@ func (r *LockRepository) List(ctx context.Context, f application.ListFilter) ([]
 
 // DeleteOwned implements application.LockRepository.
 func (r *LockRepository) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if l, ok := r.locks[ref]; ok && l.Owner == owner {
-		delete(r.locks, ref)
-		return true, nil
-	}
-	return false, nil
+	return r.deleteIf(ctx, ref, func(l domain.Lock) bool { return l.Owner == owner })
 }
 
 // DeleteToken implements application.LockRepository.
 func (r *LockRepository) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
-	if err := ctx.Err(); err != nil {
+	return r.deleteIf(ctx, ref, func(l domain.Lock) bool { return l.Token == token && !l.ExpiredAt(now) })
+}
+
+func (r *LockRepository) deleteIf(ctx context.Context, ref domain.ResourceRef, match func(domain.Lock) bool) (bool, error) {
+	if err := r.lock(ctx); err != nil {
 		return false, err
 	}
-	r.mu.Lock()
 	defer r.mu.Unlock()
-	if l, ok := r.locks[ref]; ok && l.Token == token && !l.ExpiredAt(now) {
+	if l, ok := r.locks[ref]; ok && match(l) {
 		delete(r.locks, ref)
 		return true, nil
 	}
@@ -141,37 +137,25 @@ func (r *LockRepository) DeleteToken(ctx context.Context, ref domain.ResourceRef
 
 // DeleteAllOwned implements application.LockRepository.
 func (r *LockRepository) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
-	return r.deleteWhere(ctx, -1, func(l domain.Lock) bool { return l.Owner == owner })
+	return r.count(ctx, -1, true, func(l domain.Lock) bool { return l.Owner == owner })
 }
 
 // DeleteExpired implements application.LockRepository.
 func (r *LockRepository) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
-	return r.deleteWhere(ctx, limit, func(l domain.Lock) bool { return l.ExpiredAt(now) })
+	return r.count(ctx, limit, true, func(l domain.Lock) bool { return l.ExpiredAt(now) })
 }
 
 // CountExpired implements application.LockRepository.
 func (r *LockRepository) CountExpired(ctx context.Context, now time.Time) (int, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, l := range r.locks {
-		if l.ExpiredAt(now) {
-			n++
-		}
-	}
-	return n, nil
+	return r.count(ctx, -1, false, func(l domain.Lock) bool { return l.ExpiredAt(now) })
 }
 
-// deleteWhere removes up to limit locks matching match (no limit when
-// negative) and returns how many.
-func (r *LockRepository) deleteWhere(ctx context.Context, limit int, match func(domain.Lock) bool) (int, error) {
-	if err := ctx.Err(); err != nil {
+// count counts up to limit locks that match (all when negative), deleting
+// them if del.
+func (r *LockRepository) count(ctx context.Context, limit int, del bool, match func(domain.Lock) bool) (int, error) {
+	if err := r.lock(ctx); err != nil {
 		return 0, err
 	}
-	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
 	for ref, l := range r.locks {
@@ -179,7 +163,9 @@ func (r *LockRepository) deleteWhere(ctx context.Context, limit int, match func(
 			break
 		}
 		if match(l) {
-			delete(r.locks, ref)
+			if del {
+				delete(r.locks, ref)
+			}
 			n++
 		}
 	}

@@ -11,10 +11,9 @@ import (
 )
 
 // PlanStore keeps plans of type P in memory, fenced by the locks of a
-// memory LockRepository: the test double of application.PlanStore. Persist
-// checks the fences and writes under the lock repository's mutex, so no
-// lock can change hands between the check and the write, as a SQL store's
-// transaction guarantees on a database.
+// LockRepository: the test double of application.PlanStore. Persist checks
+// and writes under the repository's mutex, so that no lock changes hands
+// in between, as a SQL store's transaction ensures.
 type PlanStore[P any] struct {
 	locks *LockRepository
 	clock application.Clock
@@ -25,21 +24,19 @@ type PlanStore[P any] struct {
 
 var _ application.PlanStore[int] = (*PlanStore[int])(nil)
 
-// NewPlanStore returns an empty store fenced by locks, deciding expiry on
-// clock.
+// NewPlanStore returns an empty store fenced by locks, on clock.
 func NewPlanStore[P any](locks *LockRepository, clock application.Clock) *PlanStore[P] {
 	return &PlanStore[P]{locks: locks, clock: clock, plans: make(map[string]P)}
 }
 
-// Put stores plan as it is, unfenced: for setting up tests.
+// Put stores plan unfenced, to set up tests.
 func (s *PlanStore[P]) Put(planID string, plan P) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.plans[planID] = plan
 }
 
-// Load implements application.PlanStore; a missing plan is
-// domain.ErrNotFound.
+// Load implements application.PlanStore.
 func (s *PlanStore[P]) Load(ctx context.Context, planID string) (P, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -55,10 +52,9 @@ func (s *PlanStore[P]) Load(ctx context.Context, planID string) (P, error) {
 
 // Persist implements application.PlanStore.
 func (s *PlanStore[P]) Persist(ctx context.Context, planID string, plan P, fences []application.Fence) error {
-	if err := ctx.Err(); err != nil {
+	if err := s.locks.lock(ctx); err != nil {
 		return err
 	}
-	s.locks.mu.Lock()
 	defer s.locks.mu.Unlock()
 	now := stored(s.clock.Now())
 	for _, f := range fences {
@@ -72,8 +68,7 @@ func (s *PlanStore[P]) Persist(ctx context.Context, planID string, plan P, fence
 	return nil
 }
 
-// checkFence reports whether cur (the zero Lock when there is none) is the
-// fenced lock, held and unexpired at now.
+// checkFence reports whether cur (zero for none) is f's lock, unexpired.
 func checkFence(cur domain.Lock, f application.Fence, now time.Time) error {
 	if cur.Token == f.Token && cur.Owner == f.Owner && !cur.ExpiredAt(now) {
 		return nil

@@ -1,6 +1,6 @@
-// Package proc identifies the processes of this machine and tells whether
-// one is gone, from Linux's /proc: the adapter of application.Processes.
-// On other systems no process is ever proven gone.
+// Package proc identifies this machine's processes and tells, from
+// Linux's /proc, whether one is gone: the adapter of
+// application.Processes. Elsewhere no process is ever proven gone.
 package proc
 
 import (
@@ -29,9 +29,7 @@ type Machine struct {
 
 var _ application.Processes = (*Machine)(nil)
 
-// ThisMachine returns this machine: its boot id and this process's pid
-// namespace, read from /proc once per process (neither changes while it
-// runs).
+// ThisMachine returns this machine, read from /proc once per process.
 //
 // Errors: when /proc cannot be read (another system, a sandbox).
 var ThisMachine = sync.OnceValues(func() (*Machine, error) {
@@ -39,7 +37,11 @@ var ThisMachine = sync.OnceValues(func() (*Machine, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns, err := pidNamespace("self")
+	link, err := os.Readlink(Root + "/self/ns/pid") // "pid:[4026531836]"
+	if err != nil {
+		return nil, err
+	}
+	ns, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(link, "pid:["), "]"), 10, 64)
 	if err != nil {
 		return nil, err
 	}
@@ -47,8 +49,7 @@ var ThisMachine = sync.OnceValues(func() (*Machine, error) {
 })
 
 // Hostname returns this host's name as owner ids carry it: valid UTF-8,
-// well within an owner id's 255 bytes, and free of the separators of
-// domain.ProcessOwner.
+// at most 150 bytes, without domain.ProcessOwner's separators.
 func Hostname() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
@@ -57,8 +58,7 @@ func Hostname() string {
 	if len(host) > 150 {
 		host = host[:150]
 	}
-	// After the cut, which may split a character.
-	host = strings.ToValidUTF8(host, "?")
+	host = strings.ToValidUTF8(host, "?") // the cut may split a character
 	return strings.NewReplacer("/", "_", ":", "_").Replace(host)
 }
 
@@ -81,14 +81,9 @@ func (m *Machine) Gone(p domain.ProcessOwner) bool {
 	if p.Host != m.Host || p.BootID != m.BootID || p.PIDNamespace != m.PIDNamespace {
 		return false // another machine, another boot, or another container
 	}
-	if !processGone(p) {
-		return false
-	}
-	// The owner's work may outlive its process: a member of its group,
-	// even one hidden by hidepid, another user's or a zombie not yet
-	// reaped, keeps the owner alive. The group's id cannot be reused while
-	// it has members; once it has none, ESRCH.
-	return p.Group == 0 || noSuchProcess(-p.Group)
+	// A member of the owner's group, even one hidepid hides or a zombie,
+	// keeps it alive; a group id is not reused while it has members.
+	return processGone(p) && (p.Group == 0 || noSuchProcess(-p.Group))
 }
 
 // processGone reports whether the process p names is provably gone.
@@ -96,19 +91,14 @@ func processGone(p domain.ProcessOwner) bool {
 	start, state, err := stat(p.PID)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		// No entry is not proof: /proc mounted hidepid=1/2 hides the
-		// processes of other users. Only the kernel's answer to a signal
-		// tells: ESRCH, no such process; EPERM or success, alive, though
-		// its start time cannot be checked (it counts as the holder).
+		// hidepid=1/2 hides other users' processes: only kill(2) tells.
 		return noSuchProcess(p.PID)
 	case err != nil:
 		return false // cannot tell
 	case start != p.StartTime:
 		return true // the pid belongs to a later process now
 	}
-	// A zombie has exited and only waits for its parent; a stopped process
-	// (T, t) is alive and may be continued.
-	return state == 'Z' || state == 'X'
+	return state == 'Z' || state == 'X' // exited; a stopped process (T, t) is alive
 }
 
 // stat returns the start time and the state of process pid.
@@ -117,30 +107,17 @@ func stat(pid int) (start uint64, state byte, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	// The command name, field 2, is in parentheses and may contain
-	// anything: the fields after it start after the last ')'.
+	// Field 2, the command name in parentheses, may contain anything.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, 0, fmt.Errorf("unexpected %s/%d/stat", Root, pid)
+	var fields []string
+	if i >= 0 {
+		fields = strings.Fields(s[i+1:])
 	}
-	fields := strings.Fields(s[i+1:])
 	if len(fields) < 20 || len(fields[0]) != 1 {
 		return 0, 0, fmt.Errorf("unexpected %s/%d/stat", Root, pid)
 	}
-	// fields[0] is field 3 (state); field 22 (starttime) is fields[19].
+	// fields[0] is field 3, the state; fields[19] is field 22, starttime.
 	start, err = strconv.ParseUint(fields[19], 10, 64)
 	return start, fields[0][0], err
-}
-
-// pidNamespace returns the inode of the pid namespace of process pid
-// ("self" for this one).
-func pidNamespace(pid string) (uint64, error) {
-	link, err := os.Readlink(Root + "/" + pid + "/ns/pid")
-	if err != nil {
-		return 0, err
-	}
-	// "pid:[4026531836]"
-	inode := strings.TrimSuffix(strings.TrimPrefix(link, "pid:["), "]")
-	return strconv.ParseUint(inode, 10, 64)
 }

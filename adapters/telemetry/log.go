@@ -1,6 +1,5 @@
-// Package telemetry shows the lock service's events to the embedder's
-// logs (log/slog) and metrics (OpenTelemetry): the adapters of the
-// application.Observer port.
+// Package telemetry shows the lock service's events in log/slog and
+// OpenTelemetry: the adapters of application.Observer.
 package telemetry
 
 import (
@@ -14,33 +13,22 @@ import (
 // Logger writes every lock event to a *slog.Logger: changes of hands,
 // releases and cleanups at Info, failed renewals at Warn, and the frequent
 // ones (re-entries, renewals, refusals) at Debug.
-type Logger struct {
-	log *slog.Logger
-}
+type Logger struct{ log *slog.Logger }
 
 var _ application.Observer = (*Logger)(nil)
 
 // NewLogger returns the observer that logs to log.
 func NewLogger(log *slog.Logger) *Logger { return &Logger{log: log} }
 
-var levels = map[application.EventKind]slog.Level{
-	application.EventAcquired:    slog.LevelInfo,
-	application.EventTakenOver:   slog.LevelInfo,
-	application.EventReleased:    slog.LevelInfo,
-	application.EventReleasedAll: slog.LevelInfo,
-	application.EventCleanedUp:   slog.LevelInfo,
-	application.EventRenewFailed: slog.LevelWarn,
-	application.EventReentered:   slog.LevelDebug,
-	application.EventRenewed:     slog.LevelDebug,
-	application.EventRefused:     slog.LevelDebug,
-	application.EventWaited:      slog.LevelInfo,
-}
-
 // Observe implements application.Observer.
 func (l *Logger) Observe(ctx context.Context, e application.Event) {
-	level := levels[e.Kind]
-	if e.Kind == application.EventWaited && e.Took == 0 {
-		level = slog.LevelDebug // it did not have to wait
+	level := slog.LevelInfo
+	switch {
+	case e.Kind == application.EventRenewFailed:
+		level = slog.LevelWarn
+	case e.Kind == application.EventReentered || e.Kind == application.EventRenewed || e.Kind == application.EventRefused,
+		e.Kind == application.EventWaited && e.Took == 0: // it did not have to wait
+		level = slog.LevelDebug
 	}
 	if !l.log.Enabled(ctx, level) {
 		return

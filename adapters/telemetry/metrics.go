@@ -14,8 +14,8 @@ import (
 // ScopeName is the instrumentation scope of the module's metrics.
 const ScopeName = "github.com/cleveragents/locks"
 
-// Metrics records lock events as OpenTelemetry metrics: the locks.*
-// instruments that docs/operations.md ("Logs and metrics") lists.
+// Metrics records lock events as the locks.* OpenTelemetry instruments
+// that docs/operations.md lists.
 type Metrics struct {
 	events, takeovers, cleaned metric.Int64Counter
 	acquire, hold, wait        metric.Float64Histogram
@@ -29,23 +29,17 @@ var _ application.Observer = (*Metrics)(nil)
 func NewMetrics(mp metric.MeterProvider, active func(context.Context) (int, error)) (*Metrics, error) {
 	meter := mp.Meter(ScopeName)
 	m := &Metrics{}
-	var err, e error
-	m.events, e = meter.Int64Counter("locks.events", metric.WithDescription("Lock events, by event and resource type."))
-	err = errors.Join(err, e)
-	m.takeovers, e = meter.Int64Counter("locks.takeovers", metric.WithDescription("Expired locks taken over by a new owner."))
-	err = errors.Join(err, e)
-	m.cleaned, e = meter.Int64Counter("locks.cleanup.removed", metric.WithDescription("Expired locks purged by cleanup."))
-	err = errors.Join(err, e)
-	m.acquire, e = meter.Float64Histogram("locks.acquire.duration", metric.WithUnit("s"),
+	var errs [6]error
+	m.events, errs[0] = meter.Int64Counter("locks.events", metric.WithDescription("Lock events, by event and resource type."))
+	m.takeovers, errs[1] = meter.Int64Counter("locks.takeovers", metric.WithDescription("Expired locks taken over by a new owner."))
+	m.cleaned, errs[2] = meter.Int64Counter("locks.cleanup.removed", metric.WithDescription("Expired locks purged by cleanup."))
+	m.acquire, errs[3] = meter.Float64Histogram("locks.acquire.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of acquire calls (one try each), by outcome."))
-	err = errors.Join(err, e)
-	m.wait, e = meter.Float64Histogram("locks.wait.duration", metric.WithUnit("s"),
+	m.wait, errs[4] = meter.Float64Histogram("locks.wait.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of whole waits for a lock held by another owner, by outcome."))
-	err = errors.Join(err, e)
-	m.hold, e = meter.Float64Histogram("locks.hold.duration", metric.WithUnit("s"),
+	m.hold, errs[5] = meter.Float64Histogram("locks.hold.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long locks released through a handle were held."))
-	err = errors.Join(err, e)
-	if err != nil {
+	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
 	if active != nil {
@@ -56,7 +50,7 @@ func NewMetrics(mp metric.MeterProvider, active func(context.Context) (int, erro
 		m.active, err = meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 			n, err := active(ctx)
 			if errors.Is(err, domain.ErrClosed) {
-				return nil // the container is closing: nothing to report
+				return nil // the container is closing
 			}
 			if err == nil {
 				o.ObserveInt64(gauge, int64(n))
