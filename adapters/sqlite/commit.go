@@ -5,57 +5,54 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 )
 
-// maxBatch bounds the writes that share one transaction. A batch holds the
-// write lock for all its bodies, a few microseconds each; the bound keeps
-// the wait of the callers queued behind it short.
+// maxBatch bounds the writes that share one transaction, and so the wait
+// of the callers queued behind a batch.
 const maxBatch = 64
 
-// gatherRounds bounds how often a leader yields to let callers that are
-// ready to run queue their writes before it claims a batch. On two cores
-// the callers woken by the last commit need the processor the leader is
-// on; without yielding, batches of 32 callers held about 6 writes, with
-// it about 12, at a cost of one yield to a lone caller.
+// gatherRounds bounds how often a leader yields so that callers woken by
+// the last commit can queue before it claims a batch: on two cores they
+// need the leader's processor (batches of 32 callers held about 6 writes
+// without yielding, about 12 with it).
 const gatherRounds = 8
 
-// committer runs the writes of one DB with group commit: the write calls
-// that arrive while a transaction is under way wait, and then share the
-// next transaction, and its commit, which is most of a write's cost (the
-// BEGIN IMMEDIATE, the WAL frames and the commit record). A lone call
-// runs at once in a transaction of its own, with nothing added.
-//
-// There is no writer goroutine: the caller at the head of the queue leads,
-// runs batches until its own call is done, then hands the lead to the next
-// caller queued. In a shared transaction each body of several statements
-// runs in a savepoint, so that a refusal, a failure or a panic undoes only
-// that body's changes; every call of a batch returns after its COMMIT, so
-// that no caller is told of a token that is not committed.
+// transaction is the kind of an application's own write (Write): it runs
+// alone in the queue, as a purge does.
+const transaction entstore.WriteKind = -1
+
+// runsAlone reports whether a write of kind k is never batched with others.
+func runsAlone(k entstore.WriteKind) bool { return k == entstore.Cleanup || k == transaction }
+
+// committer runs the writes of one DB with group commit: the writes that
+// arrive while a transaction is under way share the next one and its
+// commit, most of a write's cost. There is no writer goroutine: the caller
+// at the head of the queue leads, runs batches until its own call is
+// done, then hands the lead on. Every call of a batch returns after its
+// COMMIT, so no caller is told of a token that is not committed.
 type committer struct {
 	db         *DB
 	savepoints *savepoints
 
 	mu      sync.Mutex
-	queue   []*txCall // calls not yet taken into a batch, in arrival order
-	leading bool      // a caller is running batches
-	// appTx is set while the batch under way is an application's
-	// transaction (Write): a write whose context ends while it waits
-	// behind one says so (see await).
-	appTx bool
-	stats WriteStats
+	queue   []*txCall // not yet claimed, in arrival order
+	leading bool
+	appTx   bool // the batch under way is an application's Write (see await)
+	stats   WriteStats
 }
 
 // WriteStats counts the writes of a DB since it opened.
 type WriteStats struct {
-	// Transactions is how many transactions the writes ran in (a write
-	// of one statement that ran alone counts as one).
+	// Transactions is how many transactions the writes ran in.
 	Transactions int64
-	// Writes is how many writes ran: Writes/Transactions is the average
-	// batch.
+	// Writes is how many writes ran: Writes/Transactions is the average batch.
 	Writes int64
 	// Shared is how many writes shared their transaction with others.
 	Shared int64
@@ -82,7 +79,7 @@ type txCall struct {
 	done chan struct{} // closed when the outcome is final
 	lead chan struct{} // closed when the caller is to lead
 
-	claimed bool // taken into a batch (under committer.mu)
+	claimed bool // under committer.mu
 	leads   bool // lead was closed (under committer.mu)
 }
 
@@ -112,10 +109,9 @@ func (c *committer) run(ctx context.Context, kind entstore.WriteKind, body func(
 	return call.err
 }
 
-// await waits until call is done, or its caller is to lead (true). A
-// caller whose context ends while its call is still queued withdraws it;
-// once the call is in a batch, it waits for the batch's outcome, since
-// its change may already be part of the transaction.
+// await waits until call is done, or its caller is to lead (true). A call
+// whose context ends while queued is withdrawn; once claimed, its change
+// may be in the transaction, so it waits for the batch's outcome.
 func (c *committer) await(call *txCall) bool {
 	select {
 	case <-call.done:
@@ -147,8 +143,8 @@ func (c *committer) await(call *txCall) bool {
 	return false
 }
 
-// leadUntilDone runs batches until call's own is done, then hands the lead
-// on. call is queued, so one of the batches takes it.
+// leadUntilDone runs batches until one has claimed call, then hands the
+// lead on.
 func (c *committer) leadUntilDone(call *txCall) {
 	for {
 		c.runBatch()
@@ -162,8 +158,8 @@ func (c *committer) leadUntilDone(call *txCall) {
 	}
 }
 
-// passLead makes the caller at the head of the queue the leader, or
-// records that nobody leads. c.mu must be held.
+// passLead makes the head of the queue the leader, or records that nobody
+// leads. c.mu must be held.
 func (c *committer) passLead() {
 	if len(c.queue) == 0 {
 		c.leading = false
@@ -174,9 +170,8 @@ func (c *committer) passLead() {
 	close(head.lead)
 }
 
-// aloneWithOneStatement reports whether the next batch is a single call
-// of one statement: the only call queued, or a purge's write, which runs
-// alone (see claim).
+// aloneWithOneStatement reports whether the next batch is a single call of
+// one statement: the only call queued, or a purge's (see claim).
 func (c *committer) aloneWithOneStatement() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -207,13 +202,10 @@ func (c *committer) queued() int {
 	return len(c.queue)
 }
 
-// claim takes the next batch off the queue: the calls at its head, up to
-// maxBatch, but never a purge's write (entstore.Cleanup), nor an
-// application's transaction (Write), with others. A
-// purge's statement holds the write lock for a millisecond or more, far
-// longer than an acquire or a release, and every call of a batch waits
-// for the batch's commit: in the same batch as the writes queued ahead
-// of it, it would make them wait for a statement that came after them.
+// claim takes the next batch off the queue: up to maxBatch calls from its
+// head, but a purge's write or an application's transaction alone. A
+// purge holds the write lock for a millisecond or more, and batched with
+// the writes queued ahead of it, it would make them wait for it.
 func (c *committer) claim() []*txCall {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -245,17 +237,14 @@ func (c *committer) claim() []*txCall {
 }
 
 // runBatch runs one batch in one transaction and publishes the outcomes.
-// The batch is claimed only once the transaction has begun (and so holds
-// the write lock), so that callers can withdraw while it waits for
-// another process.
+// The batch is claimed only once the transaction holds the write lock, so
+// that callers can withdraw while it waits for another process.
 //
-// Every run of the batch starts from nothing: each call's outcome is
-// cleared and its body decided again. A busy database is retried as a
-// whole batch, like a single write. A call whose own failure ended the
-// transaction (its statement failed, and SQLite may have rolled back
-// everything with it, as on a full disk) keeps its error, and the others
-// run again without it, in a new transaction: none of them fails for
-// another's reason, and none is told of a change that was rolled back.
+// Each run starts from nothing: outcomes are cleared and bodies run again.
+// A busy database retries the whole batch. A call whose own failure ended
+// the transaction (SQLite may roll back everything, as on a full disk)
+// keeps its error, and the others run again without it: none fails for
+// another's reason, none is told of a change that was rolled back.
 func (c *committer) runBatch() {
 	c.db.checkpoints.finish(c.db.wsql)
 	var (
@@ -342,53 +331,143 @@ func without(calls []*txCall, call *txCall) []*txCall {
 	return out
 }
 
+// errWritersBusy reports that another process kept the store's writer
+// lock for longer than the busy timeout.
+var errWritersBusy = errors.New("another process kept the lock store's writer lock for longer than the busy timeout")
+
+// writerQueue queues the write transactions of every process on one
+// database file with a flock of the side file "<database>-lock", held from
+// before BEGIN to after COMMIT. SQLite's busy handler sleeps in steps of
+// up to 100 ms, so a waiting process keeps missing its turn; the kernel
+// wakes a flock waiter at once. SQLite's own lock still decides who
+// writes, so a process without the queue (the sqlite3 shell) stays safe.
+//
+// flock cannot time out: a call that gives up leaves the flock running;
+// the next lock call takes it over, or else it is let go once granted.
+type writerQueue struct {
+	f       *os.File // nil where file locks are not available
+	timeout time.Duration
+
+	mu        sync.Mutex
+	granted   chan error // outcome of the flock call in flight, or nil
+	abandoned bool       // whoever waited for that call gave up
+	closed    bool       // the file is closed: its descriptor may be reused
+
+	// waited: the last turn had to wait for another process. Only the
+	// leader of a batch uses it.
+	waited bool
+}
+
+// politeDelay is how long a process whose last turn had to wait holds back
+// before asking again, so that the process the kernel woke gets scheduled
+// instead of losing the lock to this one over and over. holdBack sleeps
+// the thread: time.Sleep wakes about a millisecond late.
+const politeDelay = 200 * time.Microsecond
+
+// lock waits for this process's turn to write, up to the busy timeout,
+// and returns the function that ends the turn.
+func (q *writerQueue) lock() (unlock func(), err error) {
+	if q.f == nil {
+		return func() {}, nil
+	}
+	if q.waited {
+		holdBack(politeDelay)
+	}
+	q.mu.Lock()
+	granted := q.granted
+	if granted == nil && tryLockFile(q.f) {
+		q.mu.Unlock()
+		q.waited = false
+		return q.unlock, nil
+	}
+	q.waited = true
+	if granted == nil {
+		granted = make(chan error, 1)
+		q.granted = granted
+		go q.wait(granted)
+	}
+	q.abandoned = false
+	q.mu.Unlock()
+
+	t := time.NewTimer(q.timeout)
+	defer t.Stop()
+	select {
+	case err = <-granted:
+	case <-t.C:
+		q.mu.Lock()
+		select {
+		case err = <-granted: // granted as the timer fired
+		default:
+			q.abandoned = true
+			err = errWritersBusy
+		}
+		q.mu.Unlock()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return q.unlock, nil
+}
+
+// wait makes the flock call and hands its outcome to the waiter, or, when
+// the waiter gave up, lets the lock go at once.
+func (q *writerQueue) wait(granted chan error) {
+	err := lockFile(q.f)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.granted = nil
+	if q.abandoned || q.closed {
+		q.abandoned = false
+		if err == nil && !q.closed {
+			unlockFile(q.f)
+		}
+		return
+	}
+	granted <- err
+}
+
+func (q *writerQueue) unlock() { unlockFile(q.f) }
+
+// checkFile refuses to write once the store's name no longer names the
+// file it opened (ReplacedFileError), with one stat(2) per transaction. A
+// second name alone does not stop a running store: new openers refuse it
+// (checkOneName), and a backup by hard links (cp -al) must not stop it.
+func (db *DB) checkFile() error {
+	if db.file == nil {
+		return nil
+	}
+	fi, err := os.Stat(db.abs)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return &ReplacedFileError{Path: db.path, Removed: true}
+	case err != nil:
+		return nil // not this check's to judge: SQLite reports what it meets
+	case !os.SameFile(fi, db.file):
+		return &ReplacedFileError{Path: db.path}
+	}
+	return nil
+}
+
 // savepoints are the statements that make each body of a shared
 // transaction atomic on its own, prepared once on the writing connection.
 type savepoints struct {
 	begin, release, rollback *sql.Stmt
 }
 
-func prepareSavepoints(ctx context.Context, db *sql.DB) (*savepoints, error) {
-	var sp savepoints
-	var err error
-	for _, p := range []struct {
-		st    **sql.Stmt
-		query string
-	}{{&sp.begin, "SAVEPOINT write"}, {&sp.release, "RELEASE write"}, {&sp.rollback, "ROLLBACK TO write"}} {
-		if *p.st, err = db.PrepareContext(ctx, p.query); err != nil {
-			sp.close()
-			return nil, err
-		}
-	}
-	return &sp, nil
-}
-
-func (sp *savepoints) close() {
-	for _, st := range []*sql.Stmt{sp.begin, sp.release, sp.rollback} {
-		if st != nil {
-			st.Close()
-		}
-	}
-}
-
-// exec runs one of the savepoint statements in tx.
 func (sp *savepoints) exec(ctx context.Context, tx *sql.Tx, st *sql.Stmt) error {
 	_, err := tx.StmtContext(ctx, st).ExecContext(ctx)
 	return err
 }
 
 // apply runs the batch's bodies in tx and commits what succeeded. It
-// returns an error only when the transaction as a whole failed; each
-// call's own outcome is in call.err. When the transaction failed because
-// of one call (its body or its savepoint), apply returns that call too.
+// returns an error only when the transaction as a whole failed, with the
+// call that failed it, if one did; each call's outcome is in call.err.
 //
-// When the batch has several bodies, each body of several statements runs
-// in a savepoint, so that a refusal or a failure undoes only its own
-// changes. A body of one statement needs none: a statement that fails
-// changes nothing. But a failing statement can also mean that SQLite
-// ended the transaction (a full disk, an I/O error), after which nothing
-// of the batch stands, so it fails the transaction, and the caller runs
-// the others again without it.
+// In a shared transaction each body of several statements runs in a
+// savepoint, so that its refusal or failure undoes only its own changes.
+// A body of one statement needs none, as a failing statement changes
+// nothing; but its failure may mean SQLite ended the transaction (full
+// disk, I/O error), so it fails the transaction, and the others run again.
 func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (culprit *txCall, err error) {
 	committed := false
 	defer func() {
@@ -413,10 +492,9 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (c
 		}
 		call.err = runBody(ctx, tx, call)
 		if call.err == nil && call.ctx.Err() != nil && (savepoint || !shared) {
-			// The caller gave up while its body ran: it will be told so,
-			// so its change must not stay. (A statement run without a
-			// savepoint cannot be undone alone; it stands, and its caller
-			// learns that it succeeded.)
+			// The caller gave up while its body ran and will be told so:
+			// its change must not stay. (A statement without a savepoint
+			// cannot be undone alone: it stands, and its caller is told.)
 			call.err = call.ctx.Err()
 		}
 		switch {
@@ -426,8 +504,7 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (c
 			return call, call.err
 		case call.err != nil:
 			if err := sp.exec(ctx, tx, sp.rollback); err != nil {
-				// SQLite ended the transaction itself: nothing of the
-				// batch stands.
+				// SQLite ended the transaction itself: nothing stands.
 				call.err = errors.Join(call.err, err)
 				return call, call.err
 			}
@@ -450,9 +527,9 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (c
 }
 
 // runBody runs call's body with its context's values but not its
-// cancellation: the driver answers a cancelled context by interrupting the
-// connection, which would roll back the whole shared transaction. A panic
-// is kept for the caller, whose goroutine panics again.
+// cancellation: the driver interrupts the connection on a cancelled
+// context, which would roll back the whole shared transaction. A panic is
+// kept for the caller, whose goroutine panics again.
 func runBody(ctx context.Context, tx *sql.Tx, call *txCall) (err error) {
 	defer func() {
 		if p := recover(); p != nil {

@@ -269,3 +269,127 @@ func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 	defer func() { <-db.writer }()
 	return fn()
 }
+
+// openWriterQueue opens the side file of the database at path read-only
+// (all flock needs), created with the database's permissions so that every
+// user who may write the database may queue. SQLite never opens it, so
+// closing it drops no lock of SQLite's. A side file this process cannot
+// open only costs the queue; one the store must not use is refused with a
+// *SideFileError (openSideFile).
+func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
+	q := &writerQueue{timeout: timeout}
+	if !haveFileLocks || path == "" {
+		return q, nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := openSideFile(path, path+"-lock", os.O_RDONLY|os.O_CREATE, fi.Mode().Perm())
+	if errors.Is(err, fs.ErrPermission) {
+		return q, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	q.f = f
+	return q, nil
+}
+
+// close closes the side file, which lets go of the lock if held.
+func (q *writerQueue) close() error {
+	if q.f == nil {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	return q.f.Close()
+}
+
+func prepareSavepoints(ctx context.Context, db *sql.DB) (*savepoints, error) {
+	var sp savepoints
+	var err error
+	for _, p := range []struct {
+		st    **sql.Stmt
+		query string
+	}{{&sp.begin, "SAVEPOINT write"}, {&sp.release, "RELEASE write"}, {&sp.rollback, "ROLLBACK TO write"}} {
+		if *p.st, err = db.PrepareContext(ctx, p.query); err != nil {
+			sp.close()
+			return nil, err
+		}
+	}
+	return &sp, nil
+}
+
+func (sp *savepoints) close() {
+	for _, st := range []*sql.Stmt{sp.begin, sp.release, sp.rollback} {
+		if st != nil {
+			st.Close()
+		}
+	}
+}
+
+// inWrite marks the context that Write passes to its function.
+type inWrite struct{}
+
+// errNestedWrite refuses a write from inside Write's function, which would
+// wait for the very transaction it runs in.
+var errNestedWrite = errors.New("a write of the lock store was called from inside DB.Write's function, " +
+	"with its context, and would wait for that function's own transaction: " +
+	"take and release locks before or after the Write, and do the transaction's writes through its tx")
+
+// waitedBehindWrite is added to the context's error of a store write that
+// gave up behind an application's transaction: a call from inside Write's
+// function with another context cannot be told from another goroutine's.
+const waitedBehindWrite = "it waited behind an application transaction (DB.Write, Container.Write) that was still running: " +
+	"if this call was made from inside that Write's function, it was waiting for the function's own transaction, " +
+	"which cannot commit until the call returns: take and release locks before or after the Write " +
+	"(or pass the function's own context, and such a call is refused at once)"
+
+// fnError carries the error of Write's function through the queue, so that
+// it is returned as it is, never read as the store's own.
+type fnError struct{ err error }
+
+func (e *fnError) Error() string { return e.err.Error() }
+
+// Write runs fn in a write transaction of its own on the lock store's
+// file, and commits it when fn returns nil (it rolls back otherwise). It
+// queues with the store's writes (in arrival order, never batched) and
+// behind every process's writer queue, where a transaction on the
+// application's own *sql.DB waits in SQLite's busy handler, and a stream
+// of them can starve a lock's renewals.
+//
+// Every lock operation of every process waits for fn: keep it short. fn
+// may run again when the database was busy and must start from nothing;
+// it must not call the lock store (with fn's context that fails at once;
+// with another it waits until that context ends, holding the write lock),
+// nor keep tx. fn's context carries ctx's values but not its cancellation
+// (the driver would interrupt the shared connection): when ctx ends while
+// fn runs, the transaction is rolled back after fn returns.
+//
+// Errors: fn's own error, as it returned it; the context's error when ctx
+// ends before the commit (the changes are then undone); a
+// *domain.StoreError when the transaction fails (StoreBusy, StoreFull,
+// StoreReadOnly for a store opened by OpenReadOnly, ...).
+func (db *DB) Write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	const op = "application write"
+	if db.wsql == nil {
+		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly,
+			Err: errors.New("the lock store was opened read-only (OpenReadOnly)")}
+	}
+	if ctx.Value(inWrite{}) != nil {
+		return &domain.StoreError{Op: op, Kind: domain.StoreInternal, Err: errNestedWrite}
+	}
+	err := db.commits.run(ctx, transaction, func(ctx context.Context, tx *sql.Tx) error {
+		if err := fn(context.WithValue(ctx, inWrite{}, true), tx); err != nil {
+			return &fnError{err: err}
+		}
+		return nil
+	})
+	var fe *fnError
+	if errors.As(err, &fe) {
+		return fe.err
+	}
+	return FormatError(op, err)
+}

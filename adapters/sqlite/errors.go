@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
 	"strings"
 	"time"
 
@@ -35,7 +36,9 @@ func FormatError(op string, err error) error {
 	if errors.As(err, &re) {
 		// Permanent: no retry through this store can reach the file by
 		// its name again, and a keep-alive must end its hold at once.
-		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: replacedAdvice, Permanent: true}
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Permanent: true,
+			Advice: "close the store and open the store again by the database's name as it is now, " +
+				"in every process that had it open, and move a lock database only while no process has it open"}
 	}
 	var sfe *SideFileError
 	if errors.As(err, &sfe) {
@@ -155,4 +158,61 @@ func (db *DB) formatError(op string, err error) error {
 	}
 	return &domain.StoreError{Op: op, Kind: domain.StoreTokensExhausted,
 		Err: fmt.Errorf("the last token issued is %d, the largest SQLite can store (SQLite reports it as a full database: %w)", last, err)}
+}
+
+// LinkedFileError reports a database file with more than one name (hard
+// links). SQLite keeps the -wal and -shm files beside the name it opened,
+// so each name is a database of its own over the same pages: two processes
+// using two names both grant the same lock, and the file ends up corrupt.
+// It comes wrapped in a *domain.StoreError (kind StoreUnreachable), so it
+// matches domain.ErrUnavailable too; match it with errors.As.
+type LinkedFileError struct {
+	// Path is the name the store was given.
+	Path string
+	// Links is how many names (hard links) the file had.
+	Links uint64
+}
+
+func (e *LinkedFileError) Error() string {
+	return fmt.Sprintf("%s has %d names (hard links) for one file: SQLite keeps a database's journal (its -wal and -shm files) "+
+		"by name, so two names are two databases, and two processes could both hold the same lock", e.Path, e.Links)
+}
+
+// checkOneName refuses a database file with more than one name
+// (LinkedFileError), checked by every opener. It follows a symbolic link,
+// as SQLite does, and only stat(2)s: closing a descriptor of the file
+// would drop the POSIX locks of this process's SQLite connections.
+func checkOneName(op, path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil // a missing or unreadable file: the open reports it
+	}
+	if n := linkCount(fi); n > 1 {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: &LinkedFileError{Path: path, Links: n},
+			Advice: "use one name for the database file in every program that opens it, and remove the other names " +
+				"(find them with: find / -xdev -samefile " + path + ")"}
+	}
+	return nil
+}
+
+// ReplacedFileError reports that the name a store was opened by no longer
+// names the file it has open (removed, renamed or replaced): a process
+// that opens the name now gets another database, and could grant the
+// locks this store holds, so the store writes no more. It comes wrapped in
+// a *domain.StoreError (kind StoreUnreachable, Permanent: a keep-alive
+// that meets it ends its hold at once); match it with errors.As.
+type ReplacedFileError struct {
+	// Path is the name the store was opened by.
+	Path string
+	// Removed: the name names no file now (otherwise another file).
+	Removed bool
+}
+
+func (e *ReplacedFileError) Error() string {
+	now := "names another file"
+	if e.Removed {
+		now = "names no file"
+	}
+	return fmt.Sprintf("%s %s now: the database file the store opened was removed, renamed or replaced while it was open, "+
+		"so processes that open %s now use another database", e.Path, now, e.Path)
 }

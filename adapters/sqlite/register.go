@@ -44,7 +44,7 @@ func (s *store) Wakeups() application.Wakeups           { return s.db.Wakeups() 
 func (s *store) Close(context.Context) error            { return s.db.Close() }
 
 // Writer is the queue of the store's own writes: an application's writes
-// join it, in this process and across processes (writers.go), so that
+// join it, in this process and across processes (writerQueue), so that
 // they cannot keep the store's renewals out of the file's one write lock.
 func (s *store) Writer() func(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
 	return s.db.Write
