@@ -11,14 +11,13 @@ import (
 	"github.com/cleveragents/locks/adapters/entstore"
 )
 
-// checkpointAfter is how many writes run between two checkpoints: about
-// 2,000 pages of WAL. Fewer cost many callers more syncs; more cost a lone
+// checkpointAfter is how many writes run between two checkpoints (about
+// 2,000 pages of WAL): fewer cost many callers more syncs, more cost a lone
 // caller a larger WAL index to search (BenchmarkCallers).
 const checkpointAfter = 512
 
-// walSizeLimit is what the WAL file is cut back to once a checkpoint
-// has copied all of it and writing starts over at its beginning: a purge
-// of many rows grows it, and it should not stay that large.
+// walSizeLimit is what the WAL is cut back to once writing starts over at
+// its beginning: a purge of many rows grows it.
 const walSizeLimit = 16 << 20
 
 // catchUpRounds bounds the background checkpoints of one catch-up, and
@@ -30,61 +29,50 @@ const (
 
 var walSizePragma = fmt.Sprintf("journal_size_limit(%d)", walSizeLimit)
 
-// checkpointer copies the WAL back into the database file, passively, on
-// a reading connection, away from the writes.
-//
-// SQLite would otherwise checkpoint inside the commit that crosses its
-// threshold, copying and syncing hundreds of writes' pages (10-60 ms)
-// while it holds the only writer and the processes' writer queue. A
-// passive checkpoint never waits for a writer and never makes one wait.
-// Other processes checkpoint on their own; SQLite serialises them.
+// checkpointer copies the WAL back into the database file with passive
+// checkpoints on a reading connection, which never wait for a writer nor
+// make one wait. SQLite would otherwise checkpoint inside the commit that
+// crosses its threshold, syncing hundreds of writes' pages (10-60 ms)
+// while it holds the writer and the processes' writer queue.
 type checkpointer struct {
 	db      *sql.DB
-	walPath string // the WAL file, whose size cutBack reads
+	walPath string // read by cutBack
 
 	mu      sync.Mutex
 	writes  int            // since the last checkpoint started
-	running bool           // a checkpoint is under way
-	wg      sync.WaitGroup // the checkpoint under way, for close
+	running bool           // a catch-up is under way
+	wg      sync.WaitGroup // the catch-up under way, for close
 	closed  bool
 	due     atomic.Bool // finish has frames to copy
 	// backfilled is the WAL's copied frames after the last background
 	// round; writerCopied is the most frames the writer's step copied.
 	backfilled   atomic.Int64
 	writerCopied atomic.Int64
-	// sincePurge counts the other writes since the last purge write.
-	sincePurge int
+	sincePurge   int // other writes since the last purge write
 
-	// after is how many writes the next catch-up waits for:
-	// checkpointAfter, or fewer while a purge adds many frames a write
-	// (see roundFrames). sinceDone counts the writes since the last
-	// catch-up ended.
+	// after is how many writes the next catch-up waits for (nextAfter);
+	// sinceDone counts the writes since the last catch-up ended.
 	after     int
 	sinceDone int
-	// flushes counts the syncs that flush made.
-	flushes atomic.Int64
+	flushes   atomic.Int64 // syncs made by flush
 	// last is the WAL as the last round of the last catch-up found it,
 	// while a purge runs; only the catch-up under way uses it.
 	last walMark
-	// limitDue is set from a catch-up's start until the first batch after
-	// its end: until then, each batch sets the writer's journal_size_limit
-	// to cutBack's first. limited is the limit the writer has (it keeps
-	// its one connection, which the DSN started at walSizeLimit); only a
-	// batch's leader, one at a time, uses it.
+	// limitDue: from a catch-up's start until the first batch after its
+	// end, each batch sets the writer's journal_size_limit to cutBack's.
+	// limited is the writer's limit now; only a batch's leader uses it.
 	limitDue atomic.Bool
 	limited  int64
 }
 
-// walMark is the WAL at one moment: which of its lives (walLife) and how
-// many frames it held; known is false when either could not be read.
+// walMark is the WAL at one moment: its life (walLife) and frames; known
+// is false when either could not be read.
 type walMark struct {
 	life   [12]byte
 	frames int64
 	known  bool
 }
 
-// init readies c to checkpoint the WAL at walPath through db, a reading
-// connection.
 func (c *checkpointer) init(db *sql.DB, walPath string) {
 	c.db, c.walPath = db, walPath
 	c.after, c.sincePurge = checkpointAfter, purgeQuiet
@@ -92,16 +80,14 @@ func (c *checkpointer) init(db *sql.DB, walPath string) {
 }
 
 // purgeQuiet is how many other writes must follow a purge's last write
-// before the last step of a checkpoint may run; until then a catch-up's
-// call for it is dropped and the WAL grows, to be cut back after the purge.
-// Run during the purge, the step makes the next write free megabytes; held
-// back until the purge ends, it copies the purge's whole backlog on the
-// writer. Dropped, a later catch-up copies that backlog on a reading
-// connection. Counting writes, not time, keeps upkeep off the wall clock.
+// before the writer's step of a checkpoint may run; until then it is
+// dropped, and a later catch-up copies the purge's backlog on a reading
+// connection instead of on the writer. Counting writes keeps upkeep off
+// the wall clock.
 const purgeQuiet = 64
 
-// wrote counts the writes of a batch, and starts a checkpoint when
-// enough have gone by and none is running.
+// wrote counts the writes of a batch, and starts a catch-up when enough
+// have gone by and none is running.
 func (c *checkpointer) wrote(batch []*txCall) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -123,9 +109,8 @@ func (c *checkpointer) wrote(batch []*txCall) {
 	}
 	purging := c.sincePurge < purgeQuiet
 	c.writes, c.running = 0, true
-	// The catch-up may copy every frame (while the writes pause), and
-	// then the next write starts the WAL over and cuts it back to the
-	// writer's limit, at once, whatever becomes of the writer's step.
+	// The catch-up may copy every frame, and then the next write starts
+	// the WAL over and cuts it back to the writer's limit at once.
 	c.limitDue.Store(true)
 	c.wg.Go(func() {
 		after := c.catchUp(purging)
@@ -135,23 +120,18 @@ func (c *checkpointer) wrote(batch []*txCall) {
 	})
 }
 
-// roundFrames is about how many frames the first round of a catch-up
-// should find to copy while a purge runs, and minAfter the fewest writes
-// a catch-up waits for.
-//
-// A round that copies a large backlog stalls the writes beside it: its
-// sync of the database file holds up theirs. A purge's write adds
-// hundreds of frames, so 512 of them left thousands, whose round held a
-// concurrent acquirer up for 13-30 ms; rounds of a few hundred frames
-// barely show. So while a purge runs a catch-up is due after as many
-// writes as added about roundFrames frames the last time.
+// While a purge runs, a catch-up is due after as many writes as added
+// about roundFrames frames the last time, but no fewer than minAfter: a
+// round that copies a large backlog stalls the writes beside it with its
+// sync (thousands of frames held an acquirer up 13-30 ms), and a purge's
+// write adds hundreds.
 const (
 	roundFrames = 1024
 	minAfter    = 16
 )
 
-// nextAfter returns how many writes the catch-up after this one waits
-// for, given that writes added frames since the last one ended.
+// nextAfter returns how many writes the next catch-up waits for, given
+// that writes added frames since the last one ended.
 func nextAfter(writes int, frames int64) int {
 	if writes <= 0 || frames <= 0 {
 		return checkpointAfter
@@ -159,17 +139,14 @@ func nextAfter(writes int, frames int64) int {
 	return int(max(minAfter, min(checkpointAfter, roundFrames*int64(writes)/frames)))
 }
 
-// catchUp copies the WAL back into the database file in the background.
+// catchUp copies the WAL back into the database file in the background,
+// and returns how many writes the next catch-up waits for.
 //
-// SQLite writes the WAL over from its beginning, instead of growing it,
-// only when a write transaction begins with every frame copied, which a
-// checkpoint beside busy writers never achieves. So catchUp checkpoints
-// until a round finds few new frames (finishFrames), and the next batch's
-// leader copies those on the writer connection (finish), so that the
-// batch after it starts the WAL over. A failed checkpoint is harmless: the
-// WAL keeps the pages.
-//
-// It returns how many writes the next catch-up waits for (nextAfter).
+// SQLite starts the WAL over only when a write begins with every frame
+// copied, which a checkpoint beside busy writers never achieves. So
+// catchUp runs rounds until one finds few new frames, and the next
+// batch's leader copies those on the writer (finish). A failed checkpoint
+// is harmless: the WAL keeps the pages.
 func (c *checkpointer) catchUp(purging bool) (after int) {
 	after = checkpointAfter
 	since := c.last
@@ -177,10 +154,8 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 	var wal *os.File // read for the WAL's life while a purge runs
 	if purging {
 		after = minAfter // until the frames a write are known
-		// Opening and closing the WAL file is safe beside SQLite's
-		// connections: SQLite keeps its locks on the database and -shm
-		// files, none on the WAL, and closing a descriptor releases only
-		// the POSIX locks of the file it names.
+		// Safe beside SQLite: it keeps no lock on the WAL file, and a
+		// close drops only the POSIX locks of the file it names.
 		if f, err := os.Open(c.walPath); err == nil {
 			defer f.Close()
 			wal = f
@@ -211,10 +186,8 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 		due, prev = prev >= 0 && frames-prev <= finishFrames, frames
 	}
 	if purging {
-		// No call for the last step: it is dropped while the purge
-		// runs, and if the purge ended meanwhile, it would copy on the
-		// writer whatever came in during the flush. The next catch-up,
-		// due soon, copies that on this connection and calls for it.
+		// The writer's step is dropped while the purge runs; the next
+		// catch-up, due soon, copies what came in and calls for it.
 		c.flush()
 		return after
 	}
@@ -225,20 +198,12 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 	return after
 }
 
-// flush writes the pages that a purge's catch-ups copied into the
-// database file out to the disk, from the background.
-//
-// SQLite syncs the database file only after a checkpoint that copied
-// every frame, which a catch-up beside a purge never is: otherwise the
-// writer's first complete checkpoint after the purge syncs hundreds of
-// megabytes at once (about 100 ms), holding up the writes behind it.
-//
-// The database file cannot be synced through a descriptor of its own:
-// closing one releases every POSIX lock the process holds on the file,
-// SQLite's included. The WAL file carries no lock, so a descriptor of it
-// serves to sync its file system (syncWALFileSystem), which holds the
-// database file too. That also writes out whatever else on that file
-// system is dirty, so flush runs only during purges, which are rare.
+// flush syncs to disk the pages a purge's catch-ups copied into the
+// database file: SQLite syncs it only after a complete checkpoint, which
+// would then sync hundreds of megabytes at once (about 100 ms) on the
+// writer. A descriptor of the database file cannot serve (closing it
+// drops SQLite's POSIX locks), so the WAL's syncs its whole file system,
+// which is why this runs only during purges.
 func (c *checkpointer) flush() {
 	if syncWALFileSystem(c.walPath) == nil {
 		c.flushes.Add(1)
@@ -246,9 +211,8 @@ func (c *checkpointer) flush() {
 }
 
 // added returns how many frames were written to the WAL between m and
-// now: the difference, or all of now's when the WAL started over between
-// them. Starting over needs every frame copied back, so the frames of m's
-// life that followed m are few; they are not counted.
+// now: all of now's when the WAL started over between them (the few of
+// m's life after m are not counted).
 func (m walMark) added(now walMark) (int64, bool) {
 	switch {
 	case !m.known || !now.known:
@@ -261,10 +225,9 @@ func (m walMark) added(now walMark) (int64, bool) {
 	return 0, false
 }
 
-// walLife reads, from wal, what tells one life of the WAL from the next:
-// the checkpoint sequence number and the two salts of the WAL file's
-// header, which SQLite changes each time it writes the WAL over from its
-// beginning. ok is false when wal is nil or cannot be read.
+// walLife reads the checkpoint sequence number and salts of the WAL
+// header, which change each time SQLite starts the WAL over. ok is false
+// when wal is nil or unreadable.
 func walLife(wal *os.File) (life [12]byte, ok bool) {
 	if wal == nil {
 		return life, false
@@ -274,8 +237,7 @@ func walLife(wal *os.File) (life [12]byte, ok bool) {
 }
 
 // finish, called by a batch's leader before the batch begins, copies what
-// the background checkpoint left, when it is done; while a purge runs, it
-// drops that step instead (see purgeQuiet).
+// the background catch-up left, unless a purge runs (see purgeQuiet).
 func (c *checkpointer) finish(writer *sql.DB) {
 	if c.limitDue.Load() {
 		c.mu.Lock()
@@ -299,17 +261,16 @@ func (c *checkpointer) finish(writer *sql.DB) {
 	c.limitWAL(writer, c.cutBack())
 	var busy, frames, copied int64
 	if writer.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied) == nil {
-		// A write between the catch-up and this step may have started
-		// the WAL over, and the counts with it: then nothing is known.
+		// If a write started the WAL over since the catch-up, the counts
+		// started over too and nothing is known.
 		if n := copied - c.backfilled.Load(); n > c.writerCopied.Load() {
 			c.writerCopied.Store(n)
 		}
 	}
 }
 
-// limitWAL sets the writer's journal_size_limit to limit, unless it has
-// it or limit is 0. A failure leaves the limit set before: the WAL is cut
-// back more than a step, or less.
+// limitWAL sets the writer's journal_size_limit to limit, unless it has it
+// or limit is 0; a failure leaves the limit as it was.
 func (c *checkpointer) limitWAL(writer *sql.DB, limit int64) {
 	if limit <= 0 || limit == c.limited {
 		return
@@ -319,14 +280,12 @@ func (c *checkpointer) limitWAL(writer *sql.DB, limit int64) {
 	}
 }
 
-// cutBackStep is the most that one start of the WAL over cuts off it:
-// freeing a file's space (about 0.5 ms a megabyte) happens inside the
-// write that starts the WAL over.
+// cutBackStep is the most one start of the WAL over cuts off it: freeing
+// space (about 0.5 ms a megabyte) happens inside that write.
 const cutBackStep = 16 << 20
 
-// cutBack returns the size the next start of the WAL over may leave it
-// at: walSizeLimit, or cutBackStep less than its size now, whichever is
-// larger; 0 when the size cannot be read (the limit set before stays).
+// cutBack returns the size the next start of the WAL over may leave it at
+// (never below walSizeLimit), or 0 when its size cannot be read.
 func (c *checkpointer) cutBack() int64 {
 	fi, err := os.Stat(c.walPath)
 	if err != nil {
@@ -335,7 +294,7 @@ func (c *checkpointer) cutBack() int64 {
 	return max(walSizeLimit, fi.Size()-cutBackStep)
 }
 
-// close waits for the checkpoint under way and starts no other.
+// close waits for the catch-up under way and starts no other.
 func (c *checkpointer) close() {
 	c.mu.Lock()
 	c.closed = true

@@ -8,35 +8,33 @@ import (
 	"io/fs"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 )
 
-// maxBatch bounds the writes that share one transaction, and so the wait
-// of the callers queued behind a batch.
-const maxBatch = 64
-
-// gatherRounds bounds how often a leader yields so that callers woken by
-// the last commit can queue before it claims a batch: on two cores they
-// need the leader's processor (batches of 32 callers held about 6 writes
-// without yielding, about 12 with it).
-const gatherRounds = 8
-
-// transaction is the kind of an application's own write (Write): it runs
-// alone in the queue, as a purge does.
-const transaction entstore.WriteKind = -1
+const (
+	// maxBatch bounds the writes that share one transaction, and so the
+	// wait of the callers queued behind a batch.
+	maxBatch = 64
+	// gatherRounds bounds how often a leader yields so that callers woken
+	// by the last commit, who need its processor, queue before it claims
+	// a batch (32 callers: batches of about 6 writes without, 12 with).
+	gatherRounds = 8
+	// transaction is the kind of an application's Write, which runs alone.
+	transaction entstore.WriteKind = -1
+)
 
 // runsAlone reports whether a write of kind k is never batched with others.
 func runsAlone(k entstore.WriteKind) bool { return k == entstore.Cleanup || k == transaction }
 
 // committer runs the writes of one DB with group commit: the writes that
 // arrive while a transaction is under way share the next one and its
-// commit, most of a write's cost. There is no writer goroutine: the caller
-// at the head of the queue leads, runs batches until its own call is
-// done, then hands the lead on. Every call of a batch returns after its
-// COMMIT, so no caller is told of a token that is not committed.
+// commit. The caller at the head of the queue leads, runs batches until
+// its own call is done, then hands the lead on. Every call returns after
+// its batch's COMMIT: no caller is told of a token not committed.
 type committer struct {
 	db         *DB
 	savepoints *savepoints
@@ -48,14 +46,10 @@ type committer struct {
 	stats   WriteStats
 }
 
-// WriteStats counts the writes of a DB since it opened.
+// WriteStats counts the writes of a DB since it opened: Writes ran in
+// Transactions, Shared of them with other writes.
 type WriteStats struct {
-	// Transactions is how many transactions the writes ran in.
-	Transactions int64
-	// Writes is how many writes ran: Writes/Transactions is the average batch.
-	Writes int64
-	// Shared is how many writes shared their transaction with others.
-	Shared int64
+	Transactions, Writes, Shared int64
 }
 
 // WriteStats returns the counts of db's writes so far.
@@ -76,11 +70,8 @@ type txCall struct {
 	panicked bool
 	panicVal any
 
-	done chan struct{} // closed when the outcome is final
-	lead chan struct{} // closed when the caller is to lead
-
-	claimed bool // under committer.mu
-	leads   bool // lead was closed (under committer.mu)
+	done, lead     chan struct{} // closed: the outcome is final; the caller is to lead
+	claimed, leads bool          // under committer.mu; leads: lead was closed
 }
 
 // errBodyPanicked marks a body that panicked; its caller panics again.
@@ -143,8 +134,7 @@ func (c *committer) await(call *txCall) bool {
 	return false
 }
 
-// leadUntilDone runs batches until one has claimed call, then hands the
-// lead on.
+// leadUntilDone runs batches until one has claimed call, then passes the lead.
 func (c *committer) leadUntilDone(call *txCall) {
 	for {
 		c.runBatch()
@@ -158,8 +148,7 @@ func (c *committer) leadUntilDone(call *txCall) {
 	}
 }
 
-// passLead makes the head of the queue the leader, or records that nobody
-// leads. c.mu must be held.
+// passLead makes the head of the queue the leader, if any. c.mu must be held.
 func (c *committer) passLead() {
 	if len(c.queue) == 0 {
 		c.leading = false
@@ -182,8 +171,7 @@ func (c *committer) aloneWithOneStatement() bool {
 	return kind == entstore.Cleanup || len(c.queue) == 1 && kind == entstore.OneStatement
 }
 
-// gather lets the callers that are ready to run queue their writes before
-// the batch is claimed, for as long as more keep coming.
+// gather lets ready callers queue their writes, while more keep coming.
 func (c *committer) gather() {
 	last := c.queued()
 	for range gatherRounds {
@@ -272,8 +260,7 @@ func (c *committer) runBatch() {
 				take(c.claim())
 			}
 			if len(run) == 1 && (run[0].kind == entstore.OneStatement || run[0].kind == entstore.Cleanup) {
-				// A statement is a transaction by itself.
-				call := run[0]
+				call := run[0] // a statement is a transaction by itself
 				if call.err = call.ctx.Err(); call.err == nil {
 					call.err = runBody(ctx, nil, call)
 				}
@@ -297,7 +284,7 @@ func (c *committer) runBatch() {
 			take(c.claim()) // nothing began: each call learns why
 		}
 		if err != nil && culprit != nil && !isBusy(err) {
-			run = without(run, culprit)
+			run = slices.DeleteFunc(slices.Clone(run), func(c *txCall) bool { return c == culprit })
 			if len(run) > 0 {
 				continue
 			}
@@ -320,19 +307,7 @@ func (c *committer) runBatch() {
 	}
 }
 
-// without returns calls without call, in a new slice.
-func without(calls []*txCall, call *txCall) []*txCall {
-	out := make([]*txCall, 0, len(calls))
-	for _, c := range calls {
-		if c != call {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
-// errWritersBusy reports that another process kept the store's writer
-// lock for longer than the busy timeout.
+// errWritersBusy: another process kept the writer lock past the busy timeout.
 var errWritersBusy = errors.New("another process kept the lock store's writer lock for longer than the busy timeout")
 
 // writerQueue queues the write transactions of every process on one
@@ -347,15 +322,12 @@ var errWritersBusy = errors.New("another process kept the lock store's writer lo
 type writerQueue struct {
 	f       *os.File // nil where file locks are not available
 	timeout time.Duration
+	waited  bool // the last turn had to wait (used by the leader alone)
 
 	mu        sync.Mutex
 	granted   chan error // outcome of the flock call in flight, or nil
 	abandoned bool       // whoever waited for that call gave up
 	closed    bool       // the file is closed: its descriptor may be reused
-
-	// waited: the last turn had to wait for another process. Only the
-	// leader of a batch uses it.
-	waited bool
 }
 
 // politeDelay is how long a process whose last turn had to wait holds back
@@ -448,8 +420,7 @@ func (db *DB) checkFile() error {
 	return nil
 }
 
-// savepoints are the statements that make each body of a shared
-// transaction atomic on its own, prepared once on the writing connection.
+// savepoints make each body of a shared transaction atomic on its own.
 type savepoints struct {
 	begin, release, rollback *sql.Stmt
 }

@@ -6,8 +6,8 @@ import (
 	"database/sql/driver"
 )
 
-// sqliteDriver is the driver registered as "sqlite", with whatever the
-// application registered on it (functions, hooks).
+// sqliteDriver is the driver registered as "sqlite", with the
+// application's functions and hooks.
 var sqliteDriver = func() driver.Driver {
 	db, err := sql.Open("sqlite", "")
 	if err != nil {
@@ -17,14 +17,10 @@ var sqliteDriver = func() driver.Driver {
 	return db.Driver()
 }()
 
-// sideFileConnector opens the connections of a pool to the database at
-// path (named by sidePath), each only once SQLite's side files of the
-// database pass checkSQLiteSideFiles. SQLite opens them on each new
-// connection (the journal, when it exists, to look at its first byte;
-// the write-ahead log), and would block for ever on a FIFO planted there
-// since the store opened: the pool then fails to connect, with the
-// *SideFileError, instead. The driver's own connection hooks run only
-// after the connection has read the database, too late for that.
+// sideFileConnector opens each connection to the database at path (named
+// by sidePath) only once SQLite's side files pass checkSQLiteSideFiles:
+// SQLite opens them on every new connection, and would block for ever on
+// a FIFO planted since the store opened. The driver's hooks run too late.
 type sideFileConnector struct {
 	dsn, path string
 }
@@ -40,8 +36,7 @@ func (c sideFileConnector) Connect(context.Context) (driver.Conn, error) {
 // Driver returns the sqlite driver.
 func (c sideFileConnector) Driver() driver.Driver { return sqliteDriver }
 
-// openPool returns a pool of connections to the database at path (named
-// by sidePath) through dsn, each opened by sideFileConnector.
+// openPool returns a pool of sideFileConnector's connections.
 func openPool(dsn, path string) *sql.DB {
 	return sql.OpenDB(sideFileConnector{dsn: dsn, path: path})
 }

@@ -19,8 +19,7 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// migrationFiles are the versioned migrations, written by
-// migrations/diff.go from the Ent schema and applied with goose.
+// migrationFiles are the migrations that migrations/diff.go writes.
 //
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
@@ -28,39 +27,29 @@ var migrationFiles embed.FS
 // MigrationName is the name of the migration that creates the locks table.
 const MigrationName = "m4_001_concurrency_locks"
 
-// maxReaders bounds the reading connections of one DB.
-const maxReaders = 4
-
-// writeAttempts bounds how often a write that found the database busy
-// (after SQLite's own busy timeout) is tried in all.
-const writeAttempts = 4
+const (
+	// maxReaders bounds the reading connections of one DB.
+	maxReaders = 4
+	// writeAttempts bounds the tries of a write that found the database
+	// busy past SQLite's own busy timeout.
+	writeAttempts = 4
+)
 
 // DB is an open lock store. It is safe for concurrent use.
 type DB struct {
-	// sql serves reads, in parallel (WAL lets readers proceed while a
-	// write is in progress).
-	sql *sql.DB
-	// wsql serves writes, over one connection: writers of this process
-	// queue for it in order, and never wait behind readers for a
-	// connection. Nil for a read-only handle.
-	wsql *sql.DB
-	// writer admits one writer at a time from this process while the
-	// schema is migrated; afterwards every write goes through commits.
-	writer chan struct{}
-	// commits runs the store's writes, with group commit.
-	commits committer
-	// writers queues the writes of every process on the file.
-	writers *writerQueue
-	// checkpoints copies the WAL back into the file, away from writes.
+	sql  *sql.DB // reads, in parallel beside a write (WAL)
+	wsql *sql.DB // writes, over one connection; nil for a read-only handle
+	// writer admits one writer of this process while the schema is
+	// migrated; afterwards every write goes through commits.
+	writer      chan struct{}
+	commits     committer
+	writers     *writerQueue // the writes of every process on the file
 	checkpoints checkpointer
-	// wake carries wake-ups to and from the other processes on the file;
-	// nil where it cannot (see wakeFile).
-	wake *wakeFile
-	path string
+	wake        *wakeFile // nil where wake-ups cannot cross processes
+	path        string
 	// file is the database file as Open found it, which every write
-	// checks that abs still names (checkFile); nil for a read-only
-	// handle. abs is path made absolute at Open, as SQLite resolves it
-	// then: a later chdir changes neither.
+	// checks abs still names (checkFile); nil for a read-only handle.
+	// abs is path made absolute at Open, as SQLite resolved it.
 	file  os.FileInfo
 	abs   string
 	store *LockRepository
@@ -74,10 +63,8 @@ type Options struct {
 }
 
 // Open opens (creating it if needed) the database at pathOrURI, applies the
-// pending migrations and returns the store.
-//
-// A file it refuses is left as it was: every refusal is decided by
-// reading only, before the first write.
+// pending migrations and returns the store. A file it refuses is left as
+// it was: every refusal is decided before the first write.
 //
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
 // no file, such as an in-memory database; a *domain.StoreError whose kind
@@ -96,18 +83,15 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		return nil, err // a *domain.ValidationError, before anything is created
 	}
 	path := filePath(dsn)
-	if readOnlyMode(dsn) {
-		return nil, readOnlyModeError("open lock store "+path, dsn) // before anything is created
-	}
 	op := "open lock store " + path
-	// Every connection, and every side file, names the file that path
-	// names now: connections are opened as they are needed, and a
-	// relative path would lead elsewhere after a chdir, or a symbolic
-	// link once it is changed.
+	if readOnlyMode(dsn) {
+		return nil, readOnlyModeError(op, dsn) // before anything is created
+	}
+	// Connections, opened as needed, and side files name the file path
+	// names now, whatever a later chdir or a changed symbolic link.
 	real := sidePath(path)
-	// A side file planted by someone else, SQLite's own included, is
-	// refused before anything is created (openSideFile checks the store's
-	// again, on the file it opens; each new connection SQLite's).
+	// A planted side file, SQLite's included, is refused before anything
+	// is created (and again by openSideFile and each new connection).
 	if err := checkSideFiles(real); err != nil {
 		return nil, FormatError(op, err)
 	}
@@ -126,25 +110,19 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		return nil, FormatError(op, err)
 	}
 	dsn = withPath(dsn, real)
-	// Refuse a store this process cannot write before SQLite opens it:
-	// SQLite would open it read-only, leave -wal and -shm files behind, and
-	// fail only at the first write.
+	// SQLite would open a file this process cannot write read-only, leave
+	// -wal and -shm behind, and fail only at the first write.
 	if err := CheckWritable(dsn); err != nil {
 		return nil, err
 	}
-	// Every other reason to refuse the file is found before the first
-	// write: the journal switch to WAL that the store's connections make.
+	// Every other refusal comes before the first write: the switch to WAL.
 	if err := preflight(ctx, op, dsn, real); err != nil {
 		return nil, err
 	}
-	// Each connection checks SQLite's side files before SQLite opens them
-	// (sideFileConnector).
 	rdb := openPool(dsn, real)
-	// The writer leaves checkpoints to the checkpointer (checkpoint.go).
-	wdb := openPool(dsn+"&_pragma=wal_autocheckpoint(0)&_pragma="+walSizePragma, real)
-	// Connections are cheap to keep and costly to open (each runs the
-	// pragmas), so keep every one that is opened, and open few: more
-	// readers would only contend for the two cores we plan for.
+	wdb := openPool(dsn+"&_pragma=wal_autocheckpoint(0)&_pragma="+walSizePragma, real) // checkpointer's job
+	// Connections are costly to open (each runs the pragmas): keep every
+	// one, and open few, for the two cores we plan for.
 	rdb.SetMaxOpenConns(maxReaders)
 	rdb.SetMaxIdleConns(maxReaders)
 	wdb.SetMaxOpenConns(1)
@@ -152,33 +130,27 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path, file: file, abs: abs}
 	db.commits.db = db
 	db.checkpoints.init(rdb, real+"-wal")
+	fail := func(err error) (*DB, error) { db.Close(); return nil, err }
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {
-		db.Close()
-		return nil, err
+		return fail(err)
 	}
-	// The side file comes only once the file has proved to be a lock
-	// store: opening anything else leaves nothing beside it.
+	// The side file comes only once the file proved to be a lock store.
 	if db.writers, err = openWriterQueue(real, busyTimeout(dsn)); err != nil {
-		db.Close()
-		return nil, FormatError(op, err)
+		return fail(FormatError(op, err))
 	}
 	if db.wake, err = openWakeFile(real); err != nil {
-		db.Close()
-		return nil, FormatError(op, err)
+		return fail(FormatError(op, err))
 	}
 	if db.commits.savepoints, err = prepareSavepoints(ctx, wdb); err != nil {
-		db.Close()
-		return nil, FormatError("open lock store "+path, err)
+		return fail(FormatError(op, err))
 	}
 	store, err := entstore.New(ctx, rdb, wdb, db.backend())
 	if err != nil {
-		db.Close()
-		return nil, err
+		return fail(err)
 	}
 	if db.store, err = newLockRepository(ctx, store, db); err != nil {
 		store.Close()
-		db.Close()
-		return nil, err
+		return fail(err)
 	}
 	return db, nil
 }
@@ -187,16 +159,15 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 func NewLockRepository(db *DB) *LockRepository { return db.store }
 
 // backend is what SQLite brings to the shared store: group commit behind
-// a queue of the processes' writers, and its errors. No per-resource lock
-// is needed: BEGIN IMMEDIATE already keeps every other writer out.
+// the processes' writer queue, and its errors. BEGIN IMMEDIATE keeps every
+// other writer out, so no per-resource lock is needed.
 func (db *DB) backend() entstore.Backend {
 	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, SharedTx: true, FormatError: db.formatError,
 		Released: db.wake.freed}
 }
 
-// Wakeups returns what lets a waiter of this process sleep until a holder
-// in another process on the same file releases its lock, or nil where
-// that is not available (a system without inotify): waiters then poll.
+// Wakeups returns what wakes a waiter when a holder in another process on
+// the file releases, or nil without inotify: waiters then poll.
 func (db *DB) Wakeups() application.Wakeups {
 	if db.wake == nil {
 		return nil
@@ -228,12 +199,9 @@ func (db *DB) Close() error {
 	return FormatError("close lock store", err)
 }
 
-// migrate applies the pending migrations, recording them in the module's
-// own version table (entstore.VersionTable), after adopting the history
-// that an earlier version of the module recorded in goose's default table.
-// Processes that open a new file at the same moment may race to apply the
-// same migration; the loser sees an error, and finds nothing pending when
-// it looks again.
+// migrate applies the pending migrations (in entstore.VersionTable), after
+// adopting an earlier version's history. Of processes that race to apply
+// a migration, the loser sees an error, then nothing pending.
 func (db *DB) migrate(ctx context.Context, op string) error {
 	fsys, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
@@ -258,8 +226,7 @@ func (db *DB) migrate(ctx context.Context, op string) error {
 	return FormatError(op, err)
 }
 
-// withWriter runs fn as this process's only writer, waiting for its turn
-// unless ctx ends first.
+// withWriter runs fn as this process's only writer, unless ctx ends first.
 func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 	select {
 	case db.writer <- struct{}{}:
@@ -271,11 +238,10 @@ func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 }
 
 // openWriterQueue opens the side file of the database at path read-only
-// (all flock needs), created with the database's permissions so that every
-// user who may write the database may queue. SQLite never opens it, so
-// closing it drops no lock of SQLite's. A side file this process cannot
-// open only costs the queue; one the store must not use is refused with a
-// *SideFileError (openSideFile).
+// (all flock needs), created with the database's permissions so that all
+// who may write may queue. SQLite never opens it, so closing it drops no
+// lock of SQLite's. One this process cannot open only costs the queue; one
+// the store must not use is refused (*SideFileError).
 func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
 	q := &writerQueue{timeout: timeout}
 	if !haveFileLocks || path == "" {
@@ -334,7 +300,7 @@ func (sp *savepoints) close() {
 type inWrite struct{}
 
 // errNestedWrite refuses a write from inside Write's function, which would
-// wait for the very transaction it runs in.
+// wait for its own transaction.
 var errNestedWrite = errors.New("a write of the lock store was called from inside DB.Write's function, " +
 	"with its context, and would wait for that function's own transaction: " +
 	"take and release locks before or after the Write, and do the transaction's writes through its tx")
@@ -347,26 +313,21 @@ const waitedBehindWrite = "it waited behind an application transaction (DB.Write
 	"which cannot commit until the call returns: take and release locks before or after the Write " +
 	"(or pass the function's own context, and such a call is refused at once)"
 
-// fnError carries the error of Write's function through the queue, so that
-// it is returned as it is, never read as the store's own.
+// fnError carries the error of Write's function through the queue as it is.
 type fnError struct{ err error }
 
 func (e *fnError) Error() string { return e.err.Error() }
 
 // Write runs fn in a write transaction of its own on the lock store's
-// file, and commits it when fn returns nil (it rolls back otherwise). It
-// queues with the store's writes (in arrival order, never batched) and
-// behind every process's writer queue, where a transaction on the
-// application's own *sql.DB waits in SQLite's busy handler, and a stream
-// of them can starve a lock's renewals.
+// file, committed when fn returns nil. It queues with the store's writes
+// and every process's, where a transaction on the application's own
+// *sql.DB waits in SQLite's busy handler and can starve a lock's renewals.
 //
-// Every lock operation of every process waits for fn: keep it short. fn
-// may run again when the database was busy and must start from nothing;
-// it must not call the lock store (with fn's context that fails at once;
-// with another it waits until that context ends, holding the write lock),
-// nor keep tx. fn's context carries ctx's values but not its cancellation
-// (the driver would interrupt the shared connection): when ctx ends while
-// fn runs, the transaction is rolled back after fn returns.
+// Every lock operation waits for fn: keep it short. fn may run again when
+// the database was busy, must start from nothing, must not call the lock
+// store (with fn's context that fails at once; with another it waits until
+// that context ends), nor keep tx. fn's context has ctx's values but not
+// its cancellation: when ctx ends while fn runs, fn's changes are undone.
 //
 // Errors: fn's own error, as it returned it; the context's error when ctx
 // ends before the commit (the changes are then undone); a

@@ -13,24 +13,19 @@ import (
 )
 
 // CheckFence is Container.CheckFence's check on SQLite, in the caller's
-// transaction q (entstore.CheckFence): that f's lock is held and active
-// at now, kept from changing hands until q ends.
+// transaction q (entstore.CheckFence): that f's lock is held and active at
+// now, kept from changing hands until q ends.
 //
-// The check is one UPDATE of the lock row that changes nothing but must
-// match id, owner, resource and an unexpired expires_at. Running it takes
-// the database's write lock, held until q ends, and every change of hands
-// (takeover, release, cleanup) is a write, so none can come between the
-// check and the commit. A deferred transaction that already read an older
-// snapshot cannot take the write lock: the UPDATE fails (SQLITE_BUSY),
-// never succeeds on what it read. Keep q short: it holds the only write
-// lock, and every lock operation waits for it.
+// It is an UPDATE of the lock row that changes nothing: it takes the
+// write lock until q ends, and every change of hands is a write. A
+// deferred transaction with an older snapshot fails (SQLITE_BUSY) rather
+// than pass on what it read. Keep q short: every lock operation waits.
 //
 // Errors: those of entstore.CheckFence.
 func CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time) error {
 	return entstore.CheckFence(ctx, q, dialect.SQLite, f, now, fenceHolds)
 }
 
-// fenceHolds runs the check and reports whether the fence holds.
 func fenceHolds(ctx context.Context, q entstore.Querier, f application.Fence, now string) (bool, error) {
 	query, args := entsql.Dialect(dialect.SQLite).Update(entlock.Table).
 		Set(entlock.FieldOwnerID, entsql.ExprFunc(func(b *entsql.Builder) { b.Ident(entlock.FieldOwnerID) })).

@@ -10,8 +10,7 @@ import (
 )
 
 // versionTables names the version tables of a SQLite database to
-// entstore.AdoptHistory: SQLite has one schema per file, so the names
-// need no qualifying.
+// entstore.AdoptHistory, unqualified (one schema per file).
 var versionTables = entstore.VersionTables{
 	Dialect: database.DialectSQLite3,
 	Ours:    entstore.VersionTable,
@@ -24,13 +23,10 @@ var versionTables = entstore.VersionTables{
 }
 
 // adoptHistory adopts, once, the history of a database that an earlier
-// version of the module migrated (see entstore.AdoptHistory). It runs as
-// this process's writer, in one transaction that BEGIN IMMEDIATE keeps
-// every other process out of, so that processes opening the database at
-// once adopt it exactly once, and a failure leaves nothing half done.
+// version of the module migrated (entstore.AdoptHistory), in one
+// transaction that BEGIN IMMEDIATE keeps every other process out of.
 func (db *DB) adoptHistory(ctx context.Context, fsys fs.FS) error {
-	// Once the module's table exists there is nothing to adopt: every
-	// later Open takes this path, without taking the write lock.
+	// Once the module's table exists, Open needs no write lock here.
 	if ok, err := versionTables.Exists(ctx, db.sql, entstore.VersionTable); err != nil || ok {
 		return err
 	}

@@ -13,5 +13,4 @@ func tryLockFile(*os.File) bool { return true }
 
 func unlockFile(*os.File) {}
 
-// sideFileFlags: no side file is opened here (haveFileLocks is false).
 const sideFileFlags = 0
