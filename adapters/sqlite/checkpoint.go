@@ -11,18 +11,15 @@ import (
 	"github.com/cleveragents/locks/adapters/entstore"
 )
 
-// checkpointAfter is how many writes run between two checkpoints (about
-// 2,000 pages of WAL): fewer cost many callers more syncs, more cost a lone
-// caller a larger WAL index to search (BenchmarkCallers).
-const checkpointAfter = 512
-
-// walSizeLimit is what the WAL is cut back to once writing starts over at
-// its beginning: a purge of many rows grows it.
-const walSizeLimit = 16 << 20
-
-// catchUpRounds bounds the background checkpoints of one catch-up, and
-// finishFrames is the most frames the last step may leave to the writer.
 const (
+	// checkpointAfter is how many writes run between two checkpoints:
+	// fewer cost many callers more syncs, more cost a lone caller a larger
+	// WAL index to search (BenchmarkCallers).
+	checkpointAfter = 512
+	// walSizeLimit is what a WAL that a purge grew is cut back to.
+	walSizeLimit = 16 << 20
+	// catchUpRounds bounds the rounds of one catch-up; finishFrames is the
+	// most frames its last round may leave to the writer.
 	catchUpRounds = 8
 	finishFrames  = 256
 )
@@ -31,42 +28,36 @@ var walSizePragma = fmt.Sprintf("journal_size_limit(%d)", walSizeLimit)
 
 // checkpointer copies the WAL back into the database file with passive
 // checkpoints on a reading connection, which never wait for a writer nor
-// make one wait. SQLite would otherwise checkpoint inside the commit that
-// crosses its threshold, syncing hundreds of writes' pages (10-60 ms)
-// while it holds the writer and the processes' writer queue.
+// make one wait: SQLite's own, inside a commit, held the writer and the
+// writer queue for 10-60 ms.
 type checkpointer struct {
 	db      *sql.DB
-	walPath string // read by cutBack
+	walPath string
 
-	mu      sync.Mutex
-	writes  int            // since the last checkpoint started
-	running bool           // a catch-up is under way
-	wg      sync.WaitGroup // the catch-up under way, for close
-	closed  bool
-	due     atomic.Bool // finish has frames to copy
-	// backfilled is the WAL's copied frames after the last background
-	// round; writerCopied is the most frames the writer's step copied.
-	backfilled   atomic.Int64
-	writerCopied atomic.Int64
-	sincePurge   int // other writes since the last purge write
+	mu         sync.Mutex
+	writes     int // since the last catch-up started
+	running    bool
+	wg         sync.WaitGroup // the catch-up under way
+	closed     bool
+	sincePurge int // other writes since the last purge write
+	after      int // writes the next catch-up waits for (nextAfter)
+	sinceDone  int // writes since the last catch-up ended
 
-	// after is how many writes the next catch-up waits for (nextAfter);
-	// sinceDone counts the writes since the last catch-up ended.
-	after     int
-	sinceDone int
-	flushes   atomic.Int64 // syncs made by flush
-	// last is the WAL as the last round of the last catch-up found it,
-	// while a purge runs; only the catch-up under way uses it.
+	due          atomic.Bool  // finish has frames to copy
+	backfilled   atomic.Int64 // frames copied by the last background round
+	writerCopied atomic.Int64 // the most frames finish copied
+	flushes      atomic.Int64
+	// last is the WAL as the last catch-up's last round found it during a
+	// purge; only the catch-up under way uses it.
 	last walMark
 	// limitDue: from a catch-up's start until the first batch after its
-	// end, each batch sets the writer's journal_size_limit to cutBack's.
-	// limited is the writer's limit now; only a batch's leader uses it.
+	// end, each batch sets the writer's journal_size_limit to cutBack's,
+	// and limited is that limit; only a batch's leader uses it.
 	limitDue atomic.Bool
 	limited  int64
 }
 
-// walMark is the WAL at one moment: its life (walLife) and frames; known
-// is false when either could not be read.
+// walMark is the WAL's life (walLife) and frames at one moment, if known.
 type walMark struct {
 	life   [12]byte
 	frames int64
@@ -80,14 +71,12 @@ func (c *checkpointer) init(db *sql.DB, walPath string) {
 }
 
 // purgeQuiet is how many other writes must follow a purge's last write
-// before the writer's step of a checkpoint may run; until then it is
-// dropped, and a later catch-up copies the purge's backlog on a reading
-// connection instead of on the writer. Counting writes keeps upkeep off
-// the wall clock.
+// before finish may run: until then a catch-up copies the purge's backlog
+// on a reading connection, not on the writer. Writes, not time, so that
+// upkeep stays off the wall clock.
 const purgeQuiet = 64
 
-// wrote counts the writes of a batch, and starts a catch-up when enough
-// have gone by and none is running.
+// wrote counts the writes of a batch, and starts a catch-up when due.
 func (c *checkpointer) wrote(batch []*txCall) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -109,9 +98,7 @@ func (c *checkpointer) wrote(batch []*txCall) {
 	}
 	purging := c.sincePurge < purgeQuiet
 	c.writes, c.running = 0, true
-	// The catch-up may copy every frame, and then the next write starts
-	// the WAL over and cuts it back to the writer's limit at once.
-	c.limitDue.Store(true)
+	c.limitDue.Store(true) // the catch-up may copy every frame: the next write may cut the WAL back
 	c.wg.Go(func() {
 		after := c.catchUp(purging)
 		c.mu.Lock()
@@ -121,17 +108,13 @@ func (c *checkpointer) wrote(batch []*txCall) {
 }
 
 // While a purge runs, a catch-up is due after as many writes as added
-// about roundFrames frames the last time, but no fewer than minAfter: a
-// round that copies a large backlog stalls the writes beside it with its
-// sync (thousands of frames held an acquirer up 13-30 ms), and a purge's
-// write adds hundreds.
+// about roundFrames frames the last time, but no fewer than minAfter: the
+// sync of a round that copies thousands held an acquirer up 13-30 ms.
 const (
 	roundFrames = 1024
 	minAfter    = 16
 )
 
-// nextAfter returns how many writes the next catch-up waits for, given
-// that writes added frames since the last one ended.
 func nextAfter(writes int, frames int64) int {
 	if writes <= 0 || frames <= 0 {
 		return checkpointAfter
@@ -139,14 +122,11 @@ func nextAfter(writes int, frames int64) int {
 	return int(max(minAfter, min(checkpointAfter, roundFrames*int64(writes)/frames)))
 }
 
-// catchUp copies the WAL back into the database file in the background,
-// and returns how many writes the next catch-up waits for.
-//
-// SQLite starts the WAL over only when a write begins with every frame
-// copied, which a checkpoint beside busy writers never achieves. So
-// catchUp runs rounds until one finds few new frames, and the next
-// batch's leader copies those on the writer (finish). A failed checkpoint
-// is harmless: the WAL keeps the pages.
+// catchUp copies the WAL back in the background, and returns how many
+// writes the next catch-up waits for. SQLite starts the WAL over only when
+// a write begins with every frame copied, which rounds beside busy writers
+// never achieve: so it runs rounds until one finds few new frames, which
+// the next batch's leader copies (finish). A failed round is harmless.
 func (c *checkpointer) catchUp(purging bool) (after int) {
 	after = checkpointAfter
 	since := c.last
@@ -154,8 +134,7 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 	var wal *os.File // read for the WAL's life while a purge runs
 	if purging {
 		after = minAfter // until the frames a write are known
-		// Safe beside SQLite: it keeps no lock on the WAL file, and a
-		// close drops only the POSIX locks of the file it names.
+		// SQLite keeps no POSIX lock on the WAL file, which close drops.
 		if f, err := os.Open(c.walPath); err == nil {
 			defer f.Close()
 			wal = f
@@ -186,9 +165,7 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 		due, prev = prev >= 0 && frames-prev <= finishFrames, frames
 	}
 	if purging {
-		// The writer's step is dropped while the purge runs; the next
-		// catch-up, due soon, copies what came in and calls for it.
-		c.flush()
+		c.flush() // no call for finish, which a purge drops
 		return after
 	}
 	if due {
@@ -198,21 +175,18 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 	return after
 }
 
-// flush syncs to disk the pages a purge's catch-ups copied into the
-// database file: SQLite syncs it only after a complete checkpoint, which
-// would then sync hundreds of megabytes at once (about 100 ms) on the
-// writer. A descriptor of the database file cannot serve (closing it
-// drops SQLite's POSIX locks), so the WAL's syncs its whole file system,
-// which is why this runs only during purges.
+// flush syncs the pages a purge's catch-ups copied, which SQLite would
+// sync only after a complete checkpoint, on the writer (about 100 ms). It
+// syncs the WAL's file system (closing a descriptor of the database file
+// would drop SQLite's POSIX locks), which is why only purges do.
 func (c *checkpointer) flush() {
 	if syncWALFileSystem(c.walPath) == nil {
 		c.flushes.Add(1)
 	}
 }
 
-// added returns how many frames were written to the WAL between m and
-// now: all of now's when the WAL started over between them (the few of
-// m's life after m are not counted).
+// added returns the frames written between m and now: all of now's if the
+// WAL started over between them (the few of m's life after m left out).
 func (m walMark) added(now walMark) (int64, bool) {
 	switch {
 	case !m.known || !now.known:
@@ -225,9 +199,8 @@ func (m walMark) added(now walMark) (int64, bool) {
 	return 0, false
 }
 
-// walLife reads the checkpoint sequence number and salts of the WAL
-// header, which change each time SQLite starts the WAL over. ok is false
-// when wal is nil or unreadable.
+// walLife reads the WAL header's checkpoint sequence number and salts,
+// which change each time SQLite starts the WAL over.
 func walLife(wal *os.File) (life [12]byte, ok bool) {
 	if wal == nil {
 		return life, false
@@ -236,8 +209,8 @@ func walLife(wal *os.File) (life [12]byte, ok bool) {
 	return life, err == nil
 }
 
-// finish, called by a batch's leader before the batch begins, copies what
-// the background catch-up left, unless a purge runs (see purgeQuiet).
+// finish, run by a batch's leader before the batch, copies what the
+// catch-up left, unless a purge runs.
 func (c *checkpointer) finish(writer *sql.DB) {
 	if c.limitDue.Load() {
 		c.mu.Lock()
@@ -261,16 +234,14 @@ func (c *checkpointer) finish(writer *sql.DB) {
 	c.limitWAL(writer, c.cutBack())
 	var busy, frames, copied int64
 	if writer.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied) == nil {
-		// If a write started the WAL over since the catch-up, the counts
-		// started over too and nothing is known.
+		// (A write that started the WAL over restarted the counts too.)
 		if n := copied - c.backfilled.Load(); n > c.writerCopied.Load() {
 			c.writerCopied.Store(n)
 		}
 	}
 }
 
-// limitWAL sets the writer's journal_size_limit to limit, unless it has it
-// or limit is 0; a failure leaves the limit as it was.
+// limitWAL sets the writer's journal_size_limit, unless limit is 0 or set.
 func (c *checkpointer) limitWAL(writer *sql.DB, limit int64) {
 	if limit <= 0 || limit == c.limited {
 		return
@@ -284,8 +255,7 @@ func (c *checkpointer) limitWAL(writer *sql.DB, limit int64) {
 // space (about 0.5 ms a megabyte) happens inside that write.
 const cutBackStep = 16 << 20
 
-// cutBack returns the size the next start of the WAL over may leave it at
-// (never below walSizeLimit), or 0 when its size cannot be read.
+// cutBack returns the size the next start of the WAL over may leave, or 0.
 func (c *checkpointer) cutBack() int64 {
 	fi, err := os.Stat(c.walPath)
 	if err != nil {
@@ -294,7 +264,6 @@ func (c *checkpointer) cutBack() int64 {
 	return max(walSizeLimit, fi.Size()-cutBackStep)
 }
 
-// close waits for the catch-up under way and starts no other.
 func (c *checkpointer) close() {
 	c.mu.Lock()
 	c.closed = true

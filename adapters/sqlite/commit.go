@@ -159,8 +159,8 @@ func (c *committer) passLead() {
 	close(head.lead)
 }
 
-// aloneWithOneStatement reports whether the next batch is a single call of
-// one statement: the only call queued, or a purge's (see claim).
+// aloneWithOneStatement reports whether the next batch is one statement:
+// the only call queued, or a purge's.
 func (c *committer) aloneWithOneStatement() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -191,9 +191,8 @@ func (c *committer) queued() int {
 }
 
 // claim takes the next batch off the queue: up to maxBatch calls from its
-// head, but a purge's write or an application's transaction alone. A
-// purge holds the write lock for a millisecond or more, and batched with
-// the writes queued ahead of it, it would make them wait for it.
+// head, but a purge's write (which holds the write lock for a millisecond
+// or more) or an application's transaction alone.
 func (c *committer) claim() []*txCall {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -226,13 +225,10 @@ func (c *committer) claim() []*txCall {
 
 // runBatch runs one batch in one transaction and publishes the outcomes.
 // The batch is claimed only once the transaction holds the write lock, so
-// that callers can withdraw while it waits for another process.
-//
-// Each run starts from nothing: outcomes are cleared and bodies run again.
-// A busy database retries the whole batch. A call whose own failure ended
-// the transaction (SQLite may roll back everything, as on a full disk)
-// keeps its error, and the others run again without it: none fails for
-// another's reason, none is told of a change that was rolled back.
+// that callers can withdraw while it waits for another process. A busy
+// database retries the whole batch. A call whose own failure ended the
+// transaction (as on a full disk) keeps its error, and the others run
+// again without it: none is told of a change that was rolled back.
 func (c *committer) runBatch() {
 	c.db.checkpoints.finish(c.db.wsql)
 	var (
@@ -311,14 +307,12 @@ func (c *committer) runBatch() {
 var errWritersBusy = errors.New("another process kept the lock store's writer lock for longer than the busy timeout")
 
 // writerQueue queues the write transactions of every process on one
-// database file with a flock of the side file "<database>-lock", held from
-// before BEGIN to after COMMIT. SQLite's busy handler sleeps in steps of
-// up to 100 ms, so a waiting process keeps missing its turn; the kernel
-// wakes a flock waiter at once. SQLite's own lock still decides who
-// writes, so a process without the queue (the sqlite3 shell) stays safe.
-//
-// flock cannot time out: a call that gives up leaves the flock running;
-// the next lock call takes it over, or else it is let go once granted.
+// database file with a flock of "<database>-lock", held from before BEGIN
+// to after COMMIT: the kernel wakes a flock waiter at once, where SQLite's
+// busy handler sleeps up to 100 ms and keeps missing turns. SQLite's lock
+// still decides who writes, so a process without the queue stays safe.
+// flock cannot time out: a call that gave up leaves it running, for the
+// next lock call to take over, or to be let go once granted.
 type writerQueue struct {
 	f       *os.File // nil where file locks are not available
 	timeout time.Duration
@@ -330,10 +324,9 @@ type writerQueue struct {
 	closed    bool       // the file is closed: its descriptor may be reused
 }
 
-// politeDelay is how long a process whose last turn had to wait holds back
-// before asking again, so that the process the kernel woke gets scheduled
-// instead of losing the lock to this one over and over. holdBack sleeps
-// the thread: time.Sleep wakes about a millisecond late.
+// politeDelay is how long a process whose last turn had to wait holds back,
+// so that the process the kernel woke is not beaten to the lock again and
+// again; holdBack sleeps the thread, where time.Sleep wakes 1 ms late.
 const politeDelay = 200 * time.Microsecond
 
 // lock waits for this process's turn to write, up to the busy timeout,
@@ -401,13 +394,9 @@ func (q *writerQueue) wait(granted chan error) {
 func (q *writerQueue) unlock() { unlockFile(q.f) }
 
 // checkFile refuses to write once the store's name no longer names the
-// file it opened (ReplacedFileError), with one stat(2) per transaction. A
-// second name alone does not stop a running store: new openers refuse it
-// (checkOneName), and a backup by hard links (cp -al) must not stop it.
+// file it opened (ReplacedFileError). A second name does not stop a
+// running store: a backup by hard links (cp -al) must not.
 func (db *DB) checkFile() error {
-	if db.file == nil {
-		return nil
-	}
 	fi, err := os.Stat(db.abs)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -430,15 +419,12 @@ func (sp *savepoints) exec(ctx context.Context, tx *sql.Tx, st *sql.Stmt) error 
 	return err
 }
 
-// apply runs the batch's bodies in tx and commits what succeeded. It
-// returns an error only when the transaction as a whole failed, with the
-// call that failed it, if one did; each call's outcome is in call.err.
-//
-// In a shared transaction each body of several statements runs in a
-// savepoint, so that its refusal or failure undoes only its own changes.
-// A body of one statement needs none, as a failing statement changes
-// nothing; but its failure may mean SQLite ended the transaction (full
-// disk, I/O error), so it fails the transaction, and the others run again.
+// apply runs the batch's bodies in tx and commits what succeeded; each
+// call's outcome is in call.err. It returns an error only when the whole
+// transaction failed, with the call that failed it, if one did. In a
+// shared transaction a body of several statements runs in a savepoint; a
+// failed statement changes nothing, but may mean SQLite ended the
+// transaction (full disk, I/O error): it fails it, and the others run again.
 func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (culprit *txCall, err error) {
 	committed := false
 	defer func() {
@@ -463,9 +449,9 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (c
 		}
 		call.err = runBody(ctx, tx, call)
 		if call.err == nil && call.ctx.Err() != nil && (savepoint || !shared) {
-			// The caller gave up while its body ran and will be told so:
-			// its change must not stay. (A statement without a savepoint
-			// cannot be undone alone: it stands, and its caller is told.)
+			// The caller gave up while its body ran: its change must not
+			// stay. (One statement without a savepoint cannot be undone
+			// alone: it stands, and its caller learns that it succeeded.)
 			call.err = call.ctx.Err()
 		}
 		switch {

@@ -30,8 +30,7 @@ const MigrationName = "m4_001_concurrency_locks"
 const (
 	// maxReaders bounds the reading connections of one DB.
 	maxReaders = 4
-	// writeAttempts bounds the tries of a write that found the database
-	// busy past SQLite's own busy timeout.
+	// writeAttempts bounds the tries of a write that found the database busy.
 	writeAttempts = 4
 )
 
@@ -48,8 +47,7 @@ type DB struct {
 	wake        *wakeFile // nil where wake-ups cannot cross processes
 	path        string
 	// file is the database file as Open found it, which every write
-	// checks abs still names (checkFile); nil for a read-only handle.
-	// abs is path made absolute at Open, as SQLite resolved it.
+	// checks abs (path made absolute at Open) still names (checkFile).
 	file  os.FileInfo
 	abs   string
 	store *LockRepository
@@ -87,11 +85,9 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if readOnlyMode(dsn) {
 		return nil, readOnlyModeError(op, dsn) // before anything is created
 	}
-	// Connections, opened as needed, and side files name the file path
-	// names now, whatever a later chdir or a changed symbolic link.
+	// Connections and side files name the file path names now, whatever
+	// a later chdir; a planted side file is refused before anything is made.
 	real := sidePath(path)
-	// A planted side file, SQLite's included, is refused before anything
-	// is created (and again by openSideFile and each new connection).
 	if err := checkSideFiles(real); err != nil {
 		return nil, FormatError(op, err)
 	}
@@ -121,8 +117,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	}
 	rdb := openPool(dsn, real)
 	wdb := openPool(dsn+"&_pragma=wal_autocheckpoint(0)&_pragma="+walSizePragma, real) // checkpointer's job
-	// Connections are costly to open (each runs the pragmas): keep every
-	// one, and open few, for the two cores we plan for.
+	// Connections are costly to open (the pragmas): keep all, open few.
 	rdb.SetMaxOpenConns(maxReaders)
 	rdb.SetMaxIdleConns(maxReaders)
 	wdb.SetMaxOpenConns(1)
@@ -158,9 +153,8 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 // NewLockRepository returns the lock repository of db.
 func NewLockRepository(db *DB) *LockRepository { return db.store }
 
-// backend is what SQLite brings to the shared store: group commit behind
-// the processes' writer queue, and its errors. BEGIN IMMEDIATE keeps every
-// other writer out, so no per-resource lock is needed.
+// backend is what SQLite brings to the shared store: group commit, and its
+// errors. BEGIN IMMEDIATE keeps other writers out: no per-resource lock.
 func (db *DB) backend() entstore.Backend {
 	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, SharedTx: true, FormatError: db.formatError,
 		Released: db.wake.freed}
@@ -237,11 +231,9 @@ func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 	return fn()
 }
 
-// openWriterQueue opens the side file of the database at path read-only
-// (all flock needs), created with the database's permissions so that all
-// who may write may queue. SQLite never opens it, so closing it drops no
-// lock of SQLite's. One this process cannot open only costs the queue; one
-// the store must not use is refused (*SideFileError).
+// openWriterQueue opens the side file read-only (all flock needs), created
+// with the database's permissions so that all who may write may queue.
+// One this process may not open only costs the queue.
 func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
 	q := &writerQueue{timeout: timeout}
 	if !haveFileLocks || path == "" {
@@ -262,7 +254,6 @@ func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
 	return q, nil
 }
 
-// close closes the side file, which lets go of the lock if held.
 func (q *writerQueue) close() error {
 	if q.f == nil {
 		return nil
@@ -305,9 +296,8 @@ var errNestedWrite = errors.New("a write of the lock store was called from insid
 	"with its context, and would wait for that function's own transaction: " +
 	"take and release locks before or after the Write, and do the transaction's writes through its tx")
 
-// waitedBehindWrite is added to the context's error of a store write that
-// gave up behind an application's transaction: a call from inside Write's
-// function with another context cannot be told from another goroutine's.
+// waitedBehindWrite explains a store write that gave up behind Write: it
+// may have been called from Write's function with another context.
 const waitedBehindWrite = "it waited behind an application transaction (DB.Write, Container.Write) that was still running: " +
 	"if this call was made from inside that Write's function, it was waiting for the function's own transaction, " +
 	"which cannot commit until the call returns: take and release locks before or after the Write " +
@@ -329,10 +319,10 @@ func (e *fnError) Error() string { return e.err.Error() }
 // that context ends), nor keep tx. fn's context has ctx's values but not
 // its cancellation: when ctx ends while fn runs, fn's changes are undone.
 //
-// Errors: fn's own error, as it returned it; the context's error when ctx
-// ends before the commit (the changes are then undone); a
-// *domain.StoreError when the transaction fails (StoreBusy, StoreFull,
-// StoreReadOnly for a store opened by OpenReadOnly, ...).
+// Errors: fn's own, as it returned it; the context's when ctx ends before
+// the commit (the changes are undone); a *domain.StoreError when the
+// transaction fails (StoreBusy, StoreFull, StoreReadOnly for a store
+// opened by OpenReadOnly, ...).
 func (db *DB) Write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	const op = "application write"
 	if db.wsql == nil {

@@ -138,9 +138,8 @@ func (db *DB) formatError(op string, err error) error {
 }
 
 // LinkedFileError reports a database file with more than one name (hard
-// links). SQLite keeps the -wal and -shm files beside the name it opened,
-// so each name is a database of its own over the same pages: two processes
-// using two names both grant the same lock. It comes wrapped in a
+// links): SQLite keeps -wal and -shm by name, so two processes using two
+// names could both grant the same lock. It comes wrapped in a
 // *domain.StoreError (kind StoreUnreachable); match it with errors.As.
 type LinkedFileError struct {
 	Path  string // the name the store was given
@@ -169,10 +168,9 @@ func checkOneName(op, path string) error {
 }
 
 // ReplacedFileError reports that the name a store was opened by no longer
-// names the file it has open: a process that opens the name now gets
-// another database, and could grant the locks this store holds, so the
-// store writes no more. It comes wrapped in a *domain.StoreError (kind
-// StoreUnreachable, Permanent: a keep-alive ends its hold at once).
+// names its file: a process opening the name now could grant the locks
+// this store holds, so it writes no more. It comes wrapped in a
+// *domain.StoreError (kind StoreUnreachable, Permanent).
 type ReplacedFileError struct {
 	Path    string // the name the store was opened by
 	Removed bool   // the name names no file now (otherwise another file)

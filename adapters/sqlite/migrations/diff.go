@@ -84,21 +84,14 @@ func keepDeclaredTypes(next schema.Differ) schema.Differ {
 }
 
 func declare(table string, c *atlas.Column) {
-	if raw := declaredType(table, c.Name); raw != "" {
-		c.Type.Type = &sqlite.UserDefinedType{T: raw}
-	}
-}
-
-func declaredType(table, column string) string {
 	for _, t := range migrate.Tables {
-		if t.Name != table {
-			continue
-		}
-		for _, c := range t.Columns {
-			if c.Name == column {
-				return strings.ToLower(c.SchemaType[dialect.SQLite])
+		for _, col := range t.Columns {
+			if t.Name == table && col.Name == c.Name {
+				if raw := strings.ToLower(col.SchemaType[dialect.SQLite]); raw != "" {
+					c.Type.Type = &sqlite.UserDefinedType{T: raw}
+				}
+				return
 			}
 		}
 	}
-	return ""
 }
