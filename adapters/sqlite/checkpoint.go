@@ -22,6 +22,19 @@ const (
 	// most frames its last round may leave to the writer.
 	catchUpRounds = 8
 	finishFrames  = 256
+	// purgeQuiet is how many other writes must follow a purge's last
+	// write before finish may run: until then catch-ups copy the purge's
+	// backlog on a reading connection, not on the writer. Writes, not
+	// time, so that upkeep stays off the wall clock.
+	purgeQuiet = 64
+	// While a purge runs, a catch-up is due after as many writes as added
+	// about roundFrames frames the last time, but no fewer than minAfter:
+	// the sync of a round that copies thousands held an acquirer 13-30 ms.
+	roundFrames = 1024
+	minAfter    = 16
+	// cutBackStep is the most one start of the WAL over cuts off it:
+	// freeing space (about 0.5 ms a megabyte) happens inside that write.
+	cutBackStep = 16 << 20
 )
 
 var walSizePragma = fmt.Sprintf("journal_size_limit(%d)", walSizeLimit)
@@ -70,12 +83,6 @@ func (c *checkpointer) init(db *sql.DB, walPath string) {
 	c.limited = walSizeLimit // the writer's DSN sets it
 }
 
-// purgeQuiet is how many other writes must follow a purge's last write
-// before finish may run: until then a catch-up copies the purge's backlog
-// on a reading connection, not on the writer. Writes, not time, so that
-// upkeep stays off the wall clock.
-const purgeQuiet = 64
-
 // wrote counts the writes of a batch, and starts a catch-up when due.
 func (c *checkpointer) wrote(batch []*txCall) {
 	c.mu.Lock()
@@ -106,14 +113,6 @@ func (c *checkpointer) wrote(batch []*txCall) {
 		c.mu.Unlock()
 	})
 }
-
-// While a purge runs, a catch-up is due after as many writes as added
-// about roundFrames frames the last time, but no fewer than minAfter: the
-// sync of a round that copies thousands held an acquirer up 13-30 ms.
-const (
-	roundFrames = 1024
-	minAfter    = 16
-)
 
 func nextAfter(writes int, frames int64) int {
 	if writes <= 0 || frames <= 0 {
@@ -230,10 +229,9 @@ func (c *checkpointer) finish(writer *sql.DB) {
 	if !c.due.CompareAndSwap(true, false) || purging {
 		return
 	}
-	ctx := context.Background()
 	c.limitWAL(writer, c.cutBack())
 	var busy, frames, copied int64
-	if writer.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied) == nil {
+	if writer.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied) == nil {
 		// (A write that started the WAL over restarted the counts too.)
 		if n := copied - c.backfilled.Load(); n > c.writerCopied.Load() {
 			c.writerCopied.Store(n)
@@ -250,10 +248,6 @@ func (c *checkpointer) limitWAL(writer *sql.DB, limit int64) {
 		c.limited = limit
 	}
 }
-
-// cutBackStep is the most one start of the WAL over cuts off it: freeing
-// space (about 0.5 ms a megabyte) happens inside that write.
-const cutBackStep = 16 << 20
 
 // cutBack returns the size the next start of the WAL over may leave, or 0.
 func (c *checkpointer) cutBack() int64 {

@@ -12,6 +12,7 @@ import (
 
 	"entgo.io/ent/dialect"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/cleveragents/locks/adapters/entstore"
@@ -169,6 +170,19 @@ func (db *DB) Wakeups() application.Wakeups {
 	return db.wake
 }
 
+// WriteStats counts the writes of a DB since it opened: Writes ran in
+// Transactions, Shared of them with other writes.
+type WriteStats struct {
+	Transactions, Writes, Shared int64
+}
+
+// WriteStats returns the counts of db's writes so far.
+func (db *DB) WriteStats() WriteStats {
+	db.commits.mu.Lock()
+	defer db.commits.mu.Unlock()
+	return db.commits.stats
+}
+
 // Path returns the database file, or "" for an in-memory database.
 func (db *DB) Path() string { return db.path }
 
@@ -287,60 +301,40 @@ func (sp *savepoints) close() {
 	}
 }
 
-// inWrite marks the context that Write passes to its function.
-type inWrite struct{}
+// versionTables names the version tables of a SQLite database to
+// entstore.AdoptHistory, unqualified (one schema per file).
+var versionTables = entstore.VersionTables{
+	Dialect: database.DialectSQLite3,
+	Ours:    entstore.VersionTable,
+	Legacy:  entstore.LegacyVersionTable,
+	Exists: func(ctx context.Context, db database.DBTxConn, name string) (bool, error) {
+		var n int
+		err := db.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", name).Scan(&n)
+		return n > 0, err
+	},
+}
 
-// errNestedWrite refuses a write from inside Write's function, which would
-// wait for its own transaction.
-var errNestedWrite = errors.New("a write of the lock store was called from inside DB.Write's function, " +
-	"with its context, and would wait for that function's own transaction: " +
-	"take and release locks before or after the Write, and do the transaction's writes through its tx")
-
-// waitedBehindWrite explains a store write that gave up behind Write: it
-// may have been called from Write's function with another context.
-const waitedBehindWrite = "it waited behind an application transaction (DB.Write, Container.Write) that was still running: " +
-	"if this call was made from inside that Write's function, it was waiting for the function's own transaction, " +
-	"which cannot commit until the call returns: take and release locks before or after the Write " +
-	"(or pass the function's own context, and such a call is refused at once)"
-
-// fnError carries the error of Write's function through the queue as it is.
-type fnError struct{ err error }
-
-func (e *fnError) Error() string { return e.err.Error() }
-
-// Write runs fn in a write transaction of its own on the lock store's
-// file, committed when fn returns nil. It queues with the store's writes
-// and every process's, where a transaction on the application's own
-// *sql.DB waits in SQLite's busy handler and can starve a lock's renewals.
-//
-// Every lock operation waits for fn: keep it short. fn may run again when
-// the database was busy, must start from nothing, must not call the lock
-// store (with fn's context that fails at once; with another it waits until
-// that context ends), nor keep tx. fn's context has ctx's values but not
-// its cancellation: when ctx ends while fn runs, fn's changes are undone.
-//
-// Errors: fn's own, as it returned it; the context's when ctx ends before
-// the commit (the changes are undone); a *domain.StoreError when the
-// transaction fails (StoreBusy, StoreFull, StoreReadOnly for a store
-// opened by OpenReadOnly, ...).
-func (db *DB) Write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	const op = "application write"
-	if db.wsql == nil {
-		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly,
-			Err: errors.New("the lock store was opened read-only (OpenReadOnly)")}
+// adoptHistory adopts, once, the history of a database that an earlier
+// version of the module migrated (entstore.AdoptHistory), in one
+// transaction that BEGIN IMMEDIATE keeps every other process out of.
+func (db *DB) adoptHistory(ctx context.Context, fsys fs.FS) error {
+	// Once the module's table exists, Open needs no write lock here.
+	if ok, err := versionTables.Exists(ctx, db.sql, entstore.VersionTable); err != nil || ok {
+		return err
 	}
-	if ctx.Value(inWrite{}) != nil {
-		return &domain.StoreError{Op: op, Kind: domain.StoreInternal, Err: errNestedWrite}
-	}
-	err := db.commits.run(ctx, transaction, func(ctx context.Context, tx *sql.Tx) error {
-		if err := fn(context.WithValue(ctx, inWrite{}, true), tx); err != nil {
-			return &fnError{err: err}
+	return db.withWriter(ctx, func() (err error) {
+		tx, err := db.wsql.BeginTx(ctx, nil)
+		if err != nil {
+			return err
 		}
-		return nil
+		defer func() {
+			if err != nil {
+				tx.Rollback()
+			}
+		}()
+		if _, err := entstore.AdoptHistory(ctx, tx, versionTables, fsys); err != nil {
+			return err
+		}
+		return tx.Commit()
 	})
-	var fe *fnError
-	if errors.As(err, &fe) {
-		return fe.err
-	}
-	return FormatError(op, err)
 }

@@ -28,7 +28,8 @@ func FormatError(op string, err error) error {
 		return err
 	}
 	var se *domain.StoreError
-	if errors.As(err, &se) || isDomainError(err) {
+	if errors.As(err, &se) || errors.Is(err, domain.ErrConflict) || errors.Is(err, domain.ErrExpired) ||
+		errors.Is(err, domain.ErrValidation) || errors.Is(err, domain.ErrNotFound) {
 		return err
 	}
 	var re *ReplacedFileError
@@ -68,11 +69,6 @@ const (
 func SnapshotConflict(err error) bool {
 	var serr *sqlite.Error
 	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_BUSY_SNAPSHOT
-}
-
-func isDomainError(err error) bool {
-	return errors.Is(err, domain.ErrConflict) || errors.Is(err, domain.ErrExpired) ||
-		errors.Is(err, domain.ErrValidation) || errors.Is(err, domain.ErrNotFound)
 }
 
 func kindOf(err error) domain.StoreErrorKind {

@@ -8,7 +8,11 @@ import (
 	"syscall"
 )
 
-const haveFileLocks = true
+const (
+	haveFileLocks = true
+	// sideFileFlags: follow no symbolic link, and wait for no FIFO's writer.
+	sideFileFlags = syscall.O_NOFOLLOW | syscall.O_NONBLOCK
+)
 
 func lockFile(f *os.File) error {
 	for {
@@ -24,6 +28,3 @@ func tryLockFile(f *os.File) bool {
 }
 
 func unlockFile(f *os.File) { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }
-
-// sideFileFlags: follow no symbolic link, and wait for no writer of a FIFO.
-const sideFileFlags = syscall.O_NOFOLLOW | syscall.O_NONBLOCK
