@@ -17,8 +17,7 @@ import (
 )
 
 const (
-	// maxBatch bounds the writes that share one transaction, and so the
-	// wait of the callers queued behind a batch.
+	// maxBatch bounds a batch, and so the wait of the callers behind it.
 	maxBatch = 64
 	// gatherRounds bounds how often a leader yields so that callers woken
 	// by the last commit, who need its processor, queue before it claims
@@ -89,8 +88,8 @@ func (c *committer) run(ctx context.Context, kind entstore.WriteKind, body func(
 }
 
 // await waits until call is done, or its caller is to lead (true). A call
-// whose context ends while queued is withdrawn; once claimed, its change
-// may be in the transaction, so it waits for the batch's outcome.
+// whose context ends is withdrawn, unless claimed: its change may be in
+// the transaction, so it waits for the batch's outcome.
 func (c *committer) await(call *txCall) bool {
 	select {
 	case <-call.done:
@@ -317,8 +316,8 @@ type writerQueue struct {
 // again; holdBack sleeps the thread, where time.Sleep wakes 1 ms late.
 const politeDelay = 200 * time.Microsecond
 
-// lock waits for this process's turn to write, up to the busy timeout,
-// and returns the function that ends the turn.
+// lock waits for this process's turn, up to the busy timeout, and returns
+// the function that ends it.
 func (q *writerQueue) lock() (unlock func(), err error) {
 	if q.f == nil {
 		return func() {}, nil
@@ -362,8 +361,7 @@ func (q *writerQueue) lock() (unlock func(), err error) {
 	return q.unlock, nil
 }
 
-// wait makes the flock call and hands its outcome to the waiter, or, when
-// the waiter gave up, lets the lock go at once.
+// wait makes the flock call for the waiter, or lets go if it gave up.
 func (q *writerQueue) wait(granted chan error) {
 	err := lockFile(q.f)
 	q.mu.Lock()
@@ -471,10 +469,9 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (c
 	return nil, tx.Commit()
 }
 
-// runBody runs call's body with its context's values but not its
-// cancellation: the driver interrupts the connection on a cancelled
-// context, which would roll back the whole shared transaction. A panic is
-// kept for the caller, whose goroutine panics again.
+// runBody runs call's body without its context's cancellation, on which
+// the driver would interrupt the connection and roll back the whole
+// shared transaction. A panic is kept for the caller's goroutine.
 func runBody(ctx context.Context, tx *sql.Tx, call *txCall) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -510,7 +507,9 @@ const waitedBehindWrite = "it waited behind an application transaction (DB.Write
 // Write runs fn in a write transaction of its own on the lock store's
 // file, committed when fn returns nil. It queues with the store's writes
 // and every process's: a transaction on the application's own *sql.DB
-// waits in SQLite's busy handler and can starve a lock's renewals. Every lock operation waits for fn: keep it short. fn may run again when
+// waits in SQLite's busy handler and can starve a lock's renewals.
+//
+// Every lock operation waits for fn: keep it short. fn may run again when
 // the database was busy, must start from nothing, must not call the lock
 // store (with fn's context that fails at once; with another it waits until
 // that context ends), nor keep tx. fn's context has ctx's values but not

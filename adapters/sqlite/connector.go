@@ -19,8 +19,8 @@ var sqliteDriver = func() driver.Driver {
 
 // sideFileConnector opens each connection to the database at path (named
 // by sidePath) only once SQLite's side files pass checkSQLiteSideFiles:
-// SQLite opens them on every new connection, and would block for ever on
-// a FIFO planted since the store opened. The driver's hooks run too late.
+// SQLite would block for ever on a FIFO planted there since the store
+// opened, before the driver's hooks run.
 type sideFileConnector struct {
 	dsn, path string
 }

@@ -20,28 +20,21 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// migrationFiles are the migrations that migrations/diff.go writes.
-//
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
 // MigrationName is the name of the migration that creates the locks table.
 const MigrationName = "m4_001_concurrency_locks"
 
-const (
-	// maxReaders bounds the reading connections of one DB.
-	maxReaders = 4
-	// writeAttempts bounds the tries of a write that found the database busy.
-	writeAttempts = 4
-)
+// maxReaders bounds a DB's reading connections; writeAttempts the tries
+// of a write that found the database busy.
+const maxReaders, writeAttempts = 4, 4
 
 // DB is an open lock store. It is safe for concurrent use.
 type DB struct {
-	sql  *sql.DB // reads, in parallel beside a write (WAL)
-	wsql *sql.DB // writes, over one connection; nil for a read-only handle
-	// writer admits one writer of this process while the schema is
-	// migrated; afterwards every write goes through commits.
-	writer      chan struct{}
+	sql         *sql.DB       // reads, in parallel beside a write (WAL)
+	wsql        *sql.DB       // writes, over one connection; nil for a read-only handle
+	writer      chan struct{} // the one writer while migrating; then commits
 	commits     committer
 	writers     *writerQueue // the writes of every process on the file
 	checkpoints checkpointer
@@ -314,11 +307,9 @@ var versionTables = entstore.VersionTables{
 	},
 }
 
-// adoptHistory adopts, once, the history of a database that an earlier
-// version of the module migrated (entstore.AdoptHistory), in one
-// transaction that BEGIN IMMEDIATE keeps every other process out of.
+// adoptHistory adopts, once, the history an earlier version of the module
+// recorded (entstore.AdoptHistory), in one BEGIN IMMEDIATE transaction.
 func (db *DB) adoptHistory(ctx context.Context, fsys fs.FS) error {
-	// Once the module's table exists, Open needs no write lock here.
 	if ok, err := versionTables.Exists(ctx, db.sql, entstore.VersionTable); err != nil || ok {
 		return err
 	}

@@ -27,20 +27,17 @@ func FormatError(op string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	var se *domain.StoreError
-	if errors.As(err, &se) || errors.Is(err, domain.ErrConflict) || errors.Is(err, domain.ErrExpired) ||
+	if _, ok := errors.AsType[*domain.StoreError](err); ok || errors.Is(err, domain.ErrConflict) || errors.Is(err, domain.ErrExpired) ||
 		errors.Is(err, domain.ErrValidation) || errors.Is(err, domain.ErrNotFound) {
 		return err
 	}
-	var re *ReplacedFileError
-	if errors.As(err, &re) {
+	if _, ok := errors.AsType[*ReplacedFileError](err); ok {
 		// Permanent: no retry can reach the file by its name again.
 		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Permanent: true,
 			Advice: "close the store and open the store again by the database's name as it is now, " +
 				"in every process that had it open, and move a lock database only while no process has it open"}
 	}
-	var sfe *SideFileError
-	if errors.As(err, &sfe) {
+	if sfe, ok := errors.AsType[*SideFileError](err); ok {
 		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: sfe.advice()}
 	}
 	if isHotJournal(err) {
@@ -75,8 +72,7 @@ func kindOf(err error) domain.StoreErrorKind {
 	if errors.Is(err, errWritersBusy) {
 		return domain.StoreBusy
 	}
-	var serr *sqlite.Error
-	if errors.As(err, &serr) {
+	if serr, ok := errors.AsType[*sqlite.Error](err); ok {
 		switch serr.Code() & 0xff {
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
 			return domain.StoreBusy

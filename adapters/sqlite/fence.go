@@ -16,10 +16,9 @@ import (
 // transaction q (entstore.CheckFence): that f's lock is held and active at
 // now, kept from changing hands until q ends.
 //
-// It is an UPDATE of the lock row that changes nothing: it takes the
-// write lock until q ends, and every change of hands is a write. A
-// deferred transaction with an older snapshot fails (SQLITE_BUSY) rather
-// than pass on what it read. Keep q short: every lock operation waits.
+// It is an UPDATE of the lock row that changes nothing but takes the write
+// lock until q ends, which every change of hands needs. A deferred
+// transaction with an older snapshot fails (SQLITE_BUSY). Keep q short.
 //
 // Errors: those of entstore.CheckFence.
 func CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time) error {

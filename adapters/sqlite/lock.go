@@ -14,11 +14,9 @@ import (
 )
 
 // LockRepository is the lock store on SQLite: the shared store, which also
-// acquires a free resource in one statement (application.OneStatement), an
-// insert that the unique index refuses when the resource has a row, and
-// leaves every other case to Update. That insert needs no savepoint in a
-// shared transaction, where Update's read and insert need one: one
-// statement where Update takes four.
+// acquires a free resource in one statement (application.OneStatement),
+// where Update needs four in a shared transaction (a savepoint around a
+// read and an insert). Every other case is left to Update.
 type LockRepository struct {
 	*entstore.Store
 	insertFree *sql.Stmt // nil on a store opened for inspection
