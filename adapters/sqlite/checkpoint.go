@@ -18,8 +18,8 @@ const (
 	checkpointAfter = 512
 	// walSizeLimit is what a WAL that a purge grew is cut back to.
 	walSizeLimit = 16 << 20
-	// catchUpRounds bounds the rounds of one catch-up; finishFrames is the
-	// most frames its last round may leave to the writer.
+	// catchUpRounds bounds a catch-up; finishFrames is the most frames it
+	// may leave to the writer.
 	catchUpRounds = 8
 	finishFrames  = 256
 	// purgeQuiet is how many other writes must follow a purge's last
@@ -105,7 +105,7 @@ func (c *checkpointer) wrote(batch []*txCall) {
 	}
 	purging := c.sincePurge < purgeQuiet
 	c.writes, c.running = 0, true
-	c.limitDue.Store(true) // the catch-up may copy every frame: the next write may cut the WAL back
+	c.limitDue.Store(true) // the catch-up may copy every frame, and the next write cut the WAL
 	c.wg.Go(func() {
 		after := c.catchUp(purging)
 		c.mu.Lock()

@@ -104,12 +104,7 @@ func (c *committer) await(call *txCall) bool {
 		<-call.done
 		return false
 	}
-	for i, q := range c.queue {
-		if q == call {
-			c.queue = append(c.queue[:i], c.queue[i+1:]...)
-			break
-		}
-	}
+	c.queue = slices.DeleteFunc(c.queue, func(q *txCall) bool { return q == call })
 	call.err = call.ctx.Err()
 	if c.appTx {
 		call.err = fmt.Errorf("%w: %s", call.err, waitedBehindWrite)
@@ -141,9 +136,8 @@ func (c *committer) passLead() {
 		c.leading = false
 		return
 	}
-	head := c.queue[0]
-	head.leads = true
-	close(head.lead)
+	c.queue[0].leads = true
+	close(c.queue[0].lead)
 }
 
 // aloneWithOneStatement reports whether the next batch is one statement:
@@ -193,9 +187,8 @@ func (c *committer) claim() []*txCall {
 			break
 		}
 	}
-	batch := make([]*txCall, n)
-	copy(batch, c.queue)
-	c.queue = append(c.queue[:0], c.queue[n:]...)
+	batch := slices.Clone(c.queue[:n])
+	c.queue = slices.Delete(c.queue, 0, n)
 	for _, call := range batch {
 		call.claimed = true
 	}

@@ -33,7 +33,6 @@ func (c sideFileConnector) Connect(context.Context) (driver.Conn, error) {
 	return sqliteDriver.Open(c.dsn)
 }
 
-// Driver returns the sqlite driver.
 func (c sideFileConnector) Driver() driver.Driver { return sqliteDriver }
 
 // openPool returns a pool of sideFileConnector's connections.

@@ -200,14 +200,11 @@ func (db *DB) Close() error {
 	return FormatError("close lock store", err)
 }
 
-// migrate applies the pending migrations (in entstore.VersionTable), after
-// adopting an earlier version's history. Of processes that race to apply
-// a migration, the loser sees an error, then nothing pending.
+// migrate applies the pending migrations, after adopting an earlier
+// version's history. A process that loses a race to apply one sees an
+// error, then nothing pending.
 func (db *DB) migrate(ctx context.Context, op string) error {
-	fsys, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return &domain.StoreError{Op: op, Err: err}
-	}
+	fsys, _ := fs.Sub(migrationFiles, "migrations") // fails only for an invalid path
 	p, err := goose.NewProvider(goose.DialectSQLite3, db.wsql, fsys, goose.WithTableName(entstore.VersionTable))
 	if err != nil {
 		return &domain.StoreError{Op: op, Err: err}
@@ -239,8 +236,8 @@ func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 }
 
 // openWriterQueue opens the side file read-only (all flock needs), created
-// with the database's permissions so that all who may write may queue.
-// One this process may not open only costs the queue.
+// with the database's permissions so that all who may write may queue;
+// one this process may not open only costs the queue.
 func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
 	q := &writerQueue{timeout: timeout}
 	if !haveFileLocks || path == "" {

@@ -61,8 +61,7 @@ const (
 
 // SnapshotConflict reports whether err is SQLite's refusal of a write by a
 // deferred transaction whose snapshot is out of date (SQLITE_BUSY_SNAPSHOT),
-// such as a fence checked after the transaction read; whether the lock is
-// held can then be read only outside it (Container.CheckFence does).
+// such as a fence checked after the transaction read.
 func SnapshotConflict(err error) bool {
 	var serr *sqlite.Error
 	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_BUSY_SNAPSHOT
@@ -105,8 +104,7 @@ func isDuplicate(err error) bool {
 	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE
 }
 
-// isBusy reports whether err means another connection held the write lock
-// for longer than the busy timeout.
+// isBusy: another connection held the write lock past the busy timeout.
 func isBusy(err error) bool { return err != nil && kindOf(err) == domain.StoreBusy }
 
 // formatError is FormatError for the store's own operations. SQLITE_FULL

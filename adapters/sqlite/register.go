@@ -42,14 +42,12 @@ func (s *store) Clock() application.Clock               { return s.clock }
 func (s *store) Wakeups() application.Wakeups           { return s.db.Wakeups() }
 func (s *store) Close(context.Context) error            { return s.db.Close() }
 
-// Writer is DB.Write: an application's writes join the store's queue, in
-// this process and across processes, so they cannot starve its renewals.
+// Writer is DB.Write, which queues with the store's writes.
 func (s *store) Writer() func(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
 	return s.db.Write
 }
 
-// CheckFence checks f in q (see CheckFence); a deferred transaction that
-// read first is told whether the lock, read outside it, is held.
+// CheckFence checks f in q (CheckFence), explaining a stale snapshot.
 func (s *store) CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time, read backend.ReadLock) error {
 	err := CheckFence(ctx, q, f, now)
 	switch {
