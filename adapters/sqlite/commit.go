@@ -19,9 +19,8 @@ import (
 const (
 	// maxBatch bounds a batch, and so the wait of the callers behind it.
 	maxBatch = 64
-	// gatherRounds bounds how often a leader yields so that callers woken
-	// by the last commit, who need its processor, queue before it claims
-	// a batch (32 callers: batches of about 6 writes without, 12 with).
+	// gatherRounds bounds the yields that let callers woken by the last
+	// commit queue before the leader claims (32 callers: batches of 6 → 12).
 	gatherRounds = 8
 	// transaction is the kind of an application's Write, which runs alone.
 	transaction entstore.WriteKind = -1
@@ -289,8 +288,7 @@ var errWritersBusy = errors.New("another process kept the lock store's writer lo
 // writerQueue queues the write transactions of every process on one
 // database file with a flock of "<database>-lock", held from before BEGIN
 // to after COMMIT: the kernel wakes a flock waiter at once, where SQLite's
-// busy handler sleeps up to 100 ms and keeps missing turns. SQLite's lock
-// still decides who writes, so a process without the queue stays safe.
+// busy handler sleeps up to 100 ms. SQLite's lock still decides who writes.
 // flock cannot time out: a call that gave up leaves it running, for the
 // next lock call to take over, or to be let go once granted.
 type writerQueue struct {
