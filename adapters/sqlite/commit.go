@@ -5,67 +5,44 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"runtime"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/cleveragents/locks/adapters/entstore"
+	"github.com/cleveragents/locks/domain"
 )
 
-// maxBatch bounds the writes that share one transaction. A batch holds the
-// write lock for all its bodies, a few microseconds each; the bound keeps
-// the wait of the callers queued behind it short.
-const maxBatch = 64
+const (
+	// maxBatch bounds a batch, and so the wait of the callers behind it.
+	maxBatch = 64
+	// gatherRounds bounds the yields that let callers woken by the last
+	// commit queue before the leader claims (32 callers: batches of 6 → 12).
+	gatherRounds = 8
+	// transaction is the kind of an application's Write, which runs alone.
+	transaction entstore.WriteKind = -1
+)
 
-// gatherRounds bounds how often a leader yields to let callers that are
-// ready to run queue their writes before it claims a batch. On two cores
-// the callers woken by the last commit need the processor the leader is
-// on; without yielding, batches of 32 callers held about 6 writes, with
-// it about 12, at a cost of one yield to a lone caller.
-const gatherRounds = 8
+// runsAlone reports whether a write of kind k is never batched with others.
+func runsAlone(k entstore.WriteKind) bool { return k == entstore.Cleanup || k == transaction }
 
-// committer runs the writes of one DB with group commit: the write calls
-// that arrive while a transaction is under way wait, and then share the
-// next transaction, and its commit, which is most of a write's cost (the
-// BEGIN IMMEDIATE, the WAL frames and the commit record). A lone call
-// runs at once in a transaction of its own, with nothing added.
-//
-// There is no writer goroutine: the caller at the head of the queue leads,
-// runs batches until its own call is done, then hands the lead to the next
-// caller queued. In a shared transaction each body of several statements
-// runs in a savepoint, so that a refusal, a failure or a panic undoes only
-// that body's changes; every call of a batch returns after its COMMIT, so
-// that no caller is told of a token that is not committed.
+// committer runs the writes of one DB with group commit: the writes that
+// arrive while a transaction is under way share the next one and its
+// commit. The caller at the head of the queue leads, runs batches until
+// its own call is done, then hands the lead on. Every call returns after
+// its batch's COMMIT: no caller is told of a token not committed.
 type committer struct {
 	db         *DB
 	savepoints *savepoints
 
 	mu      sync.Mutex
-	queue   []*txCall // calls not yet taken into a batch, in arrival order
-	leading bool      // a caller is running batches
-	// appTx is set while the batch under way is an application's
-	// transaction (Write): a write whose context ends while it waits
-	// behind one says so (see await).
-	appTx bool
-	stats WriteStats
-}
-
-// WriteStats counts the writes of a DB since it opened.
-type WriteStats struct {
-	// Transactions is how many transactions the writes ran in (a write
-	// of one statement that ran alone counts as one).
-	Transactions int64
-	// Writes is how many writes ran: Writes/Transactions is the average
-	// batch.
-	Writes int64
-	// Shared is how many writes shared their transaction with others.
-	Shared int64
-}
-
-// WriteStats returns the counts of db's writes so far.
-func (db *DB) WriteStats() WriteStats {
-	db.commits.mu.Lock()
-	defer db.commits.mu.Unlock()
-	return db.commits.stats
+	queue   []*txCall // not yet claimed, in arrival order
+	leading bool
+	appTx   bool // the batch under way is an application's Write (see await)
+	stats   WriteStats
 }
 
 // txCall is one write waiting for, or taken into, a batch.
@@ -79,11 +56,8 @@ type txCall struct {
 	panicked bool
 	panicVal any
 
-	done chan struct{} // closed when the outcome is final
-	lead chan struct{} // closed when the caller is to lead
-
-	claimed bool // taken into a batch (under committer.mu)
-	leads   bool // lead was closed (under committer.mu)
+	done, lead     chan struct{} // closed: the outcome is final; the caller is to lead
+	claimed, leads bool          // under committer.mu; leads: lead was closed
 }
 
 // errBodyPanicked marks a body that panicked; its caller panics again.
@@ -112,10 +86,9 @@ func (c *committer) run(ctx context.Context, kind entstore.WriteKind, body func(
 	return call.err
 }
 
-// await waits until call is done, or its caller is to lead (true). A
-// caller whose context ends while its call is still queued withdraws it;
-// once the call is in a batch, it waits for the batch's outcome, since
-// its change may already be part of the transaction.
+// await waits until call is done, or its caller is to lead (true). A call
+// whose context ends is withdrawn, unless claimed: its change may be in
+// the transaction, so it waits for the batch's outcome.
 func (c *committer) await(call *txCall) bool {
 	select {
 	case <-call.done:
@@ -130,12 +103,7 @@ func (c *committer) await(call *txCall) bool {
 		<-call.done
 		return false
 	}
-	for i, q := range c.queue {
-		if q == call {
-			c.queue = append(c.queue[:i], c.queue[i+1:]...)
-			break
-		}
-	}
+	c.queue = slices.DeleteFunc(c.queue, func(q *txCall) bool { return q == call })
 	call.err = call.ctx.Err()
 	if c.appTx {
 		call.err = fmt.Errorf("%w: %s", call.err, waitedBehindWrite)
@@ -147,8 +115,7 @@ func (c *committer) await(call *txCall) bool {
 	return false
 }
 
-// leadUntilDone runs batches until call's own is done, then hands the lead
-// on. call is queued, so one of the batches takes it.
+// leadUntilDone runs batches until one has claimed call, then passes the lead.
 func (c *committer) leadUntilDone(call *txCall) {
 	for {
 		c.runBatch()
@@ -162,21 +129,18 @@ func (c *committer) leadUntilDone(call *txCall) {
 	}
 }
 
-// passLead makes the caller at the head of the queue the leader, or
-// records that nobody leads. c.mu must be held.
+// passLead makes the head of the queue the leader, if any. c.mu must be held.
 func (c *committer) passLead() {
 	if len(c.queue) == 0 {
 		c.leading = false
 		return
 	}
-	head := c.queue[0]
-	head.leads = true
-	close(head.lead)
+	c.queue[0].leads = true
+	close(c.queue[0].lead)
 }
 
-// aloneWithOneStatement reports whether the next batch is a single call
-// of one statement: the only call queued, or a purge's write, which runs
-// alone (see claim).
+// aloneWithOneStatement reports whether the next batch is one statement:
+// the only call queued, or a purge's.
 func (c *committer) aloneWithOneStatement() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -187,8 +151,7 @@ func (c *committer) aloneWithOneStatement() bool {
 	return kind == entstore.Cleanup || len(c.queue) == 1 && kind == entstore.OneStatement
 }
 
-// gather lets the callers that are ready to run queue their writes before
-// the batch is claimed, for as long as more keep coming.
+// gather lets ready callers queue their writes, while more keep coming.
 func (c *committer) gather() {
 	last := c.queued()
 	for range gatherRounds {
@@ -207,13 +170,9 @@ func (c *committer) queued() int {
 	return len(c.queue)
 }
 
-// claim takes the next batch off the queue: the calls at its head, up to
-// maxBatch, but never a purge's write (entstore.Cleanup), nor an
-// application's transaction (Write), with others. A
-// purge's statement holds the write lock for a millisecond or more, far
-// longer than an acquire or a release, and every call of a batch waits
-// for the batch's commit: in the same batch as the writes queued ahead
-// of it, it would make them wait for a statement that came after them.
+// claim takes the next batch off the queue: up to maxBatch calls from its
+// head, but a purge's write (which holds the write lock for a millisecond
+// or more) or an application's transaction alone.
 func (c *committer) claim() []*txCall {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -227,9 +186,8 @@ func (c *committer) claim() []*txCall {
 			break
 		}
 	}
-	batch := make([]*txCall, n)
-	copy(batch, c.queue)
-	c.queue = append(c.queue[:0], c.queue[n:]...)
+	batch := slices.Clone(c.queue[:n])
+	c.queue = slices.Delete(c.queue, 0, n)
 	for _, call := range batch {
 		call.claimed = true
 	}
@@ -245,17 +203,11 @@ func (c *committer) claim() []*txCall {
 }
 
 // runBatch runs one batch in one transaction and publishes the outcomes.
-// The batch is claimed only once the transaction has begun (and so holds
-// the write lock), so that callers can withdraw while it waits for
-// another process.
-//
-// Every run of the batch starts from nothing: each call's outcome is
-// cleared and its body decided again. A busy database is retried as a
-// whole batch, like a single write. A call whose own failure ended the
-// transaction (its statement failed, and SQLite may have rolled back
-// everything with it, as on a full disk) keeps its error, and the others
-// run again without it, in a new transaction: none of them fails for
-// another's reason, and none is told of a change that was rolled back.
+// The batch is claimed only once the transaction holds the write lock, so
+// that callers can withdraw while it waits for another process. A busy
+// database retries the whole batch. A call whose own failure ended the
+// transaction (as on a full disk) keeps its error, and the others run
+// again without it: none is told of a change that was rolled back.
 func (c *committer) runBatch() {
 	c.db.checkpoints.finish(c.db.wsql)
 	var (
@@ -283,8 +235,7 @@ func (c *committer) runBatch() {
 				take(c.claim())
 			}
 			if len(run) == 1 && (run[0].kind == entstore.OneStatement || run[0].kind == entstore.Cleanup) {
-				// A statement is a transaction by itself.
-				call := run[0]
+				call := run[0] // a statement is a transaction by itself
 				if call.err = call.ctx.Err(); call.err == nil {
 					call.err = runBody(ctx, nil, call)
 				}
@@ -308,7 +259,7 @@ func (c *committer) runBatch() {
 			take(c.claim()) // nothing began: each call learns why
 		}
 		if err != nil && culprit != nil && !isBusy(err) {
-			run = without(run, culprit)
+			run = slices.DeleteFunc(slices.Clone(run), func(c *txCall) bool { return c == culprit })
 			if len(run) > 0 {
 				continue
 			}
@@ -331,64 +282,126 @@ func (c *committer) runBatch() {
 	}
 }
 
-// without returns calls without call, in a new slice.
-func without(calls []*txCall, call *txCall) []*txCall {
-	out := make([]*txCall, 0, len(calls))
-	for _, c := range calls {
-		if c != call {
-			out = append(out, c)
-		}
-	}
-	return out
+// errWritersBusy: another process kept the writer lock past the busy timeout.
+var errWritersBusy = errors.New("another process kept the lock store's writer lock for longer than the busy timeout")
+
+// writerQueue queues the write transactions of every process on one
+// database file with a flock of "<database>-lock", held from before BEGIN
+// to after COMMIT: the kernel wakes a flock waiter at once, where SQLite's
+// busy handler sleeps up to 100 ms. SQLite's lock still decides who writes.
+// flock cannot time out: a call that gave up leaves it running, for the
+// next lock call to take over, or to be let go once granted.
+type writerQueue struct {
+	f       *os.File // nil where file locks are not available
+	timeout time.Duration
+	waited  bool // the last turn had to wait (used by the leader alone)
+
+	mu        sync.Mutex
+	granted   chan error // outcome of the flock call in flight, or nil
+	abandoned bool       // whoever waited for that call gave up
+	closed    bool       // the file is closed: its descriptor may be reused
 }
 
-// savepoints are the statements that make each body of a shared
-// transaction atomic on its own, prepared once on the writing connection.
+// politeDelay is how long a process whose last turn had to wait holds back,
+// so that the process the kernel woke is not beaten to the lock again and
+// again; holdBack sleeps the thread, where time.Sleep wakes 1 ms late.
+const politeDelay = 200 * time.Microsecond
+
+// lock waits for this process's turn, up to the busy timeout, and returns
+// the function that ends it.
+func (q *writerQueue) lock() (unlock func(), err error) {
+	if q.f == nil {
+		return func() {}, nil
+	}
+	if q.waited {
+		holdBack(politeDelay)
+	}
+	q.mu.Lock()
+	granted := q.granted
+	if granted == nil && tryLockFile(q.f) {
+		q.mu.Unlock()
+		q.waited = false
+		return q.unlock, nil
+	}
+	q.waited = true
+	if granted == nil {
+		granted = make(chan error, 1)
+		q.granted = granted
+		go q.wait(granted)
+	}
+	q.abandoned = false
+	q.mu.Unlock()
+
+	t := time.NewTimer(q.timeout)
+	defer t.Stop()
+	select {
+	case err = <-granted:
+	case <-t.C:
+		q.mu.Lock()
+		select {
+		case err = <-granted: // granted as the timer fired
+		default:
+			q.abandoned = true
+			err = errWritersBusy
+		}
+		q.mu.Unlock()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return q.unlock, nil
+}
+
+// wait makes the flock call for the waiter, or lets go if it gave up.
+func (q *writerQueue) wait(granted chan error) {
+	err := lockFile(q.f)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.granted = nil
+	if q.abandoned || q.closed {
+		q.abandoned = false
+		if err == nil && !q.closed {
+			unlockFile(q.f)
+		}
+		return
+	}
+	granted <- err
+}
+
+func (q *writerQueue) unlock() { unlockFile(q.f) }
+
+// checkFile refuses to write once the store's name no longer names the
+// file it opened (ReplacedFileError). A second name does not stop a
+// running store: a backup by hard links (cp -al) must not.
+func (db *DB) checkFile() error {
+	fi, err := os.Stat(db.abs)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return &ReplacedFileError{Path: db.path, Removed: true}
+	case err != nil:
+		return nil // not this check's to judge: SQLite reports what it meets
+	case !os.SameFile(fi, db.file):
+		return &ReplacedFileError{Path: db.path}
+	}
+	return nil
+}
+
+// savepoints make each body of a shared transaction atomic on its own.
 type savepoints struct {
 	begin, release, rollback *sql.Stmt
 }
 
-func prepareSavepoints(ctx context.Context, db *sql.DB) (*savepoints, error) {
-	var sp savepoints
-	var err error
-	for _, p := range []struct {
-		st    **sql.Stmt
-		query string
-	}{{&sp.begin, "SAVEPOINT write"}, {&sp.release, "RELEASE write"}, {&sp.rollback, "ROLLBACK TO write"}} {
-		if *p.st, err = db.PrepareContext(ctx, p.query); err != nil {
-			sp.close()
-			return nil, err
-		}
-	}
-	return &sp, nil
-}
-
-func (sp *savepoints) close() {
-	for _, st := range []*sql.Stmt{sp.begin, sp.release, sp.rollback} {
-		if st != nil {
-			st.Close()
-		}
-	}
-}
-
-// exec runs one of the savepoint statements in tx.
 func (sp *savepoints) exec(ctx context.Context, tx *sql.Tx, st *sql.Stmt) error {
 	_, err := tx.StmtContext(ctx, st).ExecContext(ctx)
 	return err
 }
 
-// apply runs the batch's bodies in tx and commits what succeeded. It
-// returns an error only when the transaction as a whole failed; each
-// call's own outcome is in call.err. When the transaction failed because
-// of one call (its body or its savepoint), apply returns that call too.
-//
-// When the batch has several bodies, each body of several statements runs
-// in a savepoint, so that a refusal or a failure undoes only its own
-// changes. A body of one statement needs none: a statement that fails
-// changes nothing. But a failing statement can also mean that SQLite
-// ended the transaction (a full disk, an I/O error), after which nothing
-// of the batch stands, so it fails the transaction, and the caller runs
-// the others again without it.
+// apply runs the batch's bodies in tx and commits what succeeded; each
+// call's outcome is in call.err. It returns an error only when the whole
+// transaction failed, with the call that failed it, if one did. In a
+// shared transaction a body of several statements runs in a savepoint; a
+// failed statement changes nothing, but may mean SQLite ended the
+// transaction (full disk, I/O error): it fails it, and the others run again.
 func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (culprit *txCall, err error) {
 	committed := false
 	defer func() {
@@ -413,10 +426,9 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (c
 		}
 		call.err = runBody(ctx, tx, call)
 		if call.err == nil && call.ctx.Err() != nil && (savepoint || !shared) {
-			// The caller gave up while its body ran: it will be told so,
-			// so its change must not stay. (A statement run without a
-			// savepoint cannot be undone alone; it stands, and its caller
-			// learns that it succeeded.)
+			// The caller gave up while its body ran: its change must not
+			// stay. (One statement without a savepoint cannot be undone
+			// alone: it stands, and its caller learns that it succeeded.)
 			call.err = call.ctx.Err()
 		}
 		switch {
@@ -426,8 +438,7 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (c
 			return call, call.err
 		case call.err != nil:
 			if err := sp.exec(ctx, tx, sp.rollback); err != nil {
-				// SQLite ended the transaction itself: nothing of the
-				// batch stands.
+				// SQLite ended the transaction itself: nothing stands.
 				call.err = errors.Join(call.err, err)
 				return call, call.err
 			}
@@ -449,10 +460,9 @@ func (sp *savepoints) apply(ctx context.Context, tx *sql.Tx, batch []*txCall) (c
 	return nil, tx.Commit()
 }
 
-// runBody runs call's body with its context's values but not its
-// cancellation: the driver answers a cancelled context by interrupting the
-// connection, which would roll back the whole shared transaction. A panic
-// is kept for the caller, whose goroutine panics again.
+// runBody runs call's body without its context's cancellation, on which
+// the driver would interrupt the connection and roll back the whole
+// shared transaction. A panic is kept for the caller's goroutine.
 func runBody(ctx context.Context, tx *sql.Tx, call *txCall) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -461,4 +471,63 @@ func runBody(ctx context.Context, tx *sql.Tx, call *txCall) (err error) {
 		}
 	}()
 	return call.body(context.WithoutCancel(call.ctx), tx)
+}
+
+// inWrite marks the context that Write passes to its function; fnError
+// carries that function's error through the queue as it is.
+type (
+	inWrite struct{}
+	fnError struct{ err error }
+)
+
+func (e *fnError) Error() string { return e.err.Error() }
+
+// errNestedWrite refuses a write from inside Write's function, which would
+// wait for its own transaction.
+var errNestedWrite = errors.New("a write of the lock store was called from inside DB.Write's function, " +
+	"with its context, and would wait for that function's own transaction: " +
+	"take and release locks before or after the Write, and do the transaction's writes through its tx")
+
+// waitedBehindWrite explains a store write that gave up behind Write: it
+// may have been called from Write's function with another context.
+const waitedBehindWrite = "it waited behind an application transaction (DB.Write, Container.Write) that was still running: " +
+	"if this call was made from inside that Write's function, it was waiting for the function's own transaction, " +
+	"which cannot commit until the call returns: take and release locks before or after the Write " +
+	"(or pass the function's own context, and such a call is refused at once)"
+
+// Write runs fn in a write transaction of its own on the lock store's
+// file, committed when fn returns nil. It queues with the store's writes
+// and every process's: a transaction on the application's own *sql.DB
+// waits in SQLite's busy handler and can starve a lock's renewals.
+//
+// Every lock operation waits for fn: keep it short. fn may run again when
+// the database was busy, must start from nothing, must not call the lock
+// store (with fn's context that fails at once; with another it waits until
+// that context ends), nor keep tx. fn's context has ctx's values but not
+// its cancellation: when ctx ends while fn runs, fn's changes are undone.
+//
+// Errors: fn's own, as it returned it; the context's when ctx ends before
+// the commit (the changes are undone); a *domain.StoreError when the
+// transaction fails (StoreBusy, StoreFull, StoreReadOnly for a store
+// opened by OpenReadOnly, ...).
+func (db *DB) Write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	const op = "application write"
+	if db.wsql == nil {
+		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly,
+			Err: errors.New("the lock store was opened read-only (OpenReadOnly)")}
+	}
+	if ctx.Value(inWrite{}) != nil {
+		return &domain.StoreError{Op: op, Kind: domain.StoreInternal, Err: errNestedWrite}
+	}
+	err := db.commits.run(ctx, transaction, func(ctx context.Context, tx *sql.Tx) error {
+		if err := fn(context.WithValue(ctx, inWrite{}, true), tx); err != nil {
+			return &fnError{err: err}
+		}
+		return nil
+	})
+	var fe *fnError
+	if errors.As(err, &fe) {
+		return fe.err
+	}
+	return FormatError(op, err)
 }

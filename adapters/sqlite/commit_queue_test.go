@@ -29,7 +29,7 @@ import (
 // never told of the token its first run drew.
 //
 // The other writer takes its turn through the processes' writer queue
-// (the side file's flock, writers.go), as another process of the module
+// (the side file's flock, commit.go), as another process of the module
 // does: it asks while the batch's first run holds the turn, and gets it
 // when that run ends, before the retry, which waits for it.
 func TestGroupCommit_RetriedBatchMeetsAnotherWriter(t *testing.T) {

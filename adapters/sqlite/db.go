@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"embed"
 	"errors"
 	"io/fs"
@@ -12,6 +13,7 @@ import (
 
 	"entgo.io/ent/dialect"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/cleveragents/locks/adapters/entstore"
@@ -19,48 +21,28 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// migrationFiles are the versioned migrations, written by
-// migrations/diff.go from the Ent schema and applied with goose.
-//
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
 // MigrationName is the name of the migration that creates the locks table.
 const MigrationName = "m4_001_concurrency_locks"
 
-// maxReaders bounds the reading connections of one DB.
-const maxReaders = 4
-
-// writeAttempts bounds how often a write that found the database busy
-// (after SQLite's own busy timeout) is tried in all.
-const writeAttempts = 4
+// maxReaders bounds a DB's reading connections; writeAttempts the tries
+// of a write that found the database busy.
+const maxReaders, writeAttempts = 4, 4
 
 // DB is an open lock store. It is safe for concurrent use.
 type DB struct {
-	// sql serves reads, in parallel (WAL lets readers proceed while a
-	// write is in progress).
-	sql *sql.DB
-	// wsql serves writes, over one connection: writers of this process
-	// queue for it in order, and never wait behind readers for a
-	// connection. Nil for a read-only handle.
-	wsql *sql.DB
-	// writer admits one writer at a time from this process while the
-	// schema is migrated; afterwards every write goes through commits.
-	writer chan struct{}
-	// commits runs the store's writes, with group commit.
-	commits committer
-	// writers queues the writes of every process on the file.
-	writers *writerQueue
-	// checkpoints copies the WAL back into the file, away from writes.
+	sql         *sql.DB       // reads, in parallel beside a write (WAL)
+	wsql        *sql.DB       // writes, over one connection; nil for a read-only handle
+	writer      chan struct{} // the one writer while migrating; then commits
+	commits     committer
+	writers     *writerQueue // the writes of every process on the file
 	checkpoints checkpointer
-	// wake carries wake-ups to and from the other processes on the file;
-	// nil where it cannot (see wakeFile).
-	wake *wakeFile
-	path string
+	wake        *wakeFile // nil where wake-ups cannot cross processes
+	path        string
 	// file is the database file as Open found it, which every write
-	// checks that abs still names (checkFile); nil for a read-only
-	// handle. abs is path made absolute at Open, as SQLite resolves it
-	// then: a later chdir changes neither.
+	// checks abs (path made absolute at Open) still names (checkFile).
 	file  os.FileInfo
 	abs   string
 	store *LockRepository
@@ -74,10 +56,8 @@ type Options struct {
 }
 
 // Open opens (creating it if needed) the database at pathOrURI, applies the
-// pending migrations and returns the store.
-//
-// A file it refuses is left as it was: every refusal is decided by
-// reading only, before the first write.
+// pending migrations and returns the store. A file it refuses is left as
+// it was: every refusal is decided before the first write.
 //
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
 // no file, such as an in-memory database; a *domain.StoreError whose kind
@@ -96,18 +76,13 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		return nil, err // a *domain.ValidationError, before anything is created
 	}
 	path := filePath(dsn)
-	if readOnlyMode(dsn) {
-		return nil, readOnlyModeError("open lock store "+path, dsn) // before anything is created
-	}
 	op := "open lock store " + path
-	// Every connection, and every side file, names the file that path
-	// names now: connections are opened as they are needed, and a
-	// relative path would lead elsewhere after a chdir, or a symbolic
-	// link once it is changed.
+	if readOnlyMode(dsn) {
+		return nil, readOnlyModeError(op, dsn) // before anything is created
+	}
+	// Connections and side files name the file path names now, whatever
+	// a later chdir; a planted side file is refused before anything is made.
 	real := sidePath(path)
-	// A side file planted by someone else, SQLite's own included, is
-	// refused before anything is created (openSideFile checks the store's
-	// again, on the file it opens; each new connection SQLite's).
 	if err := checkSideFiles(real); err != nil {
 		return nil, FormatError(op, err)
 	}
@@ -126,25 +101,18 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 		return nil, FormatError(op, err)
 	}
 	dsn = withPath(dsn, real)
-	// Refuse a store this process cannot write before SQLite opens it:
-	// SQLite would open it read-only, leave -wal and -shm files behind, and
-	// fail only at the first write.
+	// SQLite would open a file this process cannot write read-only, leave
+	// -wal and -shm behind, and fail only at the first write.
 	if err := CheckWritable(dsn); err != nil {
 		return nil, err
 	}
-	// Every other reason to refuse the file is found before the first
-	// write: the journal switch to WAL that the store's connections make.
+	// Every other refusal comes before the first write: the switch to WAL.
 	if err := preflight(ctx, op, dsn, real); err != nil {
 		return nil, err
 	}
-	// Each connection checks SQLite's side files before SQLite opens them
-	// (sideFileConnector).
 	rdb := openPool(dsn, real)
-	// The writer leaves checkpoints to the checkpointer (checkpoint.go).
-	wdb := openPool(dsn+"&_pragma=wal_autocheckpoint(0)&_pragma="+walSizePragma, real)
-	// Connections are cheap to keep and costly to open (each runs the
-	// pragmas), so keep every one that is opened, and open few: more
-	// readers would only contend for the two cores we plan for.
+	wdb := openPool(dsn+"&_pragma=wal_autocheckpoint(0)&_pragma="+walSizePragma, real) // checkpointer's job
+	// Connections are costly to open (the pragmas): keep all, open few.
 	rdb.SetMaxOpenConns(maxReaders)
 	rdb.SetMaxIdleConns(maxReaders)
 	wdb.SetMaxOpenConns(1)
@@ -152,56 +120,95 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path, file: file, abs: abs}
 	db.commits.db = db
 	db.checkpoints.init(rdb, real+"-wal")
+	fail := func(err error) (*DB, error) { db.Close(); return nil, err }
 	if err := db.migrate(ctx, "migrate lock store "+path); err != nil {
-		db.Close()
-		return nil, err
+		return fail(err)
 	}
-	// The side file comes only once the file has proved to be a lock
-	// store: opening anything else leaves nothing beside it.
+	// The side file comes only once the file proved to be a lock store.
 	if db.writers, err = openWriterQueue(real, busyTimeout(dsn)); err != nil {
-		db.Close()
-		return nil, FormatError(op, err)
+		return fail(FormatError(op, err))
 	}
 	if db.wake, err = openWakeFile(real); err != nil {
-		db.Close()
-		return nil, FormatError(op, err)
+		return fail(FormatError(op, err))
 	}
 	if db.commits.savepoints, err = prepareSavepoints(ctx, wdb); err != nil {
-		db.Close()
-		return nil, FormatError("open lock store "+path, err)
+		return fail(FormatError(op, err))
 	}
 	store, err := entstore.New(ctx, rdb, wdb, db.backend())
 	if err != nil {
-		db.Close()
-		return nil, err
+		return fail(err)
 	}
 	if db.store, err = newLockRepository(ctx, store, db); err != nil {
 		store.Close()
-		db.Close()
-		return nil, err
+		return fail(err)
 	}
 	return db, nil
+}
+
+// sqliteDriver is the driver registered as "sqlite", with the
+// application's functions and hooks.
+var sqliteDriver = func() driver.Driver {
+	db, err := sql.Open("sqlite", "")
+	if err != nil {
+		panic("the sqlite driver is not registered: " + err.Error())
+	}
+	defer db.Close()
+	return db.Driver()
+}()
+
+// sideFileConnector opens each connection to the database at path (named
+// by sidePath) only once SQLite's side files pass checkSQLiteSideFiles:
+// SQLite would block for ever on a FIFO planted there since the store
+// opened, before the driver's hooks run.
+type sideFileConnector struct {
+	dsn, path string
+}
+
+// Connect checks the side files, then opens a connection.
+func (c sideFileConnector) Connect(context.Context) (driver.Conn, error) {
+	if err := checkSQLiteSideFiles(c.path); err != nil {
+		return nil, err
+	}
+	return sqliteDriver.Open(c.dsn)
+}
+
+func (c sideFileConnector) Driver() driver.Driver { return sqliteDriver }
+
+// openPool returns a pool of sideFileConnector's connections.
+func openPool(dsn, path string) *sql.DB {
+	return sql.OpenDB(sideFileConnector{dsn: dsn, path: path})
 }
 
 // NewLockRepository returns the lock repository of db.
 func NewLockRepository(db *DB) *LockRepository { return db.store }
 
-// backend is what SQLite brings to the shared store: group commit behind
-// a queue of the processes' writers, and its errors. No per-resource lock
-// is needed: BEGIN IMMEDIATE already keeps every other writer out.
+// backend is what SQLite brings to the shared store: group commit, and its
+// errors. BEGIN IMMEDIATE keeps other writers out: no per-resource lock.
 func (db *DB) backend() entstore.Backend {
 	return entstore.Backend{Dialect: dialect.SQLite, WriteTx: db.commits.run, SharedTx: true, FormatError: db.formatError,
 		Released: db.wake.freed}
 }
 
-// Wakeups returns what lets a waiter of this process sleep until a holder
-// in another process on the same file releases its lock, or nil where
-// that is not available (a system without inotify): waiters then poll.
+// Wakeups returns what wakes a waiter when a holder in another process on
+// the file releases, or nil without inotify: waiters then poll.
 func (db *DB) Wakeups() application.Wakeups {
 	if db.wake == nil {
 		return nil
 	}
 	return db.wake
+}
+
+// WriteStats counts the writes of a DB since it opened: Writes ran in
+// Transactions, Shared of them with other writes.
+type WriteStats struct {
+	Transactions, Writes, Shared int64
+}
+
+// WriteStats returns the counts of db's writes so far.
+func (db *DB) WriteStats() WriteStats {
+	db.commits.mu.Lock()
+	defer db.commits.mu.Unlock()
+	return db.commits.stats
 }
 
 // Path returns the database file, or "" for an in-memory database.
@@ -228,17 +235,11 @@ func (db *DB) Close() error {
 	return FormatError("close lock store", err)
 }
 
-// migrate applies the pending migrations, recording them in the module's
-// own version table (entstore.VersionTable), after adopting the history
-// that an earlier version of the module recorded in goose's default table.
-// Processes that open a new file at the same moment may race to apply the
-// same migration; the loser sees an error, and finds nothing pending when
-// it looks again.
+// migrate applies the pending migrations, after adopting an earlier
+// version's history. A process that loses a race to apply one sees an
+// error, then nothing pending.
 func (db *DB) migrate(ctx context.Context, op string) error {
-	fsys, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return &domain.StoreError{Op: op, Err: err}
-	}
+	fsys, _ := fs.Sub(migrationFiles, "migrations") // fails only for an invalid path
 	p, err := goose.NewProvider(goose.DialectSQLite3, db.wsql, fsys, goose.WithTableName(entstore.VersionTable))
 	if err != nil {
 		return &domain.StoreError{Op: op, Err: err}
@@ -258,8 +259,7 @@ func (db *DB) migrate(ctx context.Context, op string) error {
 	return FormatError(op, err)
 }
 
-// withWriter runs fn as this process's only writer, waiting for its turn
-// unless ctx ends first.
+// withWriter runs fn as this process's only writer, unless ctx ends first.
 func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 	select {
 	case db.writer <- struct{}{}:
@@ -268,4 +268,96 @@ func (db *DB) withWriter(ctx context.Context, fn func() error) error {
 	}
 	defer func() { <-db.writer }()
 	return fn()
+}
+
+// openWriterQueue opens the side file read-only (all flock needs), created
+// with the database's permissions so that all who may write may queue;
+// one this process may not open only costs the queue.
+func openWriterQueue(path string, timeout time.Duration) (*writerQueue, error) {
+	q := &writerQueue{timeout: timeout}
+	if !haveFileLocks || path == "" {
+		return q, nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := openSideFile(path, path+"-lock", os.O_RDONLY|os.O_CREATE, fi.Mode().Perm())
+	if errors.Is(err, fs.ErrPermission) {
+		return q, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	q.f = f
+	return q, nil
+}
+
+func (q *writerQueue) close() error {
+	if q.f == nil {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	return q.f.Close()
+}
+
+func prepareSavepoints(ctx context.Context, db *sql.DB) (*savepoints, error) {
+	var sp savepoints
+	var err error
+	for _, p := range []struct {
+		st    **sql.Stmt
+		query string
+	}{{&sp.begin, "SAVEPOINT write"}, {&sp.release, "RELEASE write"}, {&sp.rollback, "ROLLBACK TO write"}} {
+		if *p.st, err = db.PrepareContext(ctx, p.query); err != nil {
+			sp.close()
+			return nil, err
+		}
+	}
+	return &sp, nil
+}
+
+func (sp *savepoints) close() {
+	for _, st := range []*sql.Stmt{sp.begin, sp.release, sp.rollback} {
+		if st != nil {
+			st.Close()
+		}
+	}
+}
+
+// versionTables names the version tables of a SQLite database to
+// entstore.AdoptHistory, unqualified (one schema per file).
+var versionTables = entstore.VersionTables{
+	Dialect: database.DialectSQLite3,
+	Ours:    entstore.VersionTable,
+	Legacy:  entstore.LegacyVersionTable,
+	Exists: func(ctx context.Context, db database.DBTxConn, name string) (bool, error) {
+		var n int
+		err := db.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", name).Scan(&n)
+		return n > 0, err
+	},
+}
+
+// adoptHistory adopts, once, the history an earlier version of the module
+// recorded (entstore.AdoptHistory), in one BEGIN IMMEDIATE transaction.
+func (db *DB) adoptHistory(ctx context.Context, fsys fs.FS) error {
+	if ok, err := versionTables.Exists(ctx, db.sql, entstore.VersionTable); err != nil || ok {
+		return err
+	}
+	return db.withWriter(ctx, func() (err error) {
+		tx, err := db.wsql.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err != nil {
+				tx.Rollback()
+			}
+		}()
+		if _, err := entstore.AdoptHistory(ctx, tx, versionTables, fsys); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
 }

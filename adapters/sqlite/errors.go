@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
 	"strings"
 	"time"
 
@@ -17,9 +18,8 @@ import (
 )
 
 // FormatError translates an error of the driver, of Ent or of the file
-// system into a *domain.StoreError naming what failed and what to do. It is
-// the only place where driver errors are interpreted. Errors of the
-// context and the domain's own errors pass through unchanged.
+// system into a *domain.StoreError naming what failed and what to do; the
+// context's errors and the domain's own pass through unchanged.
 func FormatError(op string, err error) error {
 	if err == nil {
 		return nil
@@ -27,18 +27,17 @@ func FormatError(op string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	var se *domain.StoreError
-	if errors.As(err, &se) || isDomainError(err) {
+	if _, ok := errors.AsType[*domain.StoreError](err); ok || errors.Is(err, domain.ErrConflict) || errors.Is(err, domain.ErrExpired) ||
+		errors.Is(err, domain.ErrValidation) || errors.Is(err, domain.ErrNotFound) {
 		return err
 	}
-	var re *ReplacedFileError
-	if errors.As(err, &re) {
-		// Permanent: no retry through this store can reach the file by
-		// its name again, and a keep-alive must end its hold at once.
-		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: replacedAdvice, Permanent: true}
+	if _, ok := errors.AsType[*ReplacedFileError](err); ok {
+		// Permanent: no retry can reach the file by its name again.
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Permanent: true,
+			Advice: "close the store and open the store again by the database's name as it is now, " +
+				"in every process that had it open, and move a lock database only while no process has it open"}
 	}
-	var sfe *SideFileError
-	if errors.As(err, &sfe) {
+	if sfe, ok := errors.AsType[*SideFileError](err); ok {
 		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: sfe.advice()}
 	}
 	if isHotJournal(err) {
@@ -50,11 +49,9 @@ func FormatError(op string, err error) error {
 	return &domain.StoreError{Op: op, Kind: kindOf(err), Err: err}
 }
 
-// SQLITE_BUSY_SNAPSHOT: a deferred transaction that read, then tried to
-// write after another connection had committed. SQLite refuses it at once,
-// without the busy handler, since no wait can bring its snapshot up to
-// date. The module's own transactions begin IMMEDIATE and never meet it;
-// an embedder's deferred transaction (a fence after a read) does.
+// SQLITE_BUSY_SNAPSHOT refuses at once a deferred transaction that read,
+// then wrote after another connection committed: no wait can help. The
+// module's transactions begin IMMEDIATE; an embedder's may not.
 const (
 	staleSnapshot = "the transaction read the database before this write, and another connection has written since: " +
 		"its snapshot is out of date, and SQLite cannot let it write (the cause is this transaction, not a writer holding the database: waiting does not help)"
@@ -63,26 +60,18 @@ const (
 )
 
 // SnapshotConflict reports whether err is SQLite's refusal of a write by a
-// deferred transaction whose snapshot is older than a commit of another
-// connection (SQLITE_BUSY_SNAPSHOT): a fence checked after the
-// transaction read. Whether the lock is held can then be known only by
-// reading it outside the transaction (Container.CheckFence does).
+// deferred transaction whose snapshot is out of date (SQLITE_BUSY_SNAPSHOT),
+// such as a fence checked after the transaction read.
 func SnapshotConflict(err error) bool {
 	var serr *sqlite.Error
 	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_BUSY_SNAPSHOT
-}
-
-func isDomainError(err error) bool {
-	return errors.Is(err, domain.ErrConflict) || errors.Is(err, domain.ErrExpired) ||
-		errors.Is(err, domain.ErrValidation) || errors.Is(err, domain.ErrNotFound)
 }
 
 func kindOf(err error) domain.StoreErrorKind {
 	if errors.Is(err, errWritersBusy) {
 		return domain.StoreBusy
 	}
-	var serr *sqlite.Error
-	if errors.As(err, &serr) {
+	if serr, ok := errors.AsType[*sqlite.Error](err); ok {
 		switch serr.Code() & 0xff {
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
 			return domain.StoreBusy
@@ -109,37 +98,18 @@ func kindOf(err error) domain.StoreErrorKind {
 	return domain.StoreInternal
 }
 
-// isDuplicate reports whether err is the refusal of a second row for a
-// resource by the locks table's unique index.
+// isDuplicate reports whether the unique index refused a second row.
 func isDuplicate(err error) bool {
 	var serr *sqlite.Error
 	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE
 }
 
-// isBusy reports whether err means another connection held the write lock
-// for longer than the busy timeout.
-func isBusy(err error) bool {
-	if errors.Is(err, errWritersBusy) {
-		return true
-	}
-	var serr *sqlite.Error
-	if errors.As(err, &serr) {
-		c := serr.Code() & 0xff
-		return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
-	}
-	return false
-}
+// isBusy: another connection held the write lock past the busy timeout.
+func isBusy(err error) bool { return err != nil && kindOf(err) == domain.StoreBusy }
 
-// maxToken is the largest token the locks table's AUTOINCREMENT issues:
-// SQLite's largest rowid.
-const maxToken = math.MaxInt64
-
-// formatError is FormatError for the store's own operations, which can
-// tell one more cause apart: SQLite refuses an insert with SQLITE_FULL,
-// the code of a full disk, also when AUTOINCREMENT has issued its largest
-// rowid, which is the locks table's last fencing token. Only for that
-// code does it read the sequence, through the reading pool, to tell
-// which it is.
+// formatError is FormatError for the store's own operations. SQLITE_FULL
+// also comes when AUTOINCREMENT has issued its largest rowid, the last
+// token: only then is the sequence read, to tell which.
 func (db *DB) formatError(op string, err error) error {
 	ferr := FormatError(op, err)
 	if !domain.IsStoreKind(ferr, domain.StoreFull) {
@@ -150,9 +120,57 @@ func (db *DB) formatError(op string, err error) error {
 	var last int64
 	qerr := db.sql.QueryRowContext(ctx, "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = ?), 0), "+
 		"coalesce((SELECT max(id) FROM "+entlock.Table+"), 0))", entlock.Table).Scan(&last)
-	if qerr != nil || last < maxToken {
+	if qerr != nil || last < math.MaxInt64 {
 		return ferr
 	}
 	return &domain.StoreError{Op: op, Kind: domain.StoreTokensExhausted,
 		Err: fmt.Errorf("the last token issued is %d, the largest SQLite can store (SQLite reports it as a full database: %w)", last, err)}
+}
+
+// LinkedFileError reports a database file with more than one name (hard
+// links): SQLite keeps -wal and -shm by name, so two processes using two
+// names could both grant the same lock. It comes wrapped in a
+// *domain.StoreError (kind StoreUnreachable); match it with errors.As.
+type LinkedFileError struct {
+	Path  string // the name the store was given
+	Links uint64 // how many names the file had
+}
+
+func (e *LinkedFileError) Error() string {
+	return fmt.Sprintf("%s has %d names (hard links) for one file: SQLite keeps a database's journal (its -wal and -shm files) "+
+		"by name, so two names are two databases, and two processes could both hold the same lock", e.Path, e.Links)
+}
+
+// checkOneName refuses, for every opener, a database file with more than
+// one name. It only stat(2)s, following a symbolic link as SQLite does:
+// closing a descriptor of the file would drop SQLite's POSIX locks.
+func checkOneName(op, path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil // a missing or unreadable file: the open reports it
+	}
+	if n := linkCount(fi); n > 1 {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: &LinkedFileError{Path: path, Links: n},
+			Advice: "use one name for the database file in every program that opens it, and remove the other names " +
+				"(find them with: find / -xdev -samefile " + path + ")"}
+	}
+	return nil
+}
+
+// ReplacedFileError reports that the name a store was opened by no longer
+// names its file: a process opening the name now could grant the locks
+// this store holds, so it writes no more. It comes wrapped in a
+// *domain.StoreError (kind StoreUnreachable, Permanent).
+type ReplacedFileError struct {
+	Path    string // the name the store was opened by
+	Removed bool   // the name names no file now (otherwise another file)
+}
+
+func (e *ReplacedFileError) Error() string {
+	now := "names another file"
+	if e.Removed {
+		now = "names no file"
+	}
+	return fmt.Sprintf("%s %s now: the database file the store opened was removed, renamed or replaced while it was open, "+
+		"so processes that open %s now use another database", e.Path, now, e.Path)
 }

@@ -13,18 +13,10 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// LockRepository is the lock store on SQLite: the shared store, which
-// also acquires a free resource in one statement (application.OneStatement),
-// an insert that the unique index refuses when the resource has a row,
-// and leaves every other case to Update: the row's owner, expiry and
-// token need the rule, which Update applies in Go.
-//
-// It is the common case made cheap. An Update that acquires a free
-// resource runs a read and an insert; in a shared transaction (SQLite's
-// group commit) also a savepoint around them, four statements in all. A
-// single insert needs no savepoint, since a statement that fails changes
-// nothing. Like Update, it reads the time inside the transaction that
-// writes.
+// LockRepository is the lock store on SQLite: the shared store, which also
+// acquires a free resource in one statement (application.OneStatement),
+// where Update needs four in a shared transaction (a savepoint around a
+// read and an insert). Every other case is left to Update.
 type LockRepository struct {
 	*entstore.Store
 	insertFree *sql.Stmt // nil on a store opened for inspection
@@ -32,30 +24,20 @@ type LockRepository struct {
 
 var _ application.OneStatement = (*LockRepository)(nil)
 
-// insertFreeSQL inserts a lock, which the unique index on the resource
-// refuses when the resource has a row. The new lock's id is the row's
-// rowid (an INTEGER PRIMARY KEY is one), which the driver reports without
-// the cost of RETURNING: SQLite runs RETURNING through a temporary table,
-// which made this statement twice the cost of the DELETE of a release.
-//
-// A refused insert changes nothing, not even the AUTOINCREMENT sequence:
-// SQLite checks every unique index before it writes a row, and a failing
-// statement is undone (its default ON CONFLICT ABORT) without touching
-// the rest of a shared transaction. Two alternatives cost more or broke
-// the tokens. ON CONFLICT DO NOTHING carries on past the refusal and
-// stores the id it drew, leaving a gap in the tokens. INSERT … SELECT …
-// WHERE NOT EXISTS reads the table it writes, so SQLite first copies the
-// row into a temporary table and keeps a statement journal: 27% more time
-// per acquire+release cycle in a batch of 16 than this insert.
-// Parameters: owner, type, id, acquired_at, expires_at.
+// insertFreeSQL inserts a lock, which the unique index refuses when the
+// resource has a row; the token is the rowid, read without RETURNING
+// (which SQLite runs through a temporary table, doubling the cost). A
+// refused insert changes nothing, not even the AUTOINCREMENT sequence, and
+// leaves the rest of a shared transaction alone. ON CONFLICT DO NOTHING
+// would leave a gap in the tokens; INSERT … SELECT … WHERE NOT EXISTS
+// costs 27% more per cycle (a temporary table and a statement journal).
 var insertFreeSQL = strings.NewReplacer(
 	"{locks}", entlock.Table, "{owner}", entlock.FieldOwnerID,
 	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
 	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
 ).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`) VALUES (?, ?, ?, ?, ?)")
 
-// newLockRepository returns s, the store of db, with Acquire of a free
-// resource in one statement.
+// newLockRepository returns s, the store of db, with its one-statement acquire.
 func newLockRepository(ctx context.Context, s *entstore.Store, db *DB) (*LockRepository, error) {
 	st, err := db.wsql.PrepareContext(ctx, insertFreeSQL)
 	if err != nil {
@@ -72,9 +54,8 @@ func (s *LockRepository) Close() error {
 	return errors.Join(s.insertFree.Close(), s.Store.Close())
 }
 
-// Apply implements application.OneStatement: AcquireAt for an acquire or
-// a take, since it only ever inserts into a free resource, and so never
-// re-enters a lock; a renewal is left to Update.
+// Apply implements application.OneStatement: AcquireAt for an acquire or a
+// take, which it only ever inserts into a free resource; not a renewal.
 func (s *LockRepository) Apply(ctx context.Context, op application.Op) (application.Outcome, error) {
 	if op.Kind != application.OpAcquire && op.Kind != application.OpTake {
 		return application.Outcome{}, nil
@@ -83,22 +64,18 @@ func (s *LockRepository) Apply(ctx context.Context, op application.Op) (applicat
 }
 
 // AcquireAt inserts the lock if the resource has no row, and otherwise
-// leaves the decision to Update (ChangeNone), as it does at once for a
-// resource that was just refused (see Update).
+// leaves it to Update (ChangeNone), at once for one just refused.
 func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time)) (application.Outcome, error) {
 	if s.insertFree == nil || s.Contended().Has(ref) {
 		return application.Outcome{}, nil
 	}
-	// inserted is the outcome of one run of the write.
-	type inserted struct {
+	type inserted struct { // the outcome of one run of the write
 		ok                bool // false: the resource has a row
 		token             int64
 		acquired, expires string
 	}
 	ins, err := entstore.WriteOne(ctx, s.Store, entstore.OneDatedStatement, func(ctx context.Context, tx *sql.Tx) (inserted, error) {
-		// The time is read here, inside the transaction that writes, so
-		// that a write that waited is dated when it is made.
-		now, exp := at()
+		now, exp := at() // inside the transaction: a write that waited is dated when made
 		in := inserted{acquired: entstore.FormatTime(now), expires: entstore.FormatTime(exp)}
 		res, err := s.On(ctx, tx, s.insertFree).ExecContext(ctx,
 			owner, string(ref.Type), ref.ID, in.acquired, in.expires)

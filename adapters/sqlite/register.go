@@ -7,17 +7,19 @@ import (
 	"fmt"
 	"time"
 
+	"entgo.io/ent/dialect"
+	entsql "entgo.io/ent/dialect/sql"
 	"github.com/benbjohnson/clock"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	entlock "github.com/cleveragents/locks/ent/lock"
 	"github.com/cleveragents/locks/internal/backend"
 )
 
 // SQLite is the database locks.Open opens for every name that is not a
-// PostgreSQL DSN or MemoryDatabase: the root package imports this
-// package, so it is always linked.
+// PostgreSQL DSN or MemoryDatabase; the root package always links it.
 func init() { backend.Register(backend.SQLite, openStore) }
 
 // store is a SQLite file as the container uses it.
@@ -43,17 +45,12 @@ func (s *store) Clock() application.Clock               { return s.clock }
 func (s *store) Wakeups() application.Wakeups           { return s.db.Wakeups() }
 func (s *store) Close(context.Context) error            { return s.db.Close() }
 
-// Writer is the queue of the store's own writes: an application's writes
-// join it, in this process and across processes (writers.go), so that
-// they cannot keep the store's renewals out of the file's one write lock.
+// Writer is DB.Write, which queues with the store's writes.
 func (s *store) Writer() func(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
 	return s.db.Write
 }
 
-// CheckFence checks f in q with an UPDATE that changes nothing
-// (entstore.CheckFence): a deferred transaction that read first cannot
-// take the write lock (SQLITE_BUSY_SNAPSHOT), and is told whether the
-// lock, read outside it, is held.
+// CheckFence checks f in q (CheckFence), explaining a stale snapshot.
 func (s *store) CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time, read backend.ReadLock) error {
 	err := CheckFence(ctx, q, f, now)
 	switch {
@@ -67,21 +64,52 @@ func (s *store) CheckFence(ctx context.Context, q entstore.Querier, f applicatio
 	return entstore.Explain(ctx, err, "fenced write", FormatError)
 }
 
-// staleFence is SQLite's refusal of the fence of a deferred transaction
-// that read first (SQLITE_BUSY_SNAPSHOT, in err), which says what the
-// lock, read outside the transaction, is: held, or unknown (nil).
+// staleFence is the refusal (SQLITE_BUSY_SNAPSHOT, in err) of the fence of
+// a deferred transaction that read first, saying whether the lock, read
+// outside it, is held, or unknown (nil).
 func staleFence(f application.Fence, held *domain.Lock, err error) *domain.StaleSnapshotError {
 	var stale *domain.StaleSnapshotError
 	if !errors.As(FormatError("check a fence", err), &stale) {
 		stale = &domain.StaleSnapshotError{Op: "check a fence", What: "the transaction's snapshot is out of date", Err: err}
 	}
-	lock := fmt.Sprintf("the lock of owner %q on %s (token %d)", f.Owner, f.Resource, f.Token)
+	state := "may be held"
 	if held != nil {
 		stale.Held = true
-		stale.What = fmt.Sprintf("%s is held (until %s), but the fence cannot take SQLite's write lock: %s",
-			lock, held.ExpiresAt.UTC().Format(time.RFC3339Nano), stale.What)
-	} else {
-		stale.What = fmt.Sprintf("%s may be held, but the fence cannot take SQLite's write lock: %s", lock, stale.What)
+		state = "is held (until " + held.ExpiresAt.UTC().Format(time.RFC3339Nano) + ")"
 	}
+	stale.What = fmt.Sprintf("the lock of owner %q on %s (token %d) %s, but the fence cannot take SQLite's write lock: %s",
+		f.Owner, f.Resource, f.Token, state, stale.What)
 	return stale
+}
+
+// CheckFence is Container.CheckFence's check on SQLite, in the caller's
+// transaction q (entstore.CheckFence): that f's lock is held and active at
+// now, kept from changing hands until q ends.
+//
+// It is an UPDATE of the lock row that changes nothing but takes the write
+// lock until q ends, which every change of hands needs. A deferred
+// transaction with an older snapshot fails (SQLITE_BUSY). Keep q short.
+//
+// Errors: those of entstore.CheckFence.
+func CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time) error {
+	return entstore.CheckFence(ctx, q, dialect.SQLite, f, now, fenceHolds)
+}
+
+func fenceHolds(ctx context.Context, q entstore.Querier, f application.Fence, now string) (bool, error) {
+	query, args := entsql.Dialect(dialect.SQLite).Update(entlock.Table).
+		Set(entlock.FieldOwnerID, entsql.ExprFunc(func(b *entsql.Builder) { b.Ident(entlock.FieldOwnerID) })).
+		Where(entsql.And(
+			entsql.EQ(entlock.FieldID, f.Token),
+			entsql.EQ(entlock.FieldOwnerID, f.Owner),
+			entsql.EQ(entlock.FieldResourceType, string(f.Resource.Type)),
+			entsql.EQ(entlock.FieldResourceID, f.Resource.ID),
+			entsql.GT(entlock.FieldExpiresAt, now),
+		)).
+		Query()
+	res, err := q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
 }

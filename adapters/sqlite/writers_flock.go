@@ -8,7 +8,11 @@ import (
 	"syscall"
 )
 
-const haveFileLocks = true
+const (
+	haveFileLocks = true
+	// sideFileFlags: follow no symbolic link, and wait for no FIFO's writer.
+	sideFileFlags = syscall.O_NOFOLLOW | syscall.O_NONBLOCK
+)
 
 func lockFile(f *os.File) error {
 	for {
@@ -19,13 +23,8 @@ func lockFile(f *os.File) error {
 	}
 }
 
-// tryLockFile takes the lock if nobody holds it, without waiting.
 func tryLockFile(f *os.File) bool {
 	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
 }
 
 func unlockFile(f *os.File) { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }
-
-// sideFileFlags open a side file without following a symbolic link, and
-// without waiting for a writer when a FIFO is there.
-const sideFileFlags = syscall.O_NOFOLLOW | syscall.O_NONBLOCK

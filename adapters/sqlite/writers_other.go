@@ -5,13 +5,8 @@ package sqlite
 import "os"
 
 // Without flock, writers queue through SQLite's busy handler alone.
-const haveFileLocks = false
+const haveFileLocks, sideFileFlags = false, 0
 
-func lockFile(*os.File) error { return nil }
-
+func lockFile(*os.File) error   { return nil }
 func tryLockFile(*os.File) bool { return true }
-
-func unlockFile(*os.File) {}
-
-// sideFileFlags: no side file is opened here (haveFileLocks is false).
-const sideFileFlags = 0
+func unlockFile(*os.File)       {}

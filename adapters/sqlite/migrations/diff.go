@@ -1,14 +1,12 @@
 //go:build ignore
 
-// Command diff writes a new versioned migration for the SQLite store: the
-// changes that bring the migrations in this directory up to the Ent schema,
-// in goose's file format, with Atlas's integrity file (atlas.sum) updated.
-// Run it after changing ent/schema and regenerating ent/:
+// Command diff writes the goose migration that brings the migrations in
+// this directory up to the Ent schema, and updates atlas.sum. Run it after
+// changing ent/schema and regenerating ent/:
 //
 //	go run ./adapters/sqlite/migrations/diff.go NAME
 //
-// It replays the existing migrations on an in-memory database, so it needs
-// neither a server nor the atlas binary.
+// It replays the migrations in memory: no server, no atlas binary.
 package main
 
 import (
@@ -57,18 +55,16 @@ func main() {
 	}
 }
 
-// keepDeclaredTypes writes the column types that the Ent schema declares for
-// SQLite (varchar(255), ...) into the migration as they are. Atlas would
-// otherwise print them without their width, and the width is part of the
-// published schema even though SQLite does not enforce it (the service does).
+// keepDeclaredTypes writes the column types the Ent schema declares for
+// SQLite (varchar(255), ...) as they are: Atlas would drop the width,
+// which is part of the published schema though only the service enforces it.
 func keepDeclaredTypes(next schema.Differ) schema.Differ {
 	return schema.DiffFunc(func(current, desired *atlas.Schema) ([]atlas.Change, error) {
 		changes, err := next.Diff(current, desired)
 		if err != nil {
 			return nil, err
 		}
-		// Only columns being created are rewritten: for existing ones SQLite
-		// compares the type names alone, and so must the next diff.
+		// Only new columns: for existing ones SQLite compares type names alone.
 		for _, ch := range changes {
 			switch ch := ch.(type) {
 			case *atlas.AddTable:
@@ -88,21 +84,14 @@ func keepDeclaredTypes(next schema.Differ) schema.Differ {
 }
 
 func declare(table string, c *atlas.Column) {
-	if raw := declaredType(table, c.Name); raw != "" {
-		c.Type.Type = &sqlite.UserDefinedType{T: raw}
-	}
-}
-
-func declaredType(table, column string) string {
 	for _, t := range migrate.Tables {
-		if t.Name != table {
-			continue
-		}
-		for _, c := range t.Columns {
-			if c.Name == column {
-				return strings.ToLower(c.SchemaType[dialect.SQLite])
+		for _, col := range t.Columns {
+			if t.Name == table && col.Name == c.Name {
+				if raw := strings.ToLower(col.SchemaType[dialect.SQLite]); raw != "" {
+					c.Type.Type = &sqlite.UserDefinedType{T: raw}
+				}
+				return
 			}
 		}
 	}
-	return ""
 }
