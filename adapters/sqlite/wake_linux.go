@@ -11,6 +11,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -23,7 +26,7 @@ import (
 // "Hand-over between processes"):
 //
 //   - A release writes a new random value into its resource's slot of the
-//     file, after its commit: one pwrite of 8 bytes, whoever waits or not.
+//     file, after its commit: one pwrite of 8 bytes, if anyone watches it.
 //   - A waiting process watches the file with inotify, so the kernel wakes
 //     it when anyone writes there (no polling, no cost while nothing is
 //     released), and re-reads the slots of the resources it waits for.
@@ -36,6 +39,9 @@ import (
 //     open file, not to the process, so that no close of another
 //     descriptor drops them, and the kernel lets go of them when the
 //     process dies.
+//   - Each watching store also counts itself in its slot's count, in a
+//     page of the file that every process maps, so that a release where
+//     nobody waits makes no system call: it reads a zero there.
 //
 // The database file itself is never opened: the wake file is a file of
 // its own, like the writers' "-lock" file.
@@ -45,6 +51,8 @@ type wakeFile struct {
 	path     string // db + "-wake"
 	writable bool   // false: this process may watch but not write (another user's file)
 	dev, ino uint64 // which file f is
+	counts   []byte // the mapped page of watch counts; nil: unknown, as if someone watched
+	checked  time.Time
 
 	mu sync.Mutex
 	// in and wd are the process's inotify instance and this file's watch
@@ -71,6 +79,9 @@ const (
 	// wakeWaitersAt is where the waiters' lock bytes begin, one per slot,
 	// past the slots' values (locks may lie past the end of a file).
 	wakeWaitersAt = 1 << 20
+	// wakeCountsAt is the page of the watch counts, a uint32 per slot;
+	// slot 0's, which nobody watches, is set when the file was replaced.
+	wakeCountsAt = 4096
 )
 
 // openWakeFile opens (creating it beside the database, with the database
@@ -95,11 +106,47 @@ func openWakeFile(path string) (*wakeFile, error) {
 	return w, nil
 }
 
-// identify notes which file w.f is, for refresh.
+// identify notes which file w.f is, for refresh, and maps its counts,
+// growing the file to hold them (never where it may not write).
 func (w *wakeFile) identify() {
 	var st unix.Stat_t
-	if unix.Fstat(int(w.f.Fd()), &st) == nil {
-		w.dev, w.ino = st.Dev, st.Ino
+	fd := int(w.f.Fd())
+	if w.counts = nil; unix.Fstat(fd, &st) != nil {
+		return
+	}
+	w.dev, w.ino = st.Dev, st.Ino
+	if !w.writable || st.Size < wakeCountsAt+4096 && unix.Ftruncate(fd, wakeCountsAt+4096) != nil {
+		return
+	}
+	w.counts, _ = unix.Mmap(fd, wakeCountsAt, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+}
+
+func (w *wakeFile) count(slot int) *uint32 { return (*uint32)(unsafe.Pointer(&w.counts[4*slot])) }
+
+// watched reports whether any store of any process may watch slot (0:
+// any slot), with w.mu held. The read is a full barrier (an add), which
+// orders it after the release's commit: a watcher counted after it
+// looks at the store after the commit.
+func (w *wakeFile) watched(slot int) bool {
+	if w.counts == nil {
+		return true
+	}
+	for s := max(slot, 1); s <= wakeSlots && (s == slot || slot == 0); s++ {
+		if atomic.AddUint32(w.count(s), 0) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// recheck is refresh where nobody may wait, which makes no system call:
+// once a second, or at once if a process that found the file replaced
+// said so here. Until then a replaced file only delays the hand-over to
+// waiters on the new one, and their fallback reads bound that anyway.
+func (w *wakeFile) recheck() {
+	if now := time.Now(); w.counts == nil || atomic.LoadUint32(w.count(0)) != 0 || now.Sub(w.checked) >= time.Second {
+		w.checked = now
+		w.refresh()
 	}
 }
 
@@ -153,20 +200,33 @@ func (w *wakeFile) bump(slot int) {
 	binary.LittleEndian.PutUint64(b[:], rand.Uint64()|1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.refresh()
-	if w.writable {
+	w.recheck()
+	if w.writable && w.watched(slot) {
 		_, _ = w.f.WriteAt(b[:], int64(slot)*8)
 	}
 }
 
 // Contended implements application.Wakeups.
 func (w *wakeFile) Contended(ref domain.ResourceRef) bool {
-	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: wakeWaitersAt + int64(wakeSlot(ref)), Len: 1}
+	slot := wakeSlot(ref)
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: wakeWaitersAt + int64(slot), Len: 1}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.refresh()
+	w.recheck()
+	var n, mine uint32
+	if w.counts != nil {
+		if n, mine = atomic.AddUint32(w.count(slot), 0), uint32(min(w.watchers[slot], 1)); n <= mine {
+			return false // only this store watches (its lock is invisible to it)
+		}
+	}
 	if err := unix.FcntlFlock(w.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
 		return false
+	}
+	if lk.Type == unix.F_UNLCK && w.counts != nil {
+		// Counted, yet nobody else holds a mark: watchers that died. A
+		// watcher locks before it counts and uncounts before it unlocks,
+		// so one that came since changed the count, and this fails.
+		atomic.CompareAndSwapUint32(w.count(slot), n, mine)
 	}
 	return lk.Type != unix.F_UNLCK
 }
@@ -190,7 +250,7 @@ func (w *wakeFile) Watch(ref domain.ResourceRef) (<-chan struct{}, func()) {
 	w.subs[slot][sub] = struct{}{}
 	w.watching++
 	if w.watchers[slot]++; w.watchers[slot] == 1 {
-		w.lockSlot(slot, unix.F_RDLCK)
+		w.mark(slot, true)
 	}
 	var once sync.Once
 	return sub.c, func() { once.Do(func() { w.unwatch(slot, sub) }) }
@@ -201,7 +261,7 @@ func (w *wakeFile) unwatch(slot int, sub *wakeSub) {
 	defer w.mu.Unlock()
 	delete(w.subs[slot], sub)
 	if w.watchers[slot]--; w.watchers[slot] == 0 && !w.closed {
-		w.lockSlot(slot, unix.F_UNLCK)
+		w.mark(slot, false)
 	}
 	if w.watching--; w.watching == 0 && w.in != nil && !w.closed {
 		// Nobody waits here: take the watch off, and let the instance go
@@ -210,12 +270,22 @@ func (w *wakeFile) unwatch(slot int, sub *wakeSub) {
 	}
 }
 
-// lockSlot takes (F_RDLCK) or lets go of (F_UNLCK) this process's mark
-// that it waits for a resource of slot. A failure only hides the waiter
-// from Contended.
-func (w *wakeFile) lockSlot(slot int, typ int16) {
-	lk := unix.Flock_t{Type: typ, Whence: 0, Start: wakeWaitersAt + int64(slot), Len: 1}
-	_ = unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk)
+// mark takes (on) or lets go of this store's mark that it waits for a
+// resource of slot: the lock, then the count, and the other way round
+// (see Contended). A lock that fails leaves the waiter uncounted: it
+// finds releases on its fallback reads.
+func (w *wakeFile) mark(slot int, on bool) {
+	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0, Start: wakeWaitersAt + int64(slot), Len: 1}
+	switch {
+	case on && unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk) == nil && w.counts != nil:
+		atomic.AddUint32(w.count(slot), 1)
+	case !on:
+		if w.counts != nil {
+			atomic.AddUint32(w.count(slot), ^uint32(0))
+		}
+		lk.Type = unix.F_UNLCK
+		_ = unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk)
+	}
 }
 
 // wakeEvents are what the watch hears: a write, and a change of the
@@ -310,11 +380,15 @@ func (w *wakeFile) refresh() {
 		return
 	}
 	old := w.f
+	if w.counts != nil {
+		atomic.StoreUint32(w.count(0), 1) // whoever maps it looks at the path now
+	}
+	w.unmark()
 	w.f, w.writable = f, writable
 	w.identify()
 	for slot, n := range w.watchers {
 		if n > 0 {
-			w.lockSlot(slot, unix.F_RDLCK)
+			w.mark(slot, true)
 		}
 	}
 	old.Close() // another file than the database: closing it drops only our marks there
@@ -385,11 +459,27 @@ func (w *wakeFile) close() error {
 		done = w.stop()
 	}
 	w.closed = true
+	w.unmark()
 	w.mu.Unlock()
 	if done != nil {
 		<-done // this store's watch was the process's last: its reader ends
 	}
 	return w.f.Close()
+}
+
+// unmark takes this store's counts off the mapped page and unmaps it,
+// with w.mu held; the file's closing lets go of the locks.
+func (w *wakeFile) unmark() {
+	if w.counts == nil {
+		return
+	}
+	for slot, n := range w.watchers {
+		if n > 0 {
+			atomic.AddUint32(w.count(slot), ^uint32(0))
+		}
+	}
+	_ = unix.Munmap(w.counts)
+	w.counts = nil
 }
 
 // inotify is the process's one inotify instance, which every store's
