@@ -4,7 +4,7 @@
 // -builds in the bench's -h; it compiles this command once per build).
 // It only uses the module's API that every build since c57c013 has.
 //
-// With -n it runs n cycles of one contender and exits (for strace and
+// With -n it runs n cycles of one contender, shared by -callers, and exits (for strace and
 // profiles: run it with n and 2n and subtract); otherwise it reads
 // "<module|floor> <duration>" lines on stdin and answers each with the
 // cycles per second of a round of that length.
@@ -86,12 +86,17 @@ func run(dir string, callers, n int, contender, cpu string) error {
 			}
 			defer pprof.StopCPUProfile()
 		}
-		for i := range n {
-			if err := cycle(ctx, "owner-0", fmt.Sprintf("r-%d", i%64)); err != nil {
-				return err
-			}
+		var wg sync.WaitGroup
+		errs := make([]error, callers)
+		for c := range callers {
+			wg.Go(func() {
+				for i := c; i < n && errs[c] == nil; i += callers {
+					errs[c] = cycle(ctx, fmt.Sprintf("owner-%d", c), fmt.Sprintf("c%d-r%d", c, i%64))
+				}
+			})
 		}
-		return nil
+		wg.Wait()
+		return errors.Join(errs...)
 	}
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
