@@ -149,8 +149,7 @@ func wakeSlot(ref domain.ResourceRef) int {
 	return int(h.Sum64()%wakeSlots) + 1
 }
 
-// freed tells the waiting processes that the locks on refs came free (no
-// refs: any lock may have).
+// freed tells waiting processes that the locks on refs (none: any) came free.
 func (w *wakeFile) freed(refs ...domain.ResourceRef) {
 	if w == nil {
 		return
