@@ -7,15 +7,11 @@ import (
 )
 
 // Wakeups carries the news between processes that share a store: that a
-// lock may have come free, and that someone waits for one. With it, a
-// waiter blocked behind a holder in another process sleeps until the
-// holder lets go instead of polling the store; without it (nil), waiters
-// poll with a growing backoff.
-//
-// A wake-up only says "look now": the store stays the truth. A waiter
-// still wakes at the holder's expiry and once per waitFallback, so a
-// wake-up that is lost (a process that does not send them, a dropped
-// connection) delays a hand-over but never loses it.
+// lock may have come free, and that someone waits for one, so that a
+// waiter sleeps until the holder lets go instead of polling (nil: poll
+// with a growing backoff). A wake-up only says "look now": a waiter still
+// looks at the holder's expiry and once per waitFallback, so a lost one
+// delays a hand-over but never loses it.
 type Wakeups interface {
 	// Watch starts watching ref for this process. c receives, coalesced
 	// and without ever blocking a sender, whenever a lock on ref may have
@@ -39,20 +35,14 @@ func WithWakeups(w Wakeups) Option { return func(s *LockService) { s.wakeups = w
 
 const (
 	// waitFallback is how often a waiter that receives wake-ups still
-	// looks at the store on its own, in case one was lost: at most two
-	// reads a second (the pause is jittered between half and all of it).
+	// looks at the store, in case one was lost (jittered: half to all).
 	waitFallback = time.Second
 
 	// handOverGrace is how long a process that released a lock another
-	// process waits for keeps its own waiters back. The releasing process
-	// hears its own release first (a channel, against a file event or a
-	// server's notification), so without this its next waiter would win
-	// every time and the other processes would starve: with 4 processes
-	// of 2 waiters each on one resource, one process took almost every
-	// grant. A remote waiter that is woken takes the lock within about a
-	// millisecond; one that does not within the grace (a busy machine, a
-	// watcher of another resource that shares the signal) loses the turn
-	// to the local waiter, which then tries.
+	// process waits for keeps its own waiters back: it hears its own
+	// release first, and would otherwise starve the others (4 processes of
+	// 2 waiters: one took almost every grant). A woken remote waiter takes
+	// the lock within about a millisecond, or loses the turn.
 	handOverGrace = 10 * time.Millisecond
 )
 

@@ -7,7 +7,7 @@
 // It is a module of its own so that the clients of Redis and PostgreSQL
 // that it compares with never become dependencies of the lock module.
 // -quick runs a shorter version (about a minute); -contenders picks a
-// subset. Contenders whose server is unreachable are skipped with a
+// subset; -builds compares checkouts of the module instead (see -h). Contenders whose server is unreachable are skipped with a
 // message.
 package main
 
@@ -73,6 +73,10 @@ func main() {
 	redisAddr := flag.String("redis", "127.0.0.1:6379", "Redis address")
 	handover := flag.String("handover", handoverOn, "hand-over between processes: "+
 		handoverOn+" (with the rest), "+handoverOff+", or "+handoverOnly+" (the rest is skipped and its section of -out left as it is)")
+	builds := flag.String("builds", "", "compare builds instead: name=dir,name=dir (checkouts of the lock module, e.g.\n"+
+		"git worktree add --detach /tmp/c57 c57c013; go run . -builds c57c013=/tmp/c57,new=.. [-quick]):\n"+
+		"each build's acquire+release cycle against its database/sql floor at 1, 8 and 32 callers on SQLite,\n"+
+		"builds alternating in every round; prints cycles/s and the ratio to the floor per build")
 	flag.Parse()
 
 	opts := fullRun
@@ -91,6 +95,13 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if *builds != "" {
+		if err := compareBuilds(ctx, *builds, opts.rounds, opts.roundFor, os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, opts, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)

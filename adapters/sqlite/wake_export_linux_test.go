@@ -10,3 +10,9 @@ func FailInotifyInit(err error) (restore func()) {
 	inotifyInit = func(int) (int, error) { return -1, err }
 	return func() { inotifyInit = unix.InotifyInit1 }
 }
+
+// WakeSlot is the slot of ref in the wake file.
+var WakeSlot = wakeSlot
+
+// WakeCountsAt is where the wake file's watch counts begin.
+const WakeCountsAt = wakeCountsAt

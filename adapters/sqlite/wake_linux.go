@@ -11,6 +11,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -18,39 +21,25 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// wakeFile carries wake-ups between the processes that share a database
-// file, through a side file, "<database>-wake" (see docs/architecture.md,
-// "Hand-over between processes"):
-//
-//   - A release writes a new random value into its resource's slot of the
-//     file, after its commit: one pwrite of 8 bytes, whoever waits or not.
-//   - A waiting process watches the file with inotify, so the kernel wakes
-//     it when anyone writes there (no polling, no cost while nothing is
-//     released), and re-reads the slots of the resources it waits for.
-//     Resources share wakeSlots slots: a release of another resource of
-//     the same slot only makes a waiter look once for nothing.
-//   - A waiting process holds an open-file-description (OFD) read lock on
-//     its slot's byte of a second range of the file, so that a releasing
-//     process can ask the kernel whether anyone waits for a resource
-//     (Contended), and let that process go first. OFD locks belong to the
-//     open file, not to the process, so that no close of another
-//     descriptor drops them, and the kernel lets go of them when the
-//     process dies.
-//
-// The database file itself is never opened: the wake file is a file of
-// its own, like the writers' "-lock" file.
+// wakeFile carries wake-ups between the processes that share a database,
+// through "<database>-wake" (docs/architecture.md, "Hand-over between
+// processes"): a release writes a random value into its resource's slot,
+// if anyone watches it; waiters watch the file with inotify; each waiting
+// store holds an OFD read lock on its slot's byte past wakeWaitersAt (for
+// Contended; the kernel drops it when the process dies) and counts itself
+// in the page every process maps, so that a release where nobody waits
+// reads a zero and makes no system call.
 type wakeFile struct {
 	f        *os.File
 	db       string // the database, as sidePath resolved it
 	path     string // db + "-wake"
 	writable bool   // false: this process may watch but not write (another user's file)
 	dev, ino uint64 // which file f is
+	counts   []byte // the mapped page of watch counts; nil: unknown, as if someone watched
+	checked  time.Time
 
-	mu sync.Mutex
-	// in and wd are the process's inotify instance and this file's watch
-	// there (see inotifier), while any watch of this store is on and one
-	// could be had; nil and 0 otherwise.
-	in       *inotifyInstance
+	mu       sync.Mutex
+	in       *inotifyInstance // while a watch of this store is on; nil otherwise
 	wd       int32
 	last     [wakeSlots + 1]uint64
 	subs     [wakeSlots + 1]map[*wakeSub]struct{}
@@ -65,20 +54,17 @@ const haveWakeFile = true
 type wakeSub struct{ c chan struct{} }
 
 const (
-	// wakeSlots is how many slots the resources are hashed to; slot 0,
-	// past them, is "every resource" (a release of all an owner's locks).
-	wakeSlots = 256
-	// wakeWaitersAt is where the waiters' lock bytes begin, one per slot,
-	// past the slots' values (locks may lie past the end of a file).
-	wakeWaitersAt = 1 << 20
+	wakeSlots     = 256     // slots the resources hash to; slot 0 is "every resource"
+	wakeWaitersAt = 1 << 20 // the waiters' lock bytes, one per slot (past the end of the file)
+	// wakeCountsAt is the page of the watch counts, a uint32 per slot;
+	// slot 0's, which nobody watches, is set when the file was replaced.
+	wakeCountsAt = 4096
 )
 
-// openWakeFile opens (creating it beside the database, with the database
-// file's permissions) the wake file of the database at path, a name
-// resolved by sidePath. It returns nil, and no error, where it cannot:
-// wake-ups are an optimisation, and waiters then poll. It refuses (a
-// *SideFileError) a wake file it must not use (see openSideFile), which
-// another user may have planted for the store to write through.
+// openWakeFile opens, or creates with the database's permissions, the
+// wake file of the database at path (resolved by sidePath). It returns
+// nil and no error where it cannot (waiters then poll), and refuses (a
+// *SideFileError) a file another user may have planted (openSideFile).
 func openWakeFile(path string) (*wakeFile, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -95,17 +81,52 @@ func openWakeFile(path string) (*wakeFile, error) {
 	return w, nil
 }
 
-// identify notes which file w.f is, for refresh.
+// identify notes which file w.f is, for refresh, and maps its counts,
+// growing the file to hold them (never where it may not write).
 func (w *wakeFile) identify() {
 	var st unix.Stat_t
-	if unix.Fstat(int(w.f.Fd()), &st) == nil {
-		w.dev, w.ino = st.Dev, st.Ino
+	fd := int(w.f.Fd())
+	if w.counts = nil; unix.Fstat(fd, &st) != nil {
+		return
+	}
+	w.dev, w.ino = st.Dev, st.Ino
+	if !w.writable || st.Size < wakeCountsAt+4096 && unix.Ftruncate(fd, wakeCountsAt+4096) != nil {
+		return
+	}
+	w.counts, _ = unix.Mmap(fd, wakeCountsAt, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+}
+
+func (w *wakeFile) count(slot int) *uint32 { return (*uint32)(unsafe.Pointer(&w.counts[4*slot])) }
+
+// watched reports whether any store of any process may watch slot (0:
+// any slot), with w.mu held. The read is a full barrier (an add), which
+// orders it after the release's commit: a watcher counted after it
+// looks at the store after the commit.
+func (w *wakeFile) watched(slot int) bool {
+	if w.counts == nil {
+		return true
+	}
+	for s := max(slot, 1); s <= wakeSlots && (s == slot || slot == 0); s++ {
+		if atomic.AddUint32(w.count(s), 0) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// recheck is refresh where nobody may wait, which makes no system call:
+// once a second, or at once if a process that found the file replaced
+// said so here. Until then a replaced file only delays the hand-over to
+// waiters on the new one, and their fallback reads bound that anyway.
+func (w *wakeFile) recheck() {
+	if now := time.Now(); w.counts == nil || atomic.LoadUint32(w.count(0)) != 0 || now.Sub(w.checked) >= time.Second {
+		w.checked = now
+		w.refresh()
 	}
 }
 
 // open opens the wake file, creating it with perm, or only for reading
-// where this user may not write it; never through a symbolic link, never
-// blocking (openSideFile).
+// where this user may not write it (openSideFile).
 func (w *wakeFile) open(perm os.FileMode) (f *os.File, writable bool, err error) {
 	f, err = openSideFile(w.db, w.path, os.O_RDWR|os.O_CREATE, perm)
 	if errors.Is(err, fs.ErrPermission) {
@@ -113,10 +134,7 @@ func (w *wakeFile) open(perm os.FileMode) (f *os.File, writable bool, err error)
 		return f, false, err
 	}
 	if err == nil {
-		// The umask may have taken bits the database has: whoever may
-		// write the database must be able to signal its releases. The
-		// descriptor's file is the one checked, so this reaches no other.
-		_ = f.Chmod(perm)
+		_ = f.Chmod(perm) // undo the umask: whoever may write the database must signal
 	}
 	return f, err == nil, err
 }
@@ -131,8 +149,7 @@ func wakeSlot(ref domain.ResourceRef) int {
 	return int(h.Sum64()%wakeSlots) + 1
 }
 
-// freed tells the waiting processes that the locks on refs came free (no
-// refs: any lock may have).
+// freed tells waiting processes that the locks on refs (none: any) came free.
 func (w *wakeFile) freed(refs ...domain.ResourceRef) {
 	if w == nil {
 		return
@@ -146,27 +163,40 @@ func (w *wakeFile) freed(refs ...domain.ResourceRef) {
 	}
 }
 
-// bump writes a new value into slot. A failure (a full disk) is ignored:
-// waiters still find the release on their fallback period.
+// bump writes a new value into slot if anyone watches it. A failure is
+// ignored: waiters find the release on their fallback reads.
 func (w *wakeFile) bump(slot int) {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], rand.Uint64()|1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.refresh()
-	if w.writable {
+	w.recheck()
+	if w.writable && w.watched(slot) {
 		_, _ = w.f.WriteAt(b[:], int64(slot)*8)
 	}
 }
 
 // Contended implements application.Wakeups.
 func (w *wakeFile) Contended(ref domain.ResourceRef) bool {
-	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: wakeWaitersAt + int64(wakeSlot(ref)), Len: 1}
+	slot := wakeSlot(ref)
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: wakeWaitersAt + int64(slot), Len: 1}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.refresh()
+	w.recheck()
+	var n, mine uint32
+	if w.counts != nil {
+		if n, mine = atomic.AddUint32(w.count(slot), 0), uint32(min(w.watchers[slot], 1)); n <= mine {
+			return false // only this store watches (its lock is invisible to it)
+		}
+	}
 	if err := unix.FcntlFlock(w.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
 		return false
+	}
+	if lk.Type == unix.F_UNLCK && w.counts != nil {
+		// Counted, yet nobody else holds a mark: watchers that died. A
+		// watcher locks before it counts and uncounts before it unlocks,
+		// so one that came since changed the count, and this fails.
+		atomic.CompareAndSwapUint32(w.count(slot), n, mine)
 	}
 	return lk.Type != unix.F_UNLCK
 }
@@ -190,7 +220,7 @@ func (w *wakeFile) Watch(ref domain.ResourceRef) (<-chan struct{}, func()) {
 	w.subs[slot][sub] = struct{}{}
 	w.watching++
 	if w.watchers[slot]++; w.watchers[slot] == 1 {
-		w.lockSlot(slot, unix.F_RDLCK)
+		w.mark(slot, true)
 	}
 	var once sync.Once
 	return sub.c, func() { once.Do(func() { w.unwatch(slot, sub) }) }
@@ -201,36 +231,39 @@ func (w *wakeFile) unwatch(slot int, sub *wakeSub) {
 	defer w.mu.Unlock()
 	delete(w.subs[slot], sub)
 	if w.watchers[slot]--; w.watchers[slot] == 0 && !w.closed {
-		w.lockSlot(slot, unix.F_UNLCK)
+		w.mark(slot, false)
 	}
 	if w.watching--; w.watching == 0 && w.in != nil && !w.closed {
-		// Nobody waits here: take the watch off, and let the instance go
-		// if no other store watches; the next Watch starts over.
-		w.stop()
+		w.stop() // the next Watch starts over
 	}
 }
 
-// lockSlot takes (F_RDLCK) or lets go of (F_UNLCK) this process's mark
-// that it waits for a resource of slot. A failure only hides the waiter
-// from Contended.
-func (w *wakeFile) lockSlot(slot int, typ int16) {
-	lk := unix.Flock_t{Type: typ, Whence: 0, Start: wakeWaitersAt + int64(slot), Len: 1}
-	_ = unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk)
+// mark takes (on) or lets go of this store's mark that it waits for a
+// resource of slot: the lock, then the count, and the other way round
+// (see Contended). A lock that fails leaves the waiter uncounted: it
+// finds releases on its fallback reads.
+func (w *wakeFile) mark(slot int, on bool) {
+	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0, Start: wakeWaitersAt + int64(slot), Len: 1}
+	switch {
+	case on && unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk) == nil && w.counts != nil:
+		atomic.AddUint32(w.count(slot), 1)
+	case !on:
+		if w.counts != nil {
+			atomic.AddUint32(w.count(slot), ^uint32(0))
+		}
+		lk.Type = unix.F_UNLCK
+		_ = unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk)
+	}
 }
 
-// wakeEvents are what the watch hears: a write, and a change of the
-// file's links (IN_ATTRIB: removed, or replaced by a rename; IN_MOVE_SELF:
-// renamed away), after which the file at the path is another one, where
-// the releases now go (see refresh).
+// wakeEvents: a write, and a change of the file's links (removed,
+// replaced, renamed away), after which releases go to another file.
 const wakeEvents = unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_MOVE_SELF
 
-// start begins watching the file, with w.mu held, on the process's
-// inotify instance. It reads the slots after the watch is on, so no
-// release falls between. Where no watch can be had, w.in stays nil and the
-// waiters poll.
+// start watches the file open here (through /proc, else its name, never
+// followed), with w.mu held, and reads the slots once the watch is on, so
+// no release falls between. Without a watch, w.in stays nil: waiters poll.
 func (w *wakeFile) start() {
-	// Watch the file open here, through its descriptor, not whatever the
-	// name leads to by now; without /proc, the name, never followed.
 	in, wd, ok := inotify.watch(w, fmt.Sprintf("/proc/self/fd/%d", w.f.Fd()), w.path)
 	if !ok {
 		return
@@ -239,18 +272,14 @@ func (w *wakeFile) start() {
 	w.readSlots()
 }
 
-// stop takes this store's watch off, with w.mu held, and returns the
-// instance's done channel where that was its last watch (see
-// inotifier.unwatch).
+// stop takes this store's watch off, with w.mu held (see inotifier.unwatch).
 func (w *wakeFile) stop() (done <-chan struct{}) {
 	done = inotify.unwatch(w.in, w.wd, w)
 	w.in, w.wd = nil, 0
 	return done
 }
 
-// heard handles the events that in reported for the watch wd, which w had
-// when they were read: a write, a change of the file's links, the removal
-// of the watch, or (IN_Q_OVERFLOW) events lost.
+// heard handles the events of in's watch wd, which w had when they were read.
 func (w *wakeFile) heard(in *inotifyInstance, wd int32, mask uint32) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -261,19 +290,13 @@ func (w *wakeFile) heard(in *inotifyInstance, wd int32, mask uint32) {
 	gone := mask&unix.IN_IGNORED != 0                     // the watch was removed
 	moved := mask&(unix.IN_ATTRIB|unix.IN_MOVE_SELF) != 0 // its links changed
 	if (moved || all) && !gone {
-		// The file may no longer be the one at the path (or an overflow
-		// dropped the news): releases go to the new one, so the watch
-		// moves there now.
-		w.refresh()
+		w.refresh() // releases may go to another file now
 		if w.in != in || w.wd != wd {
 			return // refresh moved the watch, and woke everyone
 		}
 	}
 	switch {
-	case gone:
-		// Nothing will be heard on this watch again (inotify already
-		// forgot it): wake everyone, who look at the store, and let the
-		// next Watch start over on a file of that name.
+	case gone: // nothing is heard on it again: everyone looks, the next Watch starts over
 		w.in, w.wd = nil, 0
 		w.wakeAll()
 	case all:
@@ -284,12 +307,10 @@ func (w *wakeFile) heard(in *inotifyInstance, wd int32, mask uint32) {
 	}
 }
 
-// refresh makes sure, with w.mu held, that the wake file this process
-// has open is the one at its path: writing to, marking or watching a
-// removed or replaced one reaches no one. It opens the one at the path,
-// takes this process's marks there again and moves the watch over, waking
-// every watcher (a release may have gone to the new file meanwhile). One
-// lstat(2) when nothing changed.
+// refresh makes sure, with w.mu held, that the file open here is the one
+// at the path (a removed or replaced one reaches no one): if not, it moves
+// the marks and the watch to the one there and wakes every watcher, since
+// a release may have gone there. One lstat(2) when nothing changed.
 func (w *wakeFile) refresh() {
 	var cur unix.Stat_t
 	if w.closed {
@@ -304,23 +325,23 @@ func (w *wakeFile) refresh() {
 	}
 	f, writable, err := w.open(os.FileMode(st.Mode).Perm())
 	if err != nil {
-		// Nothing there that can be made, or something planted there
-		// that must not be used: keep the file open here, which reaches
-		// no one; waiters find releases on their fallback reads.
-		return
+		return // none can be made, or a planted one: waiters fall back on reads
 	}
 	old := w.f
+	if w.counts != nil {
+		atomic.StoreUint32(w.count(0), 1) // whoever maps it looks at the path now
+	}
+	w.unmark()
 	w.f, w.writable = f, writable
 	w.identify()
 	for slot, n := range w.watchers {
 		if n > 0 {
-			w.lockSlot(slot, unix.F_RDLCK)
+			w.mark(slot, true)
 		}
 	}
-	old.Close() // another file than the database: closing it drops only our marks there
+	old.Close() // drops only our marks there
 	if in, wd := w.in, w.wd; in != nil {
-		// Watch the new file before the old one's watch goes: were it
-		// this process's last, the instance would close and open again.
+		// The new watch first: after the process's last, the instance would close.
 		w.in, w.wd = nil, 0
 		w.start()
 		inotify.unwatch(in, wd, w)
@@ -373,8 +394,7 @@ func notify(c chan struct{}) {
 	}
 }
 
-// close stops the watch and closes the file, which lets go of this
-// process's marks.
+// close stops the watch and closes the file, which drops the locks.
 func (w *wakeFile) close() error {
 	if w == nil {
 		return nil
@@ -385,6 +405,7 @@ func (w *wakeFile) close() error {
 		done = w.stop()
 	}
 	w.closed = true
+	w.unmark()
 	w.mu.Unlock()
 	if done != nil {
 		<-done // this store's watch was the process's last: its reader ends
@@ -392,47 +413,49 @@ func (w *wakeFile) close() error {
 	return w.f.Close()
 }
 
-// inotify is the process's one inotify instance, which every store's
-// watches share: a user may have only a few (max_user_instances, 128 by
-// default), and one per store would take them from the user's other
-// programs. It opens with the first watch and closes after the last.
+// unmark takes this store's counts off the mapped page and unmaps it,
+// with w.mu held; the file's closing lets go of the locks.
+func (w *wakeFile) unmark() {
+	if w.counts == nil {
+		return
+	}
+	for slot, n := range w.watchers {
+		if n > 0 {
+			atomic.AddUint32(w.count(slot), ^uint32(0))
+		}
+	}
+	_ = unix.Munmap(w.counts)
+	w.counts = nil
+}
+
+// inotify is the process's one inotify instance, shared by every store's
+// watches (a user has few: max_user_instances, 128 by default), open from
+// the first watch to the last.
 var inotify inotifier
 
-// inotifyInit is inotify_init1(2); tests make it fail as it does where the
-// user's instances are all taken.
+// inotifyInit is inotify_init1(2); tests make it fail.
 var inotifyInit = unix.InotifyInit1
 
-// inotifier keeps the process's inotify instance and who listens to each
-// of its watches.
-//
-// The lock order is wakeFile.mu, then inotifier.mu: a store watches and
-// unwatches with its own lock held, so the reader never holds this one
-// while it hands events to a store.
+// inotifier keeps the instance and who listens to each watch. Lock order:
+// wakeFile.mu, then inotifier.mu; the reader hands events on without it.
 type inotifier struct {
 	mu sync.Mutex
 	in *inotifyInstance // nil: no watch is on
 }
 
-// inotifyInstance is one inotify instance and its reader. Watch
-// descriptors are the instance's: a stale one, read from an instance
-// that has closed since, must not reach a store watching on the next.
+// inotifyInstance is one instance and its reader; a watch descriptor of a
+// closed instance must not reach a store watching on the next.
 type inotifyInstance struct {
 	f  *os.File // non-blocking: reads wait in the runtime's poller
 	fd int
-	// subs lists, for each watch, the stores that listen to it. inotify
-	// gives one watch per file per instance, and the same descriptor to
-	// every inotify_add_watch of one file: the stores of this process on
-	// one database (several containers, a probe beside a service) share
-	// it, and each must hear its events. The watch is removed when its
-	// last store stops listening.
+	// subs: the stores listening to each watch. inotify gives the stores
+	// of one file the same watch, removed when its last store stops.
 	subs map[int32]map[*wakeFile]struct{}
 	done chan struct{} // closed when the reader has ended
 }
 
-// watch adds a watch on w's wake file, through fdPath (its descriptor
-// under /proc), or, without /proc, through path, never followed; it opens
-// the instance if none is open. ok is false where neither can be had
-// (the user's instances or watches are all taken): the waiters poll.
+// watch adds a watch on w's file, through fdPath or else path, opening the
+// instance if need be; ok is false where none can be had: waiters poll.
 func (n *inotifier) watch(w *wakeFile, fdPath, path string) (in *inotifyInstance, wd int32, ok bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -444,8 +467,6 @@ func (n *inotifier) watch(w *wakeFile, fdPath, path string) (in *inotifyInstance
 		}
 		in = &inotifyInstance{fd: fd, subs: make(map[int32]map[*wakeFile]struct{})}
 	}
-	// Every watch asks for the same events; IN_MASK_ADD all the same, so
-	// that a second store on a file never takes events from the first.
 	wd, err := addWatch(in.fd, fdPath, path)
 	if err != nil {
 		if n.in == nil {
@@ -467,7 +488,7 @@ func (n *inotifier) watch(w *wakeFile, fdPath, path string) (in *inotifyInstance
 }
 
 func addWatch(fd int, fdPath, path string) (int32, error) {
-	const events = wakeEvents | unix.IN_MASK_ADD
+	const events = wakeEvents | unix.IN_MASK_ADD // a second store never takes the first's events
 	wd, err := unix.InotifyAddWatch(fd, fdPath, events)
 	if err != nil {
 		wd, err = unix.InotifyAddWatch(fd, path, events|unix.IN_DONT_FOLLOW)
@@ -475,11 +496,9 @@ func addWatch(fd int, fdPath, path string) (int32, error) {
 	return int32(wd), err
 }
 
-// unwatch stops w listening to the watch wd of in, removes the watch if
-// no store listens to it any more, and closes the instance if it has no
-// watch left; it then returns the instance's done channel, which closes
-// when its reader has ended (the reader may be waiting for a store's
-// lock: only a caller that holds none may wait for it).
+// unwatch stops w listening to in's watch wd, removing the watch and then
+// the instance when nobody listens; it returns the done channel of a
+// closed instance's reader (which only a caller holding no lock may await).
 func (n *inotifier) unwatch(in *inotifyInstance, wd int32, w *wakeFile) (done <-chan struct{}) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -501,8 +520,7 @@ func (n *inotifier) unwatch(in *inotifyInstance, wd int32, w *wakeFile) (done <-
 	return nil
 }
 
-// close closes in, the current instance, with n.mu held: its reader then
-// ends, touching no store.
+// close closes in, the current instance, with n.mu held.
 func (n *inotifier) close(in *inotifyInstance) <-chan struct{} {
 	n.in = nil
 	in.f.Close()
@@ -516,8 +534,7 @@ type heard struct {
 	mask uint32
 }
 
-// read reads in's events until it closes, and hands each to the stores
-// that listen to its watch.
+// read hands in's events to the stores listening to their watch until in closes.
 func (n *inotifier) read(in *inotifyInstance) {
 	defer close(in.done)
 	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
@@ -531,10 +548,7 @@ func (n *inotifier) read(in *inotifyInstance) {
 			n.mu.Unlock()
 			return // closed: no store listens any more
 		}
-		if err != nil {
-			// The instance failed: every store's watch is gone with it.
-			// Wake everyone, who look at the store; the next Watch opens
-			// another instance.
+		if err != nil { // every watch is gone: wake everyone; the next Watch opens another
 			for wd, subs := range in.subs {
 				for w := range subs {
 					to = append(to, heard{w, wd, unix.IN_IGNORED})
@@ -572,11 +586,7 @@ func (n *inotifier) read(in *inotifyInstance) {
 			for w := range in.subs[wd] {
 				to = append(to, heard{w, wd, mask})
 			}
-			if mask&unix.IN_IGNORED != 0 {
-				// inotify removed the watch (its file is gone), or this
-				// is the news of an inotify_rm_watch, whose watch was
-				// forgotten here already: descriptors are not reused at
-				// once, so that none of a later watch is taken for it.
+			if mask&unix.IN_IGNORED != 0 { // removed (descriptors are not reused at once)
 				delete(in.subs, wd)
 			}
 		}
