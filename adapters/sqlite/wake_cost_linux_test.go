@@ -98,3 +98,23 @@ func TestWakeups_WatchRacingRelease(t *testing.T) {
 	}
 	assert.Zero(t, missed, "waiters missed in %d rounds", rounds)
 }
+
+// The counts live in a mapping of the wake file, which anyone who may
+// write the file can truncate under every process that maps it. A touch
+// of the lost page must not kill the process (SIGBUS): the store stops
+// trusting the counts and wakes as if someone watched.
+func TestWakeups_TruncatedWakeFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agents.db")
+	releaser, waiter := openWake(t, path), openWake(t, path)
+	c, stop := waiter.Wakeups().Watch(wakeRef)
+	require.NoError(t, os.Truncate(path+"-wake", 0))
+
+	assert.True(t, releaser.Wakeups().Contended(wakeRef))
+	sqlite.Freed(releaser, wakeRef)
+	requireWoken(t, c, "a release after the truncation was not heard")
+	stop()
+	c, stop = waiter.Wakeups().Watch(wakeRef)
+	defer stop()
+	sqlite.Freed(releaser, wakeRef)
+	requireWoken(t, c, "a watch begun after the truncation was not woken")
+}

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,7 +97,42 @@ func (w *wakeFile) identify() {
 	w.counts, _ = unix.Mmap(fd, wakeCountsAt, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 }
 
-func (w *wakeFile) count(slot int) *uint32 { return (*uint32)(unsafe.Pointer(&w.counts[4*slot])) }
+// add adds d to slot's count and returns the sum, with w.mu held. Anyone
+// who may write the file can truncate it under the mapping: the lost page
+// faults, and instead of dying of SIGBUS the store drops the counts and
+// wakes as if someone watched (ok false).
+func (w *wakeFile) add(slot int, d uint32) (n uint32, ok bool) {
+	if w.counts == nil {
+		return 0, false
+	}
+	defer func() {
+		if recover() != nil {
+			w.dropCounts()
+			n, ok = 0, false
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	return atomic.AddUint32((*uint32)(unsafe.Pointer(&w.counts[4*slot])), d), true
+}
+
+// cas is atomic.CompareAndSwapUint32 on slot's count, guarded as add is.
+func (w *wakeFile) cas(slot int, old, new uint32) {
+	if w.counts == nil {
+		return
+	}
+	defer func() {
+		if recover() != nil {
+			w.dropCounts()
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	atomic.CompareAndSwapUint32((*uint32)(unsafe.Pointer(&w.counts[4*slot])), old, new)
+}
+
+func (w *wakeFile) dropCounts() {
+	_ = unix.Munmap(w.counts)
+	w.counts = nil
+}
 
 // watched reports whether any store of any process may watch slot (0:
 // any slot), with w.mu held. The read is a full barrier (an add), which
@@ -107,7 +143,7 @@ func (w *wakeFile) watched(slot int) bool {
 		return true
 	}
 	for s := max(slot, 1); s <= wakeSlots && (s == slot || slot == 0); s++ {
-		if atomic.AddUint32(w.count(s), 0) > 0 {
+		if n, ok := w.add(s, 0); n > 0 || !ok {
 			return true
 		}
 	}
@@ -119,7 +155,8 @@ func (w *wakeFile) watched(slot int) bool {
 // said so here. Until then a replaced file only delays the hand-over to
 // waiters on the new one, and their fallback reads bound that anyway.
 func (w *wakeFile) recheck() {
-	if now := time.Now(); w.counts == nil || atomic.LoadUint32(w.count(0)) != 0 || now.Sub(w.checked) >= time.Second {
+	flagged, ok := w.add(0, 0)
+	if now := time.Now(); flagged != 0 || !ok || now.Sub(w.checked) >= time.Second {
 		w.checked = now
 		w.refresh()
 	}
@@ -184,19 +221,20 @@ func (w *wakeFile) Contended(ref domain.ResourceRef) bool {
 	defer w.mu.Unlock()
 	w.recheck()
 	var n, mine uint32
-	if w.counts != nil {
-		if n, mine = atomic.AddUint32(w.count(slot), 0), uint32(min(w.watchers[slot], 1)); n <= mine {
+	counted := false
+	if n, counted = w.add(slot, 0); counted {
+		if mine = uint32(min(w.watchers[slot], 1)); n <= mine {
 			return false // only this store watches (its lock is invisible to it)
 		}
 	}
 	if err := unix.FcntlFlock(w.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
 		return false
 	}
-	if lk.Type == unix.F_UNLCK && w.counts != nil {
+	if lk.Type == unix.F_UNLCK && counted {
 		// Counted, yet nobody else holds a mark: watchers that died. A
 		// watcher locks before it counts and uncounts before it unlocks,
 		// so one that came since changed the count, and this fails.
-		atomic.CompareAndSwapUint32(w.count(slot), n, mine)
+		w.cas(slot, n, mine)
 	}
 	return lk.Type != unix.F_UNLCK
 }
@@ -245,12 +283,10 @@ func (w *wakeFile) unwatch(slot int, sub *wakeSub) {
 func (w *wakeFile) mark(slot int, on bool) {
 	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0, Start: wakeWaitersAt + int64(slot), Len: 1}
 	switch {
-	case on && unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk) == nil && w.counts != nil:
-		atomic.AddUint32(w.count(slot), 1)
+	case on && unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk) == nil:
+		w.add(slot, 1)
 	case !on:
-		if w.counts != nil {
-			atomic.AddUint32(w.count(slot), ^uint32(0))
-		}
+		w.add(slot, ^uint32(0))
 		lk.Type = unix.F_UNLCK
 		_ = unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk)
 	}
@@ -328,9 +364,7 @@ func (w *wakeFile) refresh() {
 		return // none can be made, or a planted one: waiters fall back on reads
 	}
 	old := w.f
-	if w.counts != nil {
-		atomic.StoreUint32(w.count(0), 1) // whoever maps it looks at the path now
-	}
+	w.add(0, 1) // whoever maps it looks at the path now
 	w.unmark()
 	w.f, w.writable = f, writable
 	w.identify()
@@ -416,16 +450,14 @@ func (w *wakeFile) close() error {
 // unmark takes this store's counts off the mapped page and unmaps it,
 // with w.mu held; the file's closing lets go of the locks.
 func (w *wakeFile) unmark() {
-	if w.counts == nil {
-		return
-	}
 	for slot, n := range w.watchers {
 		if n > 0 {
-			atomic.AddUint32(w.count(slot), ^uint32(0))
+			w.add(slot, ^uint32(0))
 		}
 	}
-	_ = unix.Munmap(w.counts)
-	w.counts = nil
+	if w.counts != nil {
+		w.dropCounts()
+	}
 }
 
 // inotify is the process's one inotify instance, shared by every store's
