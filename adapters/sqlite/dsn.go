@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,9 +18,8 @@ import (
 // process's write lock before the adapter's own retry takes over.
 const DefaultBusyTimeout = 5 * time.Second
 
-// settings are the connection parameters the adapter relies on. A DSN may
-// override them, except _txlock: a deferred transaction that reads and then
-// writes can fail at once with "database is locked", whatever the timeout.
+// settings may be overridden by a DSN, except _txlock: a deferred
+// transaction that reads then writes can fail at once with "database is locked".
 var settings = []struct{ key, value string }{
 	{"_journal_mode", "WAL"},   // readers never block the writer
 	{"_synchronous", "NORMAL"}, // durable at checkpoints; WAL keeps it consistent
@@ -31,51 +31,35 @@ var settings = []struct{ key, value string }{
 // write transactions, unless the URI already sets them (_txlock excepted).
 //
 // Errors: a *domain.ValidationError (Field "database") for an empty path, a
-// URI whose query does not parse, an in-memory database (see InMemory), or
-// a parameter that would break what the store promises (see checkParams:
-// a _pragma of a setting the store makes itself, a journal that is OFF or
-// in MEMORY, nolock=1, a unix-* VFS), naming the parameter.
+// URI whose query does not parse, an unknown mode, an in-memory database
+// (see InMemory), or a parameter that would break what the store promises
+// (checkParams), naming the parameter.
 func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 	if pathOrURI == "" {
-		return "", &domain.ValidationError{Field: "database", Reason: "must name a SQLite file"}
+		return "", invalidDatabase("must name a SQLite file")
 	}
-	var base string
-	var q url.Values
-	if rest, ok := strings.CutPrefix(pathOrURI, "file:"); ok {
-		path, query, _ := strings.Cut(rest, "?")
+	base, q := "", url.Values{}
+	if strings.HasPrefix(pathOrURI, "file:") {
 		var err error
-		if q, err = url.ParseQuery(query); err != nil {
-			return "", &domain.ValidationError{Field: "database",
-				Reason: fmt.Sprintf("the query of %q does not parse: %v", redact(pathOrURI), err)}
+		if base, q, err = splitDSN(pathOrURI); err != nil {
+			return "", invalidDatabase(fmt.Sprintf("the query of %q does not parse: %v", redact(pathOrURI), err))
 		}
-		base = "file:" + path
 	} else {
-		q = url.Values{}
-		// A path that begins with two slashes or more names the same file
-		// as with one (on the systems SQLite's unix VFS runs on), but in a
-		// URI "file://tmp/x.db" makes tmp an authority, which SQLite
-		// refuses after creating "/x.db".
+		// "file://tmp/x.db" would make tmp an authority, which SQLite
+		// refuses after creating "/x.db"; "//tmp" names the same file as "/tmp".
 		if strings.HasPrefix(pathOrURI, "//") {
 			pathOrURI = "/" + strings.TrimLeft(pathOrURI, "/")
 		}
 		base = "file:" + (&url.URL{Path: pathOrURI}).EscapedPath()
 	}
-	for _, m := range q["mode"] {
-		if !slices.Contains([]string{"ro", "rw", "rwc", "memory"}, m) {
-			// SQLite refuses it too, but only after the adapter has
-			// created the file.
-			return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
-				"mode=%s in %q is none of SQLite's access modes, ro, rw, rwc and memory (in lower case)", m, redact(pathOrURI))}
-		}
-	}
 	if err := checkParams(q, pathOrURI); err != nil {
 		return "", err
 	}
 	if inMemory(base, q) {
-		return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
+		return "", invalidDatabase(fmt.Sprintf(
 			"%q names an in-memory SQLite database, which each connection of the store would see as "+
 				"a separate, empty database: to keep the locks in this process's memory, set the database "+
-				"to locks.MemoryDatabase (%q); to share them, name a file", redact(pathOrURI), ":memory:")}
+				"to locks.MemoryDatabase (%q); to share them, name a file", redact(pathOrURI), ":memory:"))
 	}
 	if busyTimeout <= 0 {
 		busyTimeout = DefaultBusyTimeout
@@ -91,10 +75,23 @@ func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 	return base + "?" + q.Encode(), nil
 }
 
+func invalidDatabase(reason string) error {
+	return &domain.ValidationError{Field: "database", Reason: reason}
+}
+
+// splitDSN splits a "file:" URI into the URI without its query, and the query.
+func splitDSN(dsn string) (base string, q url.Values, err error) {
+	base, query, _ := strings.Cut(dsn, "?")
+	q, err = url.ParseQuery(query)
+	return base, q, err
+}
+
+const changesFile = "it would change the file on every connection, even one the module then refuses: drop it"
+
 // pragmaAdvice says why DSN refuses a "_pragma" of each name, and what to
-// write instead. The module sets these itself; the driver runs a _pragma
-// first, so it either fights the module's setting (a journal switch while
-// other connections hold the file: busy, after creating it) or is undone.
+// write instead. The driver runs a _pragma first, so it either fights the
+// module's own setting (a journal switch while other connections hold the
+// file: busy, after creating it) or is undone.
 var pragmaAdvice = map[string]string{
 	"journal_mode": "the module sets the journal (WAL) on every connection: ask for a rollback journal with " +
 		"_journal_mode=DELETE, TRUNCATE or PERSIST instead",
@@ -103,9 +100,9 @@ var pragmaAdvice = map[string]string{
 	"locking_mode":       "the lock store is shared by every process on the file, which locking_mode=EXCLUSIVE would keep out: drop it",
 	"wal_autocheckpoint": "the module runs the checkpoints itself, away from the writes: drop it",
 	"journal_size_limit": "the module runs the checkpoints and bounds the WAL itself: drop it",
-	"user_version":       "it would change the file on every connection, even one the module then refuses: drop it",
-	"application_id":     "it would change the file on every connection, even one the module then refuses: drop it",
-	"schema_version":     "it would change the file on every connection, even one the module then refuses: drop it",
+	"user_version":       changesFile,
+	"application_id":     changesFile,
+	"schema_version":     changesFile,
 	"writable_schema":    "it lets a statement corrupt the schema the module relies on: drop it",
 }
 
@@ -113,8 +110,14 @@ var pragmaAdvice = map[string]string{
 // would break a journal that survives a crash, SQLite's file locks between
 // processes, or a refused file left as it was. uri is for the messages.
 func checkParams(q url.Values, uri string) error {
+	for _, m := range q["mode"] {
+		if !slices.Contains([]string{"ro", "rw", "rwc", "memory"}, m) { // SQLite refuses it after creating the file
+			return invalidDatabase(fmt.Sprintf(
+				"mode=%s in %q is none of SQLite's access modes, ro, rw, rwc and memory (in lower case)", m, redact(uri)))
+		}
+	}
 	refuse := func(param, why string) error {
-		return &domain.ValidationError{Field: "database", Reason: fmt.Sprintf("%s in %q is refused: %s", param, redact(uri), why)}
+		return invalidDatabase(fmt.Sprintf("%s in %q is refused: %s", param, redact(uri), why))
 	}
 	for _, p := range q["_pragma"] {
 		if strings.Contains(p, ";") {
@@ -147,10 +150,9 @@ func checkParams(q url.Values, uri string) error {
 	return nil
 }
 
-// pragmaParts splits a _pragma parameter, "name(arg)" or "name=arg" as
-// the driver runs it after "pragma ", into its name, lower case and
-// without a schema ("main.journal_mode"), and its argument, lower case and
-// trimmed ("" when it only reads the setting).
+// pragmaParts splits a _pragma parameter ("name(arg)" or "name=arg") into
+// its name, lower case and without a schema ("main."), and its argument,
+// lower case and trimmed ("" when it only reads the setting).
 func pragmaParts(p string) (name, arg string) {
 	p = strings.ToLower(strings.TrimSpace(p))
 	i := strings.IndexAny(p, "(=")
@@ -171,38 +173,21 @@ func falsy(v string) bool {
 
 // InMemory reports whether pathOrURI names an in-memory SQLite database
 // (":memory:", a file: URI with mode=memory, the memdb VFS, or an empty
-// name), which DSN refuses: it lives and dies with one process, and each
-// connection of the store would get one of its own.
+// name), which DSN refuses: each connection of the store would get its own.
 func InMemory(pathOrURI string) bool {
 	if pathOrURI == ":memory:" {
 		return true
 	}
-	rest, ok := strings.CutPrefix(pathOrURI, "file:")
-	if !ok {
-		return false
-	}
-	path, query, _ := strings.Cut(rest, "?")
-	q, err := url.ParseQuery(query)
-	return err == nil && inMemory("file:"+path, q)
+	base, q, err := splitDSN(pathOrURI)
+	return strings.HasPrefix(pathOrURI, "file:") && err == nil && inMemory(base, q)
 }
 
 // inMemory is InMemory for base (a "file:" URI without its query) and q;
-// an empty name is a temporary database private to each connection.
+// any occurrence of a repeated parameter counts. An empty name is a
+// temporary database private to each connection.
 func inMemory(base string, q url.Values) bool {
-	// A parameter may be given more than once: refusing any occurrence of
-	// these values is the strict reading.
-	for _, mode := range q["mode"] {
-		if mode == "memory" {
-			return true
-		}
-	}
-	for _, vfs := range q["vfs"] {
-		if vfs == "memdb" {
-			return true
-		}
-	}
 	name := uriPath(base)
-	return name == ":memory:" || name == ""
+	return slices.Contains(q["mode"], "memory") || slices.Contains(q["vfs"], "memdb") || name == ":memory:" || name == ""
 }
 
 // uriPath returns the file name that SQLite reads in base, a "file:" URI
@@ -224,11 +209,9 @@ func uriPath(base string) string {
 	return path
 }
 
-// readOnlyMode reports whether a DSN made by DSN asks SQLite to open the
-// database read-only (mode=ro; immutable=1, which also promises that
-// nobody writes the file; query_only): the store could not write through
-// it, and SQLite would still leave files behind (-wal and -shm, or an
-// empty database where there was none).
+// readOnlyMode reports whether a DSN made by DSN opens the database
+// read-only: the store could not write through it, and SQLite would still
+// leave files behind (-wal and -shm, or an empty database).
 func readOnlyMode(dsn string) bool {
 	return readOnlyParam(dsn) != ""
 }
@@ -236,8 +219,7 @@ func readOnlyMode(dsn string) bool {
 // readOnlyParam returns the parameter of a DSN made by DSN that makes it
 // read-only (mode=ro, immutable, a query_only pragma or _query_only), or "".
 func readOnlyParam(dsn string) string {
-	_, query, _ := strings.Cut(dsn, "?")
-	q, _ := url.ParseQuery(query)
+	_, q, _ := splitDSN(dsn)
 	switch {
 	case slices.Contains(q["mode"], "ro"):
 		return "mode=ro"
@@ -257,39 +239,40 @@ func readOnlyParam(dsn string) string {
 	return ""
 }
 
-// readOnlyModeError refuses dsn, read-only (readOnlyParam), for the
-// operation op.
+// readOnlyModeError refuses dsn, read-only (readOnlyParam), for op.
 func readOnlyModeError(op, dsn string) error {
 	p := readOnlyParam(dsn)
 	return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: fmt.Errorf("the file: URI asks for %s", p),
 		Advice: "drop " + p + " from the URI: the lock store writes to acquire, renew, release and clean up locks (OpenReadOnly reads without writing)"}
 }
 
-// filePath returns the file a DSN made by DSN names, or "" for an in-memory
-// database (which DSN refuses).
+// filePath returns the file a DSN made by DSN names (never in memory).
 func filePath(dsn string) string {
-	base, query, _ := strings.Cut(dsn, "?")
-	if q, _ := url.ParseQuery(query); inMemory(base, q) {
-		return ""
-	}
+	base, _, _ := strings.Cut(dsn, "?")
 	return uriPath(base)
 }
 
-// createPrivate creates the database file with mode 0600 if it does not
-// exist yet, so that SQLite (which would use 0644) never makes a lock store
-// that other users can read. SQLite gives its -wal and -shm files the same
-// mode as the database. It creates the file without keeping a descriptor
-// where it can (createFile): another goroutine of this process may open
-// the new file through SQLite at once, and closing a descriptor would drop
-// that connection's locks.
+// createPrivate creates the database file with mode 0600 if it is missing,
+// so that SQLite (which would use 0644, and gives -wal and -shm the
+// database's mode) never makes a store other users can read. createFile
+// keeps no descriptor where it can: another goroutine may open the new file
+// through SQLite at once, and closing a descriptor drops its locks.
 func createPrivate(path string) error {
-	if path == "" {
-		return nil
-	}
-	if err := createFile(path, 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := createFile(path, 0o600); !errors.Is(err, fs.ErrExist) {
 		return err
 	}
 	return nil
+}
+
+// createOpen creates the file with O_EXCL and closes it at once: harmless
+// on Windows (a lock belongs to its handle), and elsewhere unless another
+// goroutine of this process opens the same new file in the same microseconds.
+func createOpen(path string, perm fs.FileMode) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, perm)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // redact hides a password in a DSN-like string, for messages.
@@ -303,11 +286,9 @@ func redact(s string) string {
 }
 
 // busyTimeout returns how long the connections of a DSN made by DSN wait
-// for another process's write lock: the file lock that queues the
-// processes' writers waits as long.
+// for another process's write lock; the writers' file lock waits as long.
 func busyTimeout(dsn string) time.Duration {
-	_, query, _ := strings.Cut(dsn, "?")
-	q, _ := url.ParseQuery(query)
+	_, q, _ := splitDSN(dsn)
 	for _, key := range []string{"_busy_timeout", "_timeout"} {
 		if ms, err := strconv.Atoi(q.Get(key)); err == nil && ms > 0 {
 			return time.Duration(ms) * time.Millisecond

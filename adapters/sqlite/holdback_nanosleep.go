@@ -8,16 +8,14 @@ import (
 	"time"
 )
 
-// holdBack pauses the calling thread for d. The Go runtime's timers can
-// wake a short sleep a millisecond late; a nanosleep wakes within
-// microseconds, and the runtime runs other goroutines meanwhile, as it
-// does during any system call.
+// holdBack pauses the calling thread for d: a nanosleep wakes within
+// microseconds, where the runtime's timers can wake a short sleep a
+// millisecond late. Other goroutines run meanwhile, as in any system call.
 func holdBack(d time.Duration) {
 	ts := syscall.NsecToTimespec(d.Nanoseconds())
 	for {
 		var left syscall.Timespec
-		err := syscall.Nanosleep(&ts, &left)
-		if !errors.Is(err, syscall.EINTR) {
+		if err := syscall.Nanosleep(&ts, &left); !errors.Is(err, syscall.EINTR) {
 			return
 		}
 		ts = left
