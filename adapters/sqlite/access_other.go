@@ -7,13 +7,8 @@ import (
 	"os"
 )
 
-// dirWritable cannot ask without trying here, which would create a file.
-func dirWritable(string) error { return nil }
-
-// fileWritable tries to open the file for writing, which asks about access
-// lists too. On Windows, the one such system SQLite runs on, a lock
-// (LockFileEx) belongs to the handle that took it, so closing another
-// handle is safe, unlike on Unix (access_unix.go).
+// fileWritable opens the file, which asks about access lists too: on
+// Windows a lock belongs to the handle that took it, so closing ours is safe.
 func fileWritable(path string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
@@ -22,9 +17,9 @@ func fileWritable(path string) error {
 	return f.Close()
 }
 
-// These systems cannot tell: SQLite's own errors, the permission bits and
-// the other checks have to do.
-
+// These systems cannot tell (or, for a directory, not without writing):
+// SQLite's errors, the permission bits and the other checks have to do.
+func dirWritable(string) error                 { return nil }
 func fileReadable(string) error                { return nil }
 func readOnlyMount(string) bool                { return false }
 func ownerOrRoot(fs.FileInfo) error            { return nil }

@@ -12,26 +12,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The checks here ask the operating system (faccessat(2)) rather than open
-// the file: closing a descriptor of a database file would drop the locks
-// that SQLite connections of this process hold on it.
+// These ask (faccessat(2)) rather than open the file: closing a descriptor
+// of the database would drop the locks of this process's connections.
+// Every fs.FileInfo here is os's, whose Sys is a *syscall.Stat_t.
 
-// dirWritable reports whether this process may create and remove files in dir.
 func dirWritable(dir string) error {
 	return accessError("write in directory", dir, unix.W_OK|unix.X_OK)
 }
-
-// fileWritable reports whether this process may write the file at path.
 func fileWritable(path string) error { return accessError("write", path, unix.W_OK) }
-
-// fileReadable reports whether this process may read the file at path.
 func fileReadable(path string) error { return accessError("read", path, unix.R_OK) }
 
-// readOnlyMount reports whether path is on a file system mounted
-// read-only, where not even root can write.
-func readOnlyMount(path string) bool {
-	return errors.Is(effectiveAccess(path, unix.W_OK), unix.EROFS)
-}
+// readOnlyMount reports whether not even root can write path.
+func readOnlyMount(path string) bool { return errors.Is(effectiveAccess(path, unix.W_OK), unix.EROFS) }
 
 func accessError(op, path string, mode uint32) error {
 	if err := effectiveAccess(path, mode); err != nil {
@@ -40,20 +32,15 @@ func accessError(op, path string, mode uint32) error {
 	return nil
 }
 
-// effectiveAccess asks as the effective user: access(2) alone answers for
-// the real user, which a setuid or setgid program is not.
+// effectiveAccess answers for the effective user (a setuid program's).
 func effectiveAccess(path string, mode uint32) error {
 	return unix.Faccessat(unix.AT_FDCWD, path, mode, unix.AT_EACCESS)
 }
 
-// ownerOrRoot reports an error unless the files this process creates beside
-// the database fi end up the database owner's: it runs as the owner, or as
-// root, whose files SQLite hands to the owner.
+// ownerOrRoot: only the owner, or root (SQLite chowns root's files), creates
+// files beside the database fi that the owner can write.
 func ownerOrRoot(fi fs.FileInfo) error {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return nil
-	}
+	st := fi.Sys().(*syscall.Stat_t)
 	euid := os.Geteuid()
 	if euid == 0 || uint64(euid) == uint64(st.Uid) {
 		return nil
@@ -64,11 +51,7 @@ func ownerOrRoot(fi fs.FileInfo) error {
 
 // linkCount returns how many names (hard links) the file fi has.
 func linkCount(fi fs.FileInfo) uint64 {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return 1
-	}
-	return uint64(st.Nlink) //nolint:unconvert // uint16 on some systems
+	return uint64(fi.Sys().(*syscall.Stat_t).Nlink) //nolint:unconvert // uint16 on some systems
 }
 
 // dbOwner is whom the side files of a database may belong to.
@@ -88,14 +71,10 @@ func ownerOf(db string) dbOwner {
 }
 
 // foreignOwner says, if so, that the side file fi belongs to a user other
-// than this one, root, the database's owner or (where it may write the
-// database) its group: such a user could flock it for ever, so that no
-// writer gets its turn, or write-lock it, so that no waiter's mark takes.
+// than this one, root, the database's owner or writing group: such a user
+// could flock it for ever, or write-lock it so that no waiter's mark takes.
 func foreignOwner(fi fs.FileInfo, db dbOwner) string {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return ""
-	}
+	st := fi.Sys().(*syscall.Stat_t)
 	euid := uint32(os.Geteuid())
 	if st.Uid == euid || st.Uid == 0 || st.Uid == db.uid || db.groupWrite && st.Gid == db.gid {
 		return ""

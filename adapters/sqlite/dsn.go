@@ -18,8 +18,8 @@ import (
 // process's write lock before the adapter's own retry takes over.
 const DefaultBusyTimeout = 5 * time.Second
 
-// settings may be overridden by a DSN, except _txlock: a deferred
-// transaction that reads then writes can fail at once with "database is locked".
+// settings may be overridden by a DSN, except _txlock: a deferred read-then-
+// write can fail at once with "database is locked".
 var settings = []struct{ key, value string }{
 	{"_journal_mode", "WAL"},   // readers never block the writer
 	{"_synchronous", "NORMAL"}, // durable at checkpoints; WAL keeps it consistent
@@ -27,13 +27,9 @@ var settings = []struct{ key, value string }{
 }
 
 // DSN turns a database path, or a "file:" URI, into the DSN the adapter
-// opens: WAL journal, synchronous=NORMAL, the busy timeout and immediate
-// write transactions, unless the URI already sets them (_txlock excepted).
-//
-// Errors: a *domain.ValidationError (Field "database") for an empty path, a
-// URI whose query does not parse, an unknown mode, an in-memory database
-// (see InMemory), or a parameter that would break what the store promises
-// (checkParams), naming the parameter.
+// opens, with the busy timeout and the settings the URI does not set. Errors: a *domain.ValidationError (Field "database") for an empty path, a
+// query that does not parse, an in-memory database (InMemory), or a
+// parameter that checkParams refuses, naming it.
 func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 	if pathOrURI == "" {
 		return "", invalidDatabase("must name a SQLite file")
@@ -45,8 +41,7 @@ func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 			return "", invalidDatabase(fmt.Sprintf("the query of %q does not parse: %v", redact(pathOrURI), err))
 		}
 	} else {
-		// "file://tmp/x.db" would make tmp an authority, which SQLite
-		// refuses after creating "/x.db"; "//tmp" names the same file as "/tmp".
+		// In "file://tmp/x.db", tmp is an authority, refused after creating /x.db.
 		if strings.HasPrefix(pathOrURI, "//") {
 			pathOrURI = "/" + strings.TrimLeft(pathOrURI, "/")
 		}
@@ -79,7 +74,7 @@ func invalidDatabase(reason string) error {
 	return &domain.ValidationError{Field: "database", Reason: reason}
 }
 
-// splitDSN splits a "file:" URI into the URI without its query, and the query.
+// splitDSN splits a "file:" URI at its query.
 func splitDSN(dsn string) (base string, q url.Values, err error) {
 	base, query, _ := strings.Cut(dsn, "?")
 	q, err = url.ParseQuery(query)
@@ -88,10 +83,8 @@ func splitDSN(dsn string) (base string, q url.Values, err error) {
 
 const changesFile = "it would change the file on every connection, even one the module then refuses: drop it"
 
-// pragmaAdvice says why DSN refuses a "_pragma" of each name, and what to
-// write instead. The driver runs a _pragma first, so it either fights the
-// module's own setting (a journal switch while other connections hold the
-// file: busy, after creating it) or is undone.
+// pragmaAdvice says why DSN refuses a "_pragma" of each name. The driver runs
+// a _pragma first, so it fights the module's own setting or is undone.
 var pragmaAdvice = map[string]string{
 	"journal_mode": "the module sets the journal (WAL) on every connection: ask for a rollback journal with " +
 		"_journal_mode=DELETE, TRUNCATE or PERSIST instead",
@@ -106,9 +99,7 @@ var pragmaAdvice = map[string]string{
 	"writable_schema":    "it lets a statement corrupt the schema the module relies on: drop it",
 }
 
-// checkParams refuses the parameters of a file: URI (its query q) that
-// would break a journal that survives a crash, SQLite's file locks between
-// processes, or a refused file left as it was. uri is for the messages.
+// checkParams refuses the parameters in q that would break the store's promises.
 func checkParams(q url.Values, uri string) error {
 	for _, m := range q["mode"] {
 		if !slices.Contains([]string{"ro", "rw", "rwc", "memory"}, m) { // SQLite refuses it after creating the file
@@ -150,9 +141,8 @@ func checkParams(q url.Values, uri string) error {
 	return nil
 }
 
-// pragmaParts splits a _pragma parameter ("name(arg)" or "name=arg") into
-// its name, lower case and without a schema ("main."), and its argument,
-// lower case and trimmed ("" when it only reads the setting).
+// pragmaParts splits "name(arg)" or "name=arg" into the lower-case name
+// without a schema ("main.") and argument ("" when it only reads).
 func pragmaParts(p string) (name, arg string) {
 	p = strings.ToLower(strings.TrimSpace(p))
 	i := strings.IndexAny(p, "(=")
@@ -166,14 +156,12 @@ func pragmaParts(p string) (name, arg string) {
 	return name, strings.Trim(p[i:], " (=)")
 }
 
-// falsy reports whether v is one of the driver's false booleans.
 func falsy(v string) bool {
 	return slices.Contains([]string{"0", "no", "false", "off"}, strings.ToLower(v))
 }
 
-// InMemory reports whether pathOrURI names an in-memory SQLite database
-// (":memory:", a file: URI with mode=memory, the memdb VFS, or an empty
-// name), which DSN refuses: each connection of the store would get its own.
+// InMemory reports whether pathOrURI names an in-memory SQLite database,
+// which DSN refuses: each connection of the store would get its own.
 func InMemory(pathOrURI string) bool {
 	if pathOrURI == ":memory:" {
 		return true
@@ -182,17 +170,14 @@ func InMemory(pathOrURI string) bool {
 	return strings.HasPrefix(pathOrURI, "file:") && err == nil && inMemory(base, q)
 }
 
-// inMemory is InMemory for base (a "file:" URI without its query) and q;
-// any occurrence of a repeated parameter counts. An empty name is a
-// temporary database private to each connection.
+// inMemory is InMemory for a split URI (an empty name is private to a connection).
 func inMemory(base string, q url.Values) bool {
 	name := uriPath(base)
 	return slices.Contains(q["mode"], "memory") || slices.Contains(q["vfs"], "memdb") || name == ":memory:" || name == ""
 }
 
-// uriPath returns the file name that SQLite reads in base, a "file:" URI
-// without its query: percent-decoded, after an authority ("file://" with
-// "localhost" or nothing) is dropped, and up to a fragment.
+// uriPath returns the file name SQLite reads in a "file:" URI without its
+// query: after the authority, before a fragment, percent-decoded.
 func uriPath(base string) string {
 	path := strings.TrimPrefix(base, "file:")
 	if rest, ok := strings.CutPrefix(path, "//"); ok {
@@ -209,15 +194,12 @@ func uriPath(base string) string {
 	return path
 }
 
-// readOnlyMode reports whether a DSN made by DSN opens the database
-// read-only: the store could not write through it, and SQLite would still
-// leave files behind (-wal and -shm, or an empty database).
+// readOnlyMode: the store could not write, yet SQLite would leave files behind.
 func readOnlyMode(dsn string) bool {
 	return readOnlyParam(dsn) != ""
 }
 
-// readOnlyParam returns the parameter of a DSN made by DSN that makes it
-// read-only (mode=ro, immutable, a query_only pragma or _query_only), or "".
+// readOnlyParam returns the parameter that makes dsn read-only, or "".
 func readOnlyParam(dsn string) string {
 	_, q, _ := splitDSN(dsn)
 	switch {
@@ -239,24 +221,20 @@ func readOnlyParam(dsn string) string {
 	return ""
 }
 
-// readOnlyModeError refuses dsn, read-only (readOnlyParam), for op.
 func readOnlyModeError(op, dsn string) error {
 	p := readOnlyParam(dsn)
 	return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: fmt.Errorf("the file: URI asks for %s", p),
 		Advice: "drop " + p + " from the URI: the lock store writes to acquire, renew, release and clean up locks (OpenReadOnly reads without writing)"}
 }
 
-// filePath returns the file a DSN made by DSN names (never in memory).
+// filePath returns the file that dsn, made by DSN (never in memory), names.
 func filePath(dsn string) string {
 	base, _, _ := strings.Cut(dsn, "?")
 	return uriPath(base)
 }
 
-// createPrivate creates the database file with mode 0600 if it is missing,
-// so that SQLite (which would use 0644, and gives -wal and -shm the
-// database's mode) never makes a store other users can read. createFile
-// keeps no descriptor where it can: another goroutine may open the new file
-// through SQLite at once, and closing a descriptor drops its locks.
+// createPrivate creates a missing database file with mode 0600: SQLite
+// would use 0644, and gives -wal and -shm the database's mode.
 func createPrivate(path string) error {
 	if err := createFile(path, 0o600); !errors.Is(err, fs.ErrExist) {
 		return err
@@ -264,9 +242,8 @@ func createPrivate(path string) error {
 	return nil
 }
 
-// createOpen creates the file with O_EXCL and closes it at once: harmless
-// on Windows (a lock belongs to its handle), and elsewhere unless another
-// goroutine of this process opens the same new file in the same microseconds.
+// createOpen creates the file and closes it at once, which drops the locks
+// of a goroutine that opened the new file meanwhile (not on Windows).
 func createOpen(path string, perm fs.FileMode) error {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
@@ -285,8 +262,7 @@ func redact(s string) string {
 	return s
 }
 
-// busyTimeout returns how long the connections of a DSN made by DSN wait
-// for another process's write lock; the writers' file lock waits as long.
+// busyTimeout is dsn's; the writers' file lock waits as long.
 func busyTimeout(dsn string) time.Duration {
 	_, q, _ := splitDSN(dsn)
 	for _, key := range []string{"_busy_timeout", "_timeout"} {

@@ -1,8 +1,5 @@
 package sqlite
 
-// Diagnostics: a look at a lock database that changes nothing, not even by
-// accident (Open would create the file, migrate it and switch it to WAL).
-
 import (
 	"context"
 	"database/sql"
@@ -23,27 +20,17 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// sqliteMagic is how every SQLite database file begins.
 const sqliteMagic = "SQLite format 3\x00"
 
 var errNotDatabase = errors.New("the file does not begin with the SQLite header")
 
-// OpenReadOnly opens the existing database at pathOrURI for reading only:
-// it creates nothing, migrates nothing and leaves the journal mode as it
-// is; writes through the returned DB fail with a StoreReadOnly error. It
-// sees what other processes commit meanwhile, leaves no -wal or -shm behind
-// that the owner could not write (readAccess), and reads the file only
-// through SQLite, so this process's other connections keep their locks.
-//
+// OpenReadOnly opens the existing database at pathOrURI for diagnostics,
+// changing nothing (readAccess); writes through the DB fail (StoreReadOnly).
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
-// no file, such as an in-memory database; a *domain.StoreError:
-// StoreUnreachable wrapping fs.ErrNotExist when the file does not exist,
-// StoreCorrupt when it is not a database, StoreUnreachable with advice when
-// this user cannot read it safely now, or wrapping a *LinkedFileError when
-// the file has more than one name, a *SideFileError when something is
-// planted at SQLite's -journal, -wal or -shm, ErrWALWithoutIndex when a
-// -wal file exists without its -shm, or ErrHotJournal when a program
-// stopped in the middle of a transaction on the file.
+// no file; a *domain.StoreError: StoreUnreachable wrapping fs.ErrNotExist,
+// StoreCorrupt for a file not a database, StoreUnreachable with advice when
+// this user cannot read it safely now, or wrapping a *LinkedFileError, a
+// *SideFileError, ErrWALWithoutIndex or ErrHotJournal.
 func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -51,15 +38,12 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	}
 	path := filePath(dsn)
 	op := "inspect lock store " + path
-	// A second name reads through a journal of its own, without what the
-	// processes writing through the other name committed.
+	// A second name reads through a journal of its own.
 	if err := checkOneName(op, path); err != nil {
 		return nil, err
 	}
 	real := sidePath(path)
 	dsn = withPath(dsn, real)
-	// SQLite would block for ever on a FIFO at a side file: each connection
-	// checks them (sideFileConnector), and so does this, before any read.
 	if err := checkSQLiteSideFiles(real); err != nil {
 		return nil, FormatError(op, err)
 	}
@@ -75,17 +59,13 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 		}
 	}
 	db := &DB{sql: sdb, writer: make(chan struct{}, 1), path: path}
-	// No statements are prepared: a missing locks table is for the schema
-	// check to report, and reads fall back to plain queries.
+	// Nothing prepared: a missing locks table is for Schema to report.
 	db.store = &LockRepository{Store: entstore.NewReadOnly(sdb, db.backend())}
 	return db, nil
 }
 
-// readPool opens OpenReadOnly's pool on the database at path (real is its
-// resolved name) as readAccess chooses, patient with a writer's -journal or
-// -wal since start. A nil pool without error means that the processes that
-// had the store open closed it while it was read through their -shm
-// (shmGone): the caller looks again.
+// readPool opens OpenReadOnly's pool on path (resolved: real). A nil pool
+// without error: the store was closed meanwhile (shmGone); look again.
 func readPool(ctx context.Context, op, dsn, path, real string, start time.Time) (*sql.DB, error) {
 	var acc access
 	var err error
@@ -116,9 +96,7 @@ func readPool(ctx context.Context, op, dsn, path, real string, start time.Time) 
 			Advice: "inspect it as its owner or as root, or while the application has it open"}
 	}
 	sdb := openPool(readOnlyDSN(dsn, acc), real)
-	// Reading the catalogue has SQLite parse the file now, so that damage
-	// (or a hot journal, which a read-only connection refuses) is reported
-	// here rather than by the first query.
+	// Damage, or a hot journal, is reported now rather than by a query.
 	var n int
 	for attempt := 1; ; attempt++ {
 		err := sdb.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n)
@@ -142,27 +120,15 @@ func readPool(ctx context.Context, op, dsn, path, real string, start time.Time) 
 
 // access is how OpenReadOnly and preflight have SQLite open a database.
 type access struct {
-	mode        string // "ro", or "rw" (with query_only, as always)
-	immutable   bool   // read the file alone, trusting that nothing changes it
-	readOnlyShm bool   // readonly_shm=1: SQLite neither creates nor changes the -shm
+	mode        string // "ro", or "rw" (always with query_only)
+	immutable   bool   // read the file alone, trusting nothing changes it
+	readOnlyShm bool   // SQLite neither creates nor changes the -shm
 }
 
-// readAccess decides how to read the database at path (named by sidePath),
-// in WAL mode or not, so that the reads see what other processes commit
-// and nothing is left behind that could keep the application from writing:
-//
-//   - Not in WAL mode: mode=ro, with SQLite's file locks, creating nothing.
-//   - Both -wal and -shm exist: mode=ro with readonly_shm=1 (walAccess).
-//   - A -wal with frames but no -shm: ErrWALWithoutIndex (walAccess).
-//   - No -wal, and only root could write the database or create a -wal:
-//     immutable=1, without locks. Were a writer possible, immutable could
-//     serve pages it is replacing: stale reads, or SQLITE_CORRUPT.
-//   - No -wal, no hot journal (a connection that may write rolls it back),
-//     and this user is root or the owner and can write the database and its
-//     directory: mode=rw with query_only. SQLite creates -wal and -shm,
-//     owned as the application's would be, and removes them at the last
-//     close (mode=ro would leave them), whose checkpoint is its only write.
-//   - Otherwise the database cannot be read safely now: the error says why.
+// readAccess chooses how OpenReadOnly reads without a -wal: immutable only
+// where nobody could write (it might read pages a writer replaces); else
+// mode=rw as root or the owner, so that SQLite removes the -wal and -shm it
+// creates at the last close (mode=ro would leave them behind).
 func readAccess(path string, wal bool) (access, error) {
 	if acc, decided, err := walAccess(path, wal); decided || err != nil {
 		return acc, err
@@ -190,8 +156,7 @@ func readAccess(path string, wal bool) (access, error) {
 	return access{mode: "rw"}, nil
 }
 
-// nobodyCanWrite reports whether no process but root could write the
-// database at path or create a -wal file beside it.
+// nobodyCanWrite: only root could write the database or create a -wal.
 func nobodyCanWrite(path string) bool {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -205,9 +170,8 @@ func nobodyCanWrite(path string) bool {
 	return fi.Mode().Perm()&anyWrite == 0 || di.Mode().Perm()&anyWrite == 0 || readOnlyMount(path)
 }
 
-// nonEmpty reports whether the file at path has anything in it, as a -wal
-// holds frames: a read-only connection opens the -wal with O_CREAT, so one
-// that looked while the last process closed the store leaves an empty one.
+// nonEmpty reports whether the file at path has anything in it: a reader
+// that looked as the last process closed the store leaves an empty -wal.
 func nonEmpty(path string) (bool, error) {
 	fi, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -224,11 +188,8 @@ func exists(path string) (bool, error) {
 	return err == nil, err
 }
 
-// readHeader reports whether the file at path is a database in WAL mode
-// (header bytes 18 and 19 are 2); an empty file is SQLite's empty database.
-// It reads page 1 through SQLite (sqlite_dbpage, immutable=1), never with a
-// descriptor: closing one would drop every POSIX lock this process holds on
-// the file, and another process could then delete -wal and -shm under them.
+// readHeader reports WAL mode, reading through SQLite: closing a descriptor
+// of its own would drop every POSIX lock this process holds on the file.
 func readHeader(ctx context.Context, dsn, path string) (wal bool, err error) {
 	if _, err := os.Stat(path); err != nil {
 		return false, err // a missing file is not for SQLite to create
@@ -256,9 +217,7 @@ func readHeader(ctx context.Context, dsn, path string) (wal bool, err error) {
 	return page[18] == 2 && page[19] == 2, nil
 }
 
-// readOnlyDSN turns a DSN made by DSN into one that opens the database as
-// acc says, without the settings that would change the file, and refuses
-// statements that write (query_only).
+// readOnlyDSN turns dsn into one that opens as acc says and writes nothing.
 func readOnlyDSN(dsn string, acc access) string {
 	base, q, _ := splitDSN(dsn)
 	for _, k := range []string{"_journal_mode", "_journal", "_synchronous", "_sync", "_txlock",
@@ -276,30 +235,20 @@ func readOnlyDSN(dsn string, acc access) string {
 	return base + "?" + q.Encode()
 }
 
-// SchemaState is what Schema found in a database. Names compare in any
-// letter case, as SQLite's do.
+// SchemaState is what Schema found; names compare in any letter case.
 type SchemaState struct {
-	// MigrationApplied: goose records MigrationName as applied.
-	MigrationApplied bool
-	// LocksTable: a table named locks exists, whoever created it.
-	LocksTable bool
-	// OtherTables are the tables of neither the lock store nor SQLite,
-	// sorted: another application's, whose file was named by mistake.
-	OtherTables []string
-	// Conflicts are, while MigrationApplied is false, the objects other
-	// than a locks or version table named as one the store's migrations
-	// create or as its version table, each as "type name", sorted: they
-	// share one namespace, so the migration would fail on each.
+	MigrationApplied bool     // goose records MigrationName as applied
+	LocksTable       bool     // a table named locks exists, whoever created it
+	OtherTables      []string // sorted tables of neither the store nor SQLite
+	// Conflicts ("type name", sorted; none once migrated) are the objects,
+	// tables locks and version excepted, that the migration would fail on.
 	Conflicts []string
 }
 
-// migrationObjects are the lower-case names of the objects that the store's
-// migrations create, read from their CREATE statements, and of its version
-// table.
+// migrationObjects are the lower-case names of what the migrations create.
 var migrationObjects = func() map[string]bool {
 	names := map[string]bool{entstore.VersionTable: true}
 	create := regexp.MustCompile("(?i)CREATE\\s+(?:UNIQUE\\s+)?(?:TABLE|INDEX|VIEW|TRIGGER)\\s+(?:IF\\s+NOT\\s+EXISTS\\s+)?[`\"\\[]?(\\w+)")
-	// go:embed fails the build without a match, and embedded files read.
 	files, _ := fs.Glob(migrationFiles, "migrations/*.sql")
 	for _, f := range files {
 		b, _ := migrationFiles.ReadFile(f)
@@ -310,9 +259,7 @@ var migrationObjects = func() map[string]bool {
 	return names
 }()
 
-// Schema reports whether MigrationName has been applied, whether the locks
-// table exists, and what else in the file the migration would meet. Unlike
-// MigrationApplied it only reads: goose would create its version table.
+// Schema reads SchemaState, without creating goose's version table.
 func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	const op = "read schema"
 	var st SchemaState
@@ -350,8 +297,7 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	}
 	slices.Sort(st.OtherTables)
 	slices.Sort(st.Conflicts)
-	// The module's version table or, where only versions older than it
-	// opened the file, goose's default one.
+	// Versions of the module older than its version table used goose's.
 	table, ok := tables[entstore.VersionTable]
 	if !ok {
 		table, ok = tables[legacy]
@@ -359,7 +305,7 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	if !ok {
 		return st, nil
 	}
-	fsys, _ := fs.Sub(migrationFiles, "migrations") // a valid name: no error
+	fsys, _ := fs.Sub(migrationFiles, "migrations") // cannot fail
 	version, err := entstore.MigrationVersion(fsys, MigrationName)
 	if err != nil {
 		return st, &domain.StoreError{Op: op, Err: err}
@@ -376,11 +322,8 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 }
 
 // CheckWritable reports whether this process could write the database at
-// pathOrURI, and create and remove files in its directory as SQLite does
-// for -wal and -shm. It opens nothing (see fileWritable), so it may be
-// called while the database is open, by this process or another.
-//
-// Errors: a *domain.ValidationError when pathOrURI names no file; a
+// pathOrURI and create and remove its -wal and -shm. It opens nothing, so
+// it may be called while the database is open. Errors: a *domain.ValidationError when pathOrURI names no file; a
 // *domain.StoreError of kind StoreReadOnly saying what is not writable, or
 // StoreUnreachable when the file does not exist.
 func CheckWritable(pathOrURI string) error {

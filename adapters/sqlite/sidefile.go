@@ -10,13 +10,9 @@ import (
 	"strings"
 )
 
-// SideFileError reports that something other than the store's own file is
-// at the name of a side file ("-lock", "-wake", or SQLite's "-journal",
-// "-wal", "-shm"): a symbolic link, a FIFO, a file with more than one name,
-// or one of a user who could not write the database. Another local user may
-// have planted it, to have the store write or lock a file elsewhere, read
-// that user's commits, or block on a FIFO. It comes wrapped in a
-// *domain.StoreError (StoreUnreachable); match it with errors.As.
+// SideFileError, wrapped in a StoreUnreachable *domain.StoreError, reports
+// a side file that is not the store's own regular file: another user may
+// have planted it to have the store write or lock elsewhere, or block.
 type SideFileError struct {
 	Path    string // the side file's name
 	Problem string // what is there instead
@@ -29,8 +25,6 @@ func (e *SideFileError) Error() string {
 const sideFileAdvice = "remove it (it holds no data, and the store creates it again) once you know who put it there; " +
 	"if another user could, keep the database in a directory that only its users can write"
 
-// sqliteSideFileAdvice: a regular file at one of SQLite's side files may
-// hold commits of the database.
 const sqliteSideFileAdvice = "a FIFO, a symbolic link or a directory there is not SQLite's: remove it once you know who put it there; " +
 	"a regular file there (with other names, or of another user) may hold commits of the database: do not remove it, " +
 	"but have the database's owner open the database once with sqlite3, after which SQLite removes it; " +
@@ -43,14 +37,12 @@ func (e *SideFileError) advice() string {
 	return sideFileAdvice
 }
 
-// sqliteSideFiles are the side files SQLite opens without a question: it
-// blocks for ever on a FIFO there (it reads the journal's first byte
-// whenever it exists), and reads whatever file is there.
+// sqliteSideFiles are opened by SQLite without a question: it blocks for
+// ever on a FIFO, and reads whatever file is there.
 var sqliteSideFiles = []string{"-journal", "-wal", "-shm"}
 
-// sideFileError refuses fi, which lstat(2) or fstat(2) returned for the
-// side file name of the database db, unless it is a regular file with one
-// name, of a user who may write the database (foreignOwner).
+// sideFileError refuses fi, the side file name of the database db, unless
+// it is a regular file with one name and a trusted owner.
 func sideFileError(db, name string, fi fs.FileInfo) error {
 	owner := ownerOf(db)
 	var problem string
@@ -74,9 +66,7 @@ func sideFileError(db, name string, fi fs.FileInfo) error {
 	return &SideFileError{Path: name, Problem: problem}
 }
 
-// checkSideFile refuses what sideFileError refuses at the side file path
-// of the database db, only looking (lstat), so that Open can refuse before
-// it creates or writes the database. A missing file is fine.
+// checkSideFile only looks, so that Open refuses before it writes anything.
 func checkSideFile(db, path string) error {
 	fi, err := os.Lstat(path)
 	if err != nil {
@@ -85,9 +75,8 @@ func checkSideFile(db, path string) error {
 	return sideFileError(db, path, fi)
 }
 
-// checkSQLiteSideFiles checks SQLite's side files of the database at path
-// (named by sidePath) before SQLite opens them; the pools call it before
-// each connection (sideFileConnector). What is planted after it is not seen.
+// checkSQLiteSideFiles runs before each connection (sideFileConnector):
+// what is planted after it is not seen.
 func checkSQLiteSideFiles(path string) error {
 	for _, suffix := range sqliteSideFiles {
 		if err := checkSideFile(path, path+suffix); err != nil {
@@ -97,9 +86,7 @@ func checkSQLiteSideFiles(path string) error {
 	return nil
 }
 
-// checkSideFiles checks the side files of the database at path (named by
-// sidePath) that the store would open here: SQLite's and the store's own,
-// which openSideFile checks again on the file it opens.
+// checkSideFiles checks every side file the store would open here.
 func checkSideFiles(path string) error {
 	err := checkSQLiteSideFiles(path)
 	if err == nil && haveFileLocks {
@@ -111,16 +98,13 @@ func checkSideFiles(path string) error {
 	return err
 }
 
-// openSideFile opens the side file name of the database db with flag
-// (O_RDONLY or O_RDWR, maybe O_CREATE with perm) without following a
-// symbolic link or waiting on a FIFO (sideFileFlags), and refuses what
-// checkSideFile refuses, on the file opened: lstat before the open cannot
-// see what is put there between the two.
+// openSideFile opens the side file name of the database db, following no
+// symbolic link and waiting on no FIFO, and checks the file it opened:
+// lstat before the open cannot see what is put there between the two.
 func openSideFile(db, name string, flag int, perm fs.FileMode) (*os.File, error) {
 	f, err := os.OpenFile(name, flag|sideFileFlags, perm)
 	if err != nil {
-		// Say what is there rather than ELOOP (EMLINK, EFTYPE on some
-		// BSDs) for a symbolic link, or EISDIR for a directory.
+		// Say what is there rather than ELOOP or EISDIR.
 		if cerr := checkSideFile(db, name); cerr != nil {
 			return nil, cerr
 		}
@@ -137,10 +121,8 @@ func openSideFile(db, name string, flag int, perm fs.FileMode) (*os.File, error)
 	return f, nil
 }
 
-// sidePath returns the name on which the database at path's side files are
-// made and its connections opened: absolute (a chdir moves nothing), its
-// symbolic links resolved as SQLite resolves them for -wal and -shm (or its
-// directory's, while it does not exist), so every name leads to one set.
+// sidePath is the absolute (for a chdir), resolved (as SQLite resolves it for
+// -wal and -shm) name of the database, so every name leads to one side file.
 func sidePath(path string) string {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -155,9 +137,7 @@ func sidePath(path string) string {
 	return abs
 }
 
-// withPath returns dsn, made by DSN, naming the file path instead, so that
-// connections opened later reach the same file after a chdir. Only a Unix
-// path from the root is put in a URI (Windows's drive letters are left).
+// withPath returns dsn naming path instead, if it is a Unix absolute path.
 func withPath(dsn, path string) string {
 	if !strings.HasPrefix(path, "/") {
 		return dsn
