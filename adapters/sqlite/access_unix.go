@@ -49,7 +49,6 @@ func ownerOrRoot(fi fs.FileInfo) error {
 		"files it created there would keep the owner from writing the database", euid, st.Uid)
 }
 
-// linkCount returns how many names (hard links) the file fi has.
 func linkCount(fi fs.FileInfo) uint64 {
 	return uint64(fi.Sys().(*syscall.Stat_t).Nlink) //nolint:unconvert // uint16 on some systems
 }
@@ -60,8 +59,7 @@ type dbOwner struct {
 	groupWrite bool // the database's group may write it
 }
 
-// ownerOf returns the owner of the database at db, or, while it does not
-// exist yet, this process (which is about to create it).
+// ownerOf returns the owner of the database at db, or this process until it exists.
 func ownerOf(db string) dbOwner {
 	var st unix.Stat_t
 	if unix.Stat(db, &st) != nil {

@@ -8,10 +8,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// createFile creates an empty regular file at path with mode perm (less the
-// umask), failing with fs.ErrExist when something is there. mknod(2) opens
-// no descriptor of the database file, so none is closed outside SQLite; a
-// file system without it (some FUSE ones) gets createOpen.
+// createFile makes an empty file with mknod(2), which opens no descriptor whose
+// close would drop SQLite's locks; a file system without it (FUSE) gets createOpen.
 func createFile(path string, perm fs.FileMode) error {
 	err := unix.Mknod(path, unix.S_IFREG|uint32(perm.Perm()), 0)
 	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) {
@@ -23,9 +21,8 @@ func createFile(path string, perm fs.FileMode) error {
 	return nil
 }
 
-// syncWALFileSystem writes out every dirty page of the file system that
-// holds the WAL file, the database's among them (syncfs(2)). Closing its
-// descriptor of the WAL is safe: SQLite locks only the database and -shm.
+// syncWALFileSystem syncs the WAL's file system, the database's pages among
+// them. Closing a descriptor of the WAL is safe: SQLite never locks it.
 func syncWALFileSystem(walPath string) error {
 	f, err := os.Open(walPath)
 	if err != nil {

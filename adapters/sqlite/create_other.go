@@ -7,9 +7,8 @@ import (
 	"io/fs"
 )
 
-// createFile creates an empty file at path with mode perm, failing with
-// fs.ErrExist when something is there. These systems make a regular file
-// only by opening it (mknod(2) wants root on BSD and macOS): createOpen.
+// createFile: these systems make a regular file only by opening it
+// (mknod(2) wants root on BSD and macOS).
 func createFile(path string, perm fs.FileMode) error { return createOpen(path, perm) }
 
 // syncWALFileSystem: syncfs(2) is Linux's. Elsewhere the pages a purge's

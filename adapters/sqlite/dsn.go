@@ -27,7 +27,8 @@ var settings = []struct{ key, value string }{
 }
 
 // DSN turns a database path, or a "file:" URI, into the DSN the adapter
-// opens, with the busy timeout and the settings the URI does not set. Errors: a *domain.ValidationError (Field "database") for an empty path, a
+// opens, with the busy timeout and the settings the URI does not set.
+// Errors: a *domain.ValidationError (Field "database") for an empty path, a
 // query that does not parse, an in-memory database (InMemory), or a
 // parameter that checkParams refuses, naming it.
 func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
@@ -114,7 +115,6 @@ func checkParams(q url.Values, uri string) error {
 		if strings.Contains(p, ";") {
 			return refuse("_pragma="+p, "give one pragma per _pragma parameter, without \";\"")
 		}
-		// A bare name ("_pragma=journal_mode") only reads the setting.
 		if name, arg := pragmaParts(p); arg != "" && pragmaAdvice[name] != "" {
 			return refuse("_pragma="+p, pragmaAdvice[name])
 		}
@@ -176,15 +176,13 @@ func inMemory(base string, q url.Values) bool {
 	return slices.Contains(q["mode"], "memory") || slices.Contains(q["vfs"], "memdb") || name == ":memory:" || name == ""
 }
 
-// uriPath returns the file name SQLite reads in a "file:" URI without its
-// query: after the authority, before a fragment, percent-decoded.
+// uriPath returns the file SQLite reads in base: after the authority, before a fragment, unescaped.
 func uriPath(base string) string {
 	path := strings.TrimPrefix(base, "file:")
 	if rest, ok := strings.CutPrefix(path, "//"); ok {
+		path = ""
 		if i := strings.IndexByte(rest, '/'); i >= 0 {
 			path = rest[i:]
-		} else {
-			path = ""
 		}
 	}
 	path, _, _ = strings.Cut(path, "#")
@@ -195,9 +193,7 @@ func uriPath(base string) string {
 }
 
 // readOnlyMode: the store could not write, yet SQLite would leave files behind.
-func readOnlyMode(dsn string) bool {
-	return readOnlyParam(dsn) != ""
-}
+func readOnlyMode(dsn string) bool { return readOnlyParam(dsn) != "" }
 
 // readOnlyParam returns the parameter that makes dsn read-only, or "".
 func readOnlyParam(dsn string) string {
@@ -233,8 +229,7 @@ func filePath(dsn string) string {
 	return uriPath(base)
 }
 
-// createPrivate creates a missing database file with mode 0600: SQLite
-// would use 0644, and gives -wal and -shm the database's mode.
+// createPrivate creates a missing database 0600, not SQLite's 0644, which -wal and -shm copy.
 func createPrivate(path string) error {
 	if err := createFile(path, 0o600); !errors.Is(err, fs.ErrExist) {
 		return err

@@ -9,15 +9,10 @@ import (
 )
 
 // holdBack pauses the calling thread for d: a nanosleep wakes within
-// microseconds, where the runtime's timers can wake a short sleep a
-// millisecond late. Other goroutines run meanwhile, as in any system call.
+// microseconds, the runtime's timers a millisecond late.
 func holdBack(d time.Duration) {
 	ts := syscall.NsecToTimespec(d.Nanoseconds())
-	for {
-		var left syscall.Timespec
-		if err := syscall.Nanosleep(&ts, &left); !errors.Is(err, syscall.EINTR) {
-			return
-		}
-		ts = left
+	for errors.Is(syscall.Nanosleep(&ts, &ts), syscall.EINTR) {
+		// interrupted: ts now holds what is left to sleep
 	}
 }

@@ -4,6 +4,5 @@ package sqlite
 
 import "time"
 
-// holdBack pauses for about d, through the runtime's timers (no nanosleep,
-// as on macOS).
+// holdBack pauses for about d where there is no nanosleep (macOS).
 func holdBack(d time.Duration) { time.Sleep(d) }

@@ -71,10 +71,7 @@ func readPool(ctx context.Context, op, dsn, path, real string, start time.Time) 
 	var err error
 	for attempt := 1; ; attempt++ {
 		var wal bool
-		wal, err = readHeader(ctx, dsn, path)
-		if errors.Is(err, errNotDatabase) {
-			return nil, &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
-		}
+		wal, err = readHeader(ctx, op, dsn, path)
 		if err != nil {
 			return nil, FormatError(op, err)
 		}
@@ -125,10 +122,9 @@ type access struct {
 	readOnlyShm bool   // SQLite neither creates nor changes the -shm
 }
 
-// readAccess chooses how OpenReadOnly reads without a -wal: immutable only
-// where nobody could write (it might read pages a writer replaces); else
-// mode=rw as root or the owner, so that SQLite removes the -wal and -shm it
-// creates at the last close (mode=ro would leave them behind).
+// readAccess chooses how OpenReadOnly reads without a -wal: immutable only where nobody
+// could write (it might read pages a writer replaces); else mode=rw as root or the owner,
+// so that SQLite removes the -wal and -shm it creates at the last close (mode=ro would not).
 func readAccess(path string, wal bool) (access, error) {
 	if acc, decided, err := walAccess(path, wal); decided || err != nil {
 		return acc, err
@@ -136,7 +132,7 @@ func readAccess(path string, wal bool) (access, error) {
 	if nobodyCanWrite(path) {
 		return access{mode: "ro", immutable: true}, nil
 	}
-	if hot, _ := nonEmpty(path + "-journal"); hot {
+	if n, _ := fileSize(path + "-journal"); n > 0 {
 		return access{}, hotJournal(path)
 	}
 	fi, err := os.Stat(path)
@@ -163,56 +159,45 @@ func nobodyCanWrite(path string) bool {
 		return false
 	}
 	di, err := os.Stat(filepath.Dir(path))
-	if err != nil {
-		return false
-	}
 	const anyWrite = 0o222
-	return fi.Mode().Perm()&anyWrite == 0 || di.Mode().Perm()&anyWrite == 0 || readOnlyMount(path)
+	return err == nil && (fi.Mode().Perm()&anyWrite == 0 || di.Mode().Perm()&anyWrite == 0 || readOnlyMount(path))
 }
 
-// nonEmpty reports whether the file at path has anything in it: a reader
-// that looked as the last process closed the store leaves an empty -wal.
-func nonEmpty(path string) (bool, error) {
+// fileSize returns the size of the file at path (lstat), or -1 if there is none.
+func fileSize(path string) (int64, error) {
 	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return -1, nil
+	case err != nil:
+		return 0, err
 	}
-	return err == nil && fi.Size() > 0, err
+	return fi.Size(), nil
 }
 
-func exists(path string) (bool, error) {
-	_, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	return err == nil, err
-}
-
-// readHeader reports WAL mode, reading through SQLite: closing a descriptor
-// of its own would drop every POSIX lock this process holds on the file.
-func readHeader(ctx context.Context, dsn, path string) (wal bool, err error) {
+// readHeader reports WAL mode, or StoreCorrupt for op, reading through SQLite:
+// closing a descriptor of its own would drop this process's POSIX locks.
+func readHeader(ctx context.Context, op, dsn, path string) (wal bool, err error) {
 	if _, err := os.Stat(path); err != nil {
 		return false, err // a missing file is not for SQLite to create
 	}
 	if err := fileReadable(path); err != nil {
 		return false, err // SQLite would say only "unable to open"
 	}
-	db, err := sql.Open("sqlite", readOnlyDSN(dsn, access{mode: "ro", immutable: true}))
-	if err != nil {
-		return false, err
-	}
+	db, _ := sql.Open("sqlite", readOnlyDSN(dsn, access{mode: "ro", immutable: true})) // the driver cannot fail it
 	defer db.Close()
 	var page []byte
 	err = db.QueryRowContext(ctx, "SELECT data FROM sqlite_dbpage WHERE pgno = 1").Scan(&page)
+	notDatabase := &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: errNotDatabase}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil // an empty file
 	case sqliteCode(err) == sqlite3.SQLITE_NOTADB:
-		return false, errNotDatabase
+		return false, notDatabase
 	case err != nil:
 		return false, err
 	case len(page) < 100 || string(page[:len(sqliteMagic)]) != sqliteMagic:
-		return false, errNotDatabase
+		return false, notDatabase
 	}
 	return page[18] == 2 && page[19] == 2, nil
 }
@@ -278,10 +263,7 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 		if typ == "table" {
 			tables[lower] = name
 		}
-		switch {
-		case strings.HasPrefix(lower, "sqlite_") || !migrationObjects[lower]:
-		case typ == "table" && (lower == entlock.Table || lower == entstore.VersionTable):
-		default:
+		if migrationObjects[lower] && !(typ == "table" && (lower == entlock.Table || lower == entstore.VersionTable)) {
 			st.Conflicts = append(st.Conflicts, typ+" "+name)
 		}
 	}
@@ -323,9 +305,10 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 
 // CheckWritable reports whether this process could write the database at
 // pathOrURI and create and remove its -wal and -shm. It opens nothing, so
-// it may be called while the database is open. Errors: a *domain.ValidationError when pathOrURI names no file; a
-// *domain.StoreError of kind StoreReadOnly saying what is not writable, or
-// StoreUnreachable when the file does not exist.
+// it may be called while the database is open. Errors: a
+// *domain.ValidationError when pathOrURI names no file; a *domain.StoreError
+// of kind StoreReadOnly saying what is not writable, or StoreUnreachable
+// when the file does not exist.
 func CheckWritable(pathOrURI string) error {
 	dsn, err := DSN(pathOrURI, 0)
 	if err != nil {

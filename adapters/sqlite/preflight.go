@@ -47,9 +47,8 @@ const hotJournalAdvice = "open the file with the program that wrote it (or with 
 const foreignLocksAdvice = "point the service at a lock database of its own (a path where no file exists yet creates one), " +
 	"and leave this file to the application that made it; the file was left as it was"
 
-// preflight decides, by reading only, whether Open may make the file at
-// path (sidePath) a lock store: every reason to refuse is found before the
-// journal switch, the version table or a migration writes it.
+// preflight finds, by reading only, every reason to refuse the file at path
+// before the journal switch, the version table or a migration writes it.
 func preflight(ctx context.Context, op, dsn, path string) error {
 	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
 		return nil // new, or empty: SQLite's empty database
@@ -74,9 +73,8 @@ func preflight(ctx context.Context, op, dsn, path string) error {
 	return nil
 }
 
-// A file is read again a few times when it changed while read alone, or
-// while another process recovers its -shm; a -journal, or a -wal without
-// its -shm, is a writer's for milliseconds, a stopped program's for good.
+// Reads are repeated while the file changes or its -shm is recovered, and a while for a
+// -journal or a lone -wal: a writer's for milliseconds, a stopped program's for good.
 const (
 	quietAttempts      = 5
 	hotJournalPatience = 2 * time.Second
@@ -87,21 +85,18 @@ func quietPause(attempt int) time.Duration {
 }
 
 // quietRead runs read on one connection to the non-empty database at path
-// (sidePath) that changes no file: no write, no file created, removed or
-// rolled back, no checkpoint at close. Errors are formatted for op.
+// that changes no file: nothing written, created, rolled back or checkpointed.
 func quietRead(ctx context.Context, op, dsn, path string, read func(*sql.DB) error) error {
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		patient := time.Since(start) < hotJournalPatience
 		before, _ := os.Stat(path)
-		wal, err := readHeader(ctx, dsn, path)
+		wal, err := readHeader(ctx, op, dsn, path)
 		if isCorrupt(err) && changedMeanwhile(path, before) != nil {
 			err = errChangedMeanwhile // read alone while a writer was at work
 		}
 		var acc access
 		switch {
-		case errors.Is(err, errNotDatabase):
-			return &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
 		case errors.Is(err, errChangedMeanwhile):
 		case err != nil:
 			return FormatError(op, err)
@@ -147,8 +142,8 @@ var errChangedMeanwhile = errors.New("changed while it was read")
 // changedMeanwhile: the file at path is not as before a read, or has a -wal.
 func changedMeanwhile(path string, before os.FileInfo) error {
 	after, _ := os.Stat(path)
-	walNow, _ := nonEmpty(path + "-wal")
-	if !walNow && os.SameFile(before, after) && before.Size() == after.Size() && before.ModTime().Equal(after.ModTime()) {
+	wal, _ := fileSize(path + "-wal")
+	if wal <= 0 && os.SameFile(before, after) && before.Size() == after.Size() && before.ModTime().Equal(after.ModTime()) {
 		return nil
 	}
 	return errChangedMeanwhile
@@ -160,7 +155,7 @@ func quietAccess(path string, wal bool) (access, error) {
 		return acc, err
 	}
 	// Left by a journal switch that stopped half-way.
-	if hot, _ := nonEmpty(path + "-journal"); hot {
+	if n, _ := fileSize(path + "-journal"); n > 0 {
 		return access{}, hotJournal(path)
 	}
 	return access{mode: "ro", immutable: true}, nil
@@ -172,20 +167,20 @@ func walAccess(path string, wal bool) (acc access, decided bool, err error) {
 	if !wal {
 		return access{mode: "ro"}, true, nil
 	}
-	walExists, err := exists(path + "-wal")
-	var shmExists, walFull bool
+	walSize, err := fileSize(path + "-wal")
+	var shmSize, walNow int64
 	if err == nil {
-		shmExists, err = exists(path + "-shm")
+		shmSize, err = fileSize(path + "-shm")
 	}
 	if err == nil {
-		walFull, err = nonEmpty(path + "-wal")
+		walNow, err = fileSize(path + "-wal")
 	}
 	switch {
 	case err != nil:
 		return access{}, true, err
-	case walExists && shmExists:
+	case walSize >= 0 && shmSize >= 0:
 		return access{mode: "ro", readOnlyShm: true}, true, nil
-	case walFull:
+	case walNow > 0: // an empty one is left by a reader as the last process closed the store
 		return access{}, true, fmt.Errorf("%s-wal: %w", path, ErrWALWithoutIndex)
 	}
 	return access{}, false, nil
@@ -219,8 +214,7 @@ func isHot(err error) bool { return errors.Is(err, ErrHotJournal) || isHotJourna
 func isHotJournal(err error) bool { return sqliteCode(err) == sqlite3.SQLITE_READONLY_ROLLBACK }
 
 func isCorrupt(err error) bool {
-	c := sqliteCode(err) & 0xff
-	return c == sqlite3.SQLITE_CORRUPT || c == sqlite3.SQLITE_NOTADB
+	return slices.Contains([]int{sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}, sqliteCode(err)&0xff)
 }
 
 // shmGone: the last process closed the store (removing -wal and -shm)
@@ -230,5 +224,6 @@ func shmGone(err error) bool { return sqliteCode(err)&0xff == sqlite3.SQLITE_CAN
 // readOnlyShmTransient: refusals to read through a read-only -shm that last
 // while the process that has the database open recovers its index.
 func readOnlyShmTransient(err error) bool {
-	return slices.Contains([]int{sqlite3.SQLITE_READONLY_CANTINIT, sqlite3.SQLITE_READONLY_RECOVERY, sqlite3.SQLITE_BUSY_RECOVERY}, sqliteCode(err))
+	c := sqliteCode(err)
+	return c == sqlite3.SQLITE_READONLY_CANTINIT || c == sqlite3.SQLITE_READONLY_RECOVERY || c == sqlite3.SQLITE_BUSY_RECOVERY
 }

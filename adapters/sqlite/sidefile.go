@@ -99,8 +99,7 @@ func checkSideFiles(path string) error {
 }
 
 // openSideFile opens the side file name of the database db, following no
-// symbolic link and waiting on no FIFO, and checks the file it opened:
-// lstat before the open cannot see what is put there between the two.
+// link and waiting on no FIFO, and checks the file it opened (not its name).
 func openSideFile(db, name string, flag int, perm fs.FileMode) (*os.File, error) {
 	f, err := os.OpenFile(name, flag|sideFileFlags, perm)
 	if err != nil {
