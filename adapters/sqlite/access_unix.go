@@ -12,49 +12,35 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dirWritable asks the operating system whether this process may create
-// and remove files in dir, without trying it.
+// These ask (faccessat(2)) rather than open the file: closing a descriptor
+// of the database would drop the locks of this process's connections.
+// Every fs.FileInfo here is os's, whose Sys is a *syscall.Stat_t.
+
 func dirWritable(dir string) error {
-	if err := effectiveAccess(dir, unix.W_OK|unix.X_OK); err != nil {
-		return &fs.PathError{Op: "write in directory", Path: dir, Err: err}
+	return accessError("write in directory", dir, unix.W_OK|unix.X_OK)
+}
+func fileWritable(path string) error { return accessError("write", path, unix.W_OK) }
+func fileReadable(path string) error { return accessError("read", path, unix.R_OK) }
+
+// readOnlyMount reports whether not even root can write path.
+func readOnlyMount(path string) bool { return errors.Is(effectiveAccess(path, unix.W_OK), unix.EROFS) }
+
+func accessError(op, path string, mode uint32) error {
+	if err := effectiveAccess(path, mode); err != nil {
+		return &fs.PathError{Op: op, Path: path, Err: err}
 	}
 	return nil
 }
 
-// fileWritable asks the operating system whether this process may write
-// the file at path, without opening it: closing a descriptor of a database
-// file would drop the locks that SQLite connections of this process hold
-// on it.
-func fileWritable(path string) error {
-	if err := effectiveAccess(path, unix.W_OK); err != nil {
-		return &fs.PathError{Op: "write", Path: path, Err: err}
-	}
-	return nil
+// effectiveAccess answers for the effective user (a setuid program's).
+func effectiveAccess(path string, mode uint32) error {
+	return unix.Faccessat(unix.AT_FDCWD, path, mode, unix.AT_EACCESS)
 }
 
-// fileReadable asks the operating system whether this process may read
-// the file at path, without opening it (see fileWritable).
-func fileReadable(path string) error {
-	if err := effectiveAccess(path, unix.R_OK); err != nil {
-		return &fs.PathError{Op: "read", Path: path, Err: err}
-	}
-	return nil
-}
-
-// readOnlyMount reports whether path is on a file system mounted
-// read-only, where not even root can write.
-func readOnlyMount(path string) bool {
-	return errors.Is(effectiveAccess(path, unix.W_OK), unix.EROFS)
-}
-
-// ownerOrRoot reports an error unless the files this process creates beside
-// the database that fi describes end up belonging to the database's owner:
-// it runs as the owner, or as root, whose files SQLite hands to the owner.
+// ownerOrRoot: only the owner, or root (SQLite chowns root's files), creates
+// files beside the database fi that the owner can write.
 func ownerOrRoot(fi fs.FileInfo) error {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return nil
-	}
+	st := fi.Sys().(*syscall.Stat_t)
 	euid := os.Geteuid()
 	if euid == 0 || uint64(euid) == uint64(st.Uid) {
 		return nil
@@ -63,19 +49,34 @@ func ownerOrRoot(fi fs.FileInfo) error {
 		"files it created there would keep the owner from writing the database", euid, st.Uid)
 }
 
-// effectiveAccess asks whether this process may use path in mode, as its
-// effective user: access(2) alone answers for the real user, which a
-// setuid or setgid program is not.
-func effectiveAccess(path string, mode uint32) error {
-	return unix.Faccessat(unix.AT_FDCWD, path, mode, unix.AT_EACCESS)
+func linkCount(fi fs.FileInfo) uint64 {
+	return uint64(fi.Sys().(*syscall.Stat_t).Nlink) //nolint:unconvert // uint16 on some systems
 }
 
-// linkCount returns how many names (hard links) the file fi describes
-// has.
-func linkCount(fi fs.FileInfo) uint64 {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return 1
+// dbOwner is whom the side files of a database may belong to.
+type dbOwner struct {
+	uid, gid   uint32
+	groupWrite bool // the database's group may write it
+}
+
+// ownerOf returns the owner of the database at db, or this process until it exists.
+func ownerOf(db string) dbOwner {
+	var st unix.Stat_t
+	if unix.Stat(db, &st) != nil {
+		return dbOwner{uid: uint32(os.Geteuid()), gid: uint32(os.Getegid())}
 	}
-	return uint64(st.Nlink) //nolint:unconvert // uint16 on some systems
+	return dbOwner{uid: st.Uid, gid: st.Gid, groupWrite: st.Mode&0o020 != 0}
+}
+
+// foreignOwner says, if so, that the side file fi belongs to a user other
+// than this one, root, the database's owner or writing group: such a user
+// could flock it for ever, or write-lock it so that no waiter's mark takes.
+func foreignOwner(fi fs.FileInfo, db dbOwner) string {
+	st := fi.Sys().(*syscall.Stat_t)
+	euid := uint32(os.Geteuid())
+	if st.Uid == euid || st.Uid == 0 || st.Uid == db.uid || db.groupWrite && st.Gid == db.gid {
+		return ""
+	}
+	return fmt.Sprintf("belongs to uid %d, who is neither this user (uid %d), root, nor the database's owner (uid %d) or writing group",
+		st.Uid, euid, db.uid)
 }

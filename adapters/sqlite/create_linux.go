@@ -8,25 +8,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// createFile creates an empty regular file at path with mode perm (less
-// the umask), failing with fs.ErrExist when something is there already. It
-// is mknod(2), which makes the file without opening it: no descriptor of
-// the database file is ever opened, and so none is closed, outside SQLite.
-// A file system that cannot make files that way (some FUSE ones) gets the
-// file opened with O_EXCL and closed at once, which is safe as long as no
-// other goroutine of this process opens the same new file in the same
-// microseconds.
+// createFile makes an empty file with mknod(2), which opens no descriptor whose
+// close would drop SQLite's locks; a file system without it (FUSE) gets createOpen.
 func createFile(path string, perm fs.FileMode) error {
 	err := unix.Mknod(path, unix.S_IFREG|uint32(perm.Perm()), 0)
 	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, perm)
-		if err != nil {
-			return err
-		}
-		return f.Close()
+		return createOpen(path, perm)
 	}
 	if err != nil {
 		return &fs.PathError{Op: "create", Path: path, Err: err}
 	}
 	return nil
+}
+
+// syncWALFileSystem syncs the WAL's file system, the database's pages among
+// them. Closing a descriptor of the WAL is safe: SQLite never locks it.
+func syncWALFileSystem(walPath string) error {
+	f, err := os.Open(walPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,9 +18,8 @@ import (
 // process's write lock before the adapter's own retry takes over.
 const DefaultBusyTimeout = 5 * time.Second
 
-// settings are the connection parameters the adapter relies on. A DSN may
-// override them, except _txlock: a deferred transaction that reads and then
-// writes can fail at once with "database is locked", whatever the timeout.
+// settings may be overridden by a DSN, except _txlock: a deferred read-then-
+// write can fail at once with "database is locked".
 var settings = []struct{ key, value string }{
 	{"_journal_mode", "WAL"},   // readers never block the writer
 	{"_synchronous", "NORMAL"}, // durable at checkpoints; WAL keeps it consistent
@@ -27,55 +27,35 @@ var settings = []struct{ key, value string }{
 }
 
 // DSN turns a database path, or a "file:" URI, into the DSN the adapter
-// opens: WAL journal, synchronous=NORMAL, the busy timeout and immediate
-// write transactions, unless the URI already sets them (_txlock excepted).
-//
+// opens, with the busy timeout and the settings the URI does not set.
 // Errors: a *domain.ValidationError (Field "database") for an empty path, a
-// URI whose query does not parse, an in-memory database (see InMemory), or
-// a parameter that would break what the store promises (see checkParams:
-// a _pragma of a setting the store makes itself, a journal that is OFF or
-// in MEMORY, nolock=1, a unix-* VFS), naming the parameter.
+// query that does not parse, an in-memory database (InMemory), or a
+// parameter that checkParams refuses, naming it.
 func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 	if pathOrURI == "" {
-		return "", &domain.ValidationError{Field: "database", Reason: "must name a SQLite file"}
+		return "", invalidDatabase("must name a SQLite file")
 	}
-	var base string
-	var q url.Values
-	if rest, ok := strings.CutPrefix(pathOrURI, "file:"); ok {
-		path, query, _ := strings.Cut(rest, "?")
+	base, q := "", url.Values{}
+	if strings.HasPrefix(pathOrURI, "file:") {
 		var err error
-		if q, err = url.ParseQuery(query); err != nil {
-			return "", &domain.ValidationError{Field: "database",
-				Reason: fmt.Sprintf("the query of %q does not parse: %v", redact(pathOrURI), err)}
+		if base, q, err = splitDSN(pathOrURI); err != nil {
+			return "", invalidDatabase(fmt.Sprintf("the query of %q does not parse: %v", redact(pathOrURI), err))
 		}
-		base = "file:" + path
 	} else {
-		q = url.Values{}
-		// A path that begins with two slashes or more names the same file
-		// as with one (on the systems SQLite's unix VFS runs on), but in a
-		// URI "file://tmp/x.db" makes tmp an authority, which SQLite
-		// refuses after creating "/x.db".
+		// In "file://tmp/x.db", tmp is an authority, refused after creating /x.db.
 		if strings.HasPrefix(pathOrURI, "//") {
 			pathOrURI = "/" + strings.TrimLeft(pathOrURI, "/")
 		}
 		base = "file:" + (&url.URL{Path: pathOrURI}).EscapedPath()
 	}
-	for _, m := range q["mode"] {
-		if !slices.Contains([]string{"ro", "rw", "rwc", "memory"}, m) {
-			// SQLite refuses it too, but only after the adapter has
-			// created the file.
-			return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
-				"mode=%s in %q is none of SQLite's access modes, ro, rw, rwc and memory (in lower case)", m, redact(pathOrURI))}
-		}
-	}
 	if err := checkParams(q, pathOrURI); err != nil {
 		return "", err
 	}
 	if inMemory(base, q) {
-		return "", &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
+		return "", invalidDatabase(fmt.Sprintf(
 			"%q names an in-memory SQLite database, which each connection of the store would see as "+
 				"a separate, empty database: to keep the locks in this process's memory, set the database "+
-				"to locks.MemoryDatabase (%q); to share them, name a file", redact(pathOrURI), ":memory:")}
+				"to locks.MemoryDatabase (%q); to share them, name a file", redact(pathOrURI), ":memory:"))
 	}
 	if busyTimeout <= 0 {
 		busyTimeout = DefaultBusyTimeout
@@ -91,10 +71,21 @@ func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 	return base + "?" + q.Encode(), nil
 }
 
-// pragmaAdvice says why DSN refuses a "_pragma" of each name, and what to
-// write instead. The module sets these itself; the driver runs a _pragma
-// first, so it either fights the module's setting (a journal switch while
-// other connections hold the file: busy, after creating it) or is undone.
+func invalidDatabase(reason string) error {
+	return &domain.ValidationError{Field: "database", Reason: reason}
+}
+
+// splitDSN splits a "file:" URI at its query.
+func splitDSN(dsn string) (base string, q url.Values, err error) {
+	base, query, _ := strings.Cut(dsn, "?")
+	q, err = url.ParseQuery(query)
+	return base, q, err
+}
+
+const changesFile = "it would change the file on every connection, even one the module then refuses: drop it"
+
+// pragmaAdvice says why DSN refuses a "_pragma" of each name. The driver runs
+// a _pragma first, so it fights the module's own setting or is undone.
 var pragmaAdvice = map[string]string{
 	"journal_mode": "the module sets the journal (WAL) on every connection: ask for a rollback journal with " +
 		"_journal_mode=DELETE, TRUNCATE or PERSIST instead",
@@ -103,24 +94,27 @@ var pragmaAdvice = map[string]string{
 	"locking_mode":       "the lock store is shared by every process on the file, which locking_mode=EXCLUSIVE would keep out: drop it",
 	"wal_autocheckpoint": "the module runs the checkpoints itself, away from the writes: drop it",
 	"journal_size_limit": "the module runs the checkpoints and bounds the WAL itself: drop it",
-	"user_version":       "it would change the file on every connection, even one the module then refuses: drop it",
-	"application_id":     "it would change the file on every connection, even one the module then refuses: drop it",
-	"schema_version":     "it would change the file on every connection, even one the module then refuses: drop it",
+	"user_version":       changesFile,
+	"application_id":     changesFile,
+	"schema_version":     changesFile,
 	"writable_schema":    "it lets a statement corrupt the schema the module relies on: drop it",
 }
 
-// checkParams refuses the parameters of a file: URI (its query q) that
-// would break a journal that survives a crash, SQLite's file locks between
-// processes, or a refused file left as it was. uri is for the messages.
+// checkParams refuses the parameters in q that would break the store's promises.
 func checkParams(q url.Values, uri string) error {
+	for _, m := range q["mode"] {
+		if !slices.Contains([]string{"ro", "rw", "rwc", "memory"}, m) { // SQLite refuses it after creating the file
+			return invalidDatabase(fmt.Sprintf(
+				"mode=%s in %q is none of SQLite's access modes, ro, rw, rwc and memory (in lower case)", m, redact(uri)))
+		}
+	}
 	refuse := func(param, why string) error {
-		return &domain.ValidationError{Field: "database", Reason: fmt.Sprintf("%s in %q is refused: %s", param, redact(uri), why)}
+		return invalidDatabase(fmt.Sprintf("%s in %q is refused: %s", param, redact(uri), why))
 	}
 	for _, p := range q["_pragma"] {
 		if strings.Contains(p, ";") {
 			return refuse("_pragma="+p, "give one pragma per _pragma parameter, without \";\"")
 		}
-		// A bare name ("_pragma=journal_mode") only reads the setting.
 		if name, arg := pragmaParts(p); arg != "" && pragmaAdvice[name] != "" {
 			return refuse("_pragma="+p, pragmaAdvice[name])
 		}
@@ -147,10 +141,8 @@ func checkParams(q url.Values, uri string) error {
 	return nil
 }
 
-// pragmaParts splits a _pragma parameter, "name(arg)" or "name=arg" as
-// the driver runs it after "pragma ", into its name, lower case and
-// without a schema ("main.journal_mode"), and its argument, lower case and
-// trimmed ("" when it only reads the setting).
+// pragmaParts splits "name(arg)" or "name=arg" into the lower-case name
+// without a schema ("main.") and argument ("" when it only reads).
 func pragmaParts(p string) (name, arg string) {
 	p = strings.ToLower(strings.TrimSpace(p))
 	i := strings.IndexAny(p, "(=")
@@ -164,57 +156,33 @@ func pragmaParts(p string) (name, arg string) {
 	return name, strings.Trim(p[i:], " (=)")
 }
 
-// falsy reports whether v is one of the driver's false booleans.
 func falsy(v string) bool {
 	return slices.Contains([]string{"0", "no", "false", "off"}, strings.ToLower(v))
 }
 
-// InMemory reports whether pathOrURI names an in-memory SQLite database
-// (":memory:", a file: URI with mode=memory, the memdb VFS, or an empty
-// name), which DSN refuses: it lives and dies with one process, and each
-// connection of the store would get one of its own.
+// InMemory reports whether pathOrURI names an in-memory SQLite database,
+// which DSN refuses: each connection of the store would get its own.
 func InMemory(pathOrURI string) bool {
 	if pathOrURI == ":memory:" {
 		return true
 	}
-	rest, ok := strings.CutPrefix(pathOrURI, "file:")
-	if !ok {
-		return false
-	}
-	path, query, _ := strings.Cut(rest, "?")
-	q, err := url.ParseQuery(query)
-	return err == nil && inMemory("file:"+path, q)
+	base, q, err := splitDSN(pathOrURI)
+	return strings.HasPrefix(pathOrURI, "file:") && err == nil && inMemory(base, q)
 }
 
-// inMemory is InMemory for base (a "file:" URI without its query) and q;
-// an empty name is a temporary database private to each connection.
+// inMemory is InMemory for a split URI (an empty name is private to a connection).
 func inMemory(base string, q url.Values) bool {
-	// A parameter may be given more than once: refusing any occurrence of
-	// these values is the strict reading.
-	for _, mode := range q["mode"] {
-		if mode == "memory" {
-			return true
-		}
-	}
-	for _, vfs := range q["vfs"] {
-		if vfs == "memdb" {
-			return true
-		}
-	}
 	name := uriPath(base)
-	return name == ":memory:" || name == ""
+	return slices.Contains(q["mode"], "memory") || slices.Contains(q["vfs"], "memdb") || name == ":memory:" || name == ""
 }
 
-// uriPath returns the file name that SQLite reads in base, a "file:" URI
-// without its query: percent-decoded, after an authority ("file://" with
-// "localhost" or nothing) is dropped, and up to a fragment.
+// uriPath returns the file SQLite reads in base: after the authority, before a fragment, unescaped.
 func uriPath(base string) string {
 	path := strings.TrimPrefix(base, "file:")
 	if rest, ok := strings.CutPrefix(path, "//"); ok {
+		path = ""
 		if i := strings.IndexByte(rest, '/'); i >= 0 {
 			path = rest[i:]
-		} else {
-			path = ""
 		}
 	}
 	path, _, _ = strings.Cut(path, "#")
@@ -224,20 +192,12 @@ func uriPath(base string) string {
 	return path
 }
 
-// readOnlyMode reports whether a DSN made by DSN asks SQLite to open the
-// database read-only (mode=ro; immutable=1, which also promises that
-// nobody writes the file; query_only): the store could not write through
-// it, and SQLite would still leave files behind (-wal and -shm, or an
-// empty database where there was none).
-func readOnlyMode(dsn string) bool {
-	return readOnlyParam(dsn) != ""
-}
+// readOnlyMode: the store could not write, yet SQLite would leave files behind.
+func readOnlyMode(dsn string) bool { return readOnlyParam(dsn) != "" }
 
-// readOnlyParam returns the parameter of a DSN made by DSN that makes it
-// read-only (mode=ro, immutable, a query_only pragma or _query_only), or "".
+// readOnlyParam returns the parameter that makes dsn read-only, or "".
 func readOnlyParam(dsn string) string {
-	_, query, _ := strings.Cut(dsn, "?")
-	q, _ := url.ParseQuery(query)
+	_, q, _ := splitDSN(dsn)
 	switch {
 	case slices.Contains(q["mode"], "ro"):
 		return "mode=ro"
@@ -257,39 +217,34 @@ func readOnlyParam(dsn string) string {
 	return ""
 }
 
-// readOnlyModeError refuses dsn, read-only (readOnlyParam), for the
-// operation op.
 func readOnlyModeError(op, dsn string) error {
 	p := readOnlyParam(dsn)
 	return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: fmt.Errorf("the file: URI asks for %s", p),
 		Advice: "drop " + p + " from the URI: the lock store writes to acquire, renew, release and clean up locks (OpenReadOnly reads without writing)"}
 }
 
-// filePath returns the file a DSN made by DSN names, or "" for an in-memory
-// database (which DSN refuses).
+// filePath returns the file that dsn, made by DSN (never in memory), names.
 func filePath(dsn string) string {
-	base, query, _ := strings.Cut(dsn, "?")
-	if q, _ := url.ParseQuery(query); inMemory(base, q) {
-		return ""
-	}
+	base, _, _ := strings.Cut(dsn, "?")
 	return uriPath(base)
 }
 
-// createPrivate creates the database file with mode 0600 if it does not
-// exist yet, so that SQLite (which would use 0644) never makes a lock store
-// that other users can read. SQLite gives its -wal and -shm files the same
-// mode as the database. It creates the file without keeping a descriptor
-// where it can (createFile): another goroutine of this process may open
-// the new file through SQLite at once, and closing a descriptor would drop
-// that connection's locks.
+// createPrivate creates a missing database 0600, not SQLite's 0644, which -wal and -shm copy.
 func createPrivate(path string) error {
-	if path == "" {
-		return nil
-	}
-	if err := createFile(path, 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := createFile(path, 0o600); !errors.Is(err, fs.ErrExist) {
 		return err
 	}
 	return nil
+}
+
+// createOpen creates the file and closes it at once, which drops the locks
+// of a goroutine that opened the new file meanwhile (not on Windows).
+func createOpen(path string, perm fs.FileMode) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, perm)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // redact hides a password in a DSN-like string, for messages.
@@ -302,12 +257,9 @@ func redact(s string) string {
 	return s
 }
 
-// busyTimeout returns how long the connections of a DSN made by DSN wait
-// for another process's write lock: the file lock that queues the
-// processes' writers waits as long.
+// busyTimeout is dsn's; the writers' file lock waits as long.
 func busyTimeout(dsn string) time.Duration {
-	_, query, _ := strings.Cut(dsn, "?")
-	q, _ := url.ParseQuery(query)
+	_, q, _ := splitDSN(dsn)
 	for _, key := range []string{"_busy_timeout", "_timeout"} {
 		if ms, err := strconv.Atoi(q.Get(key)); err == nil && ms > 0 {
 			return time.Duration(ms) * time.Millisecond

@@ -8,18 +8,11 @@ import (
 	"time"
 )
 
-// holdBack pauses the calling thread for d. The Go runtime's timers can
-// wake a short sleep a millisecond late; a nanosleep wakes within
-// microseconds, and the runtime runs other goroutines meanwhile, as it
-// does during any system call.
+// holdBack pauses the calling thread for d: a nanosleep wakes within
+// microseconds, the runtime's timers a millisecond late.
 func holdBack(d time.Duration) {
 	ts := syscall.NsecToTimespec(d.Nanoseconds())
-	for {
-		var left syscall.Timespec
-		err := syscall.Nanosleep(&ts, &left)
-		if !errors.Is(err, syscall.EINTR) {
-			return
-		}
-		ts = left
+	for errors.Is(syscall.Nanosleep(&ts, &ts), syscall.EINTR) {
+		// interrupted: ts now holds what is left to sleep
 	}
 }

@@ -4,6 +4,5 @@ package sqlite
 
 import "time"
 
-// holdBack pauses for about d: where there is no nanosleep to call
-// (macOS), through the runtime's timers, which may wake later.
+// holdBack pauses for about d where there is no nanosleep (macOS).
 func holdBack(d time.Duration) { time.Sleep(d) }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/cleveragents/locks/adapters/entstore"
@@ -22,33 +20,17 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// This file serves diagnostics: a look at a lock database that changes
-// nothing, not even by accident. Open would create a missing file, apply
-// migrations and switch the journal to WAL; OpenReadOnly does none of that.
-
-// sqliteMagic is how every SQLite database file begins.
 const sqliteMagic = "SQLite format 3\x00"
 
-// errNotDatabase reports a file that SQLite would refuse as a database.
 var errNotDatabase = errors.New("the file does not begin with the SQLite header")
 
-// OpenReadOnly opens the existing database at pathOrURI for reading only.
-// It never creates the database, applies no migration and leaves the
-// journal mode as it is; writes through the returned DB fail with a
-// StoreReadOnly error. It sees what other processes commit meanwhile, and
-// leaves no -wal or -shm behind that its owner could not write
-// (readAccess). It reads the file only through SQLite, so the locks of
-// this process's other connections stay in place.
-//
+// OpenReadOnly opens the existing database at pathOrURI for diagnostics,
+// changing nothing (readAccess); writes through the DB fail (StoreReadOnly).
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
-// no file, such as an in-memory database; a *domain.StoreError:
-// StoreUnreachable wrapping fs.ErrNotExist when the file does not exist,
-// StoreCorrupt when it is not a database, StoreUnreachable with advice when
-// this user cannot read it safely now, or wrapping a *LinkedFileError when
-// the file has more than one name, a *SideFileError when something is
-// planted at SQLite's -journal, -wal or -shm, ErrWALWithoutIndex when a
-// -wal file exists without its -shm, or ErrHotJournal when a program
-// stopped in the middle of a transaction on the file.
+// no file; a *domain.StoreError: StoreUnreachable wrapping fs.ErrNotExist,
+// StoreCorrupt for a file not a database, StoreUnreachable with advice when
+// this user cannot read it safely now, or wrapping a *LinkedFileError, a
+// *SideFileError, ErrWALWithoutIndex or ErrHotJournal.
 func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -56,19 +38,12 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	}
 	path := filePath(dsn)
 	op := "inspect lock store " + path
-	// A second name reads through a journal of its own, which lacks what
-	// the processes that write through the other name committed.
+	// A second name reads through a journal of its own.
 	if err := checkOneName(op, path); err != nil {
 		return nil, err
 	}
-	// The reading connections are opened as they are needed: all of them
-	// must reach the file that path names now, whatever the process's
-	// working directory by then (sidePath).
 	real := sidePath(path)
 	dsn = withPath(dsn, real)
-	// SQLite opens its side files without a question, and would block for
-	// ever on a FIFO there: each connection checks them first
-	// (sideFileConnector), and so does this, before anything is read.
 	if err := checkSQLiteSideFiles(real); err != nil {
 		return nil, FormatError(op, err)
 	}
@@ -84,27 +59,19 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 		}
 	}
 	db := &DB{sql: sdb, writer: make(chan struct{}, 1), path: path}
+	// Nothing prepared: a missing locks table is for Schema to report.
 	db.store = &LockRepository{Store: entstore.NewReadOnly(sdb, db.backend())}
-	// No statements are prepared: the locks table may be missing, which is
-	// for the schema check to report, and reads fall back to plain queries.
 	return db, nil
 }
 
-// readPool opens OpenReadOnly's pool for op on the database at path (real
-// is its resolved name) through dsn, in the way readAccess chooses. It
-// returns a nil pool and no error when the processes that had the store
-// open closed it while it was read through their -shm file (shmGone):
-// the caller looks again. start is when OpenReadOnly began, for the
-// patience with a -journal or -wal file of a writer at work.
+// readPool opens OpenReadOnly's pool on path (resolved: real). A nil pool
+// without error: the store was closed meanwhile (shmGone); look again.
 func readPool(ctx context.Context, op, dsn, path, real string, start time.Time) (*sql.DB, error) {
 	var acc access
 	var err error
 	for attempt := 1; ; attempt++ {
 		var wal bool
-		wal, err = readHeader(ctx, dsn, path)
-		if errors.Is(err, errNotDatabase) {
-			return nil, &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: err}
-		}
+		wal, err = readHeader(ctx, op, dsn, path)
 		if err != nil {
 			return nil, FormatError(op, err)
 		}
@@ -126,10 +93,7 @@ func readPool(ctx context.Context, op, dsn, path, real string, start time.Time) 
 			Advice: "inspect it as its owner or as root, or while the application has it open"}
 	}
 	sdb := openPool(readOnlyDSN(dsn, acc), real)
-	// Reading the catalogue makes SQLite parse the file now, so that a
-	// damaged one is reported here rather than by the first query (and a
-	// hot journal, which SQLite refuses to read on a read-only connection,
-	// as what it is).
+	// Damage, or a hot journal, is reported now rather than by a query.
 	var n int
 	for attempt := 1; ; attempt++ {
 		err := sdb.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n)
@@ -153,50 +117,14 @@ func readPool(ctx context.Context, op, dsn, path, real string, start time.Time) 
 
 // access is how OpenReadOnly and preflight have SQLite open a database.
 type access struct {
-	// mode is SQLite's mode parameter: "ro", or "rw" with query_only set.
-	mode string
-	// immutable reads the file alone, trusting that nothing changes it.
-	immutable bool
-	// readOnlyShm opens the -shm file read-only (readonly_shm=1): SQLite
-	// neither creates nor changes it, and builds the index in its own
-	// memory where no process has the database open.
-	readOnlyShm bool
+	mode        string // "ro", or "rw" (always with query_only)
+	immutable   bool   // read the file alone, trusting nothing changes it
+	readOnlyShm bool   // SQLite neither creates nor changes the -shm
 }
 
-// readAccess decides how to read the database at path (named by
-// sidePath), in WAL mode or not, so that the reads see what other
-// processes commit meanwhile and nothing is left behind that could keep
-// the application from writing.
-//
-// A database not in WAL mode (or an empty file) is read with mode=ro and
-// SQLite's file locks, which create nothing. SQLite refuses it while its
-// journal is hot (a program stopped in the middle of a transaction):
-// rolling it back is for a connection that may write.
-//
-// A WAL database is read through its -wal file and its -shm index, which
-// SQLite creates when missing, even for a read-only connection, owned by
-// whoever creates them (by the database's owner when SQLite runs as
-// root). A missing one is created only where the application would own
-// it alike; a -shm the owner cannot write would fail its every write. In
-// order:
-//
-//   - Both -wal and -shm exist: mode=ro with readonly_shm=1 reads through
-//     them, creating and changing nothing; where no process has the
-//     database open, SQLite builds the index in its own memory.
-//   - A -wal file with frames exists without its -shm: its commits cannot
-//     be read without creating the -shm (ErrWALWithoutIndex). An empty
-//     one holds no commit (holdsFrames).
-//   - No -wal file, and no process but root can write the database or
-//     create a -wal beside it: immutable=1 reads the file alone, with no
-//     lock. With a -wal, or any writer possible, immutable could serve
-//     pages a writer is replacing: stale reads, or SQLITE_CORRUPT.
-//   - No -wal file, no journal, and this user is root or the owner and
-//     can write the database and its directory: mode=rw with query_only=1.
-//     SQLite creates -wal and -shm and removes them at the last close, as
-//     for the application (a mode=ro connection would leave them: removing
-//     them takes a write lock). Its only write is that close's checkpoint
-//     of what other processes committed meanwhile.
-//   - Otherwise the database cannot be read safely now: the error says why.
+// readAccess chooses how OpenReadOnly reads without a -wal: immutable only where nobody
+// could write (it might read pages a writer replaces); else mode=rw as root or the owner,
+// so that SQLite removes the -wal and -shm it creates at the last close (mode=ro would not).
 func readAccess(path string, wal bool) (access, error) {
 	if acc, decided, err := walAccess(path, wal); decided || err != nil {
 		return acc, err
@@ -204,107 +132,79 @@ func readAccess(path string, wal bool) (access, error) {
 	if nobodyCanWrite(path) {
 		return access{mode: "ro", immutable: true}, nil
 	}
-	// A connection that may write rolls a hot journal back.
-	if fi, err := os.Lstat(path + "-journal"); err == nil && fi.Size() > 0 {
-		return access{}, fmt.Errorf("%s-journal: %w", path, ErrHotJournal)
+	if n, _ := fileSize(path + "-journal"); n > 0 {
+		return access{}, hotJournal(path)
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
 		return access{}, err
 	}
-	missing := fmt.Errorf("reading it needs its -wal and -shm files, which do not exist")
-	if err := ownerOrRoot(fi); err != nil {
-		return access{}, fmt.Errorf("%w, and %w", missing, err)
+	err = ownerOrRoot(fi)
+	if err == nil {
+		err = fileWritable(path)
 	}
-	err = fileWritable(path)
 	if err == nil {
 		err = dirWritable(filepath.Dir(path))
 	}
 	if err != nil {
-		return access{}, fmt.Errorf("%w, and %w", missing, err)
+		return access{}, fmt.Errorf("reading it needs its -wal and -shm files, which do not exist, and %w", err)
 	}
 	return access{mode: "rw"}, nil
 }
 
-// nobodyCanWrite reports whether no process but one running as root could
-// write the database at path or create a -wal file beside it.
+// nobodyCanWrite: only root could write the database or create a -wal.
 func nobodyCanWrite(path string) bool {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return false
 	}
 	di, err := os.Stat(filepath.Dir(path))
-	if err != nil {
-		return false
-	}
 	const anyWrite = 0o222
-	return fi.Mode().Perm()&anyWrite == 0 || di.Mode().Perm()&anyWrite == 0 || readOnlyMount(path)
+	return err == nil && (fi.Mode().Perm()&anyWrite == 0 || di.Mode().Perm()&anyWrite == 0 || readOnlyMount(path))
 }
 
-// exists reports whether a file exists at path.
-// holdsFrames reports whether the -wal file at path has anything in it:
-// an empty one holds no commit. A connection that may only read opens the
-// -wal file with O_CREAT, so one that looked while the last process closed
-// the store (removing -wal and -shm) leaves an empty -wal behind.
-func holdsFrames(path string) (bool, error) {
+// fileSize returns the size of the file at path (lstat), or -1 if there is none.
+func fileSize(path string) (int64, error) {
 	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return -1, nil
+	case err != nil:
+		return 0, err
 	}
-	return err == nil && fi.Size() > 0, err
+	return fi.Size(), nil
 }
 
-func exists(path string) (bool, error) {
-	_, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	return err == nil, err
-}
-
-// readHeader reports whether the file at path is a database in WAL mode.
-// An empty file is a valid, empty database to SQLite; any other file must
-// begin with SQLite's header, whose bytes 18 and 19 are 2 in WAL mode.
-//
-// The header is read through SQLite (page 1 of sqlite_dbpage, immutable=1:
-// no lock, nothing created), never with a descriptor of this package's:
-// closing one would drop every POSIX lock this process holds on the file,
-// the application's connections' included, and another process could
-// then delete the -wal and -shm under them.
-func readHeader(ctx context.Context, dsn, path string) (wal bool, err error) {
+// readHeader reports WAL mode, or StoreCorrupt for op, reading through SQLite:
+// closing a descriptor of its own would drop this process's POSIX locks.
+func readHeader(ctx context.Context, op, dsn, path string) (wal bool, err error) {
 	if _, err := os.Stat(path); err != nil {
 		return false, err // a missing file is not for SQLite to create
 	}
 	if err := fileReadable(path); err != nil {
 		return false, err // SQLite would say only "unable to open"
 	}
-	db, err := sql.Open("sqlite", readOnlyDSN(dsn, access{mode: "ro", immutable: true}))
-	if err != nil {
-		return false, err
-	}
+	db, _ := sql.Open("sqlite", readOnlyDSN(dsn, access{mode: "ro", immutable: true})) // the driver cannot fail it
 	defer db.Close()
 	var page []byte
 	err = db.QueryRowContext(ctx, "SELECT data FROM sqlite_dbpage WHERE pgno = 1").Scan(&page)
-	var serr *sqlite.Error
+	notDatabase := &domain.StoreError{Op: op, Kind: domain.StoreCorrupt, Err: errNotDatabase}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil // an empty file
-	case errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_NOTADB:
-		return false, errNotDatabase
+	case sqliteCode(err) == sqlite3.SQLITE_NOTADB:
+		return false, notDatabase
 	case err != nil:
 		return false, err
 	case len(page) < 100 || string(page[:len(sqliteMagic)]) != sqliteMagic:
-		return false, errNotDatabase
+		return false, notDatabase
 	}
 	return page[18] == 2 && page[19] == 2, nil
 }
 
-// readOnlyDSN turns a DSN made by DSN into one that opens the database as
-// acc says and cannot write: the settings that would change the file are
-// dropped, and statements that write are refused (query_only).
+// readOnlyDSN turns dsn into one that opens as acc says and writes nothing.
 func readOnlyDSN(dsn string, acc access) string {
-	base, query, _ := strings.Cut(dsn, "?")
-	q, _ := url.ParseQuery(query) // DSN produced it, so it parses
+	base, q, _ := splitDSN(dsn)
 	for _, k := range []string{"_journal_mode", "_journal", "_synchronous", "_sync", "_txlock",
 		"_pragma", "_auto_vacuum", "_vacuum", "_query_only", "mode", "immutable", "readonly_shm"} {
 		q.Del(k)
@@ -320,41 +220,23 @@ func readOnlyDSN(dsn string, acc access) string {
 	return base + "?" + q.Encode()
 }
 
-// SchemaState is what Schema found in a database.
+// SchemaState is what Schema found; names compare in any letter case.
 type SchemaState struct {
-	// MigrationApplied: goose records MigrationName as applied.
-	MigrationApplied bool
-	// LocksTable: a table named locks exists (in any letter case: SQLite's
-	// names are case-insensitive), whoever created it.
-	LocksTable bool
-	// OtherTables are the tables that belong to neither the lock store
-	// nor SQLite, sorted: those of another application, whose file a
-	// command line may name by mistake.
-	OtherTables []string
-	// Conflicts are, while MigrationApplied is false, the objects other
-	// than a locks table that are named (in any letter case) as one the
-	// store's migrations create or as its version table, each as "type
-	// name", sorted: SQLite's tables, views, indexes and triggers share
-	// one namespace, so the migration would fail on each. A version table
-	// that is a table is not one of them.
+	MigrationApplied bool     // goose records MigrationName as applied
+	LocksTable       bool     // a table named locks exists, whoever created it
+	OtherTables      []string // sorted tables of neither the store nor SQLite
+	// Conflicts ("type name", sorted; none once migrated) are the objects,
+	// tables locks and version excepted, that the migration would fail on.
 	Conflicts []string
 }
 
-// migrationObjects are the names, in lower case, of the objects that the
-// store's migrations create, read from their CREATE statements, and of
-// its version table.
+// migrationObjects are the lower-case names of what the migrations create.
 var migrationObjects = func() map[string]bool {
 	names := map[string]bool{entstore.VersionTable: true}
 	create := regexp.MustCompile("(?i)CREATE\\s+(?:UNIQUE\\s+)?(?:TABLE|INDEX|VIEW|TRIGGER)\\s+(?:IF\\s+NOT\\s+EXISTS\\s+)?[`\"\\[]?(\\w+)")
-	files, err := fs.Glob(migrationFiles, "migrations/*.sql")
-	if err != nil || len(files) == 0 {
-		panic("sqlite: no migrations embedded")
-	}
+	files, _ := fs.Glob(migrationFiles, "migrations/*.sql")
 	for _, f := range files {
-		b, err := migrationFiles.ReadFile(f)
-		if err != nil {
-			panic("sqlite: reading embedded migration " + f + ": " + err.Error())
-		}
+		b, _ := migrationFiles.ReadFile(f)
 		for _, m := range create.FindAllStringSubmatch(string(b), -1) {
 			names[strings.ToLower(m[1])] = true
 		}
@@ -362,15 +244,11 @@ var migrationObjects = func() map[string]bool {
 	return names
 }()
 
-// Schema reports whether MigrationName has been applied, whether the
-// locks table exists, and what else in the file the migration would meet.
-// Unlike MigrationApplied it only reads: goose would create its version
-// table in a database that lacks one.
+// Schema reads SchemaState, without creating goose's version table.
 func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	const op = "read schema"
 	var st SchemaState
-	// tables maps each table's name in lower case to its name as written.
-	tables := map[string]string{}
+	tables := map[string]string{} // lower case -> as written
 	rows, err := db.sql.QueryContext(ctx, "SELECT type, name FROM sqlite_master")
 	if err != nil {
 		return st, FormatError(op, err)
@@ -385,10 +263,7 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 		if typ == "table" {
 			tables[lower] = name
 		}
-		switch {
-		case strings.HasPrefix(lower, "sqlite_") || !migrationObjects[lower]:
-		case typ == "table" && (lower == entlock.Table || lower == entstore.VersionTable):
-		default:
+		if migrationObjects[lower] && !(typ == "table" && (lower == entlock.Table || lower == entstore.VersionTable)) {
 			st.Conflicts = append(st.Conflicts, typ+" "+name)
 		}
 	}
@@ -396,26 +271,24 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 		return st, FormatError(op, err)
 	}
 	_, st.LocksTable = tables[entlock.Table]
+	legacy := strings.ToLower(entstore.LegacyVersionTable)
 	for lower, name := range tables {
-		switch {
-		case lower == entlock.Table, lower == entstore.VersionTable, lower == strings.ToLower(entstore.LegacyVersionTable),
-			strings.HasPrefix(lower, "sqlite_"):
-		default:
+		if lower != entlock.Table && lower != entstore.VersionTable && lower != legacy && !strings.HasPrefix(lower, "sqlite_") {
 			st.OtherTables = append(st.OtherTables, name)
 		}
 	}
 	slices.Sort(st.OtherTables)
 	slices.Sort(st.Conflicts)
-	// The module's own version table or, in a database that only versions
-	// of the module older than that table have opened, goose's default one.
+	// Versions of the module older than its version table used goose's.
 	table, ok := tables[entstore.VersionTable]
 	if !ok {
-		table, ok = tables[strings.ToLower(entstore.LegacyVersionTable)]
+		table, ok = tables[legacy]
 	}
 	if !ok {
 		return st, nil
 	}
-	version, err := migrationVersion()
+	fsys, _ := fs.Sub(migrationFiles, "migrations") // cannot fail
+	version, err := entstore.MigrationVersion(fsys, MigrationName)
 	if err != nil {
 		return st, &domain.StoreError{Op: op, Err: err}
 	}
@@ -431,15 +304,11 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 }
 
 // CheckWritable reports whether this process could write the database at
-// pathOrURI, and create and remove files in its directory, as SQLite does
-// with the -wal and -shm files. It asks the operating system (access(2))
-// and opens nothing: closing a descriptor of the file would drop the POSIX
-// locks that SQLite connections of this process hold on it. It may be
-// called while the database is open, by this process or another.
-//
-// Errors: a *domain.ValidationError when pathOrURI names no file; a
-// *domain.StoreError of kind StoreReadOnly saying what is not writable, or
-// StoreUnreachable when the file does not exist.
+// pathOrURI and create and remove its -wal and -shm. It opens nothing, so
+// it may be called while the database is open. Errors: a
+// *domain.ValidationError when pathOrURI names no file; a *domain.StoreError
+// of kind StoreReadOnly saying what is not writable, or StoreUnreachable
+// when the file does not exist.
 func CheckWritable(pathOrURI string) error {
 	dsn, err := DSN(pathOrURI, 0)
 	if err != nil {
@@ -453,21 +322,12 @@ func CheckWritable(pathOrURI string) error {
 	if readOnlyMode(dsn) {
 		return readOnlyModeError(op, dsn)
 	}
-	if err := fileWritable(path); err != nil {
-		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: err}
+	err = fileWritable(path)
+	if err == nil {
+		err = dirWritable(filepath.Dir(path))
 	}
-	if err := dirWritable(filepath.Dir(path)); err != nil {
+	if err != nil {
 		return &domain.StoreError{Op: op, Kind: domain.StoreReadOnly, Err: err}
 	}
 	return nil
-}
-
-// migrationVersion returns the goose version of the embedded migration
-// MigrationName.
-func migrationVersion() (int64, error) {
-	fsys, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return 0, err
-	}
-	return entstore.MigrationVersion(fsys, MigrationName)
 }
