@@ -11,35 +11,26 @@ import (
 	"github.com/cleveragents/locks/application"
 )
 
-// Every host decides expiry on the server's clock. ServerClock keeps the
-// server's time at one instant of the local monotonic clock, measured
-// over a few round trips, and adds the monotonic time elapsed since: a
-// step of the wall clock moves nothing, and hosts agree up to half the
-// best round trip plus the monotonic drift between two measurements.
+// Every host decides expiry on the server's clock, estimated as its time
+// at one instant of the local monotonic clock plus the monotonic time
+// since: a wall clock step moves nothing.
 const (
-	// ClockSamples is how many round trips one measurement makes; the
-	// fastest, whose midpoint is the most certain, is kept.
-	ClockSamples = 5
-	// ClockRefresh is how often the server's time is measured again.
-	ClockRefresh = time.Minute
+	ClockSamples = 5           // round trips per measurement; the fastest is kept
+	ClockRefresh = time.Minute // how often the server's time is measured again
 )
 
-// MonotonicClock is a local clock with a reading that a step of the wall
-// clock does not move, which ServerClock measures elapsed time on. Of
-// another clock only the wall time is used (Offset), and elapsed time is
-// SystemClock's, so that time.Now().UTC() (no monotonic reading) cannot
-// let a wall step move the estimate; but elapsed time is a *clock.Mock's
-// own, so that stepping a test's clock steps the server's estimate.
+// MonotonicClock is a local clock with a reading that a wall clock step
+// does not move, which ServerClock measures elapsed time on. Another clock
+// gives only wall time (Offset), and elapsed time is SystemClock's, except
+// a *clock.Mock's: stepping a test's clock steps the estimate.
 type MonotonicClock interface {
 	application.Clock
-	// Monotonic returns the time elapsed since a fixed instant of the
-	// clock's choosing; it never decreases.
+	// Monotonic returns the time since a fixed instant; it never decreases.
 	Monotonic() time.Duration
 }
 
-// ServerClock is the PostgreSQL server's time, estimated on this host.
-// It satisfies application.Clock and application.Timers; its timers are
-// the local clock's (a duration is the same on both).
+// ServerClock is the PostgreSQL server's time, estimated on this host; its
+// timers are the local clock's.
 type ServerClock struct {
 	local  application.Clock
 	mono   func() time.Duration // nil for a *clock.Mock, whose Now is the test's time
@@ -61,8 +52,7 @@ var (
 	_ application.Timers = (*ServerClock)(nil)
 )
 
-// NewServerClock measures the time of db's server against local, and keeps
-// measuring it every ClockRefresh until Close.
+// NewServerClock measures the time of db's server against local until Close.
 //
 // Errors: a *domain.StoreError when the server cannot be asked its time.
 func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*ServerClock, error) {
@@ -84,8 +74,7 @@ func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*Serv
 	return c, nil
 }
 
-// Now returns the server's current time: its time at the last
-// measurement plus the local monotonic time elapsed since.
+// Now returns the server's estimated current time.
 func (c *ServerClock) Now() time.Time {
 	c.mu.RLock()
 	at, mark := c.at, c.mark
@@ -93,12 +82,10 @@ func (c *ServerClock) Now() time.Time {
 	return at.Add(c.tick().Sub(mark))
 }
 
-// monotonicEpoch has no monotonic component, so Sub of two ticks is the
-// difference of the readings.
 var monotonicEpoch = time.Unix(0, 0)
 
-// tick reads the monotonic clock as a time.Time: mono's reading, or a
-// *clock.Mock's Now.
+// tick reads the monotonic clock as a time.Time; monotonicEpoch has no
+// monotonic component, so Sub of two ticks is that of the readings.
 func (c *ServerClock) tick() time.Time {
 	if c.mono != nil {
 		return monotonicEpoch.Add(c.mono())
@@ -115,9 +102,8 @@ func (c *ServerClock) After(d time.Duration) <-chan time.Time {
 }
 
 // Offset returns what the local wall clock was off by at the last
-// measurement (decisions do not use it), the estimate's uncertainty (half
-// the round trip), and the last refresh's error (the previous measurement
-// then stays in use).
+// measurement (decisions do not use it), the uncertainty (half the round
+// trip), and the last refresh's error.
 func (c *ServerClock) Offset() (offset, uncertainty time.Duration, err error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -135,7 +121,7 @@ func (c *ServerClock) Close() {
 }
 
 // refresh measures again every ClockRefresh, correcting the monotonic
-// drift, on a real ticker: it paces I/O.
+// drift, on a real ticker (it paces I/O).
 func (c *ServerClock) refresh() {
 	defer close(c.done)
 	t := time.NewTicker(ClockRefresh)
@@ -156,9 +142,8 @@ func (c *ServerClock) refresh() {
 	}
 }
 
-// measure asks the server its time ClockSamples times and keeps the
-// sample with the shortest round trip, placing the server's reading at
-// its midpoint; the wall clock is read only for Offset.
+// measure keeps the sample with the shortest round trip, placing the
+// server's reading at its midpoint.
 func (c *ServerClock) measure(ctx context.Context) error {
 	conn, err := c.db.Conn(ctx) // one connection: the first sample pays for connecting
 	if err != nil {
@@ -187,10 +172,9 @@ func (c *ServerClock) measure(ctx context.Context) error {
 	return nil
 }
 
-// SystemClock is this host's clock for a ServerClock: time.Now, time.After,
-// and a monotonic reading that counts the host's sleep (CLOCK_BOOTTIME on
-// Linux); Go's stops while suspended, which would put the estimate behind
-// by the sleep, and expiries that early.
+// SystemClock is this host's clock. Its monotonic reading counts the
+// host's sleep (CLOCK_BOOTTIME on Linux): Go's stops while suspended,
+// which would put the estimate behind, and expiries that early.
 type SystemClock struct{}
 
 var _ MonotonicClock = SystemClock{}
@@ -201,8 +185,7 @@ func (SystemClock) Now() time.Time { return time.Now() }
 // After waits on real time.
 func (SystemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
-// Monotonic returns the time since boot, sleep included, where the system
-// has such a clock, and otherwise Go's monotonic time since processStart.
+// Monotonic returns the time since boot, or since processStart.
 func (SystemClock) Monotonic() time.Duration { return sinceBoot() }
 
 var processStart = time.Now()

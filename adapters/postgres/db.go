@@ -21,8 +21,6 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// writeAttempts and readAttempts bound the tries of a write aborted by a
-// serialization failure or deadlock, and of a read whose connection ended.
 const writeAttempts, readAttempts = 4, 4
 
 // DB is an open lock store on PostgreSQL. It is safe for concurrent use.
@@ -37,20 +35,16 @@ type DB struct {
 type Options struct {
 	// MaxConns bounds the connections of the pool; zero means 10.
 	MaxConns int
-	// LocalTime decides expiry on the service's clock alone (a test's mock
-	// clock). By default a lock changes hands, and is purged, only once it
-	// has expired on the server's clock too: an estimate (ServerClock) can
-	// run ahead of the server over an asymmetric link.
+	// LocalTime decides expiry on the service's clock alone (a test's mock).
+	// By default it must also have passed on the server's clock: an estimate
+	// (ServerClock) can run ahead over an asymmetric link.
 	LocalTime bool
-	// DisableGroupCommit runs every acquire, renewal and release as a
-	// statement of its own, rather than batched with those in flight.
+	// DisableGroupCommit runs every acquire, renewal and release alone.
 	DisableGroupCommit bool
 }
 
 // Open connects to the database that dsn names (a URL or key=value
-// string, as pgx accepts), applies the pending migrations under a session
-// lock, and returns the store. It refuses a pooler in transaction or
-// statement mode (pooler.go).
+// string, as pgx accepts) and applies the pending migrations.
 //
 // Errors: a *domain.StoreError whose kind names the cause; of kind
 // StoreUnreachable, matching ErrTransactionPooling, for a pooler that
@@ -61,21 +55,16 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, storeError(op, domain.StoreUnreachable, errors.New(Redact(err.Error())))
 	}
-	// At READ COMMITTED a transaction that waited on a resource's advisory
-	// lock sees the row its predecessor left; above it, contention would
-	// surface as unique violations or serialization failures. A startup
-	// parameter overrides every default, and the DSN's "options".
+	// A transaction that waited on a resource's advisory lock must see the
+	// row its predecessor left; a startup parameter overrides every default.
 	cfg.RuntimeParams["default_transaction_isolation"] = "read committed"
-	// Every statement finds its rows by an index, whatever its values: a
-	// custom plan would cost about what a batch's execution does.
-	if _, set := cfg.RuntimeParams["plan_cache_mode"]; !set {
-		cfg.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-	}
-	// The churning table's statistics miss its dead rows, so the planner
-	// takes a scan for cheap, which reads them all at every execution (13 %
-	// of the server's CPU at 32 callers); every statement has an index.
-	if _, set := cfg.RuntimeParams["enable_seqscan"]; !set {
-		cfg.RuntimeParams["enable_seqscan"] = "off"
+	// Every statement has an index: a custom plan costs about what a batch
+	// does, and a scan of the churning table reads all its dead rows (13 %
+	// of the server's CPU at 32 callers).
+	for k, v := range map[string]string{"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"} {
+		if _, set := cfg.RuntimeParams[k]; !set {
+			cfg.RuntimeParams[k] = v
+		}
 	}
 	sdb, conns, params := openPool(cfg, opts.MaxConns, 10, nil)
 	sdb.SetConnMaxIdleTime(5 * time.Minute)
@@ -102,7 +91,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		sdb.Close()
 		return nil, err
 	}
-	db.store = newLockRepository(store, sdb, opts.LocalTime, backend.ReleaseStatement, releaseNotice(channel))
+	notice := func(typ, id string) string { return watchedOrNotify(channel, typ, id) }
+	db.store = newLockRepository(store, sdb, opts.LocalTime, backend.ReleaseStatement, notice)
 	if !opts.DisableGroupCommit {
 		db.store.w = newBatches(db.store, false, context.Background())
 	}
@@ -110,9 +100,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	return db, nil
 }
 
-// Wakeups returns the server's notifications of releases by other
-// processes, heard on a connection of their own opened at the first wait
-// or release. Nil for a DB opened for inspection.
+// Wakeups returns the other processes' releases, heard through the
+// server's notifications; nil for a DB opened for inspection.
 func (db *DB) Wakeups() application.Wakeups {
 	if db.wake == nil {
 		return nil
@@ -120,8 +109,7 @@ func (db *DB) Wakeups() application.Wakeups {
 	return db.wake
 }
 
-// DefaultConnectTimeout (seconds) keeps a host that never answers from
-// blocking until the operating system gives up, minutes later.
+// DefaultConnectTimeout (seconds) bounds connecting to a host that never answers.
 const DefaultConnectTimeout = "10"
 
 // WithConnectTimeout adds connect_timeout=DefaultConnectTimeout to a DSN,
@@ -147,8 +135,7 @@ func NewLockRepository(db *DB) *LockRepository { return db.store }
 func (db *DB) Close() error { return db.CloseContext(context.Background()) }
 
 // CloseContext is Close within ctx: the listener's farewell takes at most
-// half of what remains of ctx (farewell), and a pool whose server does not
-// answer is cut after closeGrace.
+// half of what remains of it.
 func (db *DB) CloseContext(ctx context.Context) error {
 	db.wake.close(ctx)
 	closed := make(chan error, 1)
@@ -159,8 +146,7 @@ func (db *DB) CloseContext(ctx context.Context) error {
 	select {
 	case err = <-closed:
 	case <-t.C:
-		// Each connection's graceful close (pgx deallocates its statements,
-		// 5 s each) would wait for the silent server in turn.
+		// Graceful closes (5 s each) would wait for a silent server in turn.
 		db.conns.cutAll()
 		err = <-closed
 	}
@@ -169,9 +155,8 @@ func (db *DB) CloseContext(ctx context.Context) error {
 
 const closeGrace = 2 * time.Second
 
-// pool keeps a DB's network connections (the pool's, the listener's, pgx's
-// cancel requests) from their dial on, so that Close can cut them, even
-// mid-handshake; once cut, it dials no more.
+// pool keeps a DB's network connections from their dial on, so that Close
+// can cut them, even mid-handshake.
 type pool struct {
 	mu   sync.Mutex
 	open map[*poolConn]struct{}
@@ -180,7 +165,6 @@ type pool struct {
 
 var errCut = errors.New("the lock store is closing, and its server did not answer")
 
-// dial returns d, keeping each connection it opens.
 func (p *pool) dial(d pgconn.DialFunc) pgconn.DialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := d(ctx, network, addr)
@@ -199,8 +183,7 @@ func (p *pool) dial(d pgconn.DialFunc) pgconn.DialFunc {
 	}
 }
 
-// cutAll closes every connection kept: whatever waits on one fails at
-// once, and later dials fail.
+// cutAll closes every connection kept, and later dials fail.
 func (p *pool) cutAll() {
 	p.mu.Lock()
 	conns := make([]*poolConn, 0, len(p.open))
@@ -215,10 +198,9 @@ func (p *pool) cutAll() {
 }
 
 // heardFrom refuses a pooled connection whose server spoke while it sat
-// idle (a terminated backend's farewell), before anything is sent on it:
-// the driver pings only past a second idle. It peeks once pgx's own
-// background read has ended (SyncConn), which the peek would otherwise
-// wait behind.
+// idle (a terminated backend's farewell) before anything is sent on it:
+// the driver pings only past a second idle. SyncConn first ends pgx's
+// background read, which the peek would wait behind.
 func heardFrom(ctx context.Context, conn *pgx.Conn) error {
 	if err := conn.PgConn().SyncConn(ctx); err != nil {
 		return driver.ErrBadConn
@@ -233,7 +215,6 @@ func heardFrom(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// poolConn is a connection of a pool, which forgets it when it closes.
 type poolConn struct {
 	net.Conn
 	p *pool
@@ -252,9 +233,8 @@ func lockResource(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error
 	return err
 }
 
-// resourceKey is the key of ref's advisory lock, taken by every write that
-// decides on a read: a 64-bit hash, so colliding resources share a queue,
-// never a row.
+// resourceKey is the key of ref's advisory lock: colliding resources share
+// a queue, never a row.
 func resourceKey(ref domain.ResourceRef) int64 {
 	h := fnv.New64a()
 	h.Write([]byte(ref.Type))
@@ -263,16 +243,13 @@ func resourceKey(ref domain.ResourceRef) int64 {
 	return int64(h.Sum64())
 }
 
-// read runs fn again when its connection ended under it: a read changes
-// nothing, and another connection may answer.
+// read runs fn again when its connection ended under it.
 func read(ctx context.Context, fn func(context.Context) error) error {
 	return entstore.Retry(ctx, readAttempts, sessionEnded, fn)
 }
 
-// sessionEnded reports a failure of the statement's connection rather than
-// of the server: known bad, lost without a word, or its session ended
-// (admin_shutdown, crash_shutdown), even while connecting. A server that
-// cannot be reached at all is not tried again.
+// sessionEnded reports a failure of the connection rather than of the
+// server: known bad, lost, or its session ended, even while connecting.
 func sessionEnded(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -285,8 +262,8 @@ func sessionEnded(err error) bool {
 	return connectionLost(err) || pgconn.SafeToRetry(err)
 }
 
-// writeTx is the store's Backend.WriteTx: a single statement alone, and
-// several in a transaction pinned at READ COMMITTED, each through write.
+// writeTx is the store's Backend.WriteTx: several statements in a
+// transaction pinned at READ COMMITTED.
 func writeTx(db *sql.DB) func(ctx context.Context, kind entstore.WriteKind, body func(context.Context, *sql.Tx) error) error {
 	committed := &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	return func(ctx context.Context, kind entstore.WriteKind, body func(context.Context, *sql.Tx) error) error {
@@ -297,8 +274,7 @@ func writeTx(db *sql.DB) func(ctx context.Context, kind entstore.WriteKind, body
 	}
 }
 
-// write runs fn again, with jittered backoff, when PostgreSQL aborted it
-// to resolve a serialization failure or deadlock (retryable).
+// write runs fn again when it wrote nothing and may (retryable).
 func write(ctx context.Context, fn func(context.Context) error) error {
 	return entstore.Retry(ctx, writeAttempts, retryable, fn)
 }

@@ -48,7 +48,6 @@ func FormatError(op string, err error) error {
 	return storeError(op, kindOf(err), redacted{err})
 }
 
-// storeError is a StoreError with the advice for a server.
 func storeError(op string, kind domain.StoreErrorKind, err error) *domain.StoreError {
 	return &domain.StoreError{Op: op, Kind: kind, Err: err, Advice: serverAdvice[kind]}
 }
@@ -64,17 +63,15 @@ var serverAdvice = map[domain.StoreErrorKind]string{
 	domain.StoreBusy:    "retry later, and look for long transactions or too many connections on the server",
 }
 
-// Advice returns what to do about a store error of kind on a PostgreSQL
-// server, or "" where the domain's default advice holds.
+// Advice returns what to do about a store error of kind on a server, or ""
+// where the domain's default holds.
 func Advice(kind domain.StoreErrorKind) string { return serverAdvice[kind] }
 
 func kindOf(err error) domain.StoreErrorKind {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch code := pgErr.Code; {
-		case code == "25006": // read_only_sql_transaction: a standby, or default_transaction_read_only
-			return domain.StoreReadOnly
-		case code == "42501": // insufficient_privilege
+		case code == "25006" || code == "42501": // read-only transaction (a standby, or the default), insufficient privilege
 			return domain.StoreReadOnly
 		case code == "53100": // disk_full
 			return domain.StoreFull
@@ -106,21 +103,18 @@ func connectionLost(err error) bool {
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, driver.ErrBadConn)
 }
 
-// sessionSwapped reports the mark of a per-transaction pooler that
-// sharedSessions missed: a statement pgx prepared is gone from the session
-// (26000), or one it prepares is already there (42P05). The store never
-// deallocates, and pgx names statements by their text, so on a session of
-// its own neither happens.
+// sessionSwapped reports a per-transaction pooler that sharedSessions
+// missed: a statement pgx prepared is gone, or one it prepares is there
+// (the store never deallocates, and pgx names statements by their text).
 func sessionSwapped(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05") &&
 		strings.HasPrefix(pgErr.Message, "prepared statement ")
 }
 
-// retryable reports a write that wrote nothing and may run again: aborted
-// by a serialization failure or deadlock, or refused a connection known
-// bad before anything was sent (driver.ErrBadConn, on which database/sql
-// gives up after a few when the pool holds several).
+// retryable reports a write aborted by a serialization failure or
+// deadlock, or given a connection known bad before anything was sent
+// (database/sql gives up after a few when the pool holds several).
 func retryable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") ||
@@ -144,14 +138,12 @@ func lockNotAvailable(err error) bool {
 }
 
 // SnapshotConflict reports a serialization failure: above READ COMMITTED,
-// a locking read of a row changed since the snapshot. Running the
-// transaction again resolves it.
+// a locking read of a row changed since the snapshot.
 func SnapshotConflict(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "40001"
 }
 
-// redacted hides passwords in the text of the error it wraps.
 type redacted struct{ err error }
 
 func (r redacted) Error() string { return Redact(r.err.Error()) }
@@ -164,17 +156,14 @@ var (
 	urlPassword = regexp.MustCompile(`(://[^:/@\s"']*:)[^/\s"']*@`)
 )
 
-// Redact hides the password of a PostgreSQL DSN, in URL or key=value form,
-// and in any text that quotes one, however the password is escaped.
+// Redact hides the passwords of PostgreSQL DSNs in s, however escaped.
 func Redact(s string) string {
 	s = urlPassword.ReplaceAllString(s, "${1}xxxxx@")
 	return keywordPassword.ReplaceAllString(s, "${1}xxxxx")
 }
 
-// everyMembers reports whether a batch's failure is every member's: of
-// the connection, the server or the context. Any other (a constraint, a
-// value, a deadlock the server chose the batch for) is the batch's own,
-// and its members run their own statements.
+// everyMembers reports whether a batch's failure is every member's (of the
+// connection, server or context); on any other, members run their own.
 func everyMembers(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

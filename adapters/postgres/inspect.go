@@ -19,11 +19,9 @@ import (
 // the same as SQLite's.
 const MigrationName = "m4_001_concurrency_locks"
 
-// OpenReadOnly connects to the database that dsn names for diagnostics
-// that change nothing: it applies no migration and prepares no statement
-// (the locks table may be missing, for Schema to report), and every
-// connection is read-only, checked before use; writes through the store
-// fail with a StoreReadOnly error before they reach the server.
+// OpenReadOnly connects for diagnostics that change nothing: no migration,
+// no prepared statement, and every connection checked read-only; writes
+// through the store fail with a StoreReadOnly error.
 //
 // Errors: a *domain.StoreError; StoreUnreachable when the server cannot be
 // reached, the database does not exist or the login is refused, or
@@ -50,8 +48,7 @@ func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 var errWritable = errors.New("the server did not make the connection read-only (default_transaction_read_only); " +
 	"connect to the server directly rather than through a pooler that drops startup parameters")
 
-// assertReadOnly refuses a new connection whose transactions could write,
-// on the simple protocol (see afterConnect).
+// assertReadOnly refuses a connection that could write, preparing nothing.
 func assertReadOnly(ctx context.Context, conn *pgx.Conn) error {
 	var ro string
 	if err := conn.QueryRow(ctx, "SELECT current_setting('transaction_read_only')", pgx.QueryExecModeSimpleProtocol).Scan(&ro); err != nil {
@@ -73,9 +70,9 @@ type SchemaState struct {
 	SearchPath, User string
 }
 
-// Schema reports whether MigrationName has been applied and whether the
-// locks table exists, in the current schema, as goose and the store see
-// them, without goose (which would create its version table).
+// Schema reports whether MigrationName has been applied and the locks
+// table exists in the current schema, without goose (which would create
+// its version table).
 func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	var st SchemaState
 	err := read(ctx, func(ctx context.Context) (err error) {
@@ -103,18 +100,17 @@ func (db *DB) schema(ctx context.Context) (st SchemaState, err error) {
 	if err != nil {
 		return st, err
 	}
+	if schema != nil {
+		st.Schema = *schema
+	}
+	if schema == nil || !(ours || legacy) {
+		return st, nil
+	}
 	// Ours or, in a schema only older versions of the module opened, goose's.
 	versions := entstore.VersionTable
 	if !ours {
 		versions = entstore.LegacyVersionTable
 	}
-	if schema == nil || !(ours || legacy) {
-		if schema != nil {
-			st.Schema = *schema
-		}
-		return st, nil
-	}
-	st.Schema = *schema
 	version, err := entstore.MigrationVersion(migrationFiles, MigrationName)
 	if err != nil {
 		return st, &domain.StoreError{Op: "read schema", Err: err}
@@ -122,10 +118,10 @@ func (db *DB) schema(ctx context.Context) (st SchemaState, err error) {
 	table := pgx.Identifier{st.Schema, versions}.Sanitize()
 	err = db.sql.QueryRowContext(ctx, "SELECT is_applied FROM "+table+
 		" WHERE version_id = $1 ORDER BY id DESC LIMIT 1", version).Scan(&st.MigrationApplied)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return st, err
+	if errors.Is(err, sql.ErrNoRows) {
+		err = nil
 	}
-	return st, nil
+	return st, err
 }
 
 // CheckWritable reports whether the service could write the lock store
@@ -141,68 +137,64 @@ func CheckWritable(ctx context.Context, dsn string) error {
 		return storeError("check lock store", domain.StoreUnreachable, redacted{err})
 	}
 	op := "check lock store " + target(cfg)
-	return read(ctx, func(ctx context.Context) error { return checkWritable(ctx, cfg, op) })
-}
-
-// checkWritable is CheckWritable's check, once.
-func checkWritable(ctx context.Context, cfg *pgx.ConnConfig, op string) error {
-	conn, err := newSessionParams(cfg).connectOne(ctx, op, cfg)
-	if err != nil {
-		return FormatError(op, err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	readOnly := func(format string, args ...any) error {
-		return storeError(op, domain.StoreReadOnly, fmt.Errorf(format, args...))
-	}
-
-	var (
-		recovery   bool
-		txReadOnly string
-		user       string
-		schema     *string
-		table      *uint32 // the oid of the locks table
-	)
-	// Outside a transaction: transaction_read_only is the session's default.
-	err = conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), current_user, current_schema(),
-		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($1))::oid`, entlock.Table).
-		Scan(&recovery, &txReadOnly, &user, &schema, &table)
-	if err != nil {
-		return FormatError(op, err)
-	}
-	switch {
-	case recovery:
-		return readOnly("the server is a standby, in recovery: connect to the primary")
-	case txReadOnly == "on":
-		return readOnly("transactions are read-only by default for user %q on this database "+
-			"(default_transaction_read_only is on, set for the server, the database, the user or in the DSN)", user)
-	case schema == nil:
-		return readOnly("the search_path names no schema that exists and that user %q may use: "+
-			"the migrations would have nowhere to create the locks table", user)
-	case table == nil:
-		var create bool
-		if err := conn.QueryRow(ctx, "SELECT has_schema_privilege(current_schema(), 'CREATE')").Scan(&create); err != nil {
+	return read(ctx, func(ctx context.Context) error { // only reads: again on a new connection
+		conn, err := newSessionParams(cfg).connectOne(ctx, op, cfg)
+		if err != nil {
 			return FormatError(op, err)
 		}
-		if !create {
-			return readOnly("there is no locks table in schema %q, and user %q may not create one there, as the migrations must", *schema, user)
+		defer conn.Close(context.WithoutCancel(ctx))
+		readOnly := func(format string, args ...any) error {
+			return storeError(op, domain.StoreReadOnly, fmt.Errorf(format, args...))
+		}
+		var (
+			recovery   bool
+			txReadOnly string
+			user       string
+			schema     *string
+			table      *uint32 // the oid of the locks table
+		)
+		// Outside a transaction, transaction_read_only is the session's default.
+		err = conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), current_user, current_schema(),
+			to_regclass(quote_ident(current_schema()) || '.' || quote_ident($1))::oid`, entlock.Table).
+			Scan(&recovery, &txReadOnly, &user, &schema, &table)
+		if err != nil {
+			return FormatError(op, err)
+		}
+		switch {
+		case recovery:
+			return readOnly("the server is a standby, in recovery: connect to the primary")
+		case txReadOnly == "on":
+			return readOnly("transactions are read-only by default for user %q on this database "+
+				"(default_transaction_read_only is on, set for the server, the database, the user or in the DSN)", user)
+		case schema == nil:
+			return readOnly("the search_path names no schema that exists and that user %q may use: "+
+				"the migrations would have nowhere to create the locks table", user)
+		case table == nil:
+			var create bool
+			if err := conn.QueryRow(ctx, "SELECT has_schema_privilege(current_schema(), 'CREATE')").Scan(&create); err != nil {
+				return FormatError(op, err)
+			}
+			if !create {
+				return readOnly("there is no locks table in schema %q, and user %q may not create one there, as the migrations must", *schema, user)
+			}
+			return nil
+		}
+		var missing []string
+		for _, priv := range []string{"SELECT", "INSERT", "UPDATE", "DELETE"} {
+			var ok bool
+			if err := conn.QueryRow(ctx, "SELECT has_table_privilege($1::oid, $2)", *table, priv).Scan(&ok); err != nil {
+				return FormatError(op, err)
+			}
+			if !ok {
+				missing = append(missing, priv)
+			}
+		}
+		if len(missing) > 0 {
+			return readOnly("user %q lacks the %s privilege on table %s.%s: grant it, or connect as the user the service runs as",
+				user, strings.Join(missing, ", "), pgx.Identifier{*schema}.Sanitize(), entlock.Table)
 		}
 		return nil
-	}
-	var missing []string
-	for _, priv := range []string{"SELECT", "INSERT", "UPDATE", "DELETE"} {
-		var ok bool
-		if err := conn.QueryRow(ctx, "SELECT has_table_privilege($1::oid, $2)", *table, priv).Scan(&ok); err != nil {
-			return FormatError(op, err)
-		}
-		if !ok {
-			missing = append(missing, priv)
-		}
-	}
-	if len(missing) > 0 {
-		return readOnly("user %q lacks the %s privilege on table %s.%s: grant it, or connect as the user the service runs as",
-			user, strings.Join(missing, ", "), pgx.Identifier{*schema}.Sanitize(), entlock.Table)
-	}
-	return nil
+	})
 }
 
 // target names cfg's database for messages, without the password.

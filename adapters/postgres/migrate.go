@@ -16,20 +16,14 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// The versioned migrations, written by migrations/diff.go from the Ent
-// schema and applied with goose.
-//
 //go:embed migrations/*.sql
 var embedded embed.FS
 
 var migrationFiles, _ = fs.Sub(embedded, "migrations") // fails only for an invalid path
 
-// migrate applies the pending migrations in the current schema, recorded
-// in entstore.VersionTable after adopting an older module's history;
-// goose's session lock serialises processes that start together. Names
-// are qualified with the schema: goose's own lookup of an unqualified
-// table, with no schema of the search_path, matches one in any schema.
-// It returns the schema.
+// migrate applies the pending migrations in the current schema, which it
+// returns, under goose's session lock. Names are qualified: goose's lookup
+// of an unqualified table matches one in any schema.
 func (db *DB) migrate(ctx context.Context) (string, error) {
 	const op = "migrate lock store"
 	schema, err := db.currentSchema(ctx, op)
@@ -125,12 +119,10 @@ type versionStore struct {
 	schema string
 }
 
-// TableExists implements database.StoreExtender.
 func (s versionStore) TableExists(ctx context.Context, db database.DBTxConn) (bool, error) {
 	return tableExists(ctx, db, s.schema, entstore.VersionTable)
 }
 
-// tableExists reports whether schema has a table named name.
 func tableExists(ctx context.Context, db database.DBTxConn, schema, name string) (bool, error) {
 	var ok bool
 	err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = $1 AND tablename = $2)",

@@ -17,34 +17,24 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Connection poolers. A pooler in session mode gives each connection a
-// server session of its own, as the server does. One in transaction or
-// statement mode lends a session per transaction, which loses LISTEN, the
-// session settings, the migrations' session lock and pgx's prepared
-// statements: Open and OpenReadOnly refuse it when they can see it
-// (sharedSessions). A pooler that refuses the store's run-time parameters
-// at startup ("unsupported startup parameter"), or ignores them, gets them
-// by set_config once each connection is made (sessionParams).
+// Poolers: one in session mode works as the server does; one in
+// transaction or statement mode is refused (sharedSessions). One that
+// refuses or ignores run-time parameters at startup gets them by set_config.
 
 // ErrTransactionPooling is the cause (in a *domain.StoreError of kind
-// StoreUnreachable) of Open's and OpenReadOnly's refusal of a connection
-// pooler that shares server sessions between its clients' connections.
+// StoreUnreachable) of the refusal of a pooler that shares sessions.
 var ErrTransactionPooling = errors.New("two connections of the lock store were served by the same server session: " +
 	"the DSN names a connection pooler in transaction or statement mode (PgBouncer's pool_mode=transaction), " +
 	"through which the store's wake-ups (LISTEN), session settings, migration lock and prepared statements do not work")
 
 const poolingAdvice = "point the DSN at the PostgreSQL server itself, or at a pool in session mode (PgBouncer's pool_mode=session)"
 
-// trackedParams are the run-time parameters that PgBouncer accepts at
-// startup (and pgx sends).
+// trackedParams are those that PgBouncer accepts at startup.
 var trackedParams = map[string]bool{
 	"application_name": true, "client_encoding": true, "datestyle": true,
 	"timezone": true, "standard_conforming_strings": true,
 }
 
-// sessionParams carries a pool's run-time parameters to its connections:
-// in the startup message or, once a pooler refused them there, by
-// set_config.
 type sessionParams struct {
 	startup  map[string]string // those a pooler accepts at startup
 	names    []string          // the others, by name and value, for set_config
@@ -64,9 +54,8 @@ func newSessionParams(cfg *pgx.ConnConfig) *sessionParams {
 	return p
 }
 
-// openPool opens a pool on cfg of maxConns connections (or defaultConns),
-// whose connections are kept for Close to cut, get their parameters by p,
-// run then once made, and are checked by heardFrom when reused.
+// openPool opens a pool on cfg of maxConns (or defaultConns) connections,
+// which run then once made.
 func openPool(cfg *pgx.ConnConfig, maxConns, defaultConns int, then func(context.Context, *pgx.Conn) error) (*sql.DB, *pool, *sessionParams) {
 	conns := &pool{open: make(map[*poolConn]struct{})}
 	cfg.DialFunc = conns.dial(cfg.DialFunc)
@@ -95,8 +84,7 @@ func openPool(cfg *pgx.ConnConfig, maxConns, defaultConns int, then func(context
 }
 
 // refused reports a pooler's refusal of a run-time parameter at startup,
-// or an inspection's connection that is not read-only (errWritable): a
-// pooler that ignored default_transaction_read_only.
+// or one that ignored default_transaction_read_only (errWritable).
 func (p *sessionParams) refused(err error) bool {
 	if len(p.names) == 0 || p.afterSet.Load() {
 		return false
@@ -107,8 +95,7 @@ func (p *sessionParams) refused(err error) bool {
 }
 
 // afterConnect sets the parameters left out of the startup message, on the
-// simple protocol: a statement prepared through a pooler that shares
-// sessions would stay behind on a session this connection may not get again.
+// simple protocol: a prepared statement could stay on a lent session.
 func (p *sessionParams) afterConnect(ctx context.Context, conn *pgx.Conn) error {
 	if !p.afterSet.Load() {
 		return nil
@@ -118,24 +105,21 @@ func (p *sessionParams) afterConnect(ctx context.Context, conn *pgx.Conn) error 
 	return err
 }
 
-// paramsSet reports whether conn's session has every parameter that
-// set_config would set.
 func (p *sessionParams) paramsSet(ctx context.Context, conn *pgx.Conn) (set bool, err error) {
 	err = conn.QueryRow(ctx, "SELECT bool_and(current_setting(k, true) IS NOT DISTINCT FROM v) FROM unnest($1::text[], $2::text[]) AS p(k, v)",
 		pgx.QueryExecModeSimpleProtocol, p.names, p.values).Scan(&set)
 	return set, err
 }
 
-// startupConfig is a copy of cfg with only the parameters a pooler accepts
-// at startup: it sets nothing in a session a pooler might lend to others.
+// startupConfig is cfg with only trackedParams: it sets nothing in a
+// session a pooler might lend to others.
 func (p *sessionParams) startupConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 	c := cfg.Copy()
 	c.RuntimeParams = maps.Clone(p.startup)
 	return c
 }
 
-// listenerConfig is cfg as the listener connects with it: it only LISTENs
-// and NOTIFYs, and needs none of the parameters that go by set_config.
+// listenerConfig is cfg for the listener, which needs no set_config.
 func (p *sessionParams) listenerConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 	if !p.afterSet.Load() {
 		return cfg
@@ -143,16 +127,12 @@ func (p *sessionParams) listenerConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 	return p.startupConfig(cfg)
 }
 
-// connect makes a connection outside the pool with startupConfig.
 func (p *sessionParams) connect(cfg *pgx.ConnConfig) func(context.Context) (*pgx.Conn, error) {
 	return func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, p.startupConfig(cfg)) }
 }
 
-// open checks that the server answers on a connection of sdb and that
-// connections have sessions of their own, before the pool sets anything in
-// a session (a setting through a pooler that lends sessions would stay
-// there for its other clients). A pooler that refuses or ignores the
-// parameters at startup gets them by set_config.
+// open checks that the server answers and that connections have sessions
+// of their own before the pool sets anything in one.
 func (p *sessionParams) open(ctx context.Context, op string, sdb *sql.DB, cfg *pgx.ConnConfig) error {
 	err := sdb.PingContext(ctx)
 	if err != nil && p.refused(err) {
@@ -181,8 +161,7 @@ func (p *sessionParams) open(ctx context.Context, op string, sdb *sql.DB, cfg *p
 	return nil
 }
 
-// connectOne makes one connection outside any pool (CheckWritable), as
-// open would for a pool.
+// connectOne makes one connection (CheckWritable) as open would a pool.
 func (p *sessionParams) connectOne(ctx context.Context, op string, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil && !p.refused(err) {
@@ -221,10 +200,9 @@ func (p *sessionParams) connectOne(ctx context.Context, op string, cfg *pgx.Conn
 	return conn, nil
 }
 
-// behindPooler reports whether sdb's connections go through a pooler (the
-// backend PID differs from the one announced at startup) and, when the
-// parameters went at startup, whether it ignored some of them (PgBouncer's
-// ignore_startup_parameters), closing that connection, which lacks them.
+// behindPooler reports whether sdb's backend PID differs from the one
+// announced at startup, and whether the pooler ignored parameters
+// (ignore_startup_parameters), closing that connection.
 func (p *sessionParams) behindPooler(ctx context.Context, sdb *sql.DB) (pooler, ignored bool, err error) {
 	c, err := sdb.Conn(ctx)
 	if err != nil {
@@ -254,14 +232,12 @@ func (p *sessionParams) behindPooler(ctx context.Context, sdb *sql.DB) (pooler, 
 	return pooler, ignored, err
 }
 
-// sharedSessions reports whether two connections made by connect may share
-// a server session. A reads its backend PID twice; B, in a transaction,
-// reads its own; A reads again. In session mode A's readings agree and B's
-// differs. A per-transaction pooler gives A the next idle session in turn
-// (round robin) or the one just let go, which B then gets; or, if B got
-// another, A a new one the third time (in a round-robin pool of two, B's
-// transaction alone would hand A its first one back). A pool this still
-// fools fails on a prepared statement, which FormatError reports.
+// sharedSessions reports whether connect's connections may share a
+// session. A reads its backend PID twice, B in a transaction, then A again:
+// a per-transaction pooler hands A another session (round robin), or A's
+// last one to B (most recently used), or, in a round-robin pool of two, A
+// another the third time. One this fools fails on a prepared statement
+// (sessionSwapped).
 func sharedSessions(ctx context.Context, connect func(context.Context) (*pgx.Conn, error)) (bool, error) {
 	a, err := connect(ctx)
 	if err != nil {
@@ -290,24 +266,19 @@ func sharedSessions(ctx context.Context, connect func(context.Context) (*pgx.Con
 		return false, err
 	}
 	if other == first {
-		// Shared; A's next statement would wait for B's session (for ever
-		// in a pool of one), so it is not asked.
-		return true, nil
+		return true, nil // not asking A again: it could wait for B's session for ever
 	}
 	again, err := backendPID(ctx, a)
 	return again != first, err
 }
 
-// backendPID returns the PID of the session that runs conn's next
-// statement, on the simple protocol, which prepares nothing.
+// backendPID returns the PID of the session running conn's next statement.
 func backendPID(ctx context.Context, conn *pgx.Conn) (uint32, error) {
 	var pid uint32
 	err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid)
 	return pid, err
 }
 
-// refusePooling refuses a pooler that shares sessions between connect's
-// connections, or returns the probe's failure.
 func refusePooling(ctx context.Context, op string, connect func(context.Context) (*pgx.Conn, error)) error {
 	shared, err := sharedSessions(ctx, connect)
 	switch {

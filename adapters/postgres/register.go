@@ -18,11 +18,10 @@ import (
 // that only uses SQLite links neither it nor pgx.
 func init() { backend.Register(backend.Postgres, openStore) }
 
-// store is a PostgreSQL database as the container uses it.
 type store struct {
-	db    *DB
-	clock application.Clock
-	close func(ctx context.Context) error
+	db     *DB
+	clock  application.Clock
+	server *ServerClock // nil with opts.LocalTime
 }
 
 // openStore connects and decides expiry on a ServerClock, so that hosts
@@ -38,7 +37,7 @@ func openStore(ctx context.Context, opts backend.Options) (backend.Store, error)
 	if local == nil {
 		local = clock.New()
 	}
-	s := &store{db: db, clock: local, close: db.CloseContext}
+	s := &store{db: db, clock: local}
 	if opts.LocalTime {
 		return s, nil
 	}
@@ -50,19 +49,20 @@ func openStore(ctx context.Context, opts backend.Options) (backend.Store, error)
 		_ = db.Close()
 		return nil, err
 	}
-	s.clock = c
-	s.close = func(ctx context.Context) error {
-		c.Close()
-		return db.CloseContext(ctx)
-	}
+	s.clock, s.server = c, c
 	return s, nil
 }
 
 func (s *store) Repository() application.LockRepository { return NewLockRepository(s.db) }
 func (s *store) Clock() application.Clock               { return s.clock }
 
-func (s *store) Wakeups() application.Wakeups    { return s.db.Wakeups() }
-func (s *store) Close(ctx context.Context) error { return s.close(ctx) }
+func (s *store) Wakeups() application.Wakeups { return s.db.Wakeups() }
+func (s *store) Close(ctx context.Context) error {
+	if s.server != nil {
+		s.server.Close()
+	}
+	return s.db.CloseContext(ctx)
+}
 
 // Writer is nil: writers of different rows do not exclude each other.
 func (s *store) Writer() func(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {

@@ -17,13 +17,8 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// Wake-ups between processes go through LISTEN/NOTIFY, one channel per
-// store (docs/architecture.md, "Hand-over between processes"). A release
-// notifies from inside its statement, so only a commit delivers it, and
-// only if a listener holds the resource's shared watch lock: a release
-// that gets the exclusive one holds it to its commit, so a watch that
-// begins meanwhile is in force only once the release is visible.
-// Payloads (at most about 1.3 kB: a type is at most 50 characters, an id 255):
+// Wake-ups between processes: LISTEN/NOTIFY, one channel per store (see
+// docs/architecture.md, "Hand-over between processes"). Payloads:
 //
 //	r<type>:<id>            a lock on the resource may have come free
 //	*                       any lock may have (a release of several)
@@ -32,56 +27,46 @@ import (
 //	?<instance>             a new listener: please announce what you watch
 //	x<instance>             the instance closed: it watches nothing
 //
-// An instance is a random id per opened DB, not the backend PID, which
-// changes at every reconnect and would orphan its marks.
+// An instance is a random id per opened DB: a backend PID changes at every
+// reconnect, and would orphan its marks.
 const (
 	channelPrefix = "cleveragents_locks"
-	// announcePeriod: how often a listener announces all it watches again,
-	// and ages out the others' marks (after remoteTTL, three periods, so a
-	// lost announcement does not drop one).
-	announcePeriod = 10 * time.Second
-	remoteTTL      = 3 * announcePeriod
-	// announceGap: at most one answer a second to new listeners' requests.
-	announceGap = time.Second
-	// keepAlive: a silent connection is pinged, so a vanished host is noticed.
-	keepAlive    = 30 * time.Second
-	reconnectMin = 100 * time.Millisecond
-	reconnectMax = 5 * time.Second
-	talkTimeout  = 5 * time.Second
-	// byeTimeout bounds the farewell (a second was too short under load),
-	// and a closing caller's deadline cuts it to 1/byeShare of what remains.
+	// Everything watched is announced again every announcePeriod; a mark
+	// lives three, so one lost announcement does not drop it.
+	announcePeriod  = 10 * time.Second
+	remoteTTL       = 3 * announcePeriod
+	announceGap     = time.Second // between answers to new listeners' requests
+	keepAlive       = 30 * time.Second
+	reconnectMin    = 100 * time.Millisecond
+	reconnectMax    = 5 * time.Second
+	talkTimeout     = 5 * time.Second
 	byeTimeout      = 3 * time.Second
 	byeShare        = 2
 	listenerAppName = "cleveragents-locks listener"
 	maxChannel      = 63 // PostgreSQL's longest identifier, in bytes
-	// maxWatched bounds the watch locks one listener holds: the server's
-	// lock table is shared and sized by max_locks_per_transaction (64).
-	// Past it, the waiter polls.
+	// maxWatched bounds a listener's watch locks: the server's lock table
+	// is shared, sized by max_locks_per_transaction (64). Past it, waiters poll.
 	maxWatched = 64
-	// watchClass ("LKWT") is the first key of the watch locks,
-	// pg_advisory_lock_shared(watchClass, watchKey).
-	watchClass = 0x4c4b5754
+	watchClass = 0x4c4b5754 // "LKWT", the first key of the watch locks
 )
 
-// watchKey is the SQL expression of the watch lock's second key for the
-// text expression name (encodeRef's form): the server's hash, the same
-// in every process.
+// watchKey is the SQL of the watch lock's second key of the text
+// expression name (encodeRef's form), the same in every process.
 func watchKey(name string) string { return "hashtext(" + name + ")" }
 
-// watchedOrNotify is the SQL expression by which a release of typ, id
-// notifies channel if a listener watches it, and otherwise holds its watch
-// lock until the commit.
+// watchedOrNotify is the SQL by which a release of typ, id notifies only
+// if a listener holds the watch lock; otherwise it holds the lock until its
+// commit, so a watch that begins meanwhile sees the release.
 func watchedOrNotify(channel, typ, id string) string {
 	return "CASE WHEN pg_try_advisory_xact_lock(" + fmt.Sprint(watchClass) + ", " + watchKey(typ+" || ':' || "+id) + ") THEN NULL " +
 		"ELSE pg_notify('" + channel + "', 'r' || " + typ + " || ':' || " + id + ") END"
 }
 
-// plainName matches the schema names a channel carries as they are, with
-// no quoting needed in a string literal; others are hashed.
+// plainName matches the schema names a channel carries unquoted; others are hashed.
 var plainName = regexp.MustCompile(`^[a-z0-9_]+$`)
 
-// channelName returns the channel of the store in schema: channels are
-// per database, so each schema's store gets its own.
+// channelName returns the channel of the store in schema (channels are
+// per database).
 func channelName(schema string) string {
 	if schema == "public" {
 		return channelPrefix
@@ -94,11 +79,9 @@ func channelName(schema string) string {
 	return fmt.Sprintf("%s.%016x", channelPrefix, h.Sum64())
 }
 
-// releaseStatement returns the Backend.ReleaseStatement: a release of one
-// lock notifies its resource (if watched), of several "*" (a notification
-// and lock per row would cost too much; identical notifications of a
-// transaction go once). It commits without the flush (releaseCommit) and
-// returns a row per deleted row, so rows affected stay the rows deleted.
+// releaseStatement returns the Backend.ReleaseStatement: one lock notifies
+// its resource, several "*" once (not a lock per row), without the flush
+// (releaseCommit), a row per deleted row so rows affected stay right.
 func releaseStatement(channel string) func(deleteSQL string) string {
 	typ, id := `"`+entlock.FieldResourceType+`"`, `"`+entlock.FieldResourceID+`"`
 	return func(deleteSQL string) string {
@@ -108,15 +91,8 @@ func releaseStatement(channel string) func(deleteSQL string) string {
 	}
 }
 
-// releaseNotice returns the expression by which a batch's release of the
-// resource typ, id notifies channel, as a lone release does.
-func releaseNotice(channel string) func(typ, id string) string {
-	return func(typ, id string) string { return watchedOrNotify(channel, typ, id) }
-}
-
-// listener carries the wake-ups of one opened DB. It connects at the first
-// Watch or Contended: a process that never waits nor releases costs no
-// connection.
+// listener carries the wake-ups of one opened DB, connecting at the first
+// Watch or Contended.
 type listener struct {
 	cfg      *pgx.ConnConfig
 	channel  string
@@ -127,31 +103,28 @@ type listener struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the loop has returned
 
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	closing context.Context // the close in progress, bounding the farewell
-	pid     uint32          // the listening backend, 0 while not connected
-	watches map[domain.ResourceRef]map[*watch]struct{}
-	held    map[domain.ResourceRef]bool // watch locks the connection holds
-	// pending is what to announce: true, watched; false, no longer.
-	pending map[domain.ResourceRef]bool
-	hello   bool      // ask the others to announce (after a connect)
-	fullAt  time.Time // when everything watched is next announced
-	lastAll time.Time // when it last was
-	said    bool      // something was announced on this connection: say goodbye
-	// remote: per resource, the other instances watching it, and when they said so.
-	remote    map[domain.ResourceRef]map[string]time.Time
-	interrupt context.CancelFunc // ends the loop's wait, to send what is pending
-	changed   chan struct{}      // closed and replaced at every change, for tests
+	mu        sync.Mutex
+	started   bool
+	closed    bool
+	closing   context.Context // the close in progress, bounding the farewell
+	pid       uint32          // the listening backend, 0 while not connected
+	watches   map[domain.ResourceRef]map[*watch]struct{}
+	held      map[domain.ResourceRef]bool                 // watch locks the connection holds
+	pending   map[domain.ResourceRef]bool                 // to announce: true, watched; false, no longer
+	hello     bool                                        // ask the others to announce (after a connect)
+	fullAt    time.Time                                   // when everything watched is next announced
+	lastAll   time.Time                                   // when it last was
+	said      bool                                        // something was announced on this connection: say goodbye
+	remote    map[domain.ResourceRef]map[string]time.Time // others' marks: when each instance said so
+	interrupt context.CancelFunc                          // ends the loop's wait, to send what is pending
+	changed   chan struct{}                               // closed and replaced at every change, for tests
 }
 
 type watch struct{ c chan struct{} }
 
 var _ application.Wakeups = (*listener)(nil)
 
-// newListener returns the listener of a store on channel, which connects
-// with a copy of cfg when first used.
+// newListener returns the listener of a store on channel.
 func newListener(cfg *pgx.ConnConfig, channel string) *listener {
 	cfg = cfg.Copy()
 	name := listenerAppName
@@ -171,9 +144,8 @@ func newListener(cfg *pgx.ConnConfig, channel string) *listener {
 	}
 }
 
-// Watch implements application.Wakeups without waiting for the server:
-// the loop takes the watch lock and announces. Past maxWatched resources
-// it returns a nil channel: the waiter polls.
+// Watch implements application.Wakeups; the loop takes the watch lock and
+// announces. Past maxWatched it returns a nil channel: the waiter polls.
 func (l *listener) Watch(ref domain.ResourceRef) (<-chan struct{}, func()) {
 	w := &watch{c: make(chan struct{}, 1)}
 	l.mu.Lock()
@@ -218,9 +190,8 @@ func (l *listener) announce(ref domain.ResourceRef, on bool) {
 }
 
 // Contended implements application.Wakeups: another instance announced,
-// less than remoteTTL ago, that it watches ref. A map lookup rather than a
-// round trip per release; a dead process's marks age out, costing a
-// hand-over delay, never a lock. The first call starts the listener.
+// less than remoteTTL ago, that it watches ref (a dead one's marks cost a
+// hand-over delay until then, never a lock).
 func (l *listener) Contended(ref domain.ResourceRef) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -245,7 +216,6 @@ func (l *listener) start() {
 	}
 }
 
-// close stops the loop, which says goodbye within farewell's bound.
 func (l *listener) close(ctx context.Context) {
 	if l == nil {
 		return
@@ -261,8 +231,7 @@ func (l *listener) close(ctx context.Context) {
 	}
 }
 
-// run connects, listens and reconnects after every drop until close, with
-// pauses on real time (they pace I/O).
+// run connects and reconnects after every drop until close.
 func (l *listener) run() {
 	defer close(l.done)
 	backoff := reconnectMin
@@ -290,9 +259,8 @@ func (l *listener) run() {
 	}
 }
 
-// connect opens the connection and LISTENs, then wakes every watcher (a
-// release may have come while nobody listened); the next turn asks the
-// others to announce and announces everything watched.
+// connect LISTENs, then wakes every watcher: a release may have come
+// while nobody listened.
 func (l *listener) connect() (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(l.ctx, l.cfg)
 	if err != nil {
@@ -316,8 +284,6 @@ func (l *listener) connect() (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// serve sends what is pending and waits for notifications until the
-// connection fails or the listener closes.
 func (l *listener) serve(conn *pgx.Conn) {
 	heard := time.Now() // the server's last word, for keepAlive
 	for {
@@ -355,9 +321,8 @@ func (l *listener) serve(conn *pgx.Conn) {
 	}
 }
 
-// holdWatches makes the connection hold the watch locks of exactly the
-// watched resources, then wakes the watchers whose watch just came into
-// force: a release before it did not notify.
+// holdWatches takes the watch locks of exactly the watched resources, and
+// wakes the watchers of new ones: a release before it did not notify.
 func (l *listener) holdWatches(conn *pgx.Conn) error {
 	l.mu.Lock()
 	var take, drop []string
@@ -391,14 +356,11 @@ func (l *listener) holdWatches(conn *pgx.Conn) error {
 	defer l.touch()
 	for _, ref := range taken {
 		l.held[ref] = true // unwatched meanwhile: dropped at the next turn
-		for w := range l.watches[ref] {
-			signal(w.c)
-		}
+		l.wake(ref)
 	}
 	return nil
 }
 
-// talk runs one statement of the listener, within talkTimeout.
 func (l *listener) talk(conn *pgx.Conn, query string, args ...any) error {
 	ctx, cancel := context.WithTimeout(l.ctx, talkTimeout)
 	defer cancel()
@@ -406,10 +368,7 @@ func (l *listener) talk(conn *pgx.Conn, query string, args ...any) error {
 	return err
 }
 
-// outgoing returns the notifications to send now, with l.mu held: the
-// request after a connect, the changes, and every announcePeriod all that
-// is watched (aging out the others' marks then). One lost with a failed
-// connection is covered by the one after the reconnect, or ages out.
+// outgoing returns the notifications to send now, with l.mu held.
 func (l *listener) outgoing() []string {
 	var out []string
 	if l.hello {
@@ -437,7 +396,6 @@ func (l *listener) outgoing() []string {
 	return out
 }
 
-// forget drops the others' marks for which drop(instance, stamp) holds.
 func (l *listener) forget(drop func(inst string, at time.Time) bool) {
 	for ref, marks := range l.remote {
 		for inst, at := range marks {
@@ -451,7 +409,6 @@ func (l *listener) forget(drop func(inst string, at time.Time) bool) {
 	}
 }
 
-// receive acts on one notification.
 func (l *listener) receive(payload string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -466,9 +423,7 @@ func (l *listener) receive(payload string) {
 		return
 	case 'r':
 		if ref, ok := decodeRef(rest); ok {
-			for w := range l.watches[ref] {
-				signal(w.c)
-			}
+			l.wake(ref)
 		}
 		return
 	}
@@ -493,7 +448,6 @@ func (l *listener) receive(payload string) {
 			}
 		}
 	case '?':
-		// Announce everything soon, but at most once every announceGap.
 		if next := l.lastAll.Add(announceGap); len(l.watches) > 0 && next.Before(l.fullAt) {
 			l.fullAt = next
 		}
@@ -502,8 +456,7 @@ func (l *listener) receive(payload string) {
 	}
 }
 
-// hangUp closes the connection, first saying goodbye ("x") if the
-// listener is closing and announced anything.
+// hangUp closes the connection, saying goodbye if closing.
 func (l *listener) hangUp(conn *pgx.Conn) {
 	l.mu.Lock()
 	bye := l.closed && l.said
@@ -519,8 +472,7 @@ func (l *listener) hangUp(conn *pgx.Conn) {
 	if bye && ctx.Err() == nil {
 		say := conn
 		if conn.IsClosed() {
-			// Close cut a statement short, closing the connection: say
-			// goodbye on a new one, within the same bound.
+			// Close cut a statement short, closing the connection.
 			if c, err := pgx.ConnectConfig(ctx, l.cfg); err == nil {
 				say = c
 				defer c.Close(ctx)
@@ -531,10 +483,8 @@ func (l *listener) hangUp(conn *pgx.Conn) {
 	_ = conn.Close(ctx)
 }
 
-// farewell bounds the goodbye and the connection's close: byeTimeout, and
-// at most 1/byeShare of what remains of the closing caller's deadline (a
-// CLI command against a silent server must not wait 3 s beyond it). Cut
-// short, it costs the others a hand-over delay until remoteTTL, never a lock.
+// farewell bounds the goodbye: byeTimeout (a second was too short under
+// load), and at most 1/byeShare of what remains of the closer's deadline.
 func farewell(closing context.Context) (context.Context, context.CancelFunc) {
 	bound := byeTimeout
 	if d, ok := closing.Deadline(); ok {
@@ -543,30 +493,28 @@ func farewell(closing context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(closing, bound)
 }
 
-// wakeAll wakes every watcher, with l.mu held.
-func (l *listener) wakeAll() {
-	for _, subs := range l.watches {
-		for w := range subs {
-			signal(w.c)
+// wake wakes the watchers of ref, with l.mu held.
+func (l *listener) wake(ref domain.ResourceRef) {
+	for w := range l.watches[ref] {
+		select {
+		case w.c <- struct{}{}:
+		default: // a wake-up is already pending
 		}
 	}
 }
 
-// touch wakes the tests waiting for a change, with l.mu held.
+func (l *listener) wakeAll() {
+	for ref := range l.watches {
+		l.wake(ref)
+	}
+}
+
 func (l *listener) touch() {
 	close(l.changed)
 	l.changed = make(chan struct{})
 }
 
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default: // a wake-up is already pending
-	}
-}
-
-// encodeRef and decodeRef write a resource as the release statement does:
-// type, colon, id (a type has no colon).
+// encodeRef is a resource as the release statement writes it (a type has no colon).
 func encodeRef(ref domain.ResourceRef) string { return string(ref.Type) + ":" + ref.ID }
 
 func decodeRef(s string) (domain.ResourceRef, bool) {

@@ -14,15 +14,13 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// IsURL reports whether dsn is a PostgreSQL URL, in the lower-case
-// scheme that PostgreSQL's clients read.
+// IsURL reports whether dsn is a PostgreSQL URL, in lower case as clients read it.
 func IsURL(dsn string) bool {
 	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 }
 
 // SchemeError refuses a URL whose scheme is PostgreSQL's written wrongly
-// (in another case, or without "//"), or returns nil for any other scheme.
-// scheme is the URL's scheme and slashes is "//" or "".
+// (in another case, or without "//" in slashes); nil for any other scheme.
 func SchemeError(scheme, slashes string) error {
 	lower := strings.ToLower(scheme)
 	switch {
