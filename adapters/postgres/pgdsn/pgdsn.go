@@ -35,10 +35,8 @@ func SchemeError(scheme, slashes string) error {
 }
 
 // KeywordValue reports whether dsn is in libpq's keyword/value form, and a
-// *domain.ValidationError when PostgreSQL's clients would refuse it (a
-// keyword alone, a word without "=value", an unclosed quote, an upper-case
-// keyword, no libpq keyword). Such a string never names a file: each host
-// would hold the "same" lock in a file of its own.
+// *domain.ValidationError when PostgreSQL's clients would refuse it. Such a
+// string never names a file: each host would hold the "same" lock in its own.
 func KeywordValue(dsn string) (bool, error) {
 	if word := strings.Trim(dsn, space); keywords[strings.ToLower(word)] {
 		return true, &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
@@ -54,11 +52,8 @@ func KeywordValue(dsn string) (bool, error) {
 // space is the white space libpq and pgx skip between pairs.
 const space = " \t\n\v\f\r"
 
-// keywordShaped reports whether dsn reads as keyword/value, rightly or
-// not: it starts with a word (letter or "_") that runs to a "=" without a
-// "/" ("dir/a=b.db" stays a path), has a libpq keyword in any case before
-// a "=", or starts with a keyword followed by more words ("host 127.0.0.1").
-// Such a file is named "./a=b.db" or by a file: URI.
+// keywordShaped reports whether dsn reads as keyword/value, rightly or not
+// ("dir/a=b.db" stays a path; such a file is named "./a=b.db").
 func keywordShaped(dsn string) bool {
 	s := strings.TrimLeft(dsn, space)
 	if s != "" && (s[0] == '_' || 'a' <= s[0]|0x20 && s[0]|0x20 <= 'z') {
@@ -76,10 +71,9 @@ func keywordShaped(dsn string) bool {
 // keywordAnywhere matches a keyword, in any case, and "=", after white space.
 var keywordAnywhere = regexp.MustCompile(`(?i)(^|[ \t\n\v\f\r])(` + strings.Join(slices.Sorted(maps.Keys(keywords)), "|") + `)[ \t\n\v\f\r]*=`)
 
-// checkKeywordValue parses dsn as pgx does (keyword = value; a value
-// quoted '...' or running to white space, a backslash escaping the next
-// character). A keyword in upper case is refused: pgx would send it to
-// the server as a setting. Errors name keywords, never values (passwords).
+// checkKeywordValue parses dsn as pgx does. An upper-case keyword is
+// refused: pgx would send it to the server as a setting. Errors name
+// keywords, never values (passwords).
 func checkKeywordValue(dsn string) error {
 	malformed := func(what string) error {
 		return &domain.ValidationError{Field: "database", Reason: "reads as a PostgreSQL keyword/value DSN " +
