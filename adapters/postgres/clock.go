@@ -11,59 +11,34 @@ import (
 	"github.com/cleveragents/locks/application"
 )
 
-// Server time. Every host that shares a PostgreSQL lock store decides
-// expiry with the same clock: the server's. Reading it in every statement
-// would cost a round trip on the hot path, so ServerClock reads it over a
-// few round trips, keeps the server's time at one instant of the local
-// monotonic clock, and estimates the server's time later as that time
-// plus the monotonic time elapsed since; it measures again in the
-// background. The local wall clock plays no part in the estimate: a step
-// of it (NTP stepping the clock, date -s) moves nothing, and hosts
-// whose clocks disagree by minutes agree on every expiry up to the
-// estimate's uncertainty: half the round trip of the best sample, plus
-// how far the local monotonic clock drifts from the server's between two
-// measurements (NTP slews both; a few microseconds a minute without it).
+// Every host decides expiry on the server's clock, estimated as its time
+// at one instant of the local monotonic clock plus the monotonic time
+// since: a wall clock step moves nothing.
 const (
-	// ClockSamples is how many round trips one measurement makes; the
-	// fastest one, whose midpoint is the most certain, is kept.
-	ClockSamples = 5
-	// ClockRefresh is how often the server's time is measured again.
-	ClockRefresh = time.Minute
+	ClockSamples = 5           // round trips per measurement; the fastest is kept
+	ClockRefresh = time.Minute // how often the server's time is measured again
 )
 
-// MonotonicClock is a local clock that also has a monotonic reading: one
-// that a step of the wall clock does not move. ServerClock measures
-// elapsed time with it when the local clock implements it. A local clock
-// that does not is used for its wall time only (Offset): elapsed time is
-// then measured on this host's monotonic clock (SystemClock's), whatever the
-// clock's readings carry, so that a clock returning time.Now().UTC()
-// (which strips the monotonic reading) cannot let a wall step move the
-// server's estimated time. The one exception is a *clock.Mock of
-// github.com/benbjohnson/clock: its time is the test's, and elapsed time
-// is measured on it, so stepping it (Add, Set) is stepping the test's
-// time, and the server's estimated time moves with it.
+// MonotonicClock is a local clock with a reading that a wall clock step
+// does not move, which ServerClock measures elapsed time on. Another clock
+// gives only wall time (Offset), and elapsed time is SystemClock's, except
+// a *clock.Mock's: stepping a test's clock steps the estimate.
 type MonotonicClock interface {
 	application.Clock
-	// Monotonic returns the time elapsed since an instant of the clock's
-	// choosing, which never changes; it never decreases.
+	// Monotonic returns the time since a fixed instant; it never decreases.
 	Monotonic() time.Duration
 }
 
-// ServerClock is the PostgreSQL server's time, estimated on this host.
-// It satisfies application.Clock and application.Timers; its timers are
-// the local clock's (a duration is the same on both).
+// ServerClock is the PostgreSQL server's time, estimated on this host; its
+// timers are the local clock's.
 type ServerClock struct {
-	local application.Clock
-	// mono is the monotonic clock that elapsed time is measured on; nil
-	// for a *clock.Mock, whose Now is the test's time.
-	mono   func() time.Duration
+	local  application.Clock
+	mono   func() time.Duration // nil for a *clock.Mock, whose Now is the test's time
 	timers application.Timers
 	db     *sql.DB
 
-	mu sync.RWMutex
-	// at is the server's time at the instant mark of the local monotonic
-	// clock (see tick).
-	at, mark    time.Time
+	mu          sync.RWMutex
+	at, mark    time.Time // the server's time at the instant mark (tick)
 	offset      time.Duration
 	uncertainty time.Duration
 	lastErr     error
@@ -77,8 +52,7 @@ var (
 	_ application.Timers = (*ServerClock)(nil)
 )
 
-// NewServerClock measures the time of db's server against local, and keeps
-// measuring it every ClockRefresh until Close.
+// NewServerClock measures the time of db's server against local until Close.
 //
 // Errors: a *domain.StoreError when the server cannot be asked its time.
 func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*ServerClock, error) {
@@ -91,9 +65,6 @@ func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*Serv
 		c.mono = l.Monotonic
 	case *clock.Mock:
 	default:
-		// The host's own monotonic clock (SystemClock's, which counts
-		// sleep too): the local clock's readings may carry no monotonic
-		// component.
 		c.mono = SystemClock{}.Monotonic
 	}
 	if err := read(ctx, c.measure); err != nil {
@@ -103,8 +74,7 @@ func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*Serv
 	return c, nil
 }
 
-// Now returns the server's current time: its time at the last
-// measurement plus the local monotonic time elapsed since.
+// Now returns the server's estimated current time.
 func (c *ServerClock) Now() time.Time {
 	c.mu.RLock()
 	at, mark := c.at, c.mark
@@ -112,13 +82,10 @@ func (c *ServerClock) Now() time.Time {
 	return at.Add(c.tick().Sub(mark))
 }
 
-// monotonicEpoch is where tick places a MonotonicClock's readings: a time
-// without a monotonic component, so that Sub of two of them is the
-// difference of the readings.
 var monotonicEpoch = time.Unix(0, 0)
 
-// tick reads the monotonic clock as a time.Time, for Sub: mono's reading,
-// or a *clock.Mock's Now, which is the test's time.
+// tick reads the monotonic clock as a time.Time; monotonicEpoch has no
+// monotonic component, so Sub of two ticks is that of the readings.
 func (c *ServerClock) tick() time.Time {
 	if c.mono != nil {
 		return monotonicEpoch.Add(c.mono())
@@ -134,11 +101,9 @@ func (c *ServerClock) After(d time.Duration) <-chan time.Time {
 	return time.After(d)
 }
 
-// Offset returns the server's time minus the local wall clock's at the
-// last measurement (what the host's clock is off by; decisions do not use
-// it), how uncertain the server's estimated time is (half the round trip
-// it was measured over), and the error of the last refresh, if it failed
-// (the previous measurement is then still in use).
+// Offset returns what the local wall clock was off by at the last
+// measurement (decisions do not use it), the uncertainty (half the round
+// trip), and the last refresh's error.
 func (c *ServerClock) Offset() (offset, uncertainty time.Duration, err error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -155,9 +120,8 @@ func (c *ServerClock) Close() {
 	<-c.done
 }
 
-// refresh measures the server's time again every ClockRefresh, which
-// corrects the drift of the local monotonic clock. It paces I/O on a real
-// ticker: the measurement is the same whatever the local clock shows.
+// refresh measures again every ClockRefresh, correcting the monotonic
+// drift, on a real ticker (it paces I/O).
 func (c *ServerClock) refresh() {
 	defer close(c.done)
 	t := time.NewTicker(ClockRefresh)
@@ -178,11 +142,8 @@ func (c *ServerClock) refresh() {
 	}
 }
 
-// measure asks the server its time ClockSamples times and keeps the
-// sample with the shortest round trip: the server read its clock within
-// that round trip, so at its midpoint up to half of it. The round trip is
-// timed on the monotonic clock, and the wall clock is read only for
-// Offset.
+// measure keeps the sample with the shortest round trip, placing the
+// server's reading at its midpoint.
 func (c *ServerClock) measure(ctx context.Context) error {
 	conn, err := c.db.Conn(ctx) // one connection: the first sample pays for connecting
 	if err != nil {
@@ -210,3 +171,21 @@ func (c *ServerClock) measure(ctx context.Context) error {
 	c.mu.Unlock()
 	return nil
 }
+
+// SystemClock is this host's clock. Its monotonic reading counts the
+// host's sleep (CLOCK_BOOTTIME on Linux): Go's stops while suspended,
+// which would put the estimate behind, and expiries that early.
+type SystemClock struct{}
+
+var _ MonotonicClock = SystemClock{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// After waits on real time.
+func (SystemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// Monotonic returns the time since boot, or since processStart.
+func (SystemClock) Monotonic() time.Duration { return sinceBoot() }
+
+var processStart = time.Now()

@@ -8,10 +8,8 @@ import (
 )
 
 // spoke reports whether the server sent something on c, or closed it,
-// while it sat idle in the pool: a peek at the socket that never waits.
-// An idle connection hears nothing from its server but a farewell (the
-// FATAL of a backend that an operator terminated, or that a shutdown or a
-// crash ended) before its end of file.
+// while it sat idle: a peek that never waits. An idle connection hears
+// nothing but a terminated backend's FATAL before its end of file.
 func (c *poolConn) spoke() bool {
 	sc, ok := c.Conn.(syscall.Conn)
 	if !ok {

@@ -16,30 +16,19 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// migrationFiles are the versioned migrations for PostgreSQL, written by
-// migrations/diff.go from the Ent schema and applied with goose.
-//
 //go:embed migrations/*.sql
-var migrationFiles embed.FS
+var embedded embed.FS
 
-// migrate applies the pending migrations in the current schema, and
-// records them there in the module's own version table,
-// entstore.VersionTable, after adopting the history that an earlier
-// version of the module recorded in goose's default table. goose's session
-// lock keeps processes that start together from migrating at once.
-//
-// Every name is qualified with the current schema: goose's own lookup of
-// an unqualified table, when no schema of the search_path exists, matches
-// a table of that name in any schema.
-func (db *DB) migrate(ctx context.Context) error {
+var migrationFiles, _ = fs.Sub(embedded, "migrations") // fails only for an invalid path
+
+// migrate applies the pending migrations in the current schema, which it
+// returns, under goose's session lock. Names are qualified: goose's lookup
+// of an unqualified table matches one in any schema.
+func (db *DB) migrate(ctx context.Context) (string, error) {
 	const op = "migrate lock store"
 	schema, err := db.currentSchema(ctx, op)
 	if err != nil {
-		return err
-	}
-	fsys, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return &domain.StoreError{Op: op, Err: err}
+		return "", err
 	}
 	tables := entstore.VersionTables{
 		Dialect: database.DialectPostgres,
@@ -49,32 +38,31 @@ func (db *DB) migrate(ctx context.Context) error {
 			return tableExists(ctx, db, schema, name)
 		},
 	}
-	if err := db.adoptHistory(ctx, tables, fsys); err != nil {
-		return FormatError(op, err)
+	if err := db.adoptHistory(ctx, tables); err != nil {
+		return "", FormatError(op, err)
 	}
 	store, err := database.NewStore(database.DialectPostgres, tables.Ours)
 	if err != nil {
-		return &domain.StoreError{Op: op, Err: err}
+		return "", &domain.StoreError{Op: op, Err: err}
 	}
 	// Poll every second, for up to a minute, while another process migrates.
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 60))
 	if err != nil {
-		return &domain.StoreError{Op: op, Err: err}
+		return "", &domain.StoreError{Op: op, Err: err}
 	}
-	p, err := goose.NewProvider(goose.DialectCustom, db.sql, fsys,
+	p, err := goose.NewProvider(goose.DialectCustom, db.sql, migrationFiles,
 		goose.WithStore(versionStore{Store: store, schema: schema}), goose.WithSessionLocker(locker))
 	if err != nil {
-		return &domain.StoreError{Op: op, Err: err}
+		return "", &domain.StoreError{Op: op, Err: err}
 	}
 	if _, err := p.Up(ctx); err != nil {
-		return FormatError(op, err)
+		return "", FormatError(op, err)
 	}
-	return nil
+	return schema, nil
 }
 
 // currentSchema returns the schema the migrations create their tables in:
-// the first schema of the search_path that exists and that the user may
-// use. Without one there is nowhere to migrate, and the error says so.
+// the first of the search_path that exists and the user may use.
 func (db *DB) currentSchema(ctx context.Context, op string) (string, error) {
 	var (
 		schema     *string
@@ -95,14 +83,10 @@ func (db *DB) currentSchema(ctx context.Context, op string) (string, error) {
 	return *schema, nil
 }
 
-// adoptHistory adopts, once, the history of a schema that an earlier
-// version of the module migrated (see entstore.AdoptHistory), in one
-// transaction that holds goose's migration lock: processes that open the
-// database at once adopt it one after another, and never while another
-// migrates.
-func (db *DB) adoptHistory(ctx context.Context, tables entstore.VersionTables, fsys fs.FS) (err error) {
-	// Once the module's table exists there is nothing to adopt: every
-	// later Open takes this path, without the lock.
+// adoptHistory adopts, once, an older module's history
+// (entstore.AdoptHistory) in a transaction holding goose's migration lock,
+// so never while another process adopts or migrates.
+func (db *DB) adoptHistory(ctx context.Context, tables entstore.VersionTables) (err error) {
 	if ok, err := tables.Exists(ctx, db.sql, entstore.VersionTable); err != nil || ok {
 		return err
 	}
@@ -122,25 +106,23 @@ func (db *DB) adoptHistory(ctx context.Context, tables entstore.VersionTables, f
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", lock.DefaultLockID); err != nil {
 		return err
 	}
-	if _, err := entstore.AdoptHistory(ctx, tx, tables, fsys); err != nil {
+	if _, err := entstore.AdoptHistory(ctx, tx, tables, migrationFiles); err != nil {
 		return err
 	}
 	return tx.Commit()
 }
 
-// versionStore is goose's PostgreSQL store of a version table qualified
-// with its schema, whose existence it checks in that schema only.
+// versionStore is goose's store of a schema-qualified version table,
+// looked for in that schema only.
 type versionStore struct {
 	database.Store
 	schema string
 }
 
-// TableExists implements database.StoreExtender.
 func (s versionStore) TableExists(ctx context.Context, db database.DBTxConn) (bool, error) {
 	return tableExists(ctx, db, s.schema, entstore.VersionTable)
 }
 
-// tableExists reports whether schema has a table named name.
 func tableExists(ctx context.Context, db database.DBTxConn, schema, name string) (bool, error) {
 	var ok bool
 	err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = $1 AND tablename = $2)",

@@ -14,25 +14,20 @@ import (
 	"github.com/cleveragents/locks/internal/backend"
 )
 
-// Importing this package is what lets locks.Open open a PostgreSQL DSN:
-// a program that only uses SQLite does not import it, and links neither
-// this package nor pgx.
+// Importing this package lets locks.Open open a PostgreSQL DSN: a program
+// that only uses SQLite links neither it nor pgx.
 func init() { backend.Register(backend.Postgres, openStore) }
 
-// store is a PostgreSQL database as the container uses it.
 type store struct {
-	db    *DB
-	clock application.Clock
-	close func(ctx context.Context) error
+	db     *DB
+	clock  application.Clock
+	server *ServerClock // nil with opts.LocalTime
 }
 
-// openStore connects to the server and decides expiry on the server's
-// clock (its time read at a measurement, plus the local monotonic time
-// elapsed since), so that hosts whose clocks disagree, or are stepped,
-// never take a live lock early; opts.LocalTime keeps the local clock, for
-// tests that drive a mock clock. Without opts.Clock the elapsed time
-// counts the host's sleep (SystemClock). Close stops the clock's
-// refreshes, then closes the pool.
+// openStore connects and decides expiry on a ServerClock, so that hosts
+// whose clocks disagree or are stepped never take a live lock early;
+// opts.LocalTime keeps the local clock (a test's mock). Close stops the
+// clock's refreshes, then closes the pool.
 func openStore(ctx context.Context, opts backend.Options) (backend.Store, error) {
 	db, err := Open(ctx, opts.Database, Options{LocalTime: opts.LocalTime})
 	if err != nil {
@@ -42,7 +37,7 @@ func openStore(ctx context.Context, opts backend.Options) (backend.Store, error)
 	if local == nil {
 		local = clock.New()
 	}
-	s := &store{db: db, clock: local, close: db.CloseContext}
+	s := &store{db: db, clock: local}
 	if opts.LocalTime {
 		return s, nil
 	}
@@ -54,32 +49,29 @@ func openStore(ctx context.Context, opts backend.Options) (backend.Store, error)
 		_ = db.Close()
 		return nil, err
 	}
-	s.clock = c
-	s.close = func(ctx context.Context) error {
-		c.Close()
-		return db.CloseContext(ctx)
-	}
+	s.clock, s.server = c, c
 	return s, nil
 }
 
 func (s *store) Repository() application.LockRepository { return NewLockRepository(s.db) }
 func (s *store) Clock() application.Clock               { return s.clock }
 
-// Wakeups lets waiters sleep until a holder in another process, on this
-// host or another, lets go (the server's notifications).
-func (s *store) Wakeups() application.Wakeups    { return s.db.Wakeups() }
-func (s *store) Close(ctx context.Context) error { return s.close(ctx) }
+func (s *store) Wakeups() application.Wakeups { return s.db.Wakeups() }
+func (s *store) Close(ctx context.Context) error {
+	if s.server != nil {
+		s.server.Close()
+	}
+	return s.db.CloseContext(ctx)
+}
 
-// Writer is nil: writers of different rows do not exclude each other, so
-// an application's writes run on its own pool.
+// Writer is nil: writers of different rows do not exclude each other.
 func (s *store) Writer() func(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
 	return nil
 }
 
-// CheckFence checks f in q with a SELECT ... FOR KEY SHARE
-// (entstore.CheckFence); a transaction above READ COMMITTED, whose
-// snapshot may be older than the lock, is told whether the lock, read
-// outside it, is held.
+// CheckFence checks f in q (SELECT ... FOR KEY SHARE); a transaction above
+// READ COMMITTED, whose snapshot may predate the lock, is told whether the
+// lock, read outside it, is held.
 func (s *store) CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time, read backend.ReadLock) error {
 	err := CheckFence(ctx, q, f, now)
 	var stale *domain.StaleSnapshotError

@@ -4,6 +4,5 @@ package postgres
 
 import "time"
 
-// sinceBoot is Go's monotonic time since the process started, where the
-// module reads no clock that counts the host's sleep.
+// sinceBoot: no clock that counts the host's sleep is read here.
 func sinceBoot() time.Duration { return time.Since(processStart) }

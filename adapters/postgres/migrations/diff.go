@@ -1,15 +1,12 @@
 //go:build ignore
 
-// Command diff writes a new versioned migration for the PostgreSQL store:
-// the changes that bring the migrations in this directory up to the Ent
-// schema, in goose's file format, with Atlas's integrity file (atlas.sum)
-// updated. Run it after changing ent/schema and regenerating ent/:
+// Command diff writes the goose migration (and atlas.sum) that brings this
+// directory up to the Ent schema, after ent/ is regenerated:
 //
 //	go run ./adapters/postgres/migrations/diff.go NAME
 //
-// It replays the existing migrations on a scratch database that it creates
-// and drops on the server that LOCKS_DEV_POSTGRES names (default: the local
-// server, as user postgres).
+// It replays the migrations on a scratch database of the server that
+// LOCKS_DEV_POSTGRES names (default: the local one, as user postgres).
 package main
 
 import (

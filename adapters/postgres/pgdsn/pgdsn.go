@@ -1,9 +1,7 @@
-// Package pgdsn recognises a PostgreSQL DSN by its form alone: a
-// postgres:// URL, or libpq's keyword/value string, parsed as pgx parses
-// it. It links neither pgx nor any driver, so that locks.Open tells a
-// PostgreSQL DSN from a SQLite file's name in a program that does not
-// import adapters/postgres, and refuses it there rather than create a
-// file of that name.
+// Package pgdsn recognises a PostgreSQL DSN by its form alone (a URL, or
+// libpq's keyword/value string as pgx parses it) without linking pgx, so
+// that a program without adapters/postgres refuses one rather than create
+// a SQLite file of that name.
 package pgdsn
 
 import (
@@ -16,15 +14,13 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// IsURL reports whether dsn is a PostgreSQL URL, in the lower-case
-// scheme that PostgreSQL's clients read.
+// IsURL reports whether dsn is a PostgreSQL URL, in lower case as clients read it.
 func IsURL(dsn string) bool {
 	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 }
 
 // SchemeError refuses a URL whose scheme is PostgreSQL's written wrongly
-// (in another case, or without "//"), or returns nil for any other scheme.
-// scheme is the URL's scheme and slashes is "//" or "".
+// (in another case, or without "//" in slashes); nil for any other scheme.
 func SchemeError(scheme, slashes string) error {
 	lower := strings.ToLower(scheme)
 	switch {
@@ -38,17 +34,11 @@ func SchemeError(scheme, slashes string) error {
 		Reason: "the " + scheme + ":" + slashes + " scheme is not supported: a PostgreSQL URL begins with " + lower + "://"}
 }
 
-// KeywordValue reports whether dsn is in libpq's keyword/value form, and
-// the *domain.ValidationError that says what is malformed when it reads
-// as that form but PostgreSQL's clients would refuse it: a keyword alone,
-// a word without "=" and value, a quote that never closes, a keyword in
-// upper case, no keyword of libpq's at all. Such a string never names a
-// file: it would otherwise become a SQLite file on each host, and two
-// hosts would each hold the "same" lock.
+// KeywordValue reports whether dsn is in libpq's keyword/value form, and a
+// *domain.ValidationError when PostgreSQL's clients would refuse it. Such a
+// string never names a file: each host would hold the "same" lock in its own.
 func KeywordValue(dsn string) (bool, error) {
 	if word := strings.Trim(dsn, space); keywords[strings.ToLower(word)] {
-		// libpq refuses it ("missing "=" after "host""): a DSN that lost
-		// its value, not the name of a file beside the program.
 		return true, &domain.ValidationError{Field: "database", Reason: fmt.Sprintf(
 			`%q is a PostgreSQL connection keyword alone: it lacks "=value" (%s=...) to be a keyword/value DSN; `+
 				"for a SQLite file of that name, write ./%s", word, strings.ToLower(word), word)}
@@ -59,18 +49,11 @@ func KeywordValue(dsn string) (bool, error) {
 	return true, checkKeywordValue(dsn)
 }
 
-// space is the white space that libpq (and pgx) skip between the pairs
-// of a keyword/value string.
+// space is the white space libpq and pgx skip between pairs.
 const space = " \t\n\v\f\r"
 
-// keywordShaped reports whether dsn reads as libpq's keyword/value form,
-// rightly or not: it begins (after white space) with a word that starts
-// with a letter or "_" and runs to a "=" without a "/" (so that
-// "dir/a=b.db" stays a path), or it has one of libpq's keywords, in any
-// case, followed by "=" at its start or after white space, or it has
-// several words, the first of them one of libpq's keywords ("host
-// 127.0.0.1"). A file whose name looks so is named through a directory
-// ("./a=b.db") or a file: URI.
+// keywordShaped reports whether dsn reads as keyword/value, rightly or not
+// ("dir/a=b.db" stays a path; such a file is named "./a=b.db").
 func keywordShaped(dsn string) bool {
 	s := strings.TrimLeft(dsn, space)
 	if s != "" && (s[0] == '_' || 'a' <= s[0]|0x20 && s[0]|0x20 <= 'z') {
@@ -85,17 +68,12 @@ func keywordShaped(dsn string) bool {
 	return len(words) > 1 && keywords[strings.ToLower(words[0])]
 }
 
-// keywordAnywhere matches one of libpq's keywords, in any case, followed
-// by "=", at the start of a string or after white space.
+// keywordAnywhere matches a keyword, in any case, and "=", after white space.
 var keywordAnywhere = regexp.MustCompile(`(?i)(^|[ \t\n\v\f\r])(` + strings.Join(slices.Sorted(maps.Keys(keywords)), "|") + `)[ \t\n\v\f\r]*=`)
 
-// checkKeywordValue parses dsn in libpq's keyword/value grammar, as pgx
-// does (keyword = value, white space allowed around "=", a value quoted
-// with '...' in which a backslash escapes the next character, or running
-// to the next white space, where too a backslash escapes). A keyword of
-// libpq's in another case than lower is refused: libpq's keywords are
-// case-sensitive, and pgx would send it to the server as a setting. The
-// error names keywords, never values, which may be passwords.
+// checkKeywordValue parses dsn as pgx does. An upper-case keyword is
+// refused: pgx would send it to the server as a setting. Errors name
+// keywords, never values (passwords).
 func checkKeywordValue(dsn string) error {
 	malformed := func(what string) error {
 		return &domain.ValidationError{Field: "database", Reason: "reads as a PostgreSQL keyword/value DSN " +
@@ -157,8 +135,7 @@ func checkKeywordValue(dsn string) error {
 	return nil
 }
 
-// looksSecret reports whether a keyword's value may be a secret, which an
-// error must not quote.
+// looksSecret reports whether a keyword's value may be a secret.
 func looksSecret(key string) bool {
 	k := strings.ToLower(key)
 	return strings.Contains(k, "pass") || strings.Contains(k, "token") || strings.Contains(k, "key") ||
@@ -167,9 +144,8 @@ func looksSecret(key string) bool {
 
 func isSpace(r rune) bool { return strings.ContainsRune(space, r) }
 
-// keywords are libpq's connection keywords (and search_path, which pgx
-// passes on to the server, and servicefile, which only pgx reads): a
-// well-formed keyword/value string with one of them is a PostgreSQL DSN.
+// keywords are libpq's connection keywords, with search_path (passed to
+// the server) and pgx's own servicefile.
 var keywords = map[string]bool{
 	"host": true, "hostaddr": true, "port": true, "dbname": true, "user": true, "password": true,
 	"passfile": true, "require_auth": true, "channel_binding": true, "connect_timeout": true,
@@ -181,7 +157,6 @@ var keywords = map[string]bool{
 	"requirepeer": true, "ssl_min_protocol_version": true, "ssl_max_protocol_version": true,
 	"krbsrvname": true, "gsslib": true, "gssdelegation": true, "service": true,
 	"target_session_attrs": true, "load_balance_hosts": true, "search_path": true,
-	// libpq 18's, and pgx's own servicefile.
 	"min_protocol_version": true, "max_protocol_version": true, "sslkeylogfile": true, "scram_client_key": true,
 	"scram_server_key": true, "oauth_issuer": true, "oauth_client_id": true, "oauth_client_secret": true,
 	"oauth_scope": true, "servicefile": true,
