@@ -2,70 +2,33 @@ package postgres
 
 import "strings"
 
-// The batch statements of group commit (batch.go): each is the statement
-// of one write (acquireFreeSQL, acquireSQL, takeSQL, renewSQL and
-// renewTokenSQL, the releases) over arrays, one element per member, with
-// that statement's WHERE for each member's row. req numbers the members
-// (n, from 1); a batch holds one member per resource. Each statement
-// returns a row for every member it decided, named by n (or, where a
-// RETURNING cannot name it, by its resource). A member it does not name
-// is told the outcome that is always safe to act on: nothing inserted (the
-// acquire goes on to acquireSQL), nothing decided (the acquire runs its
-// own statement, waiting as it always did: acquireMany), nothing extended
-// (Update decides), nothing removed (the lock was not there, or not the
-// caller's).
-//
-// No batch waits for a lock, so that no member waits for another's
-// resource:
-//   - The advisory lock of each member's resource is taken with
-//     pg_try_advisory_xact_lock, which never waits: a member whose lock is
-//     held (an Update transaction, a lone statement, another batch) is not
-//     decided. A release takes none, as alone.
-//   - The rows a batch would change (a takeover's, a re-entry's, a
-//     renewal's, a release's) are locked first, SKIP LOCKED: a row that
-//     a fence, another write or a release of all an owner's locks holds
-//     leaves its member undecided (the acquires: their own statement) or busy
-//     (renewals and releases: the caller runs its own statement), and
-//     either way it then waits as it always did, on its own.
-//
-// Every row is found through the resource's unique index, one lookup per
-// member (rows, a LATERAL subquery with LIMIT 1, which the planner cannot
-// turn into a join), and locked through the primary key the same way
-// (lockRows). A plan that scanned the table and hashed it, which the
-// planner picks when it cannot see how few members a batch has and the
-// table was never analyzed, would cost the server a read of every row,
-// dead or alive, per batch. The changes find their rows by id (id = ANY),
-// where only the PostgreSQL adapter's connections (enable_seqscan off)
-// keep the planner from a scan.
+// The batch statements of group commit (batch.go): each is a lone write's
+// statement over arrays, one element per member (n, from 1), with that
+// statement's WHERE for each member's row. No batch waits for a lock:
+// advisory locks are tried (pg_try_advisory_xact_lock), and rows locked
+// SKIP LOCKED first; a busy member runs its own statement, and waits.
+// Rows are found one index lookup per member (LATERAL ... LIMIT 1, which
+// the planner cannot make a join): a hashed scan, its choice on a never
+// analyzed table, would read every row per batch. The changes find rows by
+// id = ANY, kept off a scan by the connections' enable_seqscan off.
 
-// batchRows finds the row of each member of req in the statement's
-// snapshot: (id, owner, expires, n). The statements decide on these
-// columns rather than read the table again by id, which the planner,
-// when the table's statistics say it is small, does with a scan.
+// batchRows is each member's row in the snapshot: (id, owner, expires, n).
 const batchRows = `rows AS MATERIALIZED (SELECT x.{id}, x.{owner}, x.{expires}, req.n FROM req,
   LATERAL (SELECT l.{id}, l.{owner}, l.{expires} FROM {locks} l WHERE l.{type} = req.typ AND l.{rid} = req.rid LIMIT 1) x)`
 
-// lockRows locks the rows of the CTE from (id, n) in mode (FOR UPDATE,
-// FOR NO KEY UPDATE) SKIP LOCKED, one lookup of the primary key per row,
-// and names the CTE as: (id, n). The statement's change then finds each
-// row by its id, as the statement's snapshot saw it, and PostgreSQL
-// follows a row changed since to its newest version, on which the change
-// decides again (READ COMMITTED). It must not reach the row through the
-// version that the lock returns (its ctid): that version may be newer
-// than the snapshot, which then cannot see it, and the change would pass
-// over a row that is there.
+// lockRows is the CTE as (id, n): the rows of from locked in mode, SKIP
+// LOCKED, by primary key. The change then finds each by id, not by the
+// lock's ctid, which may be newer than the snapshot and would be missed.
 func lockRows(as, from, mode string) string {
 	return as + ` AS MATERIALIZED (SELECT x.{id}, ` + from + `.n FROM ` + from + `,
   LATERAL (SELECT l.{id} FROM {locks} l WHERE l.{id} = ` + from + `.{id} ` + mode + ` SKIP LOCKED) x)`
 }
 
-// noRow is the condition that the member r's resource has no row in the
-// statement's snapshot, tested through the unique index.
+// noRow: the member r's resource has no row in the statement's snapshot.
 const noRow = `(SELECT l.{id} FROM {locks} l WHERE l.{type} = r.typ AND l.{rid} = r.rid) IS NULL`
 
-// acquireFreeBatchSQL is acquireFreeSQL over arrays: it inserts the lock
-// of every member whose resource has no row and whose advisory lock it
-// gets. Result: a row per lock inserted, n and its id.
+// acquireFreeBatchSQL is acquireFreeSQL over arrays. Result: per lock
+// inserted, n, its id and xmin.
 var acquireFreeBatchSQL = pgStatement(`WITH ins AS (
   INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
   SELECT own, typ, rid, acq, exp
@@ -76,20 +39,17 @@ var acquireFreeBatchSQL = pgStatement(`WITH ins AS (
 SELECT r.n, ins.{id}, ins.v FROM ins JOIN unnest($2::varchar[], $3::varchar[]) WITH ORDINALITY AS r(typ, rid, n)
   ON ins.{type} = r.typ AND ins.{rid} = r.rid`)
 
-// acquireBatchSQL is acquireSQL over arrays; takeBatchSQL is takeSQL's
-// (no re-entry). held are the members whose advisory lock the statement
-// got; cand the rows it may change (expired at now, or for a re-entry the
-// caller's own), as its snapshot sees them: an active lock of another
-// owner is neither changed nor locked; cur the candidates it locked; ok
-// the members it decides: held, with their candidate locked or none. Result: per member decided, n and
-// acquireSQL's row, whose id is NULL where the statement changed nothing.
+// acquireBatchSQL is acquireSQL over arrays; takeBatchSQL is takeSQL's.
+// cand: the rows it may change, so that another owner's active lock is not
+// locked; ok: the members decided, held with their candidate locked or
+// none. Result: per member decided, n and acquireSQL's row (id NULL: no change).
 var acquireBatchSQL, takeBatchSQL = acquireBatch(true), acquireBatch(false)
 
 func acquireBatch(reenter bool) [2]string {
 	re := `re AS (
   UPDATE {locks} l SET {expires} = GREATEST(l.{expires}, req.exp) FROM req, cur
   WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n AND l.{owner} = req.own
-    AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
+    AND ` + activeAtCheck("l.{expires}", "req.acq") + `
   RETURNING req.n, l.{id}, l.{acquired}, l.{expires}),`
 	changes := "l.{expires} <= req.acq OR l.{owner} = req.own" // the rows old or re may change
 	if !reenter {
@@ -123,16 +83,10 @@ FROM ok JOIN req USING (n) LEFT JOIN re USING (n)
   LEFT JOIN ins ON ins.{type} = req.typ AND ins.{rid} = req.rid LEFT JOIN old ON old.n = req.n`)
 }
 
-// renewBatchSQL is renewSQL and renewTokenSQL over arrays: tok is the
-// member's token, or 0 for a renewal by owner. mine are the rows it would
-// extend, as its snapshot sees them; it locks them FOR NO KEY UPDATE (which
-// a fence's FOR KEY SHARE lets through) SKIP LOCKED: a row that another
-// write holds (a release of all an owner's locks holds each row it deleted
-// until it ends, and may wait long for a fence on another) would otherwise
-// keep the whole batch, and the advisory locks it took, waiting. Result: a
-// row per member decided, n, false and the lock as extended (NULLs when
-// nothing was extended), or n and true for a member whose row was busy,
-// which runs its own statement (and waits, as alone).
+// renewBatchSQL is renewSQL and renewTokenSQL over arrays (tok 0: by
+// owner), locking FOR NO KEY UPDATE, which a fence lets through. Result:
+// per member decided, n, false and the lock extended (NULLs: none), or n
+// and true for a member whose row was busy.
 var renewBatchSQL = pgStatement(`WITH req AS (SELECT * FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[], $7::bigint[])
   WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, tok, n)),
 held AS MATERIALIZED (SELECT n FROM req WHERE pg_try_advisory_xact_lock(k)),
@@ -144,20 +98,15 @@ up AS (
   UPDATE {locks} l SET {expires} = req.exp FROM req, cur
   WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
     AND l.{type} = req.typ AND l.{rid} = req.rid AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)
-    AND l.{expires} > to_char((req.acq::timestamptz + (clock_timestamp() - statement_timestamp())) AT TIME ZONE 'UTC', {layout})
+    AND ` + activeAtCheck("l.{expires}", "req.acq") + `
   RETURNING req.n, l.{id}, l.{acquired}, l.{expires})
 SELECT n, false, {id}, {acquired}, {expires} FROM up
 UNION ALL
 SELECT n, true, NULL, NULL, NULL FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
 
 // releaseBatchSQL is the releases by owner (tok 0) and by token (active at
-// at) over arrays, with the wake-up of each lock removed ({notice}) and
-// the backend's setting of the commit ({commit}). The
-// rows a member would remove are locked first, SKIP LOCKED: a lock that a
-// fenced transaction holds (FOR KEY SHARE, for as long as its holder's
-// transaction lasts) would otherwise keep the whole batch waiting. Result:
-// a row per member decided, n and false, or n and true for a member whose
-// row was busy, which runs its own statement (and waits, as alone).
+// at) over arrays, with {notice} and {commit}. Result: per member decided,
+// n and false (removed), or n and true (its row was busy).
 var releaseBatchSQL = pgStatement(`WITH req AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $4::bigint[], $5::varchar[])
   WITH ORDINALITY AS r(typ, rid, own, tok, at, n)),
 ` + batchRows + `,
@@ -175,9 +124,8 @@ SELECT n, false FROM w
 UNION ALL
 SELECT n, true FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
 
-// releaseBatch writes notice, the backend's wake-up of the lock removed
-// from the resource d.typ, d.rid (nil: none), and commit, its setting of
-// the commit (empty: none), into releaseBatchSQL.
+// releaseBatch writes notice, the wake-up of the lock removed from d.typ,
+// d.rid (nil: none), and commit (empty: none) into releaseBatchSQL.
 func releaseBatch(notice func(typ, id string) string, commit string) string {
 	expr := "NULL"
 	if notice != nil {

@@ -16,38 +16,24 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// LockRepository is the lock store on PostgreSQL: the shared store, whose
-// Update takes a transaction of several round trips (BEGIN, the advisory
-// lock, the read, the write, COMMIT), with acquires, renewals and releases
-// in one statement each (application.OneStatement).
+// LockRepository is the lock store on PostgreSQL: the shared store, with
+// one-statement acquires, renewals and releases (application.OneStatement).
 type LockRepository struct {
 	*entstore.Store
 	db        *sql.DB
 	localTime bool // Options.LocalTime
-	// occupied remembers the resources this process acquired and has not
-	// released since: the same bounded hint as the Store's contention,
-	// here of where a row is likely, so that a re-entry goes straight to
-	// acquireSQL rather than through acquireFreeSQL first. It never
-	// decides anything.
+	// occupied hints where a row is likely (resources this process holds),
+	// so that a re-entry skips acquireFreeSQL. It never decides anything.
 	occupied entstore.Contention
-	// w runs the one-statement writes: each alone (lone), or in batches
-	// when others of its kind are in flight (batches, group commit).
-	w writes
-	// left counts the writes whose callers left and that go on to their
-	// answers (outlive), for Close.
-	left *leftGroup
-	// undoSQL releases one version of a lock (its id and xmin), with the
-	// wake-up of a release: see undo.
-	undoSQL string
-	// notice is the wake-up of a lock removed, for a batch's releases
-	// (releaseNotice); nil: none.
-	notice func(typ, id string) string
+	w        writes                      // lone, or batches (group commit)
+	left     *leftGroup                  // writes going on past their callers, for Close
+	undoSQL  string                      // undoVersionSQL with a release's wake-up
+	notice   func(typ, id string) string // a batch release's wake-up (releaseNotice); nil: none
 }
 
 var _ application.OneStatement = (*LockRepository)(nil)
 
-// Apply implements application.OneStatement: AcquireAt, TakeAt, RenewAt
-// or RenewTokenAt.
+// Apply implements application.OneStatement.
 func (s *LockRepository) Apply(ctx context.Context, op application.Op) (application.Outcome, error) {
 	switch op.Kind {
 	case application.OpAcquire:
@@ -63,13 +49,11 @@ func (s *LockRepository) Apply(ctx context.Context, op application.Op) (applicat
 }
 
 // DecidesAll says that Apply leaves nothing to Update but an extension
-// that its lock's expiry overtook and a renewal's refusals: the contract
-// suite holds it to that.
+// that its lock's expiry overtook and a renewal's refusals.
 func (s *LockRepository) DecidesAll() {}
 
-// newLockRepository returns the store s on db, each of whose writes is
-// one statement of its own; release rewrites its releases as
-// Backend.ReleaseStatement does (nil: none).
+// newLockRepository returns the store s on db with lone writes; release:
+// Backend.ReleaseStatement (nil: none).
 func newLockRepository(s *entstore.Store, db *sql.DB, localTime bool, release func(string) string, notice func(typ, id string) string) *LockRepository {
 	r := &LockRepository{Store: s, db: db, localTime: localTime, left: &leftGroup{}, undoSQL: undoVersionSQL, notice: notice}
 	if release != nil {
@@ -81,12 +65,11 @@ func newLockRepository(s *entstore.Store, db *sql.DB, localTime bool, release fu
 
 // writes are the one-statement writes of a LockRepository.
 type writes interface {
-	free(ctx context.Context, r writeReq) (inserted, error)
+	free(ctx context.Context, r writeReq) (made, error)
 	acquire(ctx context.Context, r writeReq) (made, error)
-	// acquireAlone runs r's statement on its own, whatever else is in
-	// flight.
+	// acquireAlone runs r's statement alone, whatever else is in flight.
 	acquireAlone(ctx context.Context, r writeReq) (made, error)
-	renew(ctx context.Context, r writeReq) (extension, error)
+	renew(ctx context.Context, r writeReq) (made, error)
 	release(ctx context.Context, r releaseReq) (bool, error)
 	// stop ends what is still on its way, at Close.
 	stop()
@@ -96,15 +79,10 @@ func (s *LockRepository) explain(ctx context.Context, err error, op string) erro
 	return entstore.Explain(ctx, err, op, FormatError)
 }
 
-// Close waits, leftCloseGrace at most, for the batches on their way and
-// the lone acquires whose callers left to have their answers, and for the
-// acquisitions of callers that left to be undone, so that a program that
-// gives up on an acquire and exits leaves no lock behind. Cutting them
-// sooner could cut a commit that the server completes unseen. It then
-// ends the batches still on their way, whose waiting callers get an
-// error that matches domain.ErrClosed, and closes the Store. It reports
-// the writes that got no answer, or whose outcome stayed unknown, in a
-// *domain.StoreError.
+// Close waits, leftCloseGrace at most, for the writes on their way and the
+// undo of acquisitions whose callers left, so that a program that gives up
+// and exits leaves no lock behind, then ends the rest (domain.ErrClosed)
+// and closes the Store. Writes left unknown are a *domain.StoreError.
 func (s *LockRepository) Close() error {
 	n := s.left.quiet(leftCloseGrace)
 	s.w.stop()
@@ -117,57 +95,34 @@ func (s *LockRepository) Close() error {
 	return errors.Join(unanswered, s.Store.Close())
 }
 
-// leftCloseGrace bounds how long Close waits for the batches on their way
-// and the lone acquires whose callers left: past it, a lock they
-// committed lasts until its TTL.
+// leftCloseGrace bounds Close's wait; a lock committed later lasts its TTL.
 const leftCloseGrace = 2 * time.Second
 
-// DeleteOwned implements application.LockRepository: the Store's
-// statement, in a batch when others are in flight, and a lock it removed
-// no longer makes the resource occupied.
+// DeleteOwned implements application.LockRepository, batched.
 func (s *LockRepository) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	ok, err := s.w.release(ctx, releaseReq{ref: ref, owner: owner})
-	if err != nil {
-		// The release is not known to stand: what a run that was rolled
-		// back removed is there again.
-		return false, s.Failed(ctx, err, "release lock on", ref)
-	}
-	if ok {
-		s.occupied.Note(ref, false)
-	}
-	return ok, nil
+	return s.release(ctx, releaseReq{ref: ref, owner: owner})
 }
 
 // DeleteToken implements application.LockRepository as DeleteOwned does.
 func (s *LockRepository) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
-	ok, err := s.w.release(ctx, releaseReq{ref: ref, token: token, now: entstore.FormatTime(now)})
+	return s.release(ctx, releaseReq{ref: ref, token: token, now: entstore.FormatTime(now)})
+}
+
+// release runs r; a lock it removed no longer makes the resource occupied.
+func (s *LockRepository) release(ctx context.Context, r releaseReq) (bool, error) {
+	ok, err := s.w.release(ctx, r)
 	if err != nil {
-		return false, s.Failed(ctx, err, "release lock on", ref)
+		return false, s.Failed(ctx, err, "release lock on", r.ref)
 	}
 	if ok {
-		s.occupied.Note(ref, false)
+		s.occupied.Note(r.ref, false)
 	}
 	return ok, nil
 }
 
-// DeleteExpired implements application.LockRepository: the Store's purge,
-// which removes at most limit expired rows, with two tests of its own.
-//
-// A row must have expired on the server's clock too (unless LocalTime):
-// now is the host's estimate of the server's time, which a link slower
-// one way than the other can put seconds ahead, and a cleanup must never
-// purge a lock that is still active on the server (another host would
-// then take it before its expiry).
-//
-// The subquery locks the rows it chooses, FOR UPDATE SKIP LOCKED: a row
-// that another transaction holds is left for a later cleanup rather than
-// waited for. A fenced transaction holds its lock's row (FOR KEY SHARE)
-// until it ends, and may run on past the lock's expiry: the lock does not
-// change hands meanwhile, and a cleanup that waited for it held up the
-// Open of every new container (its startup cleanup) for as long as the
-// transaction ran. The row a cleanup then deletes is one it has locked,
-// tested again by the DELETE's own WHERE, so skipping decides nothing on
-// a weaker test.
+// DeleteExpired implements application.LockRepository: at most limit rows
+// expired at now and on the server's clock (unless LocalTime), skipping
+// those a fenced transaction holds rather than hold up Open's cleanup.
 func (s *LockRepository) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	b := entsql.Dialect(dialect.Postgres)
 	expired := func() *entsql.Predicate {

@@ -11,19 +11,13 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// snapshotAdvice is what to do about a PostgreSQL fence checked on a
-// transaction's old snapshot.
 const snapshotAdvice = "roll the transaction back and run it again, with the fence at READ COMMITTED " +
 	"(sql.TxOptions{Isolation: sql.LevelReadCommitted}) or as the transaction's first statement, " +
 	"so that it reads the lock as committed now"
 
-// snapshotMayBeOld refines lost, the explanation of a PostgreSQL fence
-// that did not hold, read in the caller's transaction q. At READ
-// COMMITTED each statement sees what committed before it, and lost is
-// the truth. Above it, q reads the snapshot taken at its first statement:
-// a lock acquired or renewed since is invisible to it, so the fence fails
-// while the lock may be held. Only a newer lock in the snapshot proves the
-// fence's lock gone (tokens only grow).
+// snapshotMayBeOld refines lost, a fence that did not hold in q: above
+// READ COMMITTED, q's snapshot may predate the lock or its renewal, and
+// only a newer lock in it (tokens only grow) proves the lock gone.
 func snapshotMayBeOld(ctx context.Context, q entstore.Querier, f application.Fence, lost error) error {
 	var l *domain.LockLostError
 	if !errors.As(lost, &l) || (l.NewHolder != nil && l.NewHolder.Token > f.Token) {
@@ -48,9 +42,8 @@ func snapshotMayBeOld(ctx context.Context, q entstore.Querier, f application.Fen
 }
 
 // StaleFence is the error of a PostgreSQL fence f that failed on its
-// transaction's old snapshot (isolation names the transaction's level,
-// "" when unknown): held is the lock read outside the transaction and
-// found held, nil when unknown; cause is the database's report, if any.
+// transaction's old snapshot at isolation ("" unknown); held is the lock
+// read outside it, nil when unknown; cause is the database's report.
 func StaleFence(f application.Fence, isolation string, held *domain.Lock, cause error) *domain.StaleSnapshotError {
 	level := "above READ COMMITTED"
 	if isolation != "" {
