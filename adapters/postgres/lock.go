@@ -28,7 +28,7 @@ type LockRepository struct {
 	w        writes                      // lone, or batches (group commit)
 	left     *leftGroup                  // writes going on past their callers, for Close
 	undoSQL  string                      // undoVersionSQL with a release's wake-up
-	notice   func(typ, id string) string // a batch release's wake-up (releaseNotice); nil: none
+	notice   func(typ, id string) string // a batch release's wake-up (watchedOrNotify); nil: none
 }
 
 var _ application.OneStatement = (*LockRepository)(nil)
