@@ -15,35 +15,22 @@ import (
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/ent"
 	entlock "github.com/cleveragents/locks/ent/lock"
-	"github.com/cleveragents/locks/ent/predicate"
 )
 
 // errNoRow reports a Decide function that asked to extend a lock that
 // does not exist: a bug in the caller, not a state of the store.
 var errNoRow = errors.New("no lock to extend")
 
-// errRowChanged reports that the row an Update read was changed by a
-// statement outside the resource's exclusion (a release, a cleanup) before
-// the Update wrote it; the Update is then decided again.
+// errRowChanged reports that a release or a cleanup changed the row an
+// Update read before the Update wrote it; the Update then decides again,
+// up to updateAttempts times.
 var errRowChanged = errors.New("the lock changed while it was being updated")
 
-// updateAttempts bounds how often an Update is decided again after
-// errRowChanged.
 const updateAttempts = 3
 
 // Update implements application.LockRepository. The read and the write
 // share one transaction that no other Update of the resource can enter
-// (the backend's write lock, or TxSteps.First), so nothing can slip in
-// between; a release or a cleanup that changed the row meanwhile makes
-// the Update decide again.
-//
-// A refusal needs no write, and a resource that was just refused is likely
-// to be refused again: for those the decision is first taken on a plain
-// read, which does not wait for writers. Pollers of a held lock then
-// neither queue behind the holder's release nor wait for the database's
-// write lock. The refusal is exact: the lock it names was stored and
-// active at the read. Anything else is decided again under the write
-// lock.
+// (the backend's write lock, or TxSteps.First).
 func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
 	l, _, err := s.UpdateTx(ctx, ref, decide, TxSteps{})
 	return l, err
@@ -67,17 +54,17 @@ type TxSteps struct {
 // It returns, with the lock, the note of Inserted from the run that
 // stands ("" when that run inserted nothing).
 func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide application.Decide, steps TxSteps) (domain.Lock, string, error) {
+	// A resource just refused is likely refused again: decide on a plain
+	// read, which waits for no writer, and write only if not refused.
 	if s.contended.Has(ref) {
 		cur, err := s.ReadLock(ctx, ref)
 		if err != nil {
 			return domain.Lock{}, "", s.explain(ctx, err, "read lock on "+ref.String())
 		}
 		if _, err := decide(cur); errors.Is(err, domain.ErrConflict) {
-			// A caller refused here is likely to ask again at once; on a
-			// busy processor its loop of cheap reads would keep the holder,
-			// whose release it waits for, from running. Yielding once per
-			// refusal took 8 pollers of one resource from 1.04 ms to
-			// 0.32 ms per hand-over (BenchmarkOneResource/ServicePolling).
+			// Pollers on a busy processor would keep the holder from
+			// running: yielding took 8 pollers' hand-over from 1.04 ms to
+			// 0.32 ms (BenchmarkOneResource/ServicePolling).
 			runtime.Gosched()
 			return domain.Lock{}, "", err
 		}
@@ -87,7 +74,12 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 		err error
 	)
 	for attempt := 1; attempt <= updateAttempts; attempt++ {
-		out, err = inTx(ctx, s, steps.First, func(ctx context.Context, tx *sql.Tx) (written, error) {
+		out, err = WriteOne(ctx, s, Statements, func(ctx context.Context, tx *sql.Tx) (written, error) {
+			if steps.First != nil {
+				if err := steps.First(ctx, tx); err != nil {
+					return written{}, err
+				}
+			}
 			cur, err := scanLock(s.On(ctx, tx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
 			if err != nil {
 				return written{}, err
@@ -103,9 +95,7 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 			break
 		}
 	}
-	// Decide's own error, which the port promises to return unchanged: not
-	// joined, wrapped or explained. It comes from the run that stands, as
-	// the write's error does.
+	// Decide's error, which the port returns unchanged.
 	if d, ok := errors.AsType[decided](err); ok {
 		return domain.Lock{}, "", d.err
 	}
@@ -115,28 +105,22 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 	return out.lock, out.note, nil
 }
 
-// written is what one run of an Update's transaction wrote: the lock as
-// stored, and the note of TxSteps.Inserted.
+// written is what one run of an Update wrote: the lock as stored, and the
+// note of TxSteps.Inserted.
 type written struct {
 	lock domain.Lock
 	note string
 }
 
-// decided carries a Decide function's error out of the write that asked
-// it, apart from the store's own errors.
+// decided carries a Decide function's error apart from the store's own.
 type decided struct{ err error }
 
 func (d decided) Error() string { return d.err.Error() }
 
-// apply writes change inside tx and returns the lock as stored: its times
-// read back through the stored form, so that the caller compares exactly
-// what SQL compares.
-//
-// Each statement's WHERE names the row version the decision was taken on
-// (its token and its expiry as read), not only the row: a statement that
-// matched a row changed since would carry out a decision nobody took.
-// Another Update cannot change the row meanwhile (the backend's write
-// lock, or TxSteps.First), but a release or a cleanup can delete it.
+// apply writes change inside tx and returns the lock with its times read
+// back from the stored form, which SQL compares. Each WHERE names the row
+// version decided on (token and expiry as read): a release or a cleanup
+// may delete the row meanwhile, and its successor must not get the change.
 func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change, steps TxSteps) (written, error) {
 	switch change.Kind {
 	case application.ChangeExtend:
@@ -152,17 +136,13 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 		l.ExpiresAt, err = ParseTime(entlock.FieldExpiresAt, expires)
 		return written{lock: l}, err
 	case application.ChangeInsert:
-		// A change of hands inserts a new row, so the lock gets a new id
-		// (an AUTOINCREMENT or identity column): its fencing token, never
-		// reused. The old row goes only if it is still the version that
-		// was decided on; if a release or a cleanup removed it meanwhile,
-		// there is nothing to remove.
+		// A change of hands inserts a new row, whose new id is the fencing
+		// token. The old row goes only if it is the version decided on.
 		if cur != nil {
 			if steps.Replacing != nil {
-				if err := steps.Replacing(ctx, tx, cur, change); err != nil {
-					if errors.Is(err, domain.ErrConflict) {
-						return written{}, decided{err}
-					}
+				if err := steps.Replacing(ctx, tx, cur, change); errors.Is(err, domain.ErrConflict) {
+					return written{}, decided{err}
+				} else if err != nil {
 					return written{}, err
 				}
 			}
@@ -202,13 +182,10 @@ func oneRow(res sql.Result, err error) error {
 		return err
 	}
 	n, err := res.RowsAffected()
-	if err != nil {
-		return err
+	if err == nil && n != 1 {
+		err = errRowChanged
 	}
-	if n != 1 {
-		return errRowChanged
-	}
-	return nil
+	return err
 }
 
 // Get implements application.LockRepository.
@@ -247,13 +224,13 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 	if err != nil {
 		return nil, s.explain(ctx, err, "list locks")
 	}
-	out := make([]domain.Lock, 0, len(rows))
-	for _, row := range rows {
-		l, err := toDomain(row)
-		if err != nil {
+	out := make([]domain.Lock, len(rows))
+	for i, row := range rows {
+		out[i] = domain.Lock{Token: row.ID, Owner: row.OwnerID,
+			Resource: domain.ResourceRef{Type: domain.ResourceType(row.ResourceType), ID: row.ResourceID}}
+		if err := ParseTimes(&out[i], row.AcquiredAt, row.ExpiresAt); err != nil {
 			return nil, s.explain(ctx, err, "list locks")
 		}
-		out = append(out, l)
 	}
 	// In byte order, as the port promises, whatever the database's
 	// collation (under en-US, "_x" sorts before "a" and "B" after "a1").
@@ -265,25 +242,20 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 
 // DeleteOwned implements application.LockRepository with one statement.
 func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	n, err := s.ReleaseRows(ctx, ref, owner, 0, "")
-	if err != nil {
-		// The release is not known to stand: what a run that was rolled
-		// back removed is there again.
-		return false, s.Failed(ctx, err, "release lock on", ref)
-	}
-	if n > 0 {
-		s.released(ref)
-	}
-	return n > 0, nil
+	return s.release(ctx, ref, owner, 0, "")
 }
 
 // DeleteToken implements application.LockRepository with one statement,
 // whose WHERE is the whole decision: this token, on this resource, active
 // at now.
 func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
-	n, err := s.ReleaseRows(ctx, ref, "", token, FormatTime(now))
+	return s.release(ctx, ref, "", token, FormatTime(now))
+}
+
+func (s *Store) release(ctx context.Context, ref domain.ResourceRef, owner string, token int64, now string) (bool, error) {
+	n, err := s.ReleaseRows(ctx, ref, owner, token, now)
 	if err != nil {
-		// As for DeleteOwned: a release rolled back is not known to stand.
+		// Not known to stand: what a rolled-back run removed is back.
 		return false, s.Failed(ctx, err, "release lock on", ref)
 	}
 	if n > 0 {
@@ -324,10 +296,20 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 }
 
 // DeleteExpired implements application.LockRepository: one short write
-// that removes at most limit expired rows, found through the expires_at
-// index.
+// that removes at most limit expired rows, oldest first, chosen by a
+// subquery on the expires_at index (DELETE ... LIMIT is not in every
+// database). The deleted row's expiry is tested again: a DELETE that
+// waited for a renew re-checks its own WHERE, in some databases not the
+// subquery's.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
-	query, args := deleteExpired(s.b.Dialect, now, limit)
+	b := entsql.Dialect(s.b.Dialect)
+	batch := b.Select(entlock.FieldID).From(b.Table(entlock.Table)).
+		Where(entsql.LTE(entlock.FieldExpiresAt, FormatTime(now))).
+		OrderBy(entlock.FieldExpiresAt).Limit(limit)
+	query, args := b.Delete(entlock.Table).Where(entsql.And(
+		entsql.LTE(entlock.FieldExpiresAt, FormatTime(now)),
+		entsql.In(entlock.FieldID, batch),
+	)).Query()
 	n, err := s.deleteRows(ctx, Cleanup, query, args)
 	if err != nil {
 		return n, s.explain(ctx, err, "clean up expired locks")
@@ -335,17 +317,14 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 	return n, nil
 }
 
-// deleteRows runs one DELETE as a write and returns how many rows it
-// removed.
+// deleteRows runs one DELETE as a write and returns the rows it removed.
 func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, args []any) (int, error) {
 	n, err := WriteOne(ctx, s, kind, func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		var x interface {
-			ExecContext(context.Context, string, ...any) (sql.Result, error)
-		} = s.write
+		exec := s.write.ExecContext
 		if tx != nil {
-			x = tx
+			exec = tx.ExecContext
 		}
-		res, err := x.ExecContext(ctx, query, args...)
+		res, err := exec(ctx, query, args...)
 		if err != nil {
 			return 0, err
 		}
@@ -354,8 +333,8 @@ func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, ar
 	return int(n), err
 }
 
-// released reports to the backend that the locks on refs (none: any
-// lock) came free.
+// released tells the backend that the locks on refs (none: any lock) came
+// free.
 func (s *Store) released(refs ...domain.ResourceRef) {
 	if s.b.Released != nil {
 		s.b.Released(refs...)
@@ -366,59 +345,12 @@ func (s *Store) released(refs ...domain.ResourceRef) {
 func (s *Store) CountExpired(ctx context.Context, now time.Time) (int, error) {
 	var n int
 	err := s.reading(ctx, func(ctx context.Context) (err error) {
-		n, err = s.readEnt.Lock.Query().Where(expiredAt(now)).Count(ctx)
+		// The rule of domain.Lock.ExpiredAt, in SQL.
+		n, err = s.readEnt.Lock.Query().Where(entlock.ExpiresAtLTE(FormatTime(now))).Count(ctx)
 		return err
 	})
 	if err != nil {
 		return 0, s.explain(ctx, err, "count expired locks")
 	}
 	return n, nil
-}
-
-func byResource(ref domain.ResourceRef) predicate.Lock {
-	return entlock.And(entlock.ResourceType(string(ref.Type)), entlock.ResourceID(ref.ID))
-}
-
-// expiredAt matches the rows that have expired at now: the same rule as
-// domain.Lock.ExpiredAt, in SQL.
-func expiredAt(now time.Time) predicate.Lock {
-	return entlock.ExpiresAtLTE(FormatTime(now))
-}
-
-// deleteExpired is the statement that removes at most limit expired rows,
-// oldest first, chosen by a subquery on the expires_at index (DELETE ...
-// LIMIT is not in every database). The expiry is tested on the deleted
-// row itself as well, not only in the subquery: a DELETE that waited for
-// a concurrent renew to commit re-checks its own WHERE against the
-// renewed row, but, in some databases, not the subquery that chose it.
-func deleteExpired(dialectName string, now time.Time, limit int) (string, []any) {
-	b := entsql.Dialect(dialectName)
-	expired := entsql.LTE(entlock.FieldExpiresAt, FormatTime(now))
-	batch := b.Select(entlock.FieldID).
-		From(b.Table(entlock.Table)).
-		Where(expired).
-		OrderBy(entlock.FieldExpiresAt).
-		Limit(limit)
-	return b.Delete(entlock.Table).Where(entsql.And(
-		entsql.LTE(entlock.FieldExpiresAt, FormatTime(now)),
-		entsql.In(entlock.FieldID, batch),
-	)).Query()
-}
-
-func toDomain(row *ent.Lock) (domain.Lock, error) {
-	acquired, err := ParseTime(entlock.FieldAcquiredAt, row.AcquiredAt)
-	if err != nil {
-		return domain.Lock{}, &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
-	}
-	expires, err := ParseTime(entlock.FieldExpiresAt, row.ExpiresAt)
-	if err != nil {
-		return domain.Lock{}, &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
-	}
-	return domain.Lock{
-		Token:      row.ID,
-		Owner:      row.OwnerID,
-		Resource:   domain.ResourceRef{Type: domain.ResourceType(row.ResourceType), ID: row.ResourceID},
-		AcquiredAt: acquired,
-		ExpiresAt:  expires,
-	}, nil
 }

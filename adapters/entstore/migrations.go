@@ -17,22 +17,17 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// The adapters' migration files are named as Ent writes them for goose:
-// "VERSION_NAME.sql", e.g. "20261129190022_m4_001_concurrency_locks.sql".
-
-// VersionTable is the table in which the module records the migrations it
-// applied, in goose's format. It is the module's own: goose's default
-// table, goose_db_version, belongs to an embedding application that also
-// uses goose, and sharing it makes each side's versions look missing (out
-// of order) to the other.
+// VersionTable records the module's applied migrations in goose's format.
+// goose's default table belongs to an embedding application that may also
+// use goose: shared, each side's versions would look missing to the other.
 const VersionTable = "locks_schema_version"
 
-// LegacyVersionTable is goose's default table, where versions of the
-// module that predate VersionTable recorded their migrations. The module
-// only reads it, to adopt that history once.
+// LegacyVersionTable is goose's default table, where earlier versions of
+// the module recorded their migrations. The module only reads it.
 const LegacyVersionTable = goose.DefaultTablename
 
-// MigrationName returns the NAME part of a migration file's path.
+// MigrationName returns the NAME part of a migration file's path
+// ("VERSION_NAME.sql", as Ent writes them for goose).
 func MigrationName(file string) string {
 	_, name, _ := strings.Cut(strings.TrimSuffix(path.Base(file), ".sql"), "_")
 	return name
@@ -90,18 +85,14 @@ type VersionTables struct {
 	Exists func(ctx context.Context, db database.DBTxConn, name string) (bool, error)
 }
 
-// AdoptHistory copies to VersionTable the history of a database that an
-// earlier version of the module migrated: when VersionTable does not
-// exist yet, LegacyVersionTable records the first migration of fsys as
-// applied, and the locks table it creates exists, it creates VersionTable
-// as goose would and records in it version 0 and every migration of fsys
-// that LegacyVersionTable records as applied. It reports whether it did.
-// LegacyVersionTable is left as it is: it may hold an application's rows,
-// and an earlier version of the module may still open the database.
-//
-// It runs in tx, which the caller commits: the adoption is then all or
-// nothing. The caller must keep other processes from doing the same at
-// once (SQLite's BEGIN IMMEDIATE does; on PostgreSQL, an advisory lock).
+// AdoptHistory copies to a new VersionTable the history of a database
+// that an earlier version of the module migrated: when VersionTable does
+// not exist, LegacyVersionTable records the first migration of fsys as
+// applied, and the locks table exists, it creates VersionTable with
+// version 0 and every migration of fsys that LegacyVersionTable records as
+// applied, and reports true. LegacyVersionTable is left as it is: it may
+// hold an application's rows. It runs in tx, which the caller commits,
+// while keeping other processes from doing the same.
 func AdoptHistory(ctx context.Context, tx *sql.Tx, t VersionTables, fsys fs.FS) (bool, error) {
 	for _, c := range []struct {
 		table string

@@ -12,12 +12,9 @@ import (
 )
 
 // The hot path (acquire, renew, release) runs these statements, prepared
-// once per connection. Ent writes their text from the generated schema, so
-// a renamed column breaks the build rather than a query; Ent's query layer
-// is not used for them because it cost 45-90% more than hand-written
-// database/sql for each acquire+release cycle on SQLite, in wall and CPU
-// time (docs/performance.md), where the service is meant to cost at most
-// 25% more.
+// once. Ent's builder writes their text, so that a renamed column breaks
+// the build; Ent's query layer cost 45-90% more per acquire+release cycle
+// than database/sql (docs/performance.md).
 
 // statementText is the SQL of the hot path in one dialect.
 type statementText struct {
@@ -56,22 +53,18 @@ func buildStatements(dialectName string) (t statementText) {
 
 // stmts are the prepared hot-path statements of one Store.
 type stmts struct {
-	read                                 *sql.Stmt // sqlSelect, on the readers
-	sel, insert, extend, delID, delOwned *sql.Stmt // on the writer
-	delToken                             *sql.Stmt
+	read                                           *sql.Stmt // sel, on the readers
+	sel, insert, extend, delID, delOwned, delToken *sql.Stmt // on the writer
 }
 
-func (s *Store) prepare(ctx context.Context) error {
-	t := s.text
-	var err error
-	prep := func(on *sql.DB, query string) *sql.Stmt {
-		if err != nil {
-			return nil
+func (s *Store) prepare(ctx context.Context) (err error) {
+	prep := func(on *sql.DB, query string) (st *sql.Stmt) {
+		if err == nil {
+			st, err = on.PrepareContext(ctx, query)
 		}
-		var s *sql.Stmt
-		s, err = on.PrepareContext(ctx, query)
-		return s
+		return st
 	}
+	t := s.text
 	s.stmts = stmts{
 		read:     prep(s.read, t.sel),
 		sel:      prep(s.write, t.sel),
@@ -109,11 +102,8 @@ func scanLock(row interface{ Scan(dest ...any) error }) (*domain.Lock, error) {
 		return nil, err
 	}
 	l.Resource.Type = domain.ResourceType(typ)
-	if l.AcquiredAt, err = ParseTime(entlock.FieldAcquiredAt, acquired); err != nil {
-		return nil, &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
-	}
-	if l.ExpiresAt, err = ParseTime(entlock.FieldExpiresAt, expires); err != nil {
-		return nil, &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
+	if err := ParseTimes(&l, acquired, expires); err != nil {
+		return nil, err
 	}
 	return &l, nil
 }
