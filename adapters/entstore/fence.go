@@ -7,11 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	entsql "entgo.io/ent/dialect/sql"
-
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
-	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
 // Querier runs statements inside the caller's transaction: a *sql.Tx, or
@@ -21,10 +18,10 @@ type Querier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-// CheckFence checks, inside the caller's transaction q, that f.Owner still
-// holds the lock on f.Resource with token f.Token, active at now (the lock
-// service's clock), with holds, the database's check, which also keeps
-// the lock from changing hands until q ends.
+// CheckFence checks in the caller's transaction q, with holds, the
+// database's check, that f.Owner still holds f.Resource's lock with token
+// f.Token, active at now (the lock service's clock). holds also keeps the
+// lock from changing hands until q ends.
 //
 // Errors: *domain.ValidationError for a malformed fence or a zero now;
 // *domain.LockLostError (matching domain.ErrExpired) when the fence does
@@ -46,23 +43,15 @@ func CheckFence(ctx context.Context, q Querier, dialectName string, f applicatio
 	case now.IsZero():
 		return &domain.ValidationError{Field: "now", Reason: "must be the lock service's current time (LockService.Now)"}
 	}
-	held, err := holds(ctx, q, f, FormatTime(now))
-	if err != nil {
+	switch held, err := holds(ctx, q, f, FormatTime(now)); {
+	case err != nil:
 		return fmt.Errorf("check the fence of owner %q on %s (token %d): %w", f.Owner, f.Resource, f.Token, err)
-	}
-	if held {
+	case held:
 		return nil
 	}
-	// Explain the loss by the lock on the resource now, in the same
-	// transaction.
-	b := entsql.Dialect(dialectName)
-	query, args := b.Select(entlock.Columns...).From(b.Table(entlock.Table)).
-		Where(entsql.And(
-			entsql.EQ(entlock.FieldResourceType, string(f.Resource.Type)),
-			entsql.EQ(entlock.FieldResourceID, f.Resource.ID))).
-		Query()
+	// Explain the loss by the lock on the resource now, in q.
 	var cur *domain.Lock
-	rows, err := q.QueryContext(ctx, query, args...)
+	rows, err := q.QueryContext(ctx, buildStatements(dialectName).sel, string(f.Resource.Type), f.Resource.ID)
 	if err == nil {
 		defer rows.Close()
 		if rows.Next() {
@@ -79,10 +68,8 @@ func CheckFence(ctx context.Context, q Querier, dialectName string, f applicatio
 }
 
 // FenceLost explains a fence f that does not hold at now, with cur the
-// lock on its resource (nil for none): another lock (a new token) means
-// the resource was taken over, or released and taken again; no lock, or
-// the fence's own lock past its expiry, means it expired (and may have
-// been cleaned up, or released).
+// lock on its resource (nil for none): another lock means the resource was
+// taken over; none, or the fence's own lock, means it expired.
 func FenceLost(f application.Fence, cur *domain.Lock, now time.Time) *domain.LockLostError {
 	lost := &domain.LockLostError{
 		Lock:   domain.Lock{Token: f.Token, Owner: f.Owner, Resource: f.Resource},
@@ -100,24 +87,17 @@ func FenceLost(f application.Fence, cur *domain.Lock, now time.Time) *domain.Loc
 }
 
 // ExplainStale explains err, a fence f that failed at now on the old
-// snapshot of the caller's transaction, from the lock as committed, which
-// read gives. A lock still held gives stale's *domain.StaleSnapshotError
-// (held: the lock read, nil when unknown; isolation: the transaction's
-// level, "" when unknown; cause: the database's refusal), which says to
-// retry; a lost one the *domain.LockLostError of what happened to it.
-// Either way the transaction must not write.
+// snapshot of the caller's transaction, by the committed lock that read
+// gives: if still held, stale's *domain.StaleSnapshotError (held: the lock
+// read, or nil; isolation: the level, or ""; cause: the database's
+// refusal); if lost, the *domain.LockLostError of what happened to it.
 func ExplainStale(ctx context.Context, err error, f application.Fence, now time.Time,
 	read func(context.Context, domain.ResourceRef) (domain.Lock, error), format func(op string, err error) error,
 	stale func(held *domain.Lock, isolation string, cause error) *domain.StaleSnapshotError) error {
-	var (
-		cause     error
-		isolation string
-		snap      *domain.StaleSnapshotError
-	)
-	if errors.As(err, &snap) {
-		isolation = snap.Isolation
-	} else {
-		cause = err
+	cause, isolation := err, "" // cause: the database's refusal
+	snap, ok := errors.AsType[*domain.StaleSnapshotError](err)
+	if ok {
+		cause, isolation = nil, snap.Isolation
 	}
 	cur, gerr := read(ctx, f.Resource)
 	switch {

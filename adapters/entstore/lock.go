@@ -17,20 +17,17 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// errNoRow reports a Decide function that asked to extend a lock that
-// does not exist: a bug in the caller, not a state of the store.
+// errNoRow reports a Decide function that extended no lock: a caller's bug.
 var errNoRow = errors.New("no lock to extend")
 
 // errRowChanged reports that a release or a cleanup changed the row an
-// Update read before the Update wrote it; the Update then decides again,
-// up to updateAttempts times.
+// Update read before it wrote; the Update then decides again.
 var errRowChanged = errors.New("the lock changed while it was being updated")
 
 const updateAttempts = 3
 
-// Update implements application.LockRepository. The read and the write
-// share one transaction that no other Update of the resource can enter
-// (the backend's write lock, or TxSteps.First).
+// Update implements application.LockRepository: read and write share a
+// transaction no other Update of the resource enters (write lock or First).
 func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
 	l, _, err := s.UpdateTx(ctx, ref, decide, TxSteps{})
 	return l, err
@@ -38,21 +35,19 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 
 // TxSteps are a database's own steps in an Update's transaction.
 type TxSteps struct {
-	// First runs before the read, and must keep every other Update of
-	// the resource out until the transaction ends.
+	// First runs before the read, and keeps every other Update of the
+	// resource out until the transaction ends.
 	First func(ctx context.Context, tx *sql.Tx) error
-	// Replacing runs before a change of hands removes cur, the lock the
-	// decision was taken on. An error of it that matches
-	// domain.ErrConflict refuses the change, as the decision's own error.
+	// Replacing runs before a change of hands removes cur; its error
+	// matching domain.ErrConflict refuses the change as Decide's would.
 	Replacing func(ctx context.Context, tx *sql.Tx, cur *domain.Lock, change application.Change) error
-	// Inserted runs after a new lock is inserted, and returns a note on
-	// it (such as the row's version) that UpdateTx returns.
+	// Inserted runs after an insert and returns a note on the new lock
+	// (such as the row's version) for UpdateTx to return.
 	Inserted func(ctx context.Context, tx *sql.Tx, l domain.Lock) (string, error)
 }
 
-// UpdateTx is Update with the database's own steps in its transaction.
-// It returns, with the lock, the note of Inserted from the run that
-// stands ("" when that run inserted nothing).
+// UpdateTx is Update with the database's steps, and returns the note of
+// Inserted from the run that stands ("" for none).
 func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide application.Decide, steps TxSteps) (domain.Lock, string, error) {
 	// A resource just refused is likely refused again: decide on a plain
 	// read, which waits for no writer, and write only if not refused.
@@ -62,17 +57,14 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 			return domain.Lock{}, "", s.explain(ctx, err, "read lock on "+ref.String())
 		}
 		if _, err := decide(cur); errors.Is(err, domain.ErrConflict) {
-			// Pollers on a busy processor would keep the holder from
-			// running: yielding took 8 pollers' hand-over from 1.04 ms to
-			// 0.32 ms (BenchmarkOneResource/ServicePolling).
+			// Pollers would keep the holder from running: yielding took 8
+			// pollers' hand-over from 1.04 to 0.32 ms (BenchmarkOneResource).
 			runtime.Gosched()
 			return domain.Lock{}, "", err
 		}
 	}
-	var (
-		out written
-		err error
-	)
+	var out written
+	var err error
 	for attempt := 1; attempt <= updateAttempts; attempt++ {
 		out, err = WriteOne(ctx, s, Statements, func(ctx context.Context, tx *sql.Tx) (written, error) {
 			if steps.First != nil {
@@ -105,8 +97,7 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 	return out.lock, out.note, nil
 }
 
-// written is what one run of an Update wrote: the lock as stored, and the
-// note of TxSteps.Inserted.
+// written is one run's outcome: the lock as stored, and Inserted's note.
 type written struct {
 	lock domain.Lock
 	note string
@@ -117,10 +108,9 @@ type decided struct{ err error }
 
 func (d decided) Error() string { return d.err.Error() }
 
-// apply writes change inside tx and returns the lock with its times read
-// back from the stored form, which SQL compares. Each WHERE names the row
-// version decided on (token and expiry as read): a release or a cleanup
-// may delete the row meanwhile, and its successor must not get the change.
+// apply writes change in tx and returns the lock with its times read back
+// from the stored form, which SQL compares. Each WHERE names the row
+// version decided on, which a release or a cleanup may have deleted.
 func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change, steps TxSteps) (written, error) {
 	switch change.Kind {
 	case application.ChangeExtend:
@@ -176,7 +166,7 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 	return written{lock: *cur}, nil
 }
 
-// oneRow checks that a statement changed exactly the one row it named.
+// oneRow checks that a statement changed the one row it named.
 func oneRow(res sql.Result, err error) error {
 	if err != nil {
 		return err
@@ -245,9 +235,7 @@ func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner s
 	return s.release(ctx, ref, owner, 0, "")
 }
 
-// DeleteToken implements application.LockRepository with one statement,
-// whose WHERE is the whole decision: this token, on this resource, active
-// at now.
+// DeleteToken implements application.LockRepository with one statement.
 func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
 	return s.release(ctx, ref, "", token, FormatTime(now))
 }
@@ -258,15 +246,14 @@ func (s *Store) release(ctx context.Context, ref domain.ResourceRef, owner strin
 		// Not known to stand: what a rolled-back run removed is back.
 		return false, s.Failed(ctx, err, "release lock on", ref)
 	}
-	if n > 0 {
-		s.released(ref)
+	if n > 0 && s.b.Released != nil {
+		s.b.Released(ref)
 	}
 	return n > 0, nil
 }
 
-// ReleaseRows runs the release of DeleteOwned (token 0) or DeleteToken
-// (now as stored), and returns the rows it removed, or the database's
-// error as it is. It tells Released nothing.
+// ReleaseRows runs DeleteOwned's (token 0) or DeleteToken's release, now as
+// stored, and returns the rows removed or the error; Released is not told.
 func (s *Store) ReleaseRows(ctx context.Context, ref domain.ResourceRef, owner string, token int64, now string) (int64, error) {
 	return WriteOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		st, args := s.stmts.delOwned, []any{string(ref.Type), ref.ID, owner}
@@ -289,18 +276,16 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	if err != nil {
 		return n, s.explain(ctx, err, "release locks of "+owner)
 	}
-	if n > 0 {
-		s.released()
+	if n > 0 && s.b.Released != nil {
+		s.b.Released()
 	}
 	return n, nil
 }
 
-// DeleteExpired implements application.LockRepository: one short write
-// that removes at most limit expired rows, oldest first, chosen by a
-// subquery on the expires_at index (DELETE ... LIMIT is not in every
-// database). The deleted row's expiry is tested again: a DELETE that
-// waited for a renew re-checks its own WHERE, in some databases not the
-// subquery's.
+// DeleteExpired implements application.LockRepository: one write of at
+// most limit rows (DELETE ... LIMIT is not in every database). Its WHERE
+// tests the expiry again: a DELETE that waited for a renew re-checks only
+// that.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	b := entsql.Dialect(s.b.Dialect)
 	batch := b.Select(entlock.FieldID).From(b.Table(entlock.Table)).
@@ -317,7 +302,6 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 	return n, nil
 }
 
-// deleteRows runs one DELETE as a write and returns the rows it removed.
 func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, args []any) (int, error) {
 	n, err := WriteOne(ctx, s, kind, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		exec := s.write.ExecContext
@@ -333,14 +317,6 @@ func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, ar
 	return int(n), err
 }
 
-// released tells the backend that the locks on refs (none: any lock) came
-// free.
-func (s *Store) released(refs ...domain.ResourceRef) {
-	if s.b.Released != nil {
-		s.b.Released(refs...)
-	}
-}
-
 // CountExpired implements application.LockRepository.
 func (s *Store) CountExpired(ctx context.Context, now time.Time) (int, error) {
 	var n int
@@ -353,4 +329,90 @@ func (s *Store) CountExpired(ctx context.Context, now time.Time) (int, error) {
 		return 0, s.explain(ctx, err, "count expired locks")
 	}
 	return n, nil
+}
+
+// The hot path runs these statements, prepared once, as Ent's query layer
+// cost 45-90% more per acquire+release (docs/performance.md); Ent's
+// builder writes them, so that a renamed column breaks the build.
+
+// statementText is the SQL of the hot path in one dialect.
+type statementText struct {
+	sel, insert, extend, delID, delOwned, delToken string
+}
+
+func buildStatements(dialectName string) (t statementText) {
+	b := entsql.Dialect(dialectName)
+	byResource := entsql.And(entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""))
+	t.sel, _ = b.Select(entlock.Columns...).From(b.Table(entlock.Table)).Where(byResource).Query()
+	t.insert, _ = b.Insert(entlock.Table).
+		Columns(entlock.FieldOwnerID, entlock.FieldResourceType, entlock.FieldResourceID, entlock.FieldAcquiredAt, entlock.FieldExpiresAt).
+		Values("", "", "", "", "").Returning(entlock.FieldID).Query()
+	// extend and delID name the row version read: id and expiry.
+	thisVersion := entsql.And(entsql.EQ(entlock.FieldID, 0), entsql.EQ(entlock.FieldExpiresAt, ""))
+	t.extend, _ = b.Update(entlock.Table).Set(entlock.FieldExpiresAt, "").Where(thisVersion).Query()
+	t.delID, _ = b.Delete(entlock.Table).Where(thisVersion).Query()
+	t.delOwned, _ = b.Delete(entlock.Table).
+		Where(entsql.And(
+			entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""),
+			entsql.EQ(entlock.FieldOwnerID, ""))).
+		Query()
+	// delToken, a handle's release, removes nothing once its lock is lost.
+	t.delToken, _ = b.Delete(entlock.Table).
+		Where(entsql.And(
+			entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""),
+			entsql.EQ(entlock.FieldID, 0), entsql.GT(entlock.FieldExpiresAt, ""))).
+		Query()
+	return
+}
+
+// stmts are the prepared hot-path statements of one Store.
+type stmts struct {
+	read                                           *sql.Stmt // sel, on the readers
+	sel, insert, extend, delID, delOwned, delToken *sql.Stmt // on the writer
+}
+
+func (s *Store) prepare(ctx context.Context) (err error) {
+	prep := func(on *sql.DB, query string) (st *sql.Stmt) {
+		if err == nil {
+			st, err = on.PrepareContext(ctx, query)
+		}
+		return st
+	}
+	t := s.text
+	s.stmts = stmts{
+		read:     prep(s.read, t.sel),
+		sel:      prep(s.write, t.sel),
+		insert:   prep(s.write, t.insert),
+		extend:   prep(s.write, t.extend),
+		delID:    prep(s.write, t.delID),
+		delOwned: prep(s.write, t.delOwned),
+		delToken: prep(s.write, t.delToken),
+	}
+	return err
+}
+
+// ReadLock reads the lock on ref, or nil, outside any transaction; it
+// returns the database's error as it is.
+func (s *Store) ReadLock(ctx context.Context, ref domain.ResourceRef) (*domain.Lock, error) {
+	if s.stmts.read == nil { // a read-only store prepares nothing
+		return scanLock(s.read.QueryRowContext(ctx, s.text.sel, string(ref.Type), ref.ID))
+	}
+	return scanLock(s.stmts.read.QueryRowContext(ctx, string(ref.Type), ref.ID))
+}
+
+// scanLock reads a row of the lock's columns, or nil for none.
+func scanLock(row interface{ Scan(dest ...any) error }) (*domain.Lock, error) {
+	var l domain.Lock
+	var acquired, expires string
+	err := row.Scan(&l.Token, &l.Owner, (*string)(&l.Resource.Type), &l.Resource.ID, &acquired, &expires)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err == nil {
+		err = ParseTimes(&l, acquired, expires)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &l, nil
 }

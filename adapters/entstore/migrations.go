@@ -33,8 +33,7 @@ func MigrationName(file string) string {
 	return name
 }
 
-// MigrationVersion returns the goose version (the VERSION part) of the
-// migration named name among the .sql files at the root of fsys.
+// MigrationVersion returns the VERSION of the migration name in fsys.
 func MigrationVersion(fsys fs.FS, name string) (int64, error) {
 	files, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
@@ -48,8 +47,7 @@ func MigrationVersion(fsys fs.FS, name string) (int64, error) {
 	return 0, fmt.Errorf("no embedded migration is named %s", name)
 }
 
-// MigrationVersions returns the goose versions of the .sql files at the
-// root of fsys, in ascending order.
+// MigrationVersions returns the versions of fsys's migrations, ascending.
 func MigrationVersions(fsys fs.FS) ([]int64, error) {
 	files, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
@@ -72,27 +70,23 @@ func fileVersion(file string) (int64, error) {
 	return strconv.ParseInt(version, 10, 64)
 }
 
-// VersionTables is how an adapter names the version tables to
-// AdoptHistory.
+// VersionTables names the version tables for AdoptHistory.
 type VersionTables struct {
-	// Dialect is goose's name of the database.
-	Dialect database.Dialect
-	// Ours and Legacy are VersionTable and LegacyVersionTable as written
-	// in SQL, qualified (and quoted) where the database needs it.
+	Dialect database.Dialect // goose's name of the database
+	// Ours and Legacy are VersionTable and LegacyVersionTable in SQL,
+	// qualified and quoted as the database needs.
 	Ours, Legacy string
-	// Exists reports whether the table named name (unqualified) exists
-	// where the migrations create their tables.
+	// Exists reports whether the table name (unqualified) exists where
+	// the migrations create their tables.
 	Exists func(ctx context.Context, db database.DBTxConn, name string) (bool, error)
 }
 
-// AdoptHistory copies to a new VersionTable the history of a database
-// that an earlier version of the module migrated: when VersionTable does
-// not exist, LegacyVersionTable records the first migration of fsys as
-// applied, and the locks table exists, it creates VersionTable with
-// version 0 and every migration of fsys that LegacyVersionTable records as
-// applied, and reports true. LegacyVersionTable is left as it is: it may
-// hold an application's rows. It runs in tx, which the caller commits,
-// while keeping other processes from doing the same.
+// AdoptHistory reports whether it created VersionTable from the history
+// of an earlier version of the module: if VersionTable is missing, the
+// locks table exists, and LegacyVersionTable records fsys's first
+// migration, it records version 0 and fsys's migrations that
+// LegacyVersionTable records, which it leaves as is (an application's
+// rows). It runs in tx, which the caller commits, keeping others out.
 func AdoptHistory(ctx context.Context, tx *sql.Tx, t VersionTables, fsys fs.FS) (bool, error) {
 	for _, c := range []struct {
 		table string
@@ -113,14 +107,11 @@ func AdoptHistory(ctx context.Context, tx *sql.Tx, t VersionTables, fsys fs.FS) 
 	}
 	var applied []int64
 	for _, v := range versions {
-		m, err := legacy.GetMigration(ctx, tx, v)
-		if errors.Is(err, database.ErrVersionNotFound) {
-			continue
-		}
-		if err != nil {
+		switch m, err := legacy.GetMigration(ctx, tx, v); {
+		case errors.Is(err, database.ErrVersionNotFound):
+		case err != nil:
 			return false, err
-		}
-		if m.IsApplied {
+		case m.IsApplied:
 			applied = append(applied, v)
 		}
 	}

@@ -1,8 +1,6 @@
-// Package entstore is what the SQL adapters share: the repository over the
-// Ent schema, its statements in the adapter's dialect, its writes, the
-// half of a fence check that needs no database, and the migrations'
-// bookkeeping. An adapter opens the connections, migrates, and supplies a
-// Backend.
+// Package entstore is what the SQL adapters share: the lock repository
+// over the Ent schema, written in the adapter's dialect and run through
+// the adapter's Backend, half the fence check, and the migrations' books.
 package entstore
 
 import (
@@ -24,37 +22,29 @@ import (
 
 // Backend is what a database adds to the shared store.
 type Backend struct {
-	// Dialect is Ent's name of the database.
-	Dialect string
-	// WriteTx runs body in a write transaction and commits it, with the
-	// database's queueing and retries; for a single-statement kind it may
-	// run body alone, tx nil. It may run concurrent calls' bodies in one
-	// transaction (group commit): each must then be atomic on its own, and
-	// run on a context without ctx's cancellation, so that one caller
-	// giving up cannot end a transaction that others share. It runs body
-	// again, in a new transaction, when the database was busy or the
-	// transaction was rolled back. It returns ctx's error, the changes
-	// undone, when ctx ends before the commit; body's error as it is, or
-	// the transaction's; nil only when body's last run returned nil and
-	// committed.
+	Dialect string // Ent's name of the database
+	// WriteTx runs body in a write transaction and commits it (a single
+	// statement may run alone, tx nil), again after a busy database or a
+	// rollback. Group commit runs concurrent bodies in one transaction,
+	// each atomic, without ctx's cancellation so that one caller leaving
+	// ends no one else's. Errors: ctx's when ctx ends before the commit
+	// (changes undone), body's as it is, or the transaction's; nil only
+	// when body's last run returned nil and committed.
 	WriteTx func(ctx context.Context, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) error) error
-	// SharedTx says that WriteTx runs concurrent bodies in one
-	// transaction, so the statements bound to it are kept for the others.
+	// SharedTx says that WriteTx shares transactions, so the statements
+	// bound to one are kept for its other bodies.
 	SharedTx bool
-	// Read, when set, runs the read fn, again while it fails in a way
-	// another connection may not (its connection ended), and returns fn's
-	// last error. Nil runs fn once.
-	Read func(ctx context.Context, fn func(context.Context) error) error
-	// FormatError translates the database's errors into domain errors.
-	FormatError func(op string, err error) error
-	// Released, when set, is told after each commit that removed locks
-	// which may have been active: those on refs, or, with none, any. It
-	// must not block. Purges remove only expired locks and are not told.
+	// Read, when set, runs fn, again while it fails as another connection
+	// may not (its connection ended), and returns fn's last error.
+	Read        func(ctx context.Context, fn func(context.Context) error) error
+	FormatError func(op string, err error) error // the database's errors as domain errors
+	// Released, when set, is told without blocking after each commit that
+	// removed locks which may have been active (on refs; none: any), not
+	// after purges, which remove only expired locks.
 	Released func(refs ...domain.ResourceRef)
 	// ReleaseStatement, when set, rewrites a release's DELETE (no
-	// RETURNING) into a statement that also sends the database's wake-ups,
-	// delivered at its commit and only then; its rows affected must stay
-	// the DELETE's.
+	// RETURNING) into one that also sends wake-ups at its commit, with the
+	// same rows affected.
 	ReleaseStatement func(deleteSQL string) string
 }
 
@@ -68,22 +58,18 @@ func (b Backend) releasing(deleteSQL string) string {
 // WriteKind says what a write body runs, for Backend.WriteTx.
 type WriteKind int
 
+// Statements is a body of several, which a shared transaction puts in a
+// savepoint. The others are one statement, which may run alone, except
+// OneDatedStatement: it reads the clock, in a transaction whose BEGIN
+// waits first. Cleanup, a purge, changes many pages: upkeep may wait.
 const (
-	// Statements: several statements, which a shared transaction must
-	// make atomic on their own (a savepoint).
 	Statements WriteKind = iota
-	// OneStatement: one statement, which may run outside any transaction.
 	OneStatement
-	// OneDatedStatement: one statement that reads the clock, so it runs in
-	// a transaction whose BEGIN waits for the write lock before the read.
 	OneDatedStatement
-	// Cleanup: one statement of a purge, which changes many pages; a
-	// backend may keep costly upkeep out of its way.
 	Cleanup
 )
 
-// Store implements application.LockRepository. It is safe for concurrent
-// use.
+// Store implements application.LockRepository, safe for concurrent use.
 type Store struct {
 	read, write *sql.DB
 	readEnt     *ent.Client
@@ -122,8 +108,7 @@ func New(ctx context.Context, read, write *sql.DB, b Backend) (*Store, error) {
 }
 
 // NewReadOnly returns a store for inspection, which prepares nothing (the
-// locks table may be missing). Its writes fail with a StoreError of kind
-// StoreReadOnly.
+// locks table may be missing); its writes fail with StoreReadOnly.
 func NewReadOnly(read *sql.DB, b Backend) *Store {
 	b.WriteTx = func(context.Context, WriteKind, func(context.Context, *sql.Tx) error) error {
 		return &domain.StoreError{Op: "write", Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
@@ -131,8 +116,7 @@ func NewReadOnly(read *sql.DB, b Backend) *Store {
 	return newStore(read, b)
 }
 
-// Close releases the prepared statements; the adapter closes the
-// connections.
+// Close releases the prepared statements, not the adapter's connections.
 func (s *Store) Close() error {
 	var errs []error
 	for _, st := range []*sql.Stmt{s.stmts.read, s.stmts.sel, s.stmts.insert, s.stmts.extend, s.stmts.delID, s.stmts.delOwned, s.stmts.delToken} {
@@ -143,11 +127,9 @@ func (s *Store) Close() error {
 	return errors.Join(errs...)
 }
 
-// WriteOne runs body through the backend's WriteTx as a write of kind, and
-// returns what its last run returned. A body may run several times and
-// only the last run commits, so a body returns its outcome and never
-// assigns its caller's variables, where a rolled-back run would leave its
-// decision behind.
+// WriteOne runs body through WriteTx and returns what its last run
+// returned, the one committed. A body returns its outcome rather than set
+// its caller's variables, where a rolled-back run would leave it behind.
 func WriteOne[T any](ctx context.Context, s *Store, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) (T, error)) (T, error) {
 	var out T
 	err := s.b.WriteTx(ctx, kind, func(ctx context.Context, tx *sql.Tx) (err error) {
@@ -169,15 +151,20 @@ func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(context
 	if err != nil {
 		return err
 	}
+	committed := false
 	defer func() {
-		// ErrTxDone: committed, or ended by the database itself.
-		if rerr := tx.Rollback(); err != nil && rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+		if committed {
+			return
+		}
+		// ErrTxDone: the database ended the transaction itself.
+		if rerr := tx.Rollback(); rerr != nil && err != nil && !errors.Is(rerr, sql.ErrTxDone) {
 			err = errors.Join(err, rerr)
 		}
 	}()
 	if err = fn(ctx, tx); err != nil {
 		return err
 	}
+	committed = true
 	return tx.Commit()
 }
 
@@ -188,8 +175,7 @@ func (s *Store) reading(ctx context.Context, fn func(context.Context) error) err
 	return s.b.Read(ctx, fn)
 }
 
-// Failed explains err, if any, as a failure of what on ref; the message is
-// built only for an error.
+// Failed explains err, if any, as a failure of what on ref.
 func (s *Store) Failed(ctx context.Context, err error, what string, ref domain.ResourceRef) error {
 	if err == nil {
 		return nil
@@ -201,10 +187,9 @@ func (s *Store) explain(ctx context.Context, err error, op string) error {
 	return Explain(ctx, err, op, s.b.FormatError)
 }
 
-// Explain translates err, a failure of op, with format, unless ctx ended:
-// the driver then reports the interruption in its own words, which would
-// read as a store failure. A passed deadline counts as ended before ctx's
-// timer fires, since the driver's timeouts derived from it may fire first.
+// Explain translates err, a failure of op, with format, unless ctx ended
+// (or its deadline passed, which the driver's timeouts may see first):
+// the driver's words for the interruption would read as a store failure.
 func Explain(ctx context.Context, err error, op string, format func(op string, err error) error) error {
 	cerr := ctx.Err()
 	// Real time, not the service's clock: a context's deadline is on it.
@@ -220,12 +205,10 @@ func Explain(ctx context.Context, err error, op string, format func(op string, e
 	return format(op, err)
 }
 
-// maxContended bounds Contention: past it, the memory starts over.
-const maxContended = 4096
+const maxContended = 4096 // then Contention starts over
 
-// Contention remembers resources whose last acquire or renew in this
-// process was refused (or any set an adapter keeps): a hint for where a
-// plain read may save a write, never a decision. The zero value is empty.
+// Contention remembers resources just refused (or any set an adapter
+// keeps): a hint of where a read may save a write, never a decision.
 type Contention struct {
 	mu   sync.Mutex
 	refs map[domain.ResourceRef]struct{}
@@ -256,9 +239,8 @@ func (c *Contention) Note(ref domain.ResourceRef, refused bool) {
 // Contended is the store's memory of the resources just refused.
 func (s *Store) Contended() *Contention { return &s.contended }
 
-// Retry runs fn up to attempts times while it fails with an error that
-// retryable accepts, pausing about 5 ms times 2^attempt, jittered, between
-// tries. It returns fn's last error, or ctx's if ctx ends in a pause.
+// Retry runs fn up to attempts times while retryable accepts its error,
+// pausing about 5 ms * 2^attempt, jittered; it returns fn's error or ctx's.
 func Retry(ctx context.Context, attempts int, retryable func(error) bool, fn func(context.Context) error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
@@ -277,13 +259,12 @@ func Retry(ctx context.Context, attempts int, retryable func(error) bool, fn fun
 	}
 }
 
-// timeLayout writes every stored instant: UTC, microseconds, 27
-// characters, so that string order is time order in SQL and its index.
+// timeLayout writes every stored instant in 27 characters, so that string
+// order is time order in SQL and its index.
 const timeLayout = "2006-01-02T15:04:05.000000Z"
 
-// FormatTime writes t in timeLayout. It writes the digits itself, as
-// time.Format was 5% of the time an acquire held the write lock; years
-// outside 0-9999 go through time.Format.
+// FormatTime writes t in timeLayout, by hand for years 0-9999:
+// time.Format was 5% of the time an acquire held the write lock.
 func FormatTime(t time.Time) string {
 	t = t.UTC()
 	year, month, day := t.Date()
@@ -324,8 +305,7 @@ func ParseTimes(l *domain.Lock, acquired, expires string) (err error) {
 	return nil
 }
 
-// On returns st to run in tx, or st itself outside a transaction. A shared
-// transaction's bindings are kept for its other writes.
+// On returns st bound to tx, or st itself for tx nil.
 func (s *Store) On(ctx context.Context, tx *sql.Tx, st *sql.Stmt) *sql.Stmt {
 	switch {
 	case tx == nil:
