@@ -15,7 +15,7 @@ import (
 
 // TestWriteBodies_KeepNoStateOfTheirOwn reads the source of this package
 // and of the adapters that use it: a write body (a function literal given
-// to WriteOne, inTx or an adapter's writeStatement) may run several times,
+// to WriteOne or an adapter's writeStatement) may run several times,
 // and only its last run counts, so it must return its outcome rather than
 // assign a variable of its caller, which a run that was rolled back would
 // leave behind for the run that stands (an insert's token, a refusal).
@@ -54,7 +54,7 @@ func TestWriteBodies_KeepNoStateOfTheirOwn(t *testing.T) {
 }
 
 // writes are the functions that run write bodies.
-var writes = map[string]bool{"WriteOne": true, "inTx": true, "writeStatement": true}
+var writes = map[string]bool{"WriteOne": true, "writeStatement": true}
 
 // calledName is the name of the function that fun calls: f, pkg.f, f[T].
 func calledName(fun ast.Expr) string {

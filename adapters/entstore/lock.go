@@ -15,35 +15,19 @@ import (
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/ent"
 	entlock "github.com/cleveragents/locks/ent/lock"
-	"github.com/cleveragents/locks/ent/predicate"
 )
 
-// errNoRow reports a Decide function that asked to extend a lock that
-// does not exist: a bug in the caller, not a state of the store.
+// errNoRow reports a Decide function that extended no lock: a caller's bug.
 var errNoRow = errors.New("no lock to extend")
 
-// errRowChanged reports that the row an Update read was changed by a
-// statement outside the resource's exclusion (a release, a cleanup) before
-// the Update wrote it; the Update is then decided again.
+// errRowChanged reports that a release or a cleanup changed the row an
+// Update read before it wrote; the Update then decides again.
 var errRowChanged = errors.New("the lock changed while it was being updated")
 
-// updateAttempts bounds how often an Update is decided again after
-// errRowChanged.
 const updateAttempts = 3
 
-// Update implements application.LockRepository. The read and the write
-// share one transaction that no other Update of the resource can enter
-// (the backend's write lock, or TxSteps.First), so nothing can slip in
-// between; a release or a cleanup that changed the row meanwhile makes
-// the Update decide again.
-//
-// A refusal needs no write, and a resource that was just refused is likely
-// to be refused again: for those the decision is first taken on a plain
-// read, which does not wait for writers. Pollers of a held lock then
-// neither queue behind the holder's release nor wait for the database's
-// write lock. The refusal is exact: the lock it names was stored and
-// active at the read. Anything else is decided again under the write
-// lock.
+// Update implements application.LockRepository: read and write share a
+// transaction no other Update of the resource enters (write lock or First).
 func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
 	l, _, err := s.UpdateTx(ctx, ref, decide, TxSteps{})
 	return l, err
@@ -51,43 +35,43 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 
 // TxSteps are a database's own steps in an Update's transaction.
 type TxSteps struct {
-	// First runs before the read, and must keep every other Update of
-	// the resource out until the transaction ends.
+	// First runs before the read, and keeps every other Update of the
+	// resource out until the transaction ends.
 	First func(ctx context.Context, tx *sql.Tx) error
-	// Replacing runs before a change of hands removes cur, the lock the
-	// decision was taken on. An error of it that matches
-	// domain.ErrConflict refuses the change, as the decision's own error.
+	// Replacing runs before a change of hands removes cur; its error
+	// matching domain.ErrConflict refuses the change as Decide's would.
 	Replacing func(ctx context.Context, tx *sql.Tx, cur *domain.Lock, change application.Change) error
-	// Inserted runs after a new lock is inserted, and returns a note on
-	// it (such as the row's version) that UpdateTx returns.
+	// Inserted runs after an insert and returns a note on the new lock
+	// (such as the row's version) for UpdateTx to return.
 	Inserted func(ctx context.Context, tx *sql.Tx, l domain.Lock) (string, error)
 }
 
-// UpdateTx is Update with the database's own steps in its transaction.
-// It returns, with the lock, the note of Inserted from the run that
-// stands ("" when that run inserted nothing).
+// UpdateTx is Update with the database's steps, and returns the note of
+// Inserted from the run that stands ("" for none).
 func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide application.Decide, steps TxSteps) (domain.Lock, string, error) {
+	// A resource just refused is likely refused again: decide on a plain
+	// read, which waits for no writer, and write only if not refused.
 	if s.contended.Has(ref) {
 		cur, err := s.ReadLock(ctx, ref)
 		if err != nil {
 			return domain.Lock{}, "", s.explain(ctx, err, "read lock on "+ref.String())
 		}
 		if _, err := decide(cur); errors.Is(err, domain.ErrConflict) {
-			// A caller refused here is likely to ask again at once; on a
-			// busy processor its loop of cheap reads would keep the holder,
-			// whose release it waits for, from running. Yielding once per
-			// refusal took 8 pollers of one resource from 1.04 ms to
-			// 0.32 ms per hand-over (BenchmarkOneResource/ServicePolling).
+			// Pollers would keep the holder from running: yielding took 8
+			// pollers' hand-over from 1.04 to 0.32 ms (BenchmarkOneResource).
 			runtime.Gosched()
 			return domain.Lock{}, "", err
 		}
 	}
-	var (
-		out written
-		err error
-	)
+	var out written
+	var err error
 	for attempt := 1; attempt <= updateAttempts; attempt++ {
-		out, err = inTx(ctx, s, steps.First, func(ctx context.Context, tx *sql.Tx) (written, error) {
+		out, err = WriteOne(ctx, s, Statements, func(ctx context.Context, tx *sql.Tx) (written, error) {
+			if steps.First != nil {
+				if err := steps.First(ctx, tx); err != nil {
+					return written{}, err
+				}
+			}
 			cur, err := scanLock(s.On(ctx, tx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
 			if err != nil {
 				return written{}, err
@@ -103,9 +87,7 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 			break
 		}
 	}
-	// Decide's own error, which the port promises to return unchanged: not
-	// joined, wrapped or explained. It comes from the run that stands, as
-	// the write's error does.
+	// Decide's error, which the port returns unchanged.
 	if d, ok := errors.AsType[decided](err); ok {
 		return domain.Lock{}, "", d.err
 	}
@@ -115,28 +97,20 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 	return out.lock, out.note, nil
 }
 
-// written is what one run of an Update's transaction wrote: the lock as
-// stored, and the note of TxSteps.Inserted.
+// written is one run's outcome: the lock as stored, and Inserted's note.
 type written struct {
 	lock domain.Lock
 	note string
 }
 
-// decided carries a Decide function's error out of the write that asked
-// it, apart from the store's own errors.
+// decided carries a Decide function's error apart from the store's own.
 type decided struct{ err error }
 
 func (d decided) Error() string { return d.err.Error() }
 
-// apply writes change inside tx and returns the lock as stored: its times
-// read back through the stored form, so that the caller compares exactly
-// what SQL compares.
-//
-// Each statement's WHERE names the row version the decision was taken on
-// (its token and its expiry as read), not only the row: a statement that
-// matched a row changed since would carry out a decision nobody took.
-// Another Update cannot change the row meanwhile (the backend's write
-// lock, or TxSteps.First), but a release or a cleanup can delete it.
+// apply writes change in tx and returns the lock with its times read back
+// from the stored form, which SQL compares. Each WHERE names the row
+// version decided on, which a release or a cleanup may have deleted.
 func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change, steps TxSteps) (written, error) {
 	switch change.Kind {
 	case application.ChangeExtend:
@@ -152,17 +126,13 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 		l.ExpiresAt, err = ParseTime(entlock.FieldExpiresAt, expires)
 		return written{lock: l}, err
 	case application.ChangeInsert:
-		// A change of hands inserts a new row, so the lock gets a new id
-		// (an AUTOINCREMENT or identity column): its fencing token, never
-		// reused. The old row goes only if it is still the version that
-		// was decided on; if a release or a cleanup removed it meanwhile,
-		// there is nothing to remove.
+		// A change of hands inserts a new row, whose new id is the fencing
+		// token. The old row goes only if it is the version decided on.
 		if cur != nil {
 			if steps.Replacing != nil {
-				if err := steps.Replacing(ctx, tx, cur, change); err != nil {
-					if errors.Is(err, domain.ErrConflict) {
-						return written{}, decided{err}
-					}
+				if err := steps.Replacing(ctx, tx, cur, change); errors.Is(err, domain.ErrConflict) {
+					return written{}, decided{err}
+				} else if err != nil {
 					return written{}, err
 				}
 			}
@@ -196,19 +166,16 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 	return written{lock: *cur}, nil
 }
 
-// oneRow checks that a statement changed exactly the one row it named.
+// oneRow checks that a statement changed the one row it named.
 func oneRow(res sql.Result, err error) error {
 	if err != nil {
 		return err
 	}
 	n, err := res.RowsAffected()
-	if err != nil {
-		return err
+	if err == nil && n != 1 {
+		err = errRowChanged
 	}
-	if n != 1 {
-		return errRowChanged
-	}
-	return nil
+	return err
 }
 
 // Get implements application.LockRepository.
@@ -247,13 +214,13 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 	if err != nil {
 		return nil, s.explain(ctx, err, "list locks")
 	}
-	out := make([]domain.Lock, 0, len(rows))
-	for _, row := range rows {
-		l, err := toDomain(row)
-		if err != nil {
+	out := make([]domain.Lock, len(rows))
+	for i, row := range rows {
+		out[i] = domain.Lock{Token: row.ID, Owner: row.OwnerID,
+			Resource: domain.ResourceRef{Type: domain.ResourceType(row.ResourceType), ID: row.ResourceID}}
+		if err := ParseTimes(&out[i], row.AcquiredAt, row.ExpiresAt); err != nil {
 			return nil, s.explain(ctx, err, "list locks")
 		}
-		out = append(out, l)
 	}
 	// In byte order, as the port promises, whatever the database's
 	// collation (under en-US, "_x" sorts before "a" and "B" after "a1").
@@ -265,36 +232,28 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 
 // DeleteOwned implements application.LockRepository with one statement.
 func (s *Store) DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error) {
-	n, err := s.ReleaseRows(ctx, ref, owner, 0, "")
-	if err != nil {
-		// The release is not known to stand: what a run that was rolled
-		// back removed is there again.
-		return false, s.Failed(ctx, err, "release lock on", ref)
-	}
-	if n > 0 {
-		s.released(ref)
-	}
-	return n > 0, nil
+	return s.release(ctx, ref, owner, 0, "")
 }
 
-// DeleteToken implements application.LockRepository with one statement,
-// whose WHERE is the whole decision: this token, on this resource, active
-// at now.
+// DeleteToken implements application.LockRepository with one statement.
 func (s *Store) DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error) {
-	n, err := s.ReleaseRows(ctx, ref, "", token, FormatTime(now))
+	return s.release(ctx, ref, "", token, FormatTime(now))
+}
+
+func (s *Store) release(ctx context.Context, ref domain.ResourceRef, owner string, token int64, now string) (bool, error) {
+	n, err := s.ReleaseRows(ctx, ref, owner, token, now)
 	if err != nil {
-		// As for DeleteOwned: a release rolled back is not known to stand.
+		// Not known to stand: what a rolled-back run removed is back.
 		return false, s.Failed(ctx, err, "release lock on", ref)
 	}
-	if n > 0 {
-		s.released(ref)
+	if n > 0 && s.b.Released != nil {
+		s.b.Released(ref)
 	}
 	return n > 0, nil
 }
 
-// ReleaseRows runs the release of DeleteOwned (token 0) or DeleteToken
-// (now as stored), and returns the rows it removed, or the database's
-// error as it is. It tells Released nothing.
+// ReleaseRows runs DeleteOwned's (token 0) or DeleteToken's release, now as
+// stored, and returns the rows removed or the error; Released is not told.
 func (s *Store) ReleaseRows(ctx context.Context, ref domain.ResourceRef, owner string, token int64, now string) (int64, error) {
 	return WriteOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		st, args := s.stmts.delOwned, []any{string(ref.Type), ref.ID, owner}
@@ -317,17 +276,25 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	if err != nil {
 		return n, s.explain(ctx, err, "release locks of "+owner)
 	}
-	if n > 0 {
-		s.released()
+	if n > 0 && s.b.Released != nil {
+		s.b.Released()
 	}
 	return n, nil
 }
 
-// DeleteExpired implements application.LockRepository: one short write
-// that removes at most limit expired rows, found through the expires_at
-// index.
+// DeleteExpired implements application.LockRepository: one write of at
+// most limit rows (DELETE ... LIMIT is not in every database). Its WHERE
+// tests the expiry again: a DELETE that waited for a renew re-checks only
+// that.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
-	query, args := deleteExpired(s.b.Dialect, now, limit)
+	b := entsql.Dialect(s.b.Dialect)
+	batch := b.Select(entlock.FieldID).From(b.Table(entlock.Table)).
+		Where(entsql.LTE(entlock.FieldExpiresAt, FormatTime(now))).
+		OrderBy(entlock.FieldExpiresAt).Limit(limit)
+	query, args := b.Delete(entlock.Table).Where(entsql.And(
+		entsql.LTE(entlock.FieldExpiresAt, FormatTime(now)),
+		entsql.In(entlock.FieldID, batch),
+	)).Query()
 	n, err := s.deleteRows(ctx, Cleanup, query, args)
 	if err != nil {
 		return n, s.explain(ctx, err, "clean up expired locks")
@@ -335,17 +302,13 @@ func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (in
 	return n, nil
 }
 
-// deleteRows runs one DELETE as a write and returns how many rows it
-// removed.
 func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, args []any) (int, error) {
 	n, err := WriteOne(ctx, s, kind, func(ctx context.Context, tx *sql.Tx) (int64, error) {
-		var x interface {
-			ExecContext(context.Context, string, ...any) (sql.Result, error)
-		} = s.write
+		exec := s.write.ExecContext
 		if tx != nil {
-			x = tx
+			exec = tx.ExecContext
 		}
-		res, err := x.ExecContext(ctx, query, args...)
+		res, err := exec(ctx, query, args...)
 		if err != nil {
 			return 0, err
 		}
@@ -354,19 +317,12 @@ func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, ar
 	return int(n), err
 }
 
-// released reports to the backend that the locks on refs (none: any
-// lock) came free.
-func (s *Store) released(refs ...domain.ResourceRef) {
-	if s.b.Released != nil {
-		s.b.Released(refs...)
-	}
-}
-
 // CountExpired implements application.LockRepository.
 func (s *Store) CountExpired(ctx context.Context, now time.Time) (int, error) {
 	var n int
 	err := s.reading(ctx, func(ctx context.Context) (err error) {
-		n, err = s.readEnt.Lock.Query().Where(expiredAt(now)).Count(ctx)
+		// The rule of domain.Lock.ExpiredAt, in SQL.
+		n, err = s.readEnt.Lock.Query().Where(entlock.ExpiresAtLTE(FormatTime(now))).Count(ctx)
 		return err
 	})
 	if err != nil {
@@ -375,50 +331,88 @@ func (s *Store) CountExpired(ctx context.Context, now time.Time) (int, error) {
 	return n, nil
 }
 
-func byResource(ref domain.ResourceRef) predicate.Lock {
-	return entlock.And(entlock.ResourceType(string(ref.Type)), entlock.ResourceID(ref.ID))
+// The hot path runs these statements, prepared once, as Ent's query layer
+// cost 45-90% more per acquire+release (docs/performance.md); Ent's
+// builder writes them, so that a renamed column breaks the build.
+
+// statementText is the SQL of the hot path in one dialect.
+type statementText struct {
+	sel, insert, extend, delID, delOwned, delToken string
 }
 
-// expiredAt matches the rows that have expired at now: the same rule as
-// domain.Lock.ExpiredAt, in SQL.
-func expiredAt(now time.Time) predicate.Lock {
-	return entlock.ExpiresAtLTE(FormatTime(now))
-}
-
-// deleteExpired is the statement that removes at most limit expired rows,
-// oldest first, chosen by a subquery on the expires_at index (DELETE ...
-// LIMIT is not in every database). The expiry is tested on the deleted
-// row itself as well, not only in the subquery: a DELETE that waited for
-// a concurrent renew to commit re-checks its own WHERE against the
-// renewed row, but, in some databases, not the subquery that chose it.
-func deleteExpired(dialectName string, now time.Time, limit int) (string, []any) {
+func buildStatements(dialectName string) (t statementText) {
 	b := entsql.Dialect(dialectName)
-	expired := entsql.LTE(entlock.FieldExpiresAt, FormatTime(now))
-	batch := b.Select(entlock.FieldID).
-		From(b.Table(entlock.Table)).
-		Where(expired).
-		OrderBy(entlock.FieldExpiresAt).
-		Limit(limit)
-	return b.Delete(entlock.Table).Where(entsql.And(
-		entsql.LTE(entlock.FieldExpiresAt, FormatTime(now)),
-		entsql.In(entlock.FieldID, batch),
-	)).Query()
+	byResource := entsql.And(entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""))
+	t.sel, _ = b.Select(entlock.Columns...).From(b.Table(entlock.Table)).Where(byResource).Query()
+	t.insert, _ = b.Insert(entlock.Table).
+		Columns(entlock.FieldOwnerID, entlock.FieldResourceType, entlock.FieldResourceID, entlock.FieldAcquiredAt, entlock.FieldExpiresAt).
+		Values("", "", "", "", "").Returning(entlock.FieldID).Query()
+	// extend and delID name the row version read: id and expiry.
+	thisVersion := entsql.And(entsql.EQ(entlock.FieldID, 0), entsql.EQ(entlock.FieldExpiresAt, ""))
+	t.extend, _ = b.Update(entlock.Table).Set(entlock.FieldExpiresAt, "").Where(thisVersion).Query()
+	t.delID, _ = b.Delete(entlock.Table).Where(thisVersion).Query()
+	t.delOwned, _ = b.Delete(entlock.Table).
+		Where(entsql.And(
+			entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""),
+			entsql.EQ(entlock.FieldOwnerID, ""))).
+		Query()
+	// delToken, a handle's release, removes nothing once its lock is lost.
+	t.delToken, _ = b.Delete(entlock.Table).
+		Where(entsql.And(
+			entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""),
+			entsql.EQ(entlock.FieldID, 0), entsql.GT(entlock.FieldExpiresAt, ""))).
+		Query()
+	return
 }
 
-func toDomain(row *ent.Lock) (domain.Lock, error) {
-	acquired, err := ParseTime(entlock.FieldAcquiredAt, row.AcquiredAt)
-	if err != nil {
-		return domain.Lock{}, &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
+// stmts are the prepared hot-path statements of one Store.
+type stmts struct {
+	read                                           *sql.Stmt // sel, on the readers
+	sel, insert, extend, delID, delOwned, delToken *sql.Stmt // on the writer
+}
+
+func (s *Store) prepare(ctx context.Context) (err error) {
+	prep := func(on *sql.DB, query string) (st *sql.Stmt) {
+		if err == nil {
+			st, err = on.PrepareContext(ctx, query)
+		}
+		return st
 	}
-	expires, err := ParseTime(entlock.FieldExpiresAt, row.ExpiresAt)
-	if err != nil {
-		return domain.Lock{}, &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
+	t := s.text
+	s.stmts = stmts{
+		read:     prep(s.read, t.sel),
+		sel:      prep(s.write, t.sel),
+		insert:   prep(s.write, t.insert),
+		extend:   prep(s.write, t.extend),
+		delID:    prep(s.write, t.delID),
+		delOwned: prep(s.write, t.delOwned),
+		delToken: prep(s.write, t.delToken),
 	}
-	return domain.Lock{
-		Token:      row.ID,
-		Owner:      row.OwnerID,
-		Resource:   domain.ResourceRef{Type: domain.ResourceType(row.ResourceType), ID: row.ResourceID},
-		AcquiredAt: acquired,
-		ExpiresAt:  expires,
-	}, nil
+	return err
+}
+
+// ReadLock reads the lock on ref, or nil, outside any transaction; it
+// returns the database's error as it is.
+func (s *Store) ReadLock(ctx context.Context, ref domain.ResourceRef) (*domain.Lock, error) {
+	if s.stmts.read == nil { // a read-only store prepares nothing
+		return scanLock(s.read.QueryRowContext(ctx, s.text.sel, string(ref.Type), ref.ID))
+	}
+	return scanLock(s.stmts.read.QueryRowContext(ctx, string(ref.Type), ref.ID))
+}
+
+// scanLock reads a row of the lock's columns, or nil for none.
+func scanLock(row interface{ Scan(dest ...any) error }) (*domain.Lock, error) {
+	var l domain.Lock
+	var acquired, expires string
+	err := row.Scan(&l.Token, &l.Owner, (*string)(&l.Resource.Type), &l.Resource.ID, &acquired, &expires)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err == nil {
+		err = ParseTimes(&l, acquired, expires)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &l, nil
 }

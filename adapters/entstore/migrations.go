@@ -17,29 +17,23 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// The adapters' migration files are named as Ent writes them for goose:
-// "VERSION_NAME.sql", e.g. "20261129190022_m4_001_concurrency_locks.sql".
-
-// VersionTable is the table in which the module records the migrations it
-// applied, in goose's format. It is the module's own: goose's default
-// table, goose_db_version, belongs to an embedding application that also
-// uses goose, and sharing it makes each side's versions look missing (out
-// of order) to the other.
+// VersionTable records the module's applied migrations in goose's format.
+// goose's default table belongs to an embedding application that may also
+// use goose: shared, each side's versions would look missing to the other.
 const VersionTable = "locks_schema_version"
 
-// LegacyVersionTable is goose's default table, where versions of the
-// module that predate VersionTable recorded their migrations. The module
-// only reads it, to adopt that history once.
+// LegacyVersionTable is goose's default table, where earlier versions of
+// the module recorded their migrations. The module only reads it.
 const LegacyVersionTable = goose.DefaultTablename
 
-// MigrationName returns the NAME part of a migration file's path.
+// MigrationName returns the NAME part of a migration file's path
+// ("VERSION_NAME.sql", as Ent writes them for goose).
 func MigrationName(file string) string {
 	_, name, _ := strings.Cut(strings.TrimSuffix(path.Base(file), ".sql"), "_")
 	return name
 }
 
-// MigrationVersion returns the goose version (the VERSION part) of the
-// migration named name among the .sql files at the root of fsys.
+// MigrationVersion returns the VERSION of the migration name in fsys.
 func MigrationVersion(fsys fs.FS, name string) (int64, error) {
 	files, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
@@ -53,8 +47,7 @@ func MigrationVersion(fsys fs.FS, name string) (int64, error) {
 	return 0, fmt.Errorf("no embedded migration is named %s", name)
 }
 
-// MigrationVersions returns the goose versions of the .sql files at the
-// root of fsys, in ascending order.
+// MigrationVersions returns the versions of fsys's migrations, ascending.
 func MigrationVersions(fsys fs.FS) ([]int64, error) {
 	files, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
@@ -77,31 +70,23 @@ func fileVersion(file string) (int64, error) {
 	return strconv.ParseInt(version, 10, 64)
 }
 
-// VersionTables is how an adapter names the version tables to
-// AdoptHistory.
+// VersionTables names the version tables for AdoptHistory.
 type VersionTables struct {
-	// Dialect is goose's name of the database.
-	Dialect database.Dialect
-	// Ours and Legacy are VersionTable and LegacyVersionTable as written
-	// in SQL, qualified (and quoted) where the database needs it.
+	Dialect database.Dialect // goose's name of the database
+	// Ours and Legacy are VersionTable and LegacyVersionTable in SQL,
+	// qualified and quoted as the database needs.
 	Ours, Legacy string
-	// Exists reports whether the table named name (unqualified) exists
-	// where the migrations create their tables.
+	// Exists reports whether the table name (unqualified) exists where
+	// the migrations create their tables.
 	Exists func(ctx context.Context, db database.DBTxConn, name string) (bool, error)
 }
 
-// AdoptHistory copies to VersionTable the history of a database that an
-// earlier version of the module migrated: when VersionTable does not
-// exist yet, LegacyVersionTable records the first migration of fsys as
-// applied, and the locks table it creates exists, it creates VersionTable
-// as goose would and records in it version 0 and every migration of fsys
-// that LegacyVersionTable records as applied. It reports whether it did.
-// LegacyVersionTable is left as it is: it may hold an application's rows,
-// and an earlier version of the module may still open the database.
-//
-// It runs in tx, which the caller commits: the adoption is then all or
-// nothing. The caller must keep other processes from doing the same at
-// once (SQLite's BEGIN IMMEDIATE does; on PostgreSQL, an advisory lock).
+// AdoptHistory reports whether it created VersionTable from the history
+// of an earlier version of the module: if VersionTable is missing, the
+// locks table exists, and LegacyVersionTable records fsys's first
+// migration, it records version 0 and fsys's migrations that
+// LegacyVersionTable records, which it leaves as is (an application's
+// rows). It runs in tx, which the caller commits, keeping others out.
 func AdoptHistory(ctx context.Context, tx *sql.Tx, t VersionTables, fsys fs.FS) (bool, error) {
 	for _, c := range []struct {
 		table string
@@ -122,14 +107,11 @@ func AdoptHistory(ctx context.Context, tx *sql.Tx, t VersionTables, fsys fs.FS) 
 	}
 	var applied []int64
 	for _, v := range versions {
-		m, err := legacy.GetMigration(ctx, tx, v)
-		if errors.Is(err, database.ErrVersionNotFound) {
-			continue
-		}
-		if err != nil {
+		switch m, err := legacy.GetMigration(ctx, tx, v); {
+		case errors.Is(err, database.ErrVersionNotFound):
+		case err != nil:
 			return false, err
-		}
-		if m.IsApplied {
+		case m.IsApplied:
 			applied = append(applied, v)
 		}
 	}

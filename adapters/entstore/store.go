@@ -1,10 +1,6 @@
-// Package entstore is what the SQL databases share: the repository over
-// the Ent schema, its statements written by Ent's builder in the
-// adapter's dialect, its transactions, the part of a fence check that
-// does not depend on the database, and the migrations' bookkeeping. It
-// knows no database: an adapter (sqlite, postgres) opens the connections,
-// applies its migrations and supplies a Backend (how it runs and retries
-// writes, and explains its errors), and adds its own statements on top.
+// Package entstore is what the SQL adapters share: the lock repository
+// over the Ent schema, written in the adapter's dialect and run through
+// the adapter's Backend, half the fence check, and the migrations' books.
 package entstore
 
 import (
@@ -12,6 +8,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"sync"
 	"time"
 
 	entsql "entgo.io/ent/dialect/sql"
@@ -19,67 +17,37 @@ import (
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/ent"
+	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
 // Backend is what a database adds to the shared store.
 type Backend struct {
-	// Dialect is Ent's name of the database, in which the store's
-	// statements are written.
-	Dialect string
-	// WriteTx runs every write of the store. For kind Statements it
-	// begins a write transaction, runs body in it and commits; for a
-	// single statement it may run body alone, with tx nil. It applies the
-	// database's queueing and retry policy. It may run the bodies of
-	// concurrent calls in one transaction and one commit (group commit,
-	// SharedTx); each body must then be atomic on its own (a savepoint),
-	// one body's failure must roll back nothing but its own changes, and
-	// no call may return before the commit that made its changes durable.
-	// body then runs with a context that carries ctx's values but not its
-	// cancellation (so that one caller giving up cannot interrupt a
-	// transaction that others share); WriteTx itself answers with ctx's
-	// error when ctx ends before body's changes are committed, and undoes
-	// them. body must be safe to run again: WriteTx runs it again when the
-	// database was busy, or the transaction it ran in was rolled back (a
-	// busy COMMIT; in a shared transaction, another body whose failure
-	// ended it), in a new transaction. WriteTx returns body's error as it
-	// is, or the transaction's: the store explains it with FormatError,
-	// and builds that message only when there is one. It returns nil only
-	// when body's last run returned nil and that run's changes committed.
-	//
-	// kind says what the body runs, and so what it needs (see WriteKind).
+	Dialect string // Ent's name of the database
+	// WriteTx runs body in a write transaction and commits it (a single
+	// statement may run alone, tx nil), again after a busy database or a
+	// rollback. Group commit runs concurrent bodies in one transaction,
+	// each atomic, without ctx's cancellation so that one caller leaving
+	// ends no one else's. Errors: ctx's when ctx ends before the commit
+	// (changes undone), body's as it is, or the transaction's; nil only
+	// when body's last run returned nil and committed.
 	WriteTx func(ctx context.Context, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) error) error
-	// SharedTx says that WriteTx runs the bodies of concurrent calls in
-	// one transaction at a time: the statements bound to it are then kept
-	// for the other bodies of that transaction.
+	// SharedTx says that WriteTx shares transactions, so the statements
+	// bound to one are kept for its other bodies.
 	SharedTx bool
-	// Read, when set, runs one read, fn, and runs it again while it fails
-	// in a way that another connection may not: the connection ended
-	// under it (a server's backend terminated by an operator). It returns
-	// fn's last error as it is. Nil runs fn once.
-	Read func(ctx context.Context, fn func(context.Context) error) error
-	// FormatError translates the database's errors into domain errors.
-	FormatError func(op string, err error) error
-	// Released, when set, is told after the commit of every write that
-	// removed locks which may have been active: the lock on each of refs,
-	// or, with none, any lock. It must not block. A database that sends
-	// its wake-ups inside the transaction (ReleaseStatement) leaves it
-	// nil. A purge removes only expired locks, which waiters take at the
-	// expiry they already wait for, and is not reported.
+	// Read, when set, runs fn, again while it fails as another connection
+	// may not (its connection ended), and returns fn's last error.
+	Read        func(ctx context.Context, fn func(context.Context) error) error
+	FormatError func(op string, err error) error // the database's errors as domain errors
+	// Released, when set, is told without blocking after each commit that
+	// removed locks which may have been active (on refs; none: any), not
+	// after purges, which remove only expired locks.
 	Released func(refs ...domain.ResourceRef)
-	// ReleaseStatement, when set, rewrites each statement that removes
-	// locks which may have been active (a release by owner or by token, a
-	// release of all an owner's locks: a DELETE of the locks table, with
-	// its parameters, and no RETURNING) into the statement the store runs
-	// instead. That statement sends the database's wake-ups inside the
-	// transaction, so that they are delivered at its commit and only if it
-	// commits, at no extra round trip; its rows affected must still be the
-	// rows the DELETE removed. The purge of expired locks is not rewritten,
-	// as it is not reported to Released.
+	// ReleaseStatement, when set, rewrites a release's DELETE (no
+	// RETURNING) into one that also sends wake-ups at its commit, with the
+	// same rows affected.
 	ReleaseStatement func(deleteSQL string) string
 }
 
-// releasing returns the statement that runs the release deleteSQL: the
-// backend's rewrite of it, if it has one.
 func (b Backend) releasing(deleteSQL string) string {
 	if b.ReleaseStatement == nil {
 		return deleteSQL
@@ -90,46 +58,47 @@ func (b Backend) releasing(deleteSQL string) string {
 // WriteKind says what a write body runs, for Backend.WriteTx.
 type WriteKind int
 
+// Statements is a body of several, which a shared transaction puts in a
+// savepoint. The others are one statement, which may run alone, except
+// OneDatedStatement: it reads the clock, in a transaction whose BEGIN
+// waits first. Cleanup, a purge, changes many pages: upkeep may wait.
 const (
-	// Statements: several statements, which a shared transaction must
-	// make atomic on their own (a savepoint).
 	Statements WriteKind = iota
-	// OneStatement: a single statement, atomic by itself, that may run
-	// alone outside any transaction (tx nil), where BEGIN and COMMIT
-	// would only add to its cost.
 	OneStatement
-	// OneDatedStatement: a single statement that reads the clock before
-	// it runs. It needs no savepoint, but alone it still runs in a
-	// transaction, whose BEGIN waits for the database's write lock: the
-	// clock is then read after the wait, not before it.
 	OneDatedStatement
-	// Cleanup: a single statement of a purge of expired locks, which
-	// changes many pages; otherwise like OneStatement. A backend may keep
-	// costly upkeep (a checkpoint's end) out of the way while purges run.
 	Cleanup
 )
 
-// Store implements application.LockRepository. It is safe for concurrent
-// use.
+// Store implements application.LockRepository, safe for concurrent use.
 type Store struct {
 	read, write *sql.DB
 	readEnt     *ent.Client
 	b           Backend
-	text        statementText // the hot path's SQL in b.Dialect
+	text        statementText
 	stmts       stmts
 	contended   Contention
-	bound       boundStmts
+	// bound keeps the statements bound to the last shared transaction:
+	// tx.StmtContext for every write of a batch was 7% of the time a
+	// batch held the write lock. Holding tx keeps its address from reuse.
+	bound struct {
+		sync.Mutex
+		tx    *sql.Tx
+		stmts map[*sql.Stmt]*sql.Stmt
+	}
 }
 
 var _ application.LockRepository = (*Store)(nil)
 
+func newStore(read *sql.DB, b Backend) *Store {
+	return &Store{read: read, b: b, text: buildStatements(b.Dialect),
+		readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read)))}
+}
+
 // New returns the store that reads through read and writes through write,
 // with the hot-path statements prepared on each.
 func New(ctx context.Context, read, write *sql.DB, b Backend) (*Store, error) {
-	s := &Store{
-		read: read, write: write, b: b, text: buildStatements(b.Dialect),
-		readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read))),
-	}
+	s := newStore(read, b)
+	s.write = write
 	s.text.delOwned, s.text.delToken = b.releasing(s.text.delOwned), b.releasing(s.text.delToken)
 	if err := s.prepare(ctx); err != nil {
 		s.Close()
@@ -138,19 +107,16 @@ func New(ctx context.Context, read, write *sql.DB, b Backend) (*Store, error) {
 	return s, nil
 }
 
-// NewReadOnly returns a store that only reads, through read, and prepares
-// nothing (the locks table may be missing: it is for inspection). Its
-// writes fail with a StoreError of kind StoreReadOnly.
+// NewReadOnly returns a store for inspection, which prepares nothing (the
+// locks table may be missing); its writes fail with StoreReadOnly.
 func NewReadOnly(read *sql.DB, b Backend) *Store {
 	b.WriteTx = func(context.Context, WriteKind, func(context.Context, *sql.Tx) error) error {
 		return &domain.StoreError{Op: "write", Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
 	}
-	return &Store{read: read, b: b, text: buildStatements(b.Dialect),
-		readEnt: ent.NewClient(ent.Driver(entsql.OpenDB(b.Dialect, read)))}
+	return newStore(read, b)
 }
 
-// Close releases the prepared statements. The connections belong to the
-// adapter, which closes them.
+// Close releases the prepared statements, not the adapter's connections.
 func (s *Store) Close() error {
 	var errs []error
 	for _, st := range []*sql.Stmt{s.stmts.read, s.stmts.sel, s.stmts.insert, s.stmts.extend, s.stmts.delID, s.stmts.delOwned, s.stmts.delToken} {
@@ -161,60 +127,14 @@ func (s *Store) Close() error {
 	return errors.Join(errs...)
 }
 
-// A write's body may run more than once: the backend runs it again when
-// the database was busy, and a group commit runs every body of a batch
-// again when the batch's transaction was rolled back (a busy COMMIT, a
-// member whose failure ended the transaction). Only the last run's
-// changes are committed, so only the last run's outcome may reach the
-// caller. Each body therefore returns its outcome, and the functions
-// below keep only what the last run returned: a body never writes to a
-// variable of its caller, where a run that was rolled back would leave
-// its decision behind (an insert's token, a refusal) for the run that
-// counts.
-
-// WriteOne runs body, a write of one statement of the given kind
-// (OneStatement, OneDatedStatement or Cleanup), through the backend's
-// WriteTx, and returns what its last run returned. tx is nil where the
-// backend runs the statement alone.
+// WriteOne runs body through WriteTx and returns what its last run
+// returned, the one committed. A body returns its outcome rather than set
+// its caller's variables, where a rolled-back run would leave it behind.
 func WriteOne[T any](ctx context.Context, s *Store, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) (T, error)) (T, error) {
-	return lastRun(body, func(run func(context.Context, *sql.Tx) error) error {
-		return s.b.WriteTx(ctx, kind, run)
-	})
-}
-
-// inTx runs body in one write transaction, after first (unless nil), and
-// returns what its last run returned.
-func inTx[T any](ctx context.Context, s *Store, first func(context.Context, *sql.Tx) error, body func(context.Context, *sql.Tx) (T, error)) (T, error) {
-	if first != nil {
-		locked := body
-		body = func(ctx context.Context, tx *sql.Tx) (T, error) {
-			if err := first(ctx, tx); err != nil {
-				var zero T
-				return zero, err
-			}
-			return locked(ctx, tx)
-		}
-	}
-	return lastRun(body, func(run func(context.Context, *sql.Tx) error) error {
-		return s.b.WriteTx(ctx, Statements, run)
-	})
-}
-
-// lastRun runs body through write, which may run it several times, and
-// returns the outcome of its last run, which write reports as the one
-// that stands (see Backend.WriteTx), or write's error. Every run starts
-// from the zero outcome.
-func lastRun[T any](body func(context.Context, *sql.Tx) (T, error), write func(run func(context.Context, *sql.Tx) error) error) (T, error) {
 	var out T
-	err := write(func(ctx context.Context, tx *sql.Tx) error {
-		var zero T
-		out = zero
-		v, err := body(ctx, tx)
-		if err != nil {
-			return err
-		}
-		out = v
-		return nil
+	err := s.b.WriteTx(ctx, kind, func(ctx context.Context, tx *sql.Tx) (err error) {
+		out, err = body(ctx, tx)
+		return err
 	})
 	if err != nil {
 		var zero T
@@ -224,10 +144,8 @@ func lastRun[T any](body func(context.Context, *sql.Tx) (T, error), write func(r
 }
 
 // RunTx runs fn in a transaction of its own on db and commits it. The
-// transaction always ends: it is rolled back when fn fails and also when
-// fn panics (a Decide function that panics inside a recovering server),
-// before the panic goes on; a transaction left open would hold the
-// database's write lock, or a lock on the resource, for good.
+// transaction is rolled back when fn fails or panics: one left open would
+// hold the write lock, or the resource's lock, for good.
 func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(context.Context, *sql.Tx) error) (err error) {
 	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
@@ -238,18 +156,18 @@ func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(context
 		if committed {
 			return
 		}
-		if rerr := ignoreDone(tx.Rollback()); rerr != nil && err != nil {
+		// ErrTxDone: the database ended the transaction itself.
+		if rerr := tx.Rollback(); rerr != nil && err != nil && !errors.Is(rerr, sql.ErrTxDone) {
 			err = errors.Join(err, rerr)
 		}
 	}()
-	if err := fn(ctx, tx); err != nil {
+	if err = fn(ctx, tx); err != nil {
 		return err
 	}
 	committed = true
 	return tx.Commit()
 }
 
-// reading runs the read fn through the backend's Read.
 func (s *Store) reading(ctx context.Context, fn func(context.Context) error) error {
 	if s.b.Read == nil {
 		return fn(ctx)
@@ -257,8 +175,7 @@ func (s *Store) reading(ctx context.Context, fn func(context.Context) error) err
 	return s.b.Read(ctx, fn)
 }
 
-// Failed explains err, when there is one, naming the operation on ref;
-// the message is built only then, never on the way of a write that worked.
+// Failed explains err, if any, as a failure of what on ref.
 func (s *Store) Failed(ctx context.Context, err error, what string, ref domain.ResourceRef) error {
 	if err == nil {
 		return nil
@@ -266,22 +183,13 @@ func (s *Store) Failed(ctx context.Context, err error, what string, ref domain.R
 	return s.explain(ctx, err, what+" "+ref.String())
 }
 
-// explain translates a failure of operation op with the backend's
-// FormatError; see Explain.
 func (s *Store) explain(ctx context.Context, err error, op string) error {
 	return Explain(ctx, err, op, s.b.FormatError)
 }
 
-// Explain translates err, a failure of operation op, with format, except
-// when ctx ended meanwhile: the driver then reports the interruption in
-// its own words (SQLite's "interrupted", or sql.ErrTxDone from a commit
-// whose transaction database/sql already rolled back), which would read
-// as a store failure. The caller learns that its context ended, as it
-// does when ctx ends before the call. A deadline that has passed counts
-// as ended even before ctx's timer says so: the driver's own timeouts,
-// which it derives from the same deadline (a dial's, a socket's), can
-// fire a moment earlier, and their "i/o timeout" would read as a server
-// that cannot be reached.
+// Explain translates err, a failure of op, with format, unless ctx ended
+// (or its deadline passed, which the driver's timeouts may see first):
+// the driver's words for the interruption would read as a store failure.
 func Explain(ctx context.Context, err error, op string, format func(op string, err error) error) error {
 	cerr := ctx.Err()
 	// Real time, not the service's clock: a context's deadline is on it.
@@ -297,11 +205,128 @@ func Explain(ctx context.Context, err error, op string, format func(op string, e
 	return format(op, err)
 }
 
-// ignoreDone drops the error of rolling back a transaction that the
-// database already ended (SQLite does so itself after some failures).
-func ignoreDone(err error) error {
-	if err == nil || errors.Is(err, sql.ErrTxDone) {
-		return nil
+const maxContended = 4096 // then Contention starts over
+
+// Contention remembers resources just refused (or any set an adapter
+// keeps): a hint of where a read may save a write, never a decision.
+type Contention struct {
+	mu   sync.Mutex
+	refs map[domain.ResourceRef]struct{}
+}
+
+// Has says whether ref is remembered.
+func (c *Contention) Has(ref domain.ResourceRef) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.refs[ref]
+	return ok
+}
+
+// Note remembers ref, or forgets it.
+func (c *Contention) Note(ref domain.ResourceRef, refused bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case !refused:
+		delete(c.refs, ref)
+	case c.refs == nil || len(c.refs) >= maxContended:
+		c.refs = map[domain.ResourceRef]struct{}{ref: {}}
+	default:
+		c.refs[ref] = struct{}{}
 	}
-	return err
+}
+
+// Contended is the store's memory of the resources just refused.
+func (s *Store) Contended() *Contention { return &s.contended }
+
+// Retry runs fn up to attempts times while retryable accepts its error,
+// pausing about 5 ms * 2^attempt, jittered; it returns fn's error or ctx's.
+func Retry(ctx context.Context, attempts int, retryable func(error) bool, fn func(context.Context) error) error {
+	for attempt := 1; ; attempt++ {
+		err := fn(ctx)
+		if err == nil || !retryable(err) || attempt >= attempts {
+			return err
+		}
+		// A real timer: it paces I/O, not lock expiry.
+		base := time.Duration(1<<attempt) * 5 * time.Millisecond
+		t := time.NewTimer(base/2 + rand.N(base))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// timeLayout writes every stored instant in 27 characters, so that string
+// order is time order in SQL and its index.
+const timeLayout = "2006-01-02T15:04:05.000000Z"
+
+// FormatTime writes t in timeLayout, by hand for years 0-9999:
+// time.Format was 5% of the time an acquire held the write lock.
+func FormatTime(t time.Time) string {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.Format(timeLayout)
+	}
+	hour, minute, sec := t.Clock()
+	b := []byte(timeLayout)
+	for _, f := range [...]struct{ at, width, v int }{
+		{0, 4, year}, {5, 2, int(month)}, {8, 2, day}, {11, 2, hour},
+		{14, 2, minute}, {17, 2, sec}, {20, 6, t.Nanosecond() / 1000},
+	} {
+		for i := f.at + f.width - 1; i >= f.at; i-- {
+			b[i] = byte('0' + f.v%10)
+			f.v /= 10
+		}
+	}
+	return string(b)
+}
+
+// ParseTime reads s, a time as stored in column.
+func ParseTime(column, s string) (time.Time, error) {
+	t, err := time.Parse(timeLayout, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("column %s holds %q, not a time in the form %s", column, s, timeLayout)
+	}
+	return t, nil
+}
+
+// ParseTimes sets l's times from their stored form.
+func ParseTimes(l *domain.Lock, acquired, expires string) (err error) {
+	if l.AcquiredAt, err = ParseTime(entlock.FieldAcquiredAt, acquired); err == nil {
+		l.ExpiresAt, err = ParseTime(entlock.FieldExpiresAt, expires)
+	}
+	if err != nil {
+		return &domain.StoreError{Op: "read lock", Kind: domain.StoreCorrupt, Err: err}
+	}
+	return nil
+}
+
+// On returns st bound to tx, or st itself for tx nil.
+func (s *Store) On(ctx context.Context, tx *sql.Tx, st *sql.Stmt) *sql.Stmt {
+	switch {
+	case tx == nil:
+		return st
+	case !s.b.SharedTx:
+		return tx.StmtContext(ctx, st)
+	}
+	b := &s.bound
+	b.Lock()
+	defer b.Unlock()
+	if b.tx != tx {
+		b.tx = tx
+		clear(b.stmts)
+	}
+	if bound, ok := b.stmts[st]; ok {
+		return bound
+	}
+	if b.stmts == nil {
+		b.stmts = make(map[*sql.Stmt]*sql.Stmt)
+	}
+	bound := tx.StmtContext(ctx, st)
+	b.stmts[st] = bound
+	return bound
 }
