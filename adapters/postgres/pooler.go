@@ -169,8 +169,12 @@ func (p *sessionParams) connectOne(ctx context.Context, op string, cfg *pgx.Conn
 	}
 	if err == nil {
 		pid, err := backendPID(ctx, conn)
-		if err != nil || pid == conn.PgConn().PID() || len(p.names) == 0 {
-			return conn, err // the server itself, or nothing to set
+		if err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, err
+		}
+		if pid == conn.PgConn().PID() || len(p.names) == 0 {
+			return conn, nil // the server itself, or nothing to set
 		}
 		set, err := p.paramsSet(ctx, conn)
 		if err != nil {
