@@ -160,6 +160,33 @@ func TestPgBouncer_RoundRobinTransactionModeRefused(t *testing.T) {
 	assert.Zero(t, n, "the refused Open created nothing in the schema")
 }
 
+// A DSN with nothing to set after startup (no search_path) through
+// PgBouncer: CheckWritable refuses one in transaction mode as Open does,
+// rather than taking the pooler's answer for the server's, and passes one in
+// session mode.
+func TestPgBouncer_CheckWritableWithNothingToSet(t *testing.T) {
+	ctx := context.Background()
+	bare := func(env string) string {
+		u, err := url.Parse(testdb.PgBouncer(t, env))
+		require.NoError(t, err)
+		u.RawQuery = "sslmode=disable"
+		return u.String()
+	}
+	dsn := bare(testdb.EnvPgBouncerTransaction)
+	_, openErr := postgres.Open(ctx, dsn, postgres.Options{})
+	var opened *domain.StoreError
+	require.ErrorAs(t, openErr, &opened)
+	require.ErrorIs(t, openErr, postgres.ErrTransactionPooling)
+	checkErr := postgres.CheckWritable(ctx, dsn)
+	var checked *domain.StoreError
+	require.ErrorAs(t, checkErr, &checked, "CheckWritable of %s", dsn)
+	assert.Equal(t, opened.Kind, checked.Kind, "%v", checkErr)
+	assert.Equal(t, opened.Err, checked.Err, "%v", checkErr)
+	assert.Equal(t, opened.Advice, checked.Advice, "%v", checkErr)
+
+	require.NoError(t, postgres.CheckWritable(ctx, bare(testdb.EnvPgBouncerSession)))
+}
+
 // When the query of its session's PID fails, CheckWritable closes the
 // connection it made: a pg_backend_pid in the DSN's schema, searched before
 // pg_catalog, fails that query; pg_stat_activity counts what is left.
