@@ -169,15 +169,17 @@ func (p *sessionParams) connectOne(ctx context.Context, op string, cfg *pgx.Conn
 	}
 	if err == nil {
 		pid, err := backendPID(ctx, conn)
-		if err != nil || pid == conn.PgConn().PID() || len(p.names) == 0 {
-			return conn, err // the server itself, or nothing to set
+		if err == nil && pid == conn.PgConn().PID() {
+			return conn, nil // the server itself
 		}
-		set, err := p.paramsSet(ctx, conn)
+		set := len(p.names) == 0 // a pooler: probed as open probes it, even with nothing to set
+		if err == nil && !set {
+			set, err = p.paramsSet(ctx, conn)
+		}
+		if err == nil {
+			err = refusePooling(ctx, op, p.connect(cfg))
+		}
 		if err != nil {
-			conn.Close(context.WithoutCancel(ctx))
-			return nil, err
-		}
-		if err := refusePooling(ctx, op, p.connect(cfg)); err != nil {
 			conn.Close(context.WithoutCancel(ctx))
 			return nil, err
 		}

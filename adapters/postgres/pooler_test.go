@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"net/url"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -157,4 +158,54 @@ func TestPgBouncer_RoundRobinTransactionModeRefused(t *testing.T) {
 	require.NoError(t, admin.QueryRow(`SELECT count(*) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
 		WHERE s.nspname = $1`, schema).Scan(&n))
 	assert.Zero(t, n, "the refused Open created nothing in the schema")
+}
+
+// A DSN with nothing to set after startup (no search_path) through
+// PgBouncer: CheckWritable refuses one in transaction mode as Open does,
+// rather than taking the pooler's answer for the server's, and passes one in
+// session mode.
+func TestPgBouncer_CheckWritableWithNothingToSet(t *testing.T) {
+	ctx := context.Background()
+	bare := func(env string) string {
+		u, err := url.Parse(testdb.PgBouncer(t, env))
+		require.NoError(t, err)
+		u.RawQuery = "sslmode=disable"
+		return u.String()
+	}
+	dsn := bare(testdb.EnvPgBouncerTransaction)
+	_, openErr := postgres.Open(ctx, dsn, postgres.Options{})
+	var opened *domain.StoreError
+	require.ErrorAs(t, openErr, &opened)
+	require.ErrorIs(t, openErr, postgres.ErrTransactionPooling)
+	checkErr := postgres.CheckWritable(ctx, dsn)
+	var checked *domain.StoreError
+	require.ErrorAs(t, checkErr, &checked, "CheckWritable of %s", dsn)
+	assert.Equal(t, opened.Kind, checked.Kind, "%v", checkErr)
+	assert.Equal(t, opened.Err, checked.Err, "%v", checkErr)
+	assert.Equal(t, opened.Advice, checked.Advice, "%v", checkErr)
+
+	require.NoError(t, postgres.CheckWritable(ctx, bare(testdb.EnvPgBouncerSession)))
+}
+
+// When the query of its session's PID fails, CheckWritable closes the
+// connection it made: a pg_backend_pid in the DSN's schema, searched before
+// pg_catalog, fails that query; pg_stat_activity counts what is left.
+func TestCheckWritable_PIDQueryFailsConnectionClosed(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.Postgres(t)
+	schema := schemaOf(t, dsn)
+	adminExec(t, dsn, "CREATE FUNCTION "+schema+".pg_backend_pid() RETURNS integer LANGUAGE plpgsql "+
+		"AS $$BEGIN RAISE EXCEPTION 'no PID for the check'; END$$")
+	app := schema + "_pid"
+	dsn = withParam(t, withParam(t, dsn, "search_path", schema+",pg_catalog"), "application_name", app)
+
+	require.ErrorContains(t, postgres.CheckWritable(ctx, dsn), "no PID for the check")
+	admin, err := sql.Open("pgx", os.Getenv(testdb.EnvPostgres))
+	require.NoError(t, err)
+	defer admin.Close()
+	var left int
+	assert.Eventually(t, func() bool {
+		require.NoError(t, admin.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&left))
+		return left == 0
+	}, 3*time.Second, 20*time.Millisecond, "the failed check's connection is closed")
 }
