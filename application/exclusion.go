@@ -9,22 +9,19 @@ import (
 )
 
 // holders keeps, per resource, the handle of this service that holds its
-// lock. The store's rule for a Take (DecideTake) already refuses any
+// lock, from its Take until it is released, lost (as it learns) or past its
+// expiry as it last knew it. The store (DecideTake) already refuses any
 // active lock; the slot lets a Take of this process be refused, or wait,
-// without asking the store, names the holder as a handle of this process
-// (InProcess), and lets its release wake the next waiter at once, with
-// no polling. A handle holds its slot
-// from its Take until it is released, lost (as it learns) or past its
-// expiry as it last knew it; only then may another handle of this service
-// take the resource, through the store as always.
+// without asking the store, names the holder as InProcess, and lets its
+// release wake the next waiter at once, with no polling.
 type holders struct {
 	mu    sync.Mutex
 	slots map[domain.ResourceRef]*slot
 }
 
 type slot struct {
-	// turn admits one Take at a time to decide on the resource: it checks
-	// the holder and acquires, so that two Takes never both find it free.
+	// turn admits one Take at a time to check the holder and acquire, so
+	// that two Takes never both find the resource free.
 	turn   chan struct{}
 	holder *Handle
 	users  int // Takes admitted or waiting for their turn
@@ -32,7 +29,7 @@ type slot struct {
 
 func newHolders() *holders { return &holders{slots: make(map[domain.ResourceRef]*slot)} }
 
-// enter waits for ref's turn, or for ctx to end. leave must follow a nil
+// enter waits for ref's turn, or for ctx to end; leave must follow a nil
 // error. A turn lasts one store call at most.
 func (hs *holders) enter(ctx context.Context, ref domain.ResourceRef) (*slot, error) {
 	hs.mu.Lock()
@@ -66,28 +63,27 @@ func (hs *holders) drop(ref domain.ResourceRef, sl *slot) {
 	}
 }
 
-// holding returns the handle that holds sl now, if any: the caller has
-// the turn.
-func (hs *holders) holding(sl *slot, now time.Time) (domain.Lock, bool) {
+// The caller of holder, holding, holdsToken and hold has sl's turn.
+func (hs *holders) holder(sl *slot) *Handle {
 	hs.mu.Lock()
-	h := sl.holder
-	hs.mu.Unlock()
-	if h == nil {
-		return domain.Lock{}, false
-	}
-	return h.holds(now)
+	defer hs.mu.Unlock()
+	return sl.holder
 }
 
-// holdsToken reports whether sl's handle, unreleased, stands for the
-// acquisition of token: the caller has the turn.
+// holding returns the lock of the handle that holds sl at now, if any.
+func (hs *holders) holding(sl *slot, now time.Time) (domain.Lock, bool) {
+	if h := hs.holder(sl); h != nil {
+		return h.holds(now)
+	}
+	return domain.Lock{}, false
+}
+
+// holdsToken reports whether sl's handle, unreleased, stands for token.
 func (hs *holders) holdsToken(sl *slot, token int64) bool {
-	hs.mu.Lock()
-	h := sl.holder
-	hs.mu.Unlock()
+	h := hs.holder(sl)
 	return h != nil && !h.isReleased() && h.Lock().Token == token
 }
 
-// hold makes h the holder of sl: the caller has the turn.
 func (hs *holders) hold(sl *slot, h *Handle) {
 	hs.mu.Lock()
 	sl.holder = h
@@ -116,8 +112,6 @@ type heldNode struct {
 	next *heldNode
 }
 
-// withHeld returns ctx marked as the work of h, inside that of the
-// handles ctx already names.
 func withHeld(ctx context.Context, h *Handle) context.Context {
 	next, _ := ctx.Value(heldKey{}).(*heldNode)
 	return context.WithValue(ctx, heldKey{}, &heldNode{h: h, next: next})
@@ -134,15 +128,11 @@ func (s *LockService) nestedIn(ctx context.Context, ref domain.ResourceRef) *Han
 	return nil
 }
 
-// reenter answers a Take of ref made inside the work of outer, a handle
-// on ref: a re-entry when asked for (opts.Reentrant) by outer's owner, at
-// once and never behind the waiters for the lock it holds; otherwise a
-// refusal, at once, since waiting would wait for itself.
-//
-// A re-entry checks by token that outer's lock is still held, and shares
-// it: the new handle has outer's token, does not change the lock's expiry
-// (outer's keep-alive keeps it, and a shorter TTL must not shorten it),
-// and its Release leaves the lock to outer.
+// reenter answers a Take of ref made inside the work of outer, a handle on
+// ref: with opts.Reentrant, by outer's owner, a re-entry at once, never
+// behind the waiters for the lock it holds; otherwise a refusal at once,
+// since waiting would wait for itself. A re-entry checks by token that
+// outer's lock is still held and shares it without changing its expiry.
 func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, ttl time.Duration, opts AcquireOptions) (*Handle, error) {
 	root := outer
 	for root.parent != nil {
@@ -155,14 +145,9 @@ func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, 
 	if err := root.Err(); err != nil {
 		return nil, err // known lost: the store may still show it, never share it
 	}
-	if err := s.gate.enter(); err != nil {
-		return nil, err
-	}
-	defer s.gate.leave()
-	if lost, err := s.lossNow(ctx, l); err != nil || lost != nil {
-		if lost != nil {
-			return nil, root.lossOrReleased(lost, "re-enter")
-		}
+	if _, lost, err := s.explainLoss(ctx, l); lost != nil {
+		return nil, root.lossOrReleased(lost, "re-enter")
+	} else if err != nil {
 		return nil, err
 	}
 	return &Handle{svc: s, ttl: ttl, lock: l, parent: root}, nil

@@ -17,34 +17,28 @@ type AcquireOptions struct {
 	TTL time.Duration
 	// Wait makes the call wait while another owner, or another handle of
 	// this service, holds the lock, instead of failing at once with a
-	// *domain.LockConflictError. The wait ends with the lock, or when ctx
-	// ends, Timeout passes or the service closes. Waiters of one service
-	// take the lock in arrival order, and are woken as soon as it is
-	// released through the same service; a release by another process is
-	// noticed by polling, with a jittered backoff that never sleeps past
-	// the holder's expiry.
+	// *domain.LockConflictError, until it gets the lock, ctx ends, Timeout
+	// passes or the service closes. Waiters of one service take the lock in
+	// arrival order, woken as soon as it is released through the service; a
+	// release by another process is noticed by polling, with a jittered
+	// backoff that never sleeps past the holder's expiry.
 	Wait bool
 	// Timeout bounds a wait on the service's clock; zero leaves it to ctx.
-	// It needs Wait: a Timeout without Wait is a *domain.ValidationError,
-	// as in the CLI (--timeout without --wait).
+	// A Timeout without Wait is a *domain.ValidationError, as in the CLI.
 	Timeout time.Duration
-	// Reentrant lets a Take made inside the work of a handle that holds the
+	// Reentrant lets a Take made inside the work of a handle holding the
 	// same resource (its context comes from that handle's KeepAlive, or
-	// from Do) re-enter it, at once: the new handle shares the holder's
-	// acquisition (its token) and its Release leaves the lock to the
-	// holder. The re-entered handle never moves the lock's expiry: its
-	// Renew checks the holder's acquisition by token, its KeepAlive
-	// renews nothing and ends with the holder's, so that a shorter TTL
-	// never shortens the holder's lock. Without it, such a Take is
-	// refused at once with a *domain.LockConflictError whose Nested is
-	// set: waiting would wait for itself. It has no effect on a Take from anywhere else: another
-	// handle is another acquisition, and waits or is refused.
+	// from Do) re-enter it at once: the new handle shares the holder's
+	// token, never moves the lock's expiry (so a shorter TTL never shortens
+	// the holder's lock), and its Release leaves the lock to the holder.
+	// Without it, such a Take is refused at once with a
+	// *domain.LockConflictError whose Nested is set: waiting would wait for
+	// itself. A Take from anywhere else is another acquisition.
 	Reentrant bool
 }
 
 // Handle is one acquisition of a lock: it renews, keeps alive, checks and
-// releases that acquisition, by its token, without the caller repeating
-// the owner and the resource. It is safe for concurrent use.
+// releases that acquisition by its token. It is safe for concurrent use.
 //
 // A handle never acts for another acquisition, even of the same owner: a
 // renewal that finds another token or no lock is a loss
@@ -53,14 +47,11 @@ type AcquireOptions struct {
 // their owners (see Take); the owner-scoped Acquire, Renew and Release
 // stay re-entrant per owner, as the spec says.
 type Handle struct {
-	svc *LockService
-	ttl time.Duration
-	// parent is the handle a re-entry shares its acquisition with (see
-	// AcquireOptions.Reentrant); nil for an acquisition of its own.
-	parent *Handle
+	svc    *LockService
+	ttl    time.Duration
+	parent *Handle // the handle a re-entry shares its acquisition with
 
-	// releasing admits one Release at a time: a failed one may be retried.
-	releasing sync.Mutex
+	releasing sync.Mutex // one Release at a time: a failed one may be retried
 
 	mu        sync.Mutex
 	lock      domain.Lock
@@ -69,8 +60,8 @@ type Handle struct {
 	attempted bool                  // a release failed, and may have removed it
 	lost      *domain.LockLostError // the loss, once the handle learns of it
 	keeper    *keeper               // nil until KeepAlive
-	// followers are the keep-alives whose contexts end with this
-	// acquisition (lost or released): its own and its re-entries'.
+	// followers are the keep-alives (its own and its re-entries') whose
+	// contexts end with this acquisition.
 	followers map[*keeper]struct{}
 }
 
@@ -79,19 +70,12 @@ type Handle struct {
 //
 // A resource that another handle of this service holds (until it is
 // released, lost or past its expiry) is not re-entered, even by the same
-// owner: a Take waits for it (opts.Wait, in the same queue as the waiters
-// for another owner's lock, woken when that handle lets go) or is refused
-// at once with a *domain.LockConflictError whose InProcess is set. A Take
-// made inside that handle's own work (ctx from its KeepAlive or Do)
-// re-enters it with opts.Reentrant, and is otherwise refused at once,
-// with Nested set.
-//
-// Nor does a Take ever share a lock it finds in the store: an active lock
-// of any owner, the caller's own included, refuses it (DecideTake), with
-// SameOwner set when the holder has the caller's owner id (an
-// owner-scoped Acquire of that owner, another process given the same
-// owner id, a handle whose release did not complete). With opts.Wait it
-// waits for that lock as for any other. Only a re-entry shares a token.
+// owner: a Take waits for it (in the same queue as for another owner's
+// lock) or is refused at once with a *domain.LockConflictError whose
+// InProcess is set. A Take made inside that handle's own work re-enters it
+// with opts.Reentrant, and is otherwise refused at once, with Nested set.
+// Nor does a Take share a lock it finds in the store: an active lock of any
+// owner refuses it (DecideTake), with SameOwner set for the caller's own.
 //
 // Errors: *domain.ValidationError for bad input (a Timeout without Wait
 // too); those of Acquire; a wait that ends without the lock returns the
@@ -110,19 +94,15 @@ func (s *LockService) Take(ctx context.Context, owner string, ref domain.Resourc
 	if !opts.Wait {
 		return s.takeOnce(ctx, owner, ref, ttl, time.Time{})
 	}
-	var start time.Time
-	if s.observer != nil {
-		start = s.clock.Now()
+	start := s.started()
+	h, err := s.waitTurn(ctx, ref, opts.Timeout, func(notAfter time.Time) (*Handle, error) {
+		return s.takeOnce(ctx, owner, ref, ttl, notAfter)
+	})
+	var l domain.Lock
+	if h != nil {
+		l = h.Lock()
 	}
-	h, err := s.acquireWaiting(ctx, owner, ref, ttl, opts.Timeout)
-	if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
-		var l domain.Lock
-		if h != nil {
-			l = h.Lock()
-		}
-		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: l,
-			Took: s.clock.Now().Sub(start), Err: err})
-	}
+	s.observeWait(ctx, owner, ref, start, l, err)
 	return h, err
 }
 
@@ -141,14 +121,11 @@ func (s *LockService) checkTake(owner string, ref domain.ResourceRef, opts Acqui
 	return ttl, nil
 }
 
-// takeOnce tries once: refused at once when another handle of this
-// service holds ref, otherwise the store decides by Take's rule
-// (DecideTake), which never re-enters a lock it finds active, whoever
-// holds it: a handle that gave up its place here while the store still
-// has its lock (a release that failed, a loss declared while its renewal
-// committed) is refused there, never shared. The check and the
-// acquisition run in ref's turn, so that two Takes never both find ref
-// free of handles.
+// takeOnce tries once, in ref's turn so that two Takes never both find ref
+// free of handles: refused at once when a handle of this service holds ref,
+// otherwise decided by the store by DecideTake, which never shares a lock
+// it finds active (a handle whose release failed, or whose loss was
+// declared while its renewal committed, still has its row there).
 func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, notAfter time.Time) (*Handle, error) {
 	sl, err := s.holders.enter(ctx, ref)
 	if err != nil {
@@ -159,23 +136,18 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	if l, ok := s.holders.holding(sl, now); ok {
 		return nil, &domain.LockConflictError{Holder: l, Now: now, InProcess: true}
 	}
-	decide, one := DecideTake, &Op{Kind: OpTake}
-	if !notAfter.IsZero() {
-		decide, one = s.beforeDeadline(decide, notAfter), nil
-	}
+	decide, one := s.beforeDeadline(DecideTake, &Op{Kind: OpTake}, notAfter)
 	r, err := s.acquire(ctx, owner, ref, ttl, decide, one)
-	l := r.Lock
 	var conflict *domain.LockConflictError
 	if errors.As(err, &conflict) && s.holders.holdsToken(sl, conflict.Holder.Token) {
-		// The store's holder is this service's handle, past its expiry as
-		// it knew it, renewed behind its back: say so, and let a waiter
-		// wait for its release rather than poll.
+		// The store's holder is this service's handle, renewed past its
+		// expiry as it knew it: a waiter waits for its release, not polls.
 		conflict.InProcess = true
 	}
 	if err != nil {
 		return nil, err
 	}
-	h := &Handle{svc: s, ttl: ttl, lock: l}
+	h := &Handle{svc: s, ttl: ttl, lock: r.Lock}
 	s.holders.hold(sl, h)
 	return h, nil
 }
@@ -191,10 +163,9 @@ func (h *Handle) Lock() domain.Lock {
 // TTL returns the TTL the handle acquires and renews with.
 func (h *Handle) TTL() time.Duration { return h.ttl }
 
-// holds returns the lock if the handle holds it at now as far as it
-// knows: not lost, not past its expiry. A handle being released still
-// holds it until the store has removed it and its slot is vacated, and so
-// does one whose release failed: it may still hold the lock in the store.
+// holds returns the lock if the handle holds it at now as far as it knows:
+// not lost, not past its expiry. A handle being released, or whose release
+// failed, still holds it: the store may still have it.
 func (h *Handle) holds(now time.Time) (domain.Lock, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -207,8 +178,7 @@ func (h *Handle) isReleased() bool {
 	return h.released
 }
 
-// root returns the handle whose acquisition h stands for: h itself, or
-// the handle a re-entry shares it with.
+// root returns the handle whose acquisition h stands for.
 func (h *Handle) root() *Handle {
 	if h.parent != nil {
 		return h.parent
@@ -217,20 +187,15 @@ func (h *Handle) root() *Handle {
 }
 
 // noteLost is the one place where a handle learns of its loss, whoever
-// found it (its keep-alive, a renewal, a release, Lost, a re-entry): it
-// records the loss, once, on the acquisition (the root handle), ends the
-// context of every keep-alive that follows it (its own and those of its
-// re-entries) with the loss as their cause, and lets the service's
-// waiters for the resource try at once. It does nothing once the
-// acquisition is released, or while its release is being written, and
-// then reports false.
+// found it: it records the loss once, on the root handle, ends every
+// following keep-alive's context with it, and lets the waiters for the
+// resource try at once. It reports false, and does nothing, once the
+// acquisition is released or while its release is being written.
 func (h *Handle) noteLost(lost *domain.LockLostError) (recorded bool) {
 	r := h.root()
 	r.mu.Lock()
-	// A released acquisition was given up, not lost: what a read finds
-	// (nothing, or another holder) is no loss of the handle's. While its
-	// release is being written, only the release's outcome says whether
-	// a read saw its removal or a loss before it: the release records it.
+	// A released acquisition was given up, not lost; while its release is
+	// written, only the release knows whether a read saw its own removal.
 	givenUp := r.lost == nil && (r.released || r.dropping)
 	first := r.lost == nil && !givenUp
 	var followers map[*keeper]struct{}
@@ -248,16 +213,14 @@ func (h *Handle) noteLost(lost *domain.LockLostError) (recorded bool) {
 	return true
 }
 
-// setDropping marks the acquisition's release as being written (or no
-// longer): a loss read meanwhile is the release's own removal.
 func (h *Handle) setDropping(on bool) {
 	h.mu.Lock()
 	h.dropping = on
 	h.mu.Unlock()
 }
 
-// follow makes k's context end with h's acquisition: lost (with the loss)
-// or released. It ends it at once if that has already happened.
+// follow makes k's context end with h's acquisition, lost or released,
+// at once if that has already happened.
 func (h *Handle) follow(k *keeper) {
 	h.mu.Lock()
 	lost, released := h.lost, h.released
@@ -276,26 +239,22 @@ func (h *Handle) follow(k *keeper) {
 	}
 }
 
-// unfollow forgets k, a keep-alive that has ended.
 func (h *Handle) unfollow(k *keeper) {
 	h.mu.Lock()
 	delete(h.followers, k)
 	h.mu.Unlock()
 }
 
-// Renew extends this acquisition's lock to now+TTL and returns it. It
-// renews by token: the same owner's lock with another token is another
-// acquisition, never extended or adopted. A re-entered handle
-// (AcquireOptions.Reentrant) never moves the lock's expiry: the handle it
-// re-entered keeps it, and a shorter TTL must not shorten it; its Renew
-// checks, by token, that the shared lock is still held, and returns it as
-// stored. A loss it finds ends the handle's keep-alive context (and that
-// of the handle it shares the lock with) as the keep-alive's own would.
+// Renew extends this acquisition's lock to now+TTL, by token, and returns
+// it. A re-entered handle (AcquireOptions.Reentrant) never moves the
+// expiry: its Renew checks by token that the shared lock is still held and
+// returns it as stored. A loss it finds ends the keep-alive contexts of
+// the acquisition, as the keep-alive's own would.
 //
-// Errors: *domain.LockLostError when the lock is no longer this
-// handle's (another token holds the resource, its lock has expired or was
-// removed), with the reason the store shows, or when the store took longer
-// than the TTL to write the renewal (LostStoreFailing); an error matching
+// Errors: *domain.LockLostError when the lock is no longer this handle's
+// (another token holds the resource, it expired or was removed), with the
+// reason the store shows, or when the store took longer than the TTL to
+// write the renewal (LostStoreFailing); an error matching
 // domain.ErrExpired, and no loss, after the handle's own release;
 // *domain.StoreError when the store fails; domain.ErrClosed after Close.
 func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
@@ -310,7 +269,10 @@ func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 		err error
 	)
 	if h.parent != nil {
-		l, err = h.svc.checkToken(ctx, h.parent.Lock())
+		var lost *domain.LockLostError
+		if l, lost, err = h.svc.explainLoss(ctx, h.parent.Lock()); lost != nil {
+			err = lost
+		}
 	} else {
 		l, err = h.svc.renewToken(ctx, h.Lock(), h.ttl)
 	}
@@ -329,20 +291,48 @@ func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 	return l, nil
 }
 
+// renewToken renews held, a handle's acquisition, by its token
+// (OpRenewToken), never through an owner-scoped write.
+func (s *LockService) renewToken(ctx context.Context, held domain.Lock, ttl time.Duration) (domain.Lock, error) {
+	op := Op{Kind: OpRenewToken, Owner: held.Owner, Ref: held.Resource, Held: held}
+	out, err := s.apply(ctx, held.Owner, held.Resource, ttl, op.Decide, &op)
+	err = lateRenewal(held, err)
+	if err == nil && out.Lock.Token != held.Token {
+		// A store that broke its contract: never adopt the token.
+		err = &domain.StoreError{Op: "renew lock on " + held.Resource.String(),
+			Err: fmt.Errorf("renewed token %d for a handle of token %d", out.Lock.Token, held.Token)}
+	}
+	s.observeRenewal(ctx, held.Owner, held.Resource, out.Lock, err)
+	if err != nil {
+		return domain.Lock{}, err
+	}
+	return out.Lock, nil
+}
+
+// explainLoss reads held's resource and says whether, and why, held is
+// lost now (lossOnRead), with the lock stored: nil while the store still
+// shows held active, or cannot be read before held's expiry (its error).
+func (s *LockService) explainLoss(ctx context.Context, held domain.Lock) (domain.Lock, *domain.LockLostError, error) {
+	if err := s.gate.enter(); err != nil {
+		return domain.Lock{}, nil, err
+	}
+	defer s.gate.leave()
+	cur, err := s.repo.Get(ctx, held.Resource)
+	lost, err := lossOnRead(held, cur, err, s.Now())
+	return cur, lost, err
+}
+
 // Release stops the keep-alive, if any, waits for it to end, and releases
 // this acquisition's lock (by token) if it is still active; it reports
-// whether it removed it. Another acquisition's lock, of any owner, is
-// never touched. A re-entered handle (AcquireOptions.Reentrant) leaves
-// the lock to the handle it re-entered, and removes nothing. Releasing
-// twice is harmless: the second call reports false and nil.
+// whether it removed it. A re-entered handle leaves the lock to the handle
+// it re-entered. Releasing twice is harmless: the second call reports
+// false and nil.
 //
 // A release that the store failed, or that its context cancelled, leaves
-// the handle as it was, but for its keep-alive, which has stopped: it
-// still holds its place in this service (no other handle here takes the
-// resource until its expiry) and the lock may still be stored. Call
-// Release again: a retry that succeeds removes the lock, and one that
-// finds no lock at all reports false and nil (the failed attempt may have
-// removed it).
+// the handle holding its place in this service (no other handle here takes
+// the resource until its expiry), its keep-alive stopped, and the lock
+// maybe stored: call Release again. A retry that finds no lock at all
+// reports false and nil (the failed attempt may have removed it).
 //
 // Errors: the *domain.LockLostError of a lock that was lost (noticed by
 // the keep-alive, or found by the release: it removed nothing), with
@@ -358,8 +348,8 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	if k != nil {
-		// The keep-alive stops first, so that no renewal races the
-		// release; its context ends below, with what the release found.
+		// Stop first, so that no renewal races the release; its context
+		// ends below, with what the release found.
 		k.stop()
 	}
 	if h.parent != nil {
@@ -375,12 +365,12 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	var lost *domain.LockLostError
 	switch {
 	case errors.As(err, &lost) && h.retried() && lost.Reason == domain.LostRemoved:
-		// No lock at all, after an attempt whose outcome was not known:
-		// that attempt may have removed it. Released, not lost.
+		// No lock at all after an attempt of unknown outcome, which may
+		// have removed it: released, not lost.
 		err = nil
 	case errors.As(err, &lost):
 		h.setDropping(false)
-		h.noteLost(lost) // ends the keep-alive's context with the loss
+		h.noteLost(lost)
 	case err != nil:
 		// Not known to be released: the handle keeps its place, but
 		// nothing renews the lock any more.
@@ -397,8 +387,34 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	return ok, err
 }
 
-// retried reports whether an earlier release of h failed after it may
-// have removed the lock.
+// releaseToken removes held by its token if it is active now, and reports
+// whether it did. A release that removes nothing returns the loss: as the
+// store shows it, or, when it cannot be read, removed (or expired, past
+// the lock's expiry).
+func (s *LockService) releaseToken(ctx context.Context, held domain.Lock) (bool, error) {
+	if err := s.gate.enter(); err != nil {
+		return false, err
+	}
+	defer s.gate.leave()
+	now := s.Now()
+	ok, err := s.repo.DeleteToken(ctx, held.Resource, held.Token, now)
+	if err != nil {
+		return false, err
+	}
+	if ok {
+		s.freed(held.Resource)
+		e := Event{Kind: EventReleased, Owner: held.Owner, Resource: held.Resource, Previous: &held}
+		if s.observer != nil {
+			e.HeldFor = now.Sub(held.AcquiredAt)
+		}
+		s.observe(ctx, e)
+		return true, nil
+	}
+	cur, err := s.repo.Get(ctx, held.Resource)
+	lost, err := lossOnRead(held, cur, err, s.Now())
+	return false, lossOfRelease(held, lost, err, now)
+}
+
 func (h *Handle) retried() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -413,26 +429,24 @@ func (h *Handle) errReleased(op string) error {
 		op, l.Owner, l.Resource, l.Token, domain.ErrExpired)
 }
 
-// confirm answers the release of a re-entry: nil only when the store
-// shows the shared acquisition still held; otherwise its loss, or the
-// error that kept the store from saying (ErrClosed included). Unlike
-// Lost, a store that cannot be read is no confirmation.
+// confirm answers the release of a re-entry: nil only when the store shows
+// the shared acquisition still held (unlike Lost, an unreadable store is no
+// confirmation); otherwise its loss or the read's error.
 func (h *Handle) confirm(ctx context.Context) error {
 	if err := h.Err(); err != nil {
 		return err
 	}
-	lost, err := h.svc.explainLoss(ctx, h.root().Lock())
+	_, lost, err := h.svc.explainLoss(ctx, h.root().Lock())
 	if lost != nil {
 		return h.lossOrReleased(lost, "check")
 	}
 	return err
 }
 
-// lossOrReleased records lost, a loss that a read found, and returns
-// what to tell the caller: the loss; or, once the acquisition is
-// released, that it was released (op names the call). A read made while
-// the release is being written gets the loss it saw, unrecorded: the
-// lock is not held either way, and the release records what it finds.
+// lossOrReleased records lost, a loss that a read found, and returns it;
+// or, once the acquisition is released, that it was released (op names
+// the call). A read made while the release is written gets its loss
+// unrecorded: the release records what it finds.
 func (h *Handle) lossOrReleased(lost *domain.LockLostError, op string) error {
 	if !h.noteLost(lost) && h.root().isReleased() {
 		return h.errReleased(op)
@@ -440,9 +454,9 @@ func (h *Handle) lossOrReleased(lost *domain.LockLostError, op string) error {
 	return lost
 }
 
-// markReleased records that h is released: the keep-alives that follow
-// it end, and a root handle gives up its place in this service and lets
-// the waiters for its resource try.
+// markReleased records that h is released: its followers end, and a root
+// handle vacates its place in this service and wakes the resource's
+// waiters.
 func (h *Handle) markReleased() {
 	h.mu.Lock()
 	h.released, h.dropping = true, false
@@ -464,20 +478,16 @@ func (h *Handle) markReleased() {
 
 // Do takes the lock on ref for owner (waiting if opts.Wait), keeps it
 // alive while fn runs, and releases it when fn returns, fails or panics.
-// fn's context ends the moment the lock is lost; context.Cause(ctx) is
-// then the *domain.LockLostError. After fn returns, Do stops the
-// keep-alive and asks the store, by token, whether the lock is still this
-// acquisition's: only then does it release it. Otherwise it returns the
-// loss, joined with fn's error, and releases nothing: a loss that the
-// keep-alive had not noticed yet (a pause, a removal, a takeover while fn
-// ran) is returned too. A Take made with fn's context on the same
-// resource is nested (see AcquireOptions.Reentrant).
+// fn's context ends the moment the lock is lost, with the
+// *domain.LockLostError as its cause. After fn, Do asks the store, by
+// token, whether the lock is still this acquisition's, and only then
+// releases it; otherwise it returns the loss, even one the keep-alive had
+// not noticed yet, joined with fn's error. A Take made with fn's context
+// on the same resource is nested (see AcquireOptions.Reentrant).
 //
-// Do reports success only once the store has confirmed the lock: a
-// service closed before that (the container shutting down while fn ran,
-// its keep-alive stopped by ctx) makes Do return an error matching
-// domain.ErrClosed, joined with fn's, since the lock may have been lost
-// meanwhile. The container releases the owner's locks as it closes.
+// A service closed before the store confirmed the lock makes Do return an
+// error matching domain.ErrClosed, joined with fn's: the lock may have
+// been lost meanwhile.
 //
 // Errors: *domain.ValidationError for a nil fn or bad options, before
 // anything is acquired; those of Take, before fn runs; afterwards fn's,
@@ -495,18 +505,14 @@ func (s *LockService) Do(ctx context.Context, owner string, ref domain.ResourceR
 	defer func() {
 		p := recover()
 		// Release even when ctx has ended: a lock left behind blocks its
-		// resource for the whole TTL. The store's own retries and timeouts
-		// bound this call.
+		// resource for the whole TTL.
 		_, rerr := h.Release(context.WithoutCancel(ctx))
 		var lost *domain.LockLostError
 		switch {
 		case rerr != nil && errors.Is(err, rerr):
 			rerr = nil // fn returned the loss itself
-		case errors.As(rerr, &lost):
-			// The loss, LostClosed included: reported as it is.
+		case errors.As(rerr, &lost): // LostClosed included
 		case errors.Is(rerr, domain.ErrClosed):
-			// The service closed before Do could ask the store: the lock
-			// may have been lost while fn ran, so this is no success.
 			l := h.Lock()
 			rerr = fmt.Errorf("the lock of owner %q on %s (token %d) could not be checked after the work: %w; "+
 				"whether it was held until the work ended is not known, so treat the work as unprotected",

@@ -9,42 +9,37 @@ import (
 )
 
 // Fence is what a plan store checks inside the transaction that persists
-// a transition: that Owner still holds the lock on Resource with Token, and
-// that it has not expired. A holder that was paused past its expiry, and
-// whose resource another owner took meanwhile, then cannot persist over
-// the new holder's work.
+// a transition: that Owner still holds the lock on Resource with Token
+// (a later acquisition, even by the same owner, fails), unexpired. A
+// holder paused past its expiry then cannot persist over a new holder's
+// work.
 type Fence struct {
-	// Resource is the locked resource the write belongs to.
 	Resource domain.ResourceRef
-	// Owner is the owner that must still hold the lock.
-	Owner string
-	// Token is the fencing token of the acquisition that must still hold
-	// it: a later acquisition, even by the same owner, fails the check.
-	Token int64
+	Owner    string
+	Token    int64
 }
 
 // FenceOf returns the fence of a held lock.
 func FenceOf(l domain.Lock) Fence { return Fence{Resource: l.Resource, Owner: l.Owner, Token: l.Token} }
 
-// PlanStore loads and persists the embedder's plans. The plan's phases and
-// state are the embedder's type P; the lifecycle service only orders the
-// calls around the locks.
+// PlanStore loads and persists the embedder's plans, of the embedder's
+// type P.
 type PlanStore[P any] interface {
 	// Load returns the plan with id planID.
 	Load(ctx context.Context, planID string) (P, error)
-	// Persist writes plan in one transaction in which it first checks
-	// every fence, in order, on the same database as the locks, and writes
-	// nothing unless all hold. A fence that does not hold fails with a
-	// *domain.LockLostError (matching domain.ErrExpired) naming the lock
-	// and, when another owner holds the resource now, that owner.
+	// Persist writes plan in one transaction that first checks every
+	// fence, in order, on the same database as the locks, and writes
+	// nothing unless all hold. Errors: a fence that does not hold fails
+	// with a *domain.LockLostError (matching domain.ErrExpired) naming the
+	// lock and, when another owner holds the resource now, that owner.
 	Persist(ctx context.Context, planID string, plan P, fences []Fence) error
 }
 
 // PlanLockOptions tune how PlanLifecycleService takes its locks.
 type PlanLockOptions struct {
-	// TTL of the locks; zero means the lock service's default. Locks are
-	// kept alive while a transition runs, so the TTL bounds how long a
-	// crashed process blocks the plan, not how long a transition may take.
+	// TTL of the locks (zero: the lock service's default): how long a
+	// crashed process blocks the plan, since locks are kept alive while a
+	// transition runs.
 	TTL time.Duration
 	// WaitTimeout bounds, on the service's clock, how long a transition
 	// waits for each lock; zero leaves it to the caller's context.
@@ -54,24 +49,17 @@ type PlanLockOptions struct {
 // PlanLifecycleService runs plan lifecycle transitions under the plan's
 // lock (and the project's, for transitions that change project state too):
 //
-//  1. take the project lock, if any, then the plan lock, waiting for each
-//     (behind other processes and the other transitions of this one);
+//  1. take the project lock, if any, then the plan lock, waiting for each;
 //     always in that order, so that two transitions never deadlock;
-//  2. load the plan;
-//  3. run the transition, keeping the locks alive while it runs;
-//  4. persist the plan, fenced by the locks inside the store's own
-//     transaction;
-//  5. release the locks, also when the transition fails or panics.
+//  2. load the plan and run the transition, keeping the locks alive;
+//  3. persist the plan, fenced by the locks in the store's transaction;
+//  4. release the locks, also when the transition fails or panics.
 //
-// A lock lost before the plan is persisted ends the transition with the
-// loss, and nothing is persisted.
-//
-// The locks are taken as handles: one acquisition each, renewed, fenced
-// and released by token. Handles of one lock service exclude each other,
-// so two transitions of one plan are serialised inside a process as well
-// as between processes, whatever owner the service was given; a
-// transition started inside another's function on the same plan (with
-// its context) is refused at once rather than waiting for itself.
+// A lock lost before the persist ends the transition with the loss, and
+// nothing is persisted. The locks are handles, so two transitions of one
+// plan are serialised inside a process as well as between processes,
+// whatever the owner; one started inside another's function on the same
+// plan (with its context) is refused at once rather than wait for itself.
 type PlanLifecycleService[P any] struct {
 	locks *LockService
 	store PlanStore[P]
@@ -131,15 +119,15 @@ func (s *PlanLifecycleService[P]) transition(ctx context.Context, refs []domain.
 	handles := make([]*Handle, 0, len(refs))
 	defer func() {
 		p := recover()
-		// Release in reverse order, by token, even when ctx has ended: a
-		// lock left behind blocks the plan for its whole TTL.
+		// Even when ctx has ended: a lock left behind blocks the plan for
+		// its whole TTL.
 		for i := len(handles) - 1; i >= 0; i-- {
 			_, rerr := handles[i].Release(context.WithoutCancel(ctx))
 			switch {
 			case rerr == nil || errors.Is(rerr, domain.ErrClosed):
 			case errors.Is(rerr, domain.ErrExpired) && (err == nil || errors.Is(err, domain.ErrExpired)):
-				// Lost after a persist that its fences let through (the
-				// transition is done), or the loss already reported.
+				// Lost after a persist its fences let through, or the loss
+				// already reported.
 			default:
 				err = errors.Join(err, rerr)
 			}
