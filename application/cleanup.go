@@ -29,18 +29,15 @@ const (
 	cleanupCountAfter = 4
 )
 
-// CleanupExpired purges every lock that has expired now and returns how
-// many, in batches that each last about a millisecond of writing (see
-// cleanupTarget), so that a writer queued behind one waits about that long,
-// not for the whole backlog. It stops at a batch short of its limit, or
-// early, with the count so far, if ctx is cancelled. After
-// cleanupCountAfter full batches it asks the store how many expired locks
-// are left, so that a store whose DeleteExpired keeps reporting full
-// batches ends the purge with an error instead of looping for ever.
+// CleanupExpired purges the locks expired now and returns how many, in
+// batches of about cleanupTarget of writing each, so that a writer queued
+// behind one waits that long, not for the backlog. It stops early if ctx
+// is cancelled; after cleanupCountAfter full batches it counts what is
+// left, so that a store that keeps reporting full batches ends the purge
+// with an error, not a loop for ever.
 //
-// Errors: *domain.StoreError, also for a store that reports removing more
-// expired locks than it held; ctx.Err() when cancelled between batches;
-// domain.ErrClosed after Close.
+// Errors: *domain.StoreError (also for a store reporting more expired
+// locks removed than it held); ctx.Err(); domain.ErrClosed after Close.
 func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
 	if err := s.gate.enter(); err != nil {
 		return 0, err
@@ -91,9 +88,8 @@ func (s *LockService) cleanupExpired(ctx context.Context) (int, error) {
 }
 
 // nextCleanupBatch sizes the batch after one of limit rows that took took:
-// the rows that fit in cleanupTarget at that rate, at most twice limit (a
-// batch fast by luck must not make the next one long), within
-// [cleanupMinBatch, cleanupMaxBatch].
+// what fits in cleanupTarget at that rate, at most twice limit (a batch
+// fast by luck must not make the next one long), within the bounds.
 func nextCleanupBatch(limit int, took time.Duration) int {
 	next := 2 * limit
 	if took > 0 {
@@ -102,8 +98,7 @@ func nextCleanupBatch(limit int, took time.Duration) int {
 	return max(cleanupMinBatch, min(cleanupMaxBatch, next))
 }
 
-// StaleCount returns how many locks have expired but are still stored: a
-// non-zero count means cleanup has not run since they expired.
+// StaleCount returns how many locks have expired but are still stored.
 //
 // Errors: *domain.StoreError; domain.ErrClosed after Close.
 func (s *LockService) StaleCount(ctx context.Context) (int, error) {
@@ -133,18 +128,13 @@ type PeriodicCleanup struct {
 	done   chan struct{}
 }
 
-// StartCleanup purges expired locks every interval on the service's clock,
-// in a goroutine of its own, until Stop is called or the service closes;
-// each run starts interval after the previous one ended. A failed run does
-// not end the loop. onRun, when not nil, is called (in the loop's
-// goroutine, so it must return promptly) after every run not cut short by
-// Stop, with how many locks it purged and its error.
+// StartCleanup runs CleanupExpired every interval on the service's clock
+// (counted from the end of the last run) in a goroutine, until Stop or the
+// service closes. onRun, if not nil, is told each run's count and error, on
+// that goroutine, so it must return promptly. Stop it before closing the
+// service: Close waits for a run in progress, Stop cuts it short.
 //
-// Stop it before closing the service: Close waits for a run in progress,
-// while Stop cuts it short.
-//
-// Errors: *domain.ValidationError for an interval shorter than
-// MinCleanupInterval.
+// Errors: *domain.ValidationError for an interval below MinCleanupInterval.
 func (s *LockService) StartCleanup(interval time.Duration, onRun func(purged int, err error)) (*PeriodicCleanup, error) {
 	if err := ValidateCleanupInterval(interval); err != nil {
 		return nil, err

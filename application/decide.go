@@ -37,9 +37,8 @@ type Change struct {
 }
 
 // Decide returns the change to apply to the current lock on a resource (nil
-// when there is none), or an error to abort with nothing written. A store
-// may call it more than once for one Update (a rolled-back transaction runs
-// again); only its last call's decision stands.
+// when none), or an error to abort. A store may call it again for one
+// Update (a rolled-back transaction); only its last decision stands.
 type Decide func(current *domain.Lock) (Change, error)
 
 // OpKind names a decision that a OneStatement store may carry out.
@@ -65,8 +64,7 @@ type Op struct {
 	At func() (now, expires time.Time)
 }
 
-// Decide is op's rule in Go: the change it makes to cur, the lock stored
-// on op.Ref, at now with the new expiry expires.
+// Decide is op's rule in Go: its change to cur, the lock stored on op.Ref.
 func (op Op) Decide(cur *domain.Lock, now, expires time.Time) (Change, error) {
 	switch op.Kind {
 	case OpAcquire:
@@ -168,10 +166,9 @@ func lateWrite(l domain.Lock, owner string, ref domain.ResourceRef, now time.Tim
 }
 
 // LossOf says whether, and why, held is lost at now, given cur, the lock
-// stored on its resource (nil when there is none): nil while cur is held
-// itself, active; otherwise a *domain.LockLostError at now: taken over by
-// another token (cur as NewHolder, active or not), expired (its own row,
-// or no row past held's expiry), or removed (no row before it).
+// stored on its resource: nil while cur is held itself, active; otherwise
+// a *domain.LockLostError: taken over (another token, cur as NewHolder),
+// expired (its own row, or no row past held's expiry), or removed.
 func LossOf(held domain.Lock, cur *domain.Lock, now time.Time) *domain.LockLostError {
 	lost := &domain.LockLostError{Lock: held, At: now}
 	switch {

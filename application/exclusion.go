@@ -8,20 +8,17 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// holders keeps, per resource, the handle of this service that holds its
-// lock, from its Take until it is released, lost (as it learns) or past its
-// expiry as it last knew it. The store (DecideTake) already refuses any
-// active lock; the slot lets a Take of this process be refused, or wait,
-// without asking the store, names the holder as InProcess, and lets its
-// release wake the next waiter at once, with no polling.
+// holders keeps, per resource, the handle of this service that holds it,
+// until released, lost or past its expiry as it knew it: a Take of this
+// process is refused, or waits, without asking the store, and the holder's
+// release wakes the next waiter at once.
 type holders struct {
 	mu    sync.Mutex
 	slots map[domain.ResourceRef]*slot
 }
 
 type slot struct {
-	// turn admits one Take at a time to check the holder and acquire, so
-	// that two Takes never both find the resource free.
+	// turn admits one Take at a time, so two never both find the resource free.
 	turn   chan struct{}
 	holder *Handle
 	users  int // Takes admitted or waiting for their turn
@@ -29,8 +26,7 @@ type slot struct {
 
 func newHolders() *holders { return &holders{slots: make(map[domain.ResourceRef]*slot)} }
 
-// enter waits for ref's turn, or for ctx to end; leave must follow a nil
-// error. A turn lasts one store call at most.
+// enter waits for ref's turn (one store call at most), or for ctx.
 func (hs *holders) enter(ctx context.Context, ref domain.ResourceRef) (*slot, error) {
 	hs.mu.Lock()
 	sl := hs.slots[ref]
@@ -103,8 +99,8 @@ func (hs *holders) vacate(h *Handle) {
 	}
 }
 
-// heldKey marks a context that KeepAlive returned: its value is the chain
-// of handles whose work the context belongs to, innermost first.
+// heldKey marks a KeepAlive context: its value chains the handles whose
+// work it is, innermost first.
 type heldKey struct{}
 
 type heldNode struct {
@@ -128,11 +124,10 @@ func (s *LockService) nestedIn(ctx context.Context, ref domain.ResourceRef) *Han
 	return nil
 }
 
-// reenter answers a Take of ref made inside the work of outer, a handle on
-// ref: with opts.Reentrant, by outer's owner, a re-entry at once, never
-// behind the waiters for the lock it holds; otherwise a refusal at once,
-// since waiting would wait for itself. A re-entry checks by token that
-// outer's lock is still held and shares it without changing its expiry.
+// reenter answers a Take of ref inside the work of outer, a handle on ref:
+// a re-entry at once, with opts.Reentrant by outer's owner, sharing outer's
+// lock (checked by token) without moving its expiry; otherwise a refusal
+// at once, since waiting would wait for itself.
 func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, ttl time.Duration, opts AcquireOptions) (*Handle, error) {
 	root := outer
 	for root.parent != nil {

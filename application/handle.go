@@ -15,6 +15,10 @@ import (
 type AcquireOptions struct {
 	// TTL is the lock's time to live; zero means the service's default.
 	TTL time.Duration
+	// Wait makes the call wait, instead of failing at once with a
+	// *domain.LockConflictError, until it gets the lock, ctx ends, Timeout
+	// passes or the service closes. Waiters of one service take the lock in
+	// arrival order; a release by another process is noticed by polling.
 	// Wait makes the call wait while another owner, or another handle of
 	// this service, holds the lock, instead of failing at once with a
 	// *domain.LockConflictError, until it gets the lock, ctx ends, Timeout
@@ -23,29 +27,23 @@ type AcquireOptions struct {
 	// release by another process is noticed by polling, with a jittered
 	// backoff that never sleeps past the holder's expiry.
 	Wait bool
+	// Timeout bounds a wait on the service's clock (zero: ctx does); it needs
+	// Wait, else it is a *domain.ValidationError.
 	// Timeout bounds a wait on the service's clock; zero leaves it to ctx.
 	// A Timeout without Wait is a *domain.ValidationError, as in the CLI.
 	Timeout time.Duration
-	// Reentrant lets a Take made inside the work of a handle holding the
-	// same resource (its context comes from that handle's KeepAlive, or
-	// from Do) re-enter it at once: the new handle shares the holder's
-	// token, never moves the lock's expiry (so a shorter TTL never shortens
-	// the holder's lock), and its Release leaves the lock to the holder.
-	// Without it, such a Take is refused at once with a
-	// *domain.LockConflictError whose Nested is set: waiting would wait for
-	// itself. A Take from anywhere else is another acquisition.
+	// Reentrant lets a Take made inside the work of a handle holding the same
+	// resource (a context from its KeepAlive or Do) re-enter it at once,
+	// sharing its token without moving its expiry; its Release leaves the lock
+	// to the holder. Without it, such a Take is refused at once (Nested set):
+	// waiting would wait for itself.
 	Reentrant bool
 }
 
 // Handle is one acquisition of a lock: it renews, keeps alive, checks and
-// releases that acquisition by its token. It is safe for concurrent use.
-//
-// A handle never acts for another acquisition, even of the same owner: a
-// renewal that finds another token or no lock is a loss
-// (*domain.LockLostError), and so is a release that removes nothing. Two
-// handles of one service are never held at once on one resource, whatever
-// their owners (see Take); the owner-scoped Acquire, Renew and Release
-// stay re-entrant per owner, as the spec says.
+// releases that acquisition by its token, never another, even of the same
+// owner (a renewal or release that finds another token or none is a loss,
+// *domain.LockLostError). It is safe for concurrent use.
 type Handle struct {
 	svc    *LockService
 	ttl    time.Duration
@@ -60,29 +58,22 @@ type Handle struct {
 	attempted bool                  // a release failed, and may have removed it
 	lost      *domain.LockLostError // the loss, once the handle learns of it
 	keeper    *keeper               // nil until KeepAlive
-	// followers are the keep-alives (its own and its re-entries') whose
-	// contexts end with this acquisition.
-	followers map[*keeper]struct{}
+	followers map[*keeper]struct{}  // keep-alives ending with this acquisition
 }
 
 // Take acquires the lock on ref for owner, waiting for it if opts.Wait,
-// and returns its handle: one acquisition, with its own token.
+// and returns its handle: one acquisition, with its own token. It never
+// re-enters: a resource that another handle of this service holds is
+// waited for, or refused at once with a *domain.LockConflictError whose
+// InProcess is set; an active lock in the store, of any owner, too
+// (DecideTake), with SameOwner set for owner's own. Only a Take inside the
+// holder's own work may re-enter (AcquireOptions.Reentrant).
 //
-// A resource that another handle of this service holds (until it is
-// released, lost or past its expiry) is not re-entered, even by the same
-// owner: a Take waits for it (in the same queue as for another owner's
-// lock) or is refused at once with a *domain.LockConflictError whose
-// InProcess is set. A Take made inside that handle's own work re-enters it
-// with opts.Reentrant, and is otherwise refused at once, with Nested set.
-// Nor does a Take share a lock it finds in the store: an active lock of any
-// owner refuses it (DecideTake), with SameOwner set for the caller's own.
-//
-// Errors: *domain.ValidationError for bad input (a Timeout without Wait
-// too); those of Acquire; a wait that ends without the lock returns the
-// last *domain.LockConflictError it saw, with Waited and Cause set (or the
-// context's error if it never got to try, queued behind other waiters);
-// domain.ErrClosed when the service closes meanwhile; for a re-entry, the
-// *domain.LockLostError of the lock it would share.
+// Errors: *domain.ValidationError for bad input; those of Acquire; a wait
+// that ends without the lock returns the last *domain.LockConflictError it
+// saw, with Waited and Cause set (or the context's error if it never got to
+// try); domain.ErrClosed; for a re-entry, the *domain.LockLostError of the
+// lock it would share.
 func (s *LockService) Take(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (*Handle, error) {
 	ttl, err := s.checkTake(owner, ref, opts)
 	if err != nil {
@@ -122,10 +113,8 @@ func (s *LockService) checkTake(owner string, ref domain.ResourceRef, opts Acqui
 }
 
 // takeOnce tries once, in ref's turn so that two Takes never both find ref
-// free of handles: refused at once when a handle of this service holds ref,
-// otherwise decided by the store by DecideTake, which never shares a lock
-// it finds active (a handle whose release failed, or whose loss was
-// declared while its renewal committed, still has its row there).
+// free of handles: refused when a handle of this service holds ref, else
+// decided by the store (DecideTake).
 func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, notAfter time.Time) (*Handle, error) {
 	sl, err := s.holders.enter(ctx, ref)
 	if err != nil {
@@ -140,8 +129,7 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	r, err := s.acquire(ctx, owner, ref, ttl, decide, one)
 	var conflict *domain.LockConflictError
 	if errors.As(err, &conflict) && s.holders.holdsToken(sl, conflict.Holder.Token) {
-		// The store's holder is this service's handle, renewed past its
-		// expiry as it knew it: a waiter waits for its release, not polls.
+		// This service's handle, renewed past its expiry as it knew it.
 		conflict.InProcess = true
 	}
 	if err != nil {
@@ -163,9 +151,9 @@ func (h *Handle) Lock() domain.Lock {
 // TTL returns the TTL the handle acquires and renews with.
 func (h *Handle) TTL() time.Duration { return h.ttl }
 
-// holds returns the lock if the handle holds it at now as far as it knows:
-// not lost, not past its expiry. A handle being released, or whose release
-// failed, still holds it: the store may still have it.
+// holds returns the lock if the handle holds it at now as far as it knows.
+// One being released, or whose release failed, still does: the store may
+// still have it.
 func (h *Handle) holds(now time.Time) (domain.Lock, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -186,16 +174,14 @@ func (h *Handle) root() *Handle {
 	return h
 }
 
-// noteLost is the one place where a handle learns of its loss, whoever
-// found it: it records the loss once, on the root handle, ends every
-// following keep-alive's context with it, and lets the waiters for the
-// resource try at once. It reports false, and does nothing, once the
-// acquisition is released or while its release is being written.
+// noteLost records a loss, whoever found it, once, on the root handle, ends
+// its followers' contexts with it, and wakes the resource's waiters. It
+// reports false, doing nothing, once the acquisition is released or while
+// its release is written (only the release knows whether a read saw its own
+// removal).
 func (h *Handle) noteLost(lost *domain.LockLostError) (recorded bool) {
 	r := h.root()
 	r.mu.Lock()
-	// A released acquisition was given up, not lost; while its release is
-	// written, only the release knows whether a read saw its own removal.
 	givenUp := r.lost == nil && (r.released || r.dropping)
 	first := r.lost == nil && !givenUp
 	var followers map[*keeper]struct{}
@@ -219,8 +205,7 @@ func (h *Handle) setDropping(on bool) {
 	h.mu.Unlock()
 }
 
-// follow makes k's context end with h's acquisition, lost or released,
-// at once if that has already happened.
+// follow makes k's context end with h's acquisition, lost or released.
 func (h *Handle) follow(k *keeper) {
 	h.mu.Lock()
 	lost, released := h.lost, h.released
@@ -246,17 +231,13 @@ func (h *Handle) unfollow(k *keeper) {
 }
 
 // Renew extends this acquisition's lock to now+TTL, by token, and returns
-// it. A re-entered handle (AcquireOptions.Reentrant) never moves the
-// expiry: its Renew checks by token that the shared lock is still held and
-// returns it as stored. A loss it finds ends the keep-alive contexts of
-// the acquisition, as the keep-alive's own would.
+// it; a re-entered handle only checks, by token, that the shared lock is
+// still held. A loss it finds ends the keep-alive contexts.
 //
-// Errors: *domain.LockLostError when the lock is no longer this handle's
-// (another token holds the resource, it expired or was removed), with the
-// reason the store shows, or when the store took longer than the TTL to
-// write the renewal (LostStoreFailing); an error matching
-// domain.ErrExpired, and no loss, after the handle's own release;
-// *domain.StoreError when the store fails; domain.ErrClosed after Close.
+// Errors: *domain.LockLostError when the lock is no longer this handle's,
+// with the reason the store shows, or when the store took longer than the
+// TTL to write it (LostStoreFailing); an error matching domain.ErrExpired
+// after the handle's own release; *domain.StoreError; domain.ErrClosed.
 func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 	if err := h.Err(); err != nil {
 		return domain.Lock{}, err
@@ -291,8 +272,7 @@ func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 	return l, nil
 }
 
-// renewToken renews held, a handle's acquisition, by its token
-// (OpRenewToken), never through an owner-scoped write.
+// renewToken renews held by its token, never through an owner-scoped write.
 func (s *LockService) renewToken(ctx context.Context, held domain.Lock, ttl time.Duration) (domain.Lock, error) {
 	op := Op{Kind: OpRenewToken, Owner: held.Owner, Ref: held.Resource, Held: held}
 	out, err := s.apply(ctx, held.Owner, held.Resource, ttl, op.Decide, &op)
@@ -309,9 +289,8 @@ func (s *LockService) renewToken(ctx context.Context, held domain.Lock, ttl time
 	return out.Lock, nil
 }
 
-// explainLoss reads held's resource and says whether, and why, held is
-// lost now (lossOnRead), with the lock stored: nil while the store still
-// shows held active, or cannot be read before held's expiry (its error).
+// explainLoss reads held's resource: the lock stored, and held's loss now
+// (lossOnRead).
 func (s *LockService) explainLoss(ctx context.Context, held domain.Lock) (domain.Lock, *domain.LockLostError, error) {
 	if err := s.gate.enter(); err != nil {
 		return domain.Lock{}, nil, err
@@ -322,22 +301,16 @@ func (s *LockService) explainLoss(ctx context.Context, held domain.Lock) (domain
 	return cur, lost, err
 }
 
-// Release stops the keep-alive, if any, waits for it to end, and releases
-// this acquisition's lock (by token) if it is still active; it reports
-// whether it removed it. A re-entered handle leaves the lock to the handle
-// it re-entered. Releasing twice is harmless: the second call reports
-// false and nil.
+// Release stops the keep-alive and releases this acquisition's lock, by
+// token, if still active, and reports whether it removed it; a re-entered
+// handle removes nothing. A second call reports false and nil. A release
+// that failed leaves the handle its place in this service (the lock may
+// still be stored): call it again; a retry that finds no lock reports false
+// and nil.
 //
-// A release that the store failed, or that its context cancelled, leaves
-// the handle holding its place in this service (no other handle here takes
-// the resource until its expiry), its keep-alive stopped, and the lock
-// maybe stored: call Release again. A retry that finds no lock at all
-// reports false and nil (the failed attempt may have removed it).
-//
-// Errors: the *domain.LockLostError of a lock that was lost (noticed by
-// the keep-alive, or found by the release: it removed nothing), with
-// false; *domain.StoreError or the context's error, with false, when the
-// release may not have happened (retry it); domain.ErrClosed after Close.
+// Errors: the *domain.LockLostError of a lost lock, with false;
+// *domain.StoreError or the context's error, with false, when the release
+// may not have happened; domain.ErrClosed after Close.
 func (h *Handle) Release(ctx context.Context) (bool, error) {
 	h.releasing.Lock()
 	defer h.releasing.Unlock()
@@ -348,8 +321,7 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	if k != nil {
-		// Stop first, so that no renewal races the release; its context
-		// ends below, with what the release found.
+		// Stop first, so that no renewal races the release.
 		k.stop()
 	}
 	if h.parent != nil {
@@ -365,8 +337,7 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	var lost *domain.LockLostError
 	switch {
 	case errors.As(err, &lost) && h.retried() && lost.Reason == domain.LostRemoved:
-		// No lock at all after an attempt of unknown outcome, which may
-		// have removed it: released, not lost.
+		// No lock after an attempt that may have removed it: released.
 		err = nil
 	case errors.As(err, &lost):
 		h.setDropping(false)
@@ -387,10 +358,8 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	return ok, err
 }
 
-// releaseToken removes held by its token if it is active now, and reports
-// whether it did. A release that removes nothing returns the loss: as the
-// store shows it, or, when it cannot be read, removed (or expired, past
-// the lock's expiry).
+// releaseToken removes held by its token if active now. One that removes
+// nothing returns the loss (lossOfRelease).
 func (s *LockService) releaseToken(ctx context.Context, held domain.Lock) (bool, error) {
 	if err := s.gate.enter(); err != nil {
 		return false, err
@@ -421,17 +390,15 @@ func (h *Handle) retried() bool {
 	return h.attempted
 }
 
-// errReleased answers a call (op) on a handle whose acquisition was
-// released: not a loss, and not held either.
+// errReleased answers op on a released handle: not a loss, not held either.
 func (h *Handle) errReleased(op string) error {
 	l := h.Lock()
 	return fmt.Errorf("%s the lock of owner %q on %s (token %d): it was released through this handle (%w); Take it again to hold it",
 		op, l.Owner, l.Resource, l.Token, domain.ErrExpired)
 }
 
-// confirm answers the release of a re-entry: nil only when the store shows
-// the shared acquisition still held (unlike Lost, an unreadable store is no
-// confirmation); otherwise its loss or the read's error.
+// confirm answers a re-entry's release: nil only when the store shows the
+// shared acquisition still held (an unreadable store is no confirmation).
 func (h *Handle) confirm(ctx context.Context) error {
 	if err := h.Err(); err != nil {
 		return err
@@ -443,10 +410,8 @@ func (h *Handle) confirm(ctx context.Context) error {
 	return err
 }
 
-// lossOrReleased records lost, a loss that a read found, and returns it;
-// or, once the acquisition is released, that it was released (op names
-// the call). A read made while the release is written gets its loss
-// unrecorded: the release records what it finds.
+// lossOrReleased records lost, found by a read, and returns it, or, once
+// the acquisition is released, that it was released.
 func (h *Handle) lossOrReleased(lost *domain.LockLostError, op string) error {
 	if !h.noteLost(lost) && h.root().isReleased() {
 		return h.errReleased(op)
@@ -454,9 +419,8 @@ func (h *Handle) lossOrReleased(lost *domain.LockLostError, op string) error {
 	return lost
 }
 
-// markReleased records that h is released: its followers end, and a root
-// handle vacates its place in this service and wakes the resource's
-// waiters.
+// markReleased ends h's followers and, for a root handle, vacates its
+// place and wakes the resource's waiters.
 func (h *Handle) markReleased() {
 	h.mu.Lock()
 	h.released, h.dropping = true, false
@@ -476,22 +440,16 @@ func (h *Handle) markReleased() {
 	h.svc.waiters.wake(h.Lock().Resource) // releaseToken yielded to other processes
 }
 
-// Do takes the lock on ref for owner (waiting if opts.Wait), keeps it
-// alive while fn runs, and releases it when fn returns, fails or panics.
-// fn's context ends the moment the lock is lost, with the
-// *domain.LockLostError as its cause. After fn, Do asks the store, by
-// token, whether the lock is still this acquisition's, and only then
-// releases it; otherwise it returns the loss, even one the keep-alive had
-// not noticed yet, joined with fn's error. A Take made with fn's context
-// on the same resource is nested (see AcquireOptions.Reentrant).
+// Do takes the lock on ref for owner (waiting if opts.Wait), keeps it alive
+// while fn runs, and releases it when fn returns, fails or panics. fn's
+// context ends the moment the lock is lost, with the *domain.LockLostError
+// as its cause. After fn, Do asks the store by token whether the lock is
+// still held before it releases it, so a loss the keep-alive had not seen
+// is returned too; a service closed before that check makes Do fail with
+// domain.ErrClosed, since the lock may have been lost.
 //
-// A service closed before the store confirmed the lock makes Do return an
-// error matching domain.ErrClosed, joined with fn's: the lock may have
-// been lost meanwhile.
-//
-// Errors: *domain.ValidationError for a nil fn or bad options, before
-// anything is acquired; those of Take, before fn runs; afterwards fn's,
-// joined with the loss, the release's error or domain.ErrClosed.
+// Errors: *domain.ValidationError for a nil fn or bad options; those of
+// Take; then fn's, joined with the loss, the release's or ErrClosed.
 func (s *LockService) Do(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions,
 	fn func(ctx context.Context, lock domain.Lock) error) (err error) {
 	if fn == nil {
@@ -504,8 +462,7 @@ func (s *LockService) Do(ctx context.Context, owner string, ref domain.ResourceR
 	held := h.KeepAlive(ctx)
 	defer func() {
 		p := recover()
-		// Release even when ctx has ended: a lock left behind blocks its
-		// resource for the whole TTL.
+		// Even when ctx has ended: a lock left behind blocks for its TTL.
 		_, rerr := h.Release(context.WithoutCancel(ctx))
 		var lost *domain.LockLostError
 		switch {

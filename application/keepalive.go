@@ -36,21 +36,16 @@ type keeper struct {
 	follower   bool // a re-entry's: renews nothing, ends with its outer handle's
 }
 
-// KeepAlive renews the lock by its token every domain.RenewInterval(TTL) on
-// the service's clock until the handle is released or ctx ends, and returns
-// a context derived from ctx that ends the moment the lock is lost, however
-// the handle learns of it: context.Cause then returns the
-// *domain.LockLostError that says why. A transient store failure is retried
-// with backoff until the lock's expiry and never reported as a loss before
-// then; a permanent one (domain.IsPermanent) ends the hold at once, as a
-// loss LostStoreFailing. Calling it again returns the same context; on a
-// closing service the context ends at once, with the loss LostClosed.
-//
-// A re-entered handle's keep-alive renews nothing (a shorter TTL must not
-// shorten the lock): its context ends with that of the handle it
-// re-entered. The returned context marks the handle's work: a Take of the
-// same resource made with it is nested (AcquireOptions.Reentrant). Close
-// ends every keep-alive and returns only once their contexts have ended.
+// KeepAlive renews the lock by token every domain.RenewInterval(TTL) on
+// the service's clock until the handle is released or ctx ends, and
+// returns a context that ends the moment the lock is lost, however the
+// handle learns of it, with the *domain.LockLostError as its cause. A
+// transient store failure is retried until the lock's expiry; a permanent
+// one (domain.IsPermanent) ends the hold at once (LostStoreFailing); Close
+// ends it (LostClosed). A re-entered handle's keep-alive renews nothing and
+// ends with its outer handle's. A Take made with the returned context on
+// the same resource is nested (AcquireOptions.Reentrant). Calling it again
+// returns the same context.
 func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 	h.mu.Lock()
 	if h.keeper != nil {
@@ -89,8 +84,8 @@ func (k *keeper) end(cause error) {
 	close(k.done)
 }
 
-// shadow is the keep-alive of a re-entry of outer: no goroutine; its
-// context ends with outer's keep-alive context, and done closes then.
+// shadow is a re-entry's keep-alive: no goroutine; its context ends with
+// outer's keep-alive context.
 func (k *keeper) shadow(outer *Handle) {
 	k.follower = true
 	stop := func() bool { return false }
@@ -106,8 +101,7 @@ func (k *keeper) shadow(outer *Handle) {
 	})
 }
 
-// Done is closed when the keep-alive has ended: lost, released, or its
-// context ended. It is nil before KeepAlive.
+// Done is closed when the keep-alive has ended; nil before KeepAlive.
 func (h *Handle) Done() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -117,8 +111,8 @@ func (h *Handle) Done() <-chan struct{} {
 	return h.keeper.done
 }
 
-// Err returns the *domain.LockLostError once the handle has learned that
-// its lock is lost, and nil while it is held or after a plain release.
+// Err returns the *domain.LockLostError once the handle has learned of its
+// loss, else nil (after a plain release too).
 func (h *Handle) Err() error {
 	r := h.root()
 	r.mu.Lock()
@@ -129,8 +123,8 @@ func (h *Handle) Err() error {
 	return r.lost
 }
 
-// stop ends the renewals and waits for the goroutine. A re-entry's context
-// ends at once; a root handle's ends with what its Release finds.
+// stop ends the renewals and waits for the goroutine; a re-entry's context
+// ends now, a root's with what its Release finds.
 func (k *keeper) stop() {
 	k.stopRun()
 	if k.follower {
@@ -163,9 +157,9 @@ func (k *keeper) loop(wait time.Duration) {
 	}
 }
 
-// nextRenewal is TTL/2, or half of what is left when the lock has less
-// (an acquisition answered late), so that a renewal, and with it the guard
-// that declares the loss at the expiry, always starts before the expiry.
+// nextRenewal is TTL/2, or half of what is left (an acquisition answered
+// late), so that a renewal, and its guard that declares the loss at the
+// expiry, always starts before the expiry.
 func (k *keeper) nextRenewal() time.Duration {
 	wait := domain.RenewInterval(k.h.ttl)
 	if left := k.h.Lock().ExpiresAt.Sub(k.h.svc.Now()); left < wait {
@@ -174,8 +168,8 @@ func (k *keeper) nextRenewal() time.Duration {
 	return wait
 }
 
-// renew renews the lock, retrying transient failures until its expiry,
-// and reports whether the lock is still held.
+// renew renews, retrying transient failures until the expiry, and reports
+// whether the lock is still held.
 func (k *keeper) renew() bool {
 	svc := k.h.svc
 	l := k.h.Lock()
@@ -226,8 +220,8 @@ func (k *keeper) renew() bool {
 	}
 }
 
-// renewBefore runs one renewal, abandoned when l expires on the service's
-// clock: a renewal that completes after the expiry is of no use.
+// renewBefore runs one renewal, abandoned when l expires: a renewal that
+// completes after the expiry is of no use.
 func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 	svc := k.h.svc
 	ctx, cancel := context.WithCancelCause(k.run)
@@ -278,13 +272,12 @@ func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 	return *lost
 }
 
-// Lost returns the *domain.LockLostError of the handle's lock, or nil while
-// it is held: the loss the keep-alive reported, or one found by reading the
-// store now (a store that cannot be read is no proof of loss before the
-// expiry). A loss it finds is recorded (Err) and ends the keep-alive's
-// context. One recorded as an expiry is read again, so that the answer
-// names a later acquisition. After a release that removed the lock it
-// returns an error matching domain.ErrExpired and records no loss.
+// Lost returns the handle's *domain.LockLostError, or nil while it is held:
+// the known loss, or one found by reading the store now (an unreadable
+// store is no proof of loss before the expiry), recorded as Err's and
+// ending the keep-alive. A known expiry is read again, to name a later
+// holder. After a release that removed the lock it returns an error
+// matching domain.ErrExpired, and records no loss.
 func (h *Handle) Lost(ctx context.Context) error {
 	var known *domain.LockLostError
 	if errors.As(h.Err(), &known) && known.Reason != domain.LostExpired {

@@ -15,26 +15,14 @@ import (
 // compares the same values.
 const Precision = time.Microsecond
 
-// LockService applies the lock rules (decide.go) on top of a LockRepository.
-//
-//   - A lock is active while now < ExpiresAt (domain.Lock.ExpiredAt).
-//   - Acquire by the holder of an active lock re-enters it: the expiry
-//     becomes now+ttl if that is later; acquisition time and token stay.
-//   - Acquire of another owner's active lock fails with a
-//     *domain.LockConflictError naming the holder; of a free or expired
-//     one, it stores a new lock with a new, larger token.
-//   - Renew by the holder of an active lock sets its expiry to now+ttl;
-//     of an expired or missing lock it fails with *domain.LockExpiredError,
-//     of another owner's active lock with a conflict.
-//   - Release removes a lock only if the caller owns it.
-//   - Take (a Handle) never re-enters a stored lock (DecideTake); only a
-//     re-entry inside the holder's work (AcquireOptions.Reentrant) shares
-//     a token.
-//   - Invalid input fails with *domain.ValidationError before any I/O.
-//   - Every decision reads the clock once the store has the current row in
-//     hand, never before a wait for the store, which would date the lock in
-//     the past (OneStatement excepted: see there).
-//   - After Close, every call fails with domain.ErrClosed.
+// LockService applies the lock rules (decide.go) on top of a
+// LockRepository: an active lock (now < ExpiresAt) refuses every other
+// owner, and its own owner re-enters it, extending it, never shortening;
+// Take never re-enters. Every decision reads the clock with the store's
+// current row in hand, never before a wait for the store, which would date
+// the lock in the past (OneStatement excepted: see there). Invalid input
+// fails with *domain.ValidationError before any I/O; after Close, every
+// call fails with domain.ErrClosed.
 type LockService struct {
 	repo       LockRepository
 	one        OneStatement // repo, when it can decide in one statement
@@ -50,8 +38,8 @@ type LockService struct {
 	holders    *holders // the handles holding each resource
 }
 
-// Option gives a LockService one of the ports it may do without:
-// WithObserver, WithWakeups, WithProcesses.
+// Option gives a LockService an optional port (WithObserver, WithWakeups,
+// WithProcesses).
 type Option func(*LockService)
 
 // realTimers waits on real time, for a Clock that has no timers.
@@ -60,9 +48,7 @@ type realTimers struct{}
 func (realTimers) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // NewLockService returns a service storing locks in repo and reading time
-// from clock. defaultTTL replaces a zero TTL in Acquire and Renew; zero
-// means domain.DefaultLockTTL, and any other value must lie within the TTL
-// bounds.
+// from clock. defaultTTL replaces a zero TTL (zero: domain.DefaultLockTTL).
 func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration, opts ...Option) (*LockService, error) {
 	ttl, err := domain.ResolveTTL(defaultTTL)
 	if err != nil {
@@ -71,9 +57,8 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration, 
 	s := &LockService{repo: repo, clock: clock, timers: realTimers{}, defaultTTL: ttl,
 		gate: gate{closing: make(chan struct{})}, waiters: newWaitQueues(), holders: newHolders()}
 	if t, ok := clock.(Timers); ok {
-		// Waiting reads the clock the waiters' timers run on (waitQueues.now);
-		// a clock that a test moves jumps, maybe while a waiter looks at the
-		// store (waitTurn).
+		// A clock that a test moves jumps, maybe while a waiter looks at
+		// the store (waitTurn).
 		s.timers, s.waiters.now = t, clock.Now
 		_, s.jumps = clock.(interface{ Add(time.Duration) })
 	}
@@ -91,15 +76,14 @@ func (s *LockService) DefaultTTL() time.Duration { return s.defaultTTL }
 func (s *LockService) Now() time.Time { return s.clock.Now().UTC().Truncate(Precision) }
 
 // Close makes every later call fail with domain.ErrClosed and waits until
-// the calls in progress have returned and every keep-alive has ended (with
-// the loss LostClosed), or ctx ends (then it says how many were left). Once
-// it returns nil no call of this service can still change the store: the
-// container relies on that to release the owner's locks last.
+// the calls in progress have returned and every keep-alive has ended, or
+// ctx ends. Once it returns nil no call of this service can still change
+// the store: the container then releases the owner's locks.
 func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx) }
 
-// gate admits calls until it is closed, and lets Close wait for them: an
-// acquire still queued for the store at shutdown would otherwise commit
-// after the release-all and block its resource for the whole TTL.
+// gate admits calls until Close, which waits for them: an acquire still
+// queued for the store at shutdown would otherwise commit after the
+// release-all and block its resource for the whole TTL.
 type gate struct {
 	mu       sync.Mutex
 	inFlight int
@@ -112,8 +96,8 @@ type gate struct {
 // done is closed once the gate closes.
 func (g *gate) done() <-chan struct{} { return g.closing }
 
-// admit counts one more call (n is inFlight) or keep-alive (keepers), or
-// returns domain.ErrClosed; each admitted one must call dismiss(n).
+// admit counts one more call (inFlight) or keep-alive (keepers), or returns
+// domain.ErrClosed; each admitted one calls dismiss.
 func (g *gate) admit(n *int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -142,8 +126,7 @@ func (g *gate) idleIfDone() {
 	}
 }
 
-// close refuses every later call and waits until the admitted ones have
-// left, or ctx ends. Only the first call closes; later ones wait too.
+// close refuses later calls and waits for the admitted ones, or ctx.
 func (g *gate) close(ctx context.Context) error {
 	g.mu.Lock()
 	if !g.closed {
@@ -167,37 +150,28 @@ func (g *gate) close(ctx context.Context) error {
 }
 
 // Acquire takes the lock on ref for owner for ttl (zero: the default TTL),
-// or re-enters it if owner already holds it. It returns the lock as held.
+// or re-enters it if owner already holds it, a Handle's lock included (give
+// handles and owner-scoped calls different owner ids), and returns it.
 //
-// Re-entry goes by owner alone, as the spec has it: a Handle's active lock
-// of owner is re-entered too, and the owner-scoped Release then removes it
-// under the handle (which learns of it as a loss). Give a process's handles
-// and its owner-scoped calls different owner ids, or use handles only.
-//
-// Errors: *domain.ValidationError for bad input; *domain.LockConflictError
-// when another owner holds an active lock; *domain.LockExpiredError with
-// WrittenAt set when the store took longer than ttl to write the lock;
-// *domain.StoreError when the store fails; domain.ErrClosed after Close.
+// Errors: *domain.ValidationError; *domain.LockConflictError when another
+// owner holds an active lock; *domain.LockExpiredError with WrittenAt set
+// when the store took longer than ttl to write it; *domain.StoreError;
+// domain.ErrClosed after Close.
 func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
 	r, err := s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
 	return r.Lock, err
 }
 
-// AcquireResult is what an owner-scoped acquisition did, for a caller that
-// must say so, as `agents locks acquire` does.
+// AcquireResult is what an owner-scoped acquisition did.
 type AcquireResult struct {
-	// Lock is the lock as held.
 	Lock domain.Lock
-	// Reentered says that owner held the lock already: token and
-	// acquisition time stay, the expiry is extended.
+	// Reentered: owner held the lock already (token kept, expiry extended).
 	Reentered bool
-	// TookOverFrom is the active lock taken over because its holder, a
-	// process of this machine, was gone; nil otherwise.
+	// TookOverFrom is the active lock of a gone process taken over, or nil.
 	TookOverFrom *domain.Lock
 }
 
-// rule is a decision of owner's acquisition of ref (DecideAcquire,
-// DecideTake, or one of them before a deadline).
+// rule decides owner's acquisition of ref.
 type rule func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error)
 
 // acquire is Acquire, or Take, by decide; one is the Op of that rule that
@@ -237,26 +211,22 @@ func (s *LockService) acquire(ctx context.Context, owner string, ref domain.Reso
 	return AcquireResult{Lock: l, Reentered: err == nil && kind == EventReentered}, err
 }
 
-// Processes tells whether a process of this machine is gone. It is asked
-// only about owners that name a process (domain.ProcessOwner).
+// Processes tells whether a process of this machine that holds a lock
+// (domain.ProcessOwner) is gone.
 type Processes interface {
-	// Gone reports whether the process p names is provably gone: a process
-	// of this machine (same host, boot and pid namespace) of which no
-	// process with its pid and start time runs now and, if p names a
-	// process group, no member is left. It reports false whenever it
-	// cannot be sure (another machine or container, a stopped process, a
-	// process it may not see, an error reading its state).
+	// Gone reports whether p's process is provably gone (same host, boot and
+	// pid namespace; no process with its pid and start time, nor group member,
+	// left), and false whenever it cannot be sure.
 	Gone(p domain.ProcessOwner) bool
 }
 
-// WithProcesses lets Acquire take over, at once, an active lock whose
-// holder is a process of this machine that is gone, instead of refusing
-// until the lock expires (nil: never).
+// WithProcesses lets Acquire take over at once an active lock whose holder
+// is a gone process of this machine (nil: never).
 func WithProcesses(p Processes) Option { return func(s *LockService) { s.processes = p } }
 
 // takeOverDead takes the lock on ref for owner if holder, whose active lock
-// refused it, is a process that is gone. The probe runs outside the write;
-// the write then decides by decide on the row as overDead has it.
+// refused it, is a gone process. The probe runs outside the write, which
+// decides on the row as overDead has it.
 func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	holder domain.Lock, decide rule) (domain.Lock, bool, error) {
 	if s.processes == nil {
@@ -277,15 +247,12 @@ func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain
 }
 
 // Renew sets the expiry of owner's active lock on ref to now+ttl (zero: the
-// default TTL) and returns the lock. Call it every RenewInterval(ttl) during
-// long work.
+// default TTL) and returns the lock.
 //
-// Errors: *domain.ValidationError for bad input; *domain.LockExpiredError
-// when owner's lock has expired or is gone (owner must acquire again), or
-// (with WrittenAt set) when the store took longer than ttl to write the
-// renewal; *domain.LockConflictError when another owner holds an active
-// lock; *domain.StoreError when the store fails; domain.ErrClosed after
-// Close.
+// Errors: *domain.ValidationError; *domain.LockExpiredError when owner's
+// lock has expired or is gone, or (with WrittenAt set) when the store took
+// longer than ttl to write it; *domain.LockConflictError when another owner
+// holds it; *domain.StoreError; domain.ErrClosed after Close.
 func (s *LockService) Renew(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
 	op := Op{Kind: OpRenew, Owner: owner, Ref: ref}
 	out, err := s.apply(ctx, owner, ref, ttl, op.Decide, &op)
@@ -293,12 +260,10 @@ func (s *LockService) Renew(ctx context.Context, owner string, ref domain.Resour
 	return out.Lock, err
 }
 
-// Release removes owner's lock on ref and reports whether there was one. A
-// lock held by another owner is never touched; releasing a lock that is not
-// held is not an error, so Release is safe to call on every exit path.
+// Release removes owner's lock on ref, never another owner's, and reports
+// whether there was one; releasing a lock not held is no error.
 //
-// Errors: *domain.ValidationError for bad input; *domain.StoreError;
-// domain.ErrClosed after Close.
+// Errors: *domain.ValidationError; *domain.StoreError; domain.ErrClosed.
 func (s *LockService) Release(ctx context.Context, owner string, ref domain.ResourceRef) (bool, error) {
 	if err := s.gate.enter(); err != nil {
 		return false, err
@@ -319,11 +284,9 @@ func (s *LockService) Release(ctx context.Context, owner string, ref domain.Reso
 }
 
 // ReleaseAllForOwner removes every lock of owner, active or expired, and
-// returns how many. The container calls it on shutdown so that the
-// resources become available to other processes at once.
+// returns how many (the container's shutdown).
 //
-// Errors: *domain.ValidationError for a bad owner; *domain.StoreError;
-// domain.ErrClosed after Close.
+// Errors: *domain.ValidationError; *domain.StoreError; domain.ErrClosed.
 func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int, error) {
 	if err := s.gate.enter(); err != nil {
 		return 0, err
@@ -340,8 +303,7 @@ func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int
 	return n, err
 }
 
-// Get returns the stored lock on ref, which may have expired (check
-// Lock.ExpiredAt against Now).
+// Get returns the stored lock on ref, which may have expired.
 //
 // Errors: *domain.ValidationError; domain.ErrNotFound; *domain.StoreError;
 // domain.ErrClosed after Close.
@@ -365,8 +327,7 @@ type ListOptions struct {
 
 // List returns the locks matching opts, ordered by resource type and id.
 //
-// Errors: *domain.ValidationError for a bad filter; *domain.StoreError;
-// domain.ErrClosed after Close.
+// Errors: *domain.ValidationError; *domain.StoreError; domain.ErrClosed.
 func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock, error) {
 	if err := s.gate.enter(); err != nil {
 		return nil, err
@@ -387,11 +348,10 @@ func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock
 	return s.repo.List(ctx, f)
 }
 
-// apply validates the input and carries out a decision for owner on ref
-// inside the gate: by one in one statement when the store can
-// (OneStatement) and does decide; otherwise through Update by decide,
-// one's rule in Go or one the store cannot carry out. A lock the store
-// returns already expired is refused (lateWrite).
+// apply validates the input and carries out a decision inside the gate: by
+// one in one statement when the store can and does decide, otherwise
+// through Update by decide. A lock returned already expired is refused
+// (lateWrite).
 func (s *LockService) apply(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	decide func(cur *domain.Lock, now, expires time.Time) (Change, error), one *Op) (Outcome, error) {
 	ttl, err := s.checkInput(owner, ref, ttl)
@@ -410,9 +370,8 @@ func (s *LockService) apply(ctx context.Context, owner string, ref domain.Resour
 	}
 	if err == nil && out.Kind == ChangeNone { // undecided by a OneStatement store, or none
 		out = Outcome{}
-		// The clock is read when the store calls Decide, with the row in
-		// hand: the store may first wait for other writers longer than the
-		// TTL, and a lock dated before that wait could come back expired.
+		// now is read with the row in hand: a lock dated before a wait for
+		// other writers could come back expired.
 		out.Lock, err = s.repo.Update(ctx, ref, func(cur *domain.Lock) (Change, error) {
 			now, expires := s.times(ttl)()
 			c, err := decide(cur, now, expires)

@@ -37,12 +37,10 @@ type PlanStore[P any] interface {
 
 // PlanLockOptions tune how PlanLifecycleService takes its locks.
 type PlanLockOptions struct {
-	// TTL of the locks (zero: the lock service's default): how long a
-	// crashed process blocks the plan, since locks are kept alive while a
-	// transition runs.
+	// TTL (zero: the lock service's default) bounds how long a crashed process
+	// blocks the plan: locks are kept alive while a transition runs.
 	TTL time.Duration
-	// WaitTimeout bounds, on the service's clock, how long a transition
-	// waits for each lock; zero leaves it to the caller's context.
+	// WaitTimeout bounds each lock's wait on the service's clock (zero: ctx does).
 	WaitTimeout time.Duration
 }
 
@@ -67,8 +65,7 @@ type PlanLifecycleService[P any] struct {
 	opts  PlanLockOptions
 }
 
-// NewPlanLifecycleService returns the service that runs transitions for
-// owner with locks from locks and plans from store.
+// NewPlanLifecycleService runs transitions for owner with locks and store.
 //
 // Errors: *domain.ValidationError for a bad owner, TTL or timeout.
 func NewPlanLifecycleService[P any](locks *LockService, store PlanStore[P], owner string, opts PlanLockOptions) (*PlanLifecycleService[P], error) {
@@ -86,21 +83,20 @@ func NewPlanLifecycleService[P any](locks *LockService, store PlanStore[P], owne
 	return &PlanLifecycleService[P]{locks: locks, store: store, owner: owner, opts: opts}, nil
 }
 
-// Transition runs fn on plan planID under the plan's lock and persists
-// what fn returns. fn's context ends the moment a lock is lost; fn should
-// stop then, and whatever it returns is not persisted.
+// Transition runs fn on plan planID under the plan's lock and persists what
+// fn returns. fn's context ends the moment a lock is lost; what fn returns
+// then is not persisted.
 //
-// Errors: *domain.ValidationError for a bad id; *domain.LockConflictError
-// naming the holder when the lock could not be had in time;
-// *domain.LockLostError when a lock was lost before persistence (nothing
-// persisted); fn's error (nothing persisted); the store's errors.
+// Errors: *domain.ValidationError; *domain.LockConflictError naming the
+// holder when the lock could not be had in time; *domain.LockLostError
+// when a lock was lost before persistence; fn's error; the store's errors.
+// Nothing is persisted on error.
 func (s *PlanLifecycleService[P]) Transition(ctx context.Context, planID string, fn func(ctx context.Context, plan P) (P, error)) (P, error) {
 	return s.transition(ctx, []domain.ResourceRef{{Type: domain.ResourcePlan, ID: planID}}, planID, fn)
 }
 
-// TransitionWithProject is Transition for a transition that changes the
-// project's state as well: it takes the project's lock, then the plan's,
-// and fences the persist with both.
+// TransitionWithProject is Transition also under the project's lock, taken
+// first, and fences the persist with both.
 func (s *PlanLifecycleService[P]) TransitionWithProject(ctx context.Context, projectID, planID string, fn func(ctx context.Context, plan P) (P, error)) (P, error) {
 	return s.transition(ctx, []domain.ResourceRef{
 		{Type: domain.ResourceProject, ID: projectID},
@@ -177,8 +173,8 @@ func lostErr(handles []*Handle) error {
 	return nil
 }
 
-// lostOr returns err joined with the loss of a lock, if one was lost: an
-// error that follows from the loss (a cancelled context) then says why.
+// lostOr joins err with a lock's loss, which says why (a cancelled
+// context follows from it).
 func lostOr(handles []*Handle, err error) error {
 	if lost := lostErr(handles); lost != nil && !errors.Is(err, lost) {
 		return errors.Join(lost, err)

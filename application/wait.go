@@ -11,39 +11,31 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Backoff of a waiter polling a lock held by another process: small at
-// first, so that a lock released a moment later is taken a moment later,
-// doubling up to a cap, so that many waiters do not hammer the store.
+// Backoff of a waiter polling another process's lock: small, so that a
+// release is seen at once, doubling to a cap that spares the store.
 const (
 	waitBackoffMin = 5 * time.Millisecond
 	waitBackoffMax = time.Second
 )
 
-// waitQueues holds, per resource, the callers of this service waiting for
-// its lock, in arrival order. Only the head of each queue tries the lock;
-// a release through this service wakes it at once, one by another process
-// is seen by its polling, an expiry by its timer.
+// waitQueues holds, per resource, this service's waiters in arrival order.
+// Only the head tries the lock; a release through this service wakes it.
 type waitQueues struct {
 	mu     sync.Mutex
 	queues map[domain.ResourceRef][]*waiter
-	// yields holds, per resource this service released while another
-	// process waited for it, until when its waiters hold back (freed).
+	// yields: per resource released while another process waited, until when (freed).
 	yields map[domain.ResourceRef]time.Time
-	// now reads the clock the waiters' timers run on, when the service's
-	// clock has timers of its own (a mock clock); nil for real timers.
+	// now reads a mock clock the waiters' timers run on; nil for real timers.
 	now func() time.Time
 }
 
 type waiter struct {
-	// wake receives when the waiter becomes the head, or when the head
-	// should try again at once (an in-process release).
+	// wake receives when the waiter becomes the head or should try again.
 	wake chan struct{}
-	// parked is set, under the queues' mutex, while the waiter sleeps with
-	// every timer that bounds its sleep already set: from then on, moving
-	// the clock reaches it (see Waiting). timers are those timers' channels
-	// and due the earliest instant one fires (zero: not known); once the
-	// clock reaches due, or a channel holds its time, the waiter is awake,
-	// drained or not, until it parks again.
+	// parked is set, under q.mu, while the waiter sleeps with every timer that
+	// bounds its sleep set, so that moving the clock reaches it (Waiting).
+	// due is the earliest instant one fires: once the clock reaches it, or a
+	// channel holds its time, the waiter counts as awake, drained or not.
 	parked bool
 	timers [2]<-chan time.Time
 	due    time.Time
@@ -66,18 +58,16 @@ func (q *waitQueues) asleep(w *waiter) bool {
 	return true
 }
 
-// timer is a timer a waiter sleeps on: its channel, the instant it is due
-// on its clock, and whether that clock moved while it was set (so that it
-// may be due later than due).
+// timer is a timer a waiter sleeps on; moved: the clock moved while it was
+// set, so it may be due later than due.
 type timer struct {
 	c     <-chan time.Time
 	due   time.Time
 	moved bool
 }
 
-// after sets a timer of d. Its due instant is read before the timer is
-// set, never later than the timer's: a waiter stops counting as parked no
-// later than it wakes.
+// after sets a timer of d, its due instant read before it is set, so that
+// a waiter stops counting as parked no later than it wakes.
 func (s *LockService) after(d time.Duration) timer {
 	if s.waiters.now == nil {
 		return timer{c: s.timers.After(d)}
@@ -92,8 +82,7 @@ func newWaitQueues() *waitQueues {
 	return &waitQueues{queues: make(map[domain.ResourceRef][]*waiter), yields: make(map[domain.ResourceRef]time.Time)}
 }
 
-// setParked records w's timers (nil channels: none) and wake-up channel,
-// and marks it parked; q.mu is held.
+// setParked records w's timers and wake-ups and parks it; q.mu is held.
 func (w *waiter) setParked(news <-chan struct{}, timers ...timer) {
 	w.parked, w.news = true, news
 	w.timers, w.due = [2]<-chan time.Time{}, time.Time{}
@@ -108,8 +97,8 @@ func (w *waiter) setParked(news <-chan struct{}, timers ...timer) {
 	}
 }
 
-// join queues a new waiter for ref, woken at once if it is the head; one
-// behind others is parked on expired, its timeout, set before it queued.
+// join queues a waiter for ref: woken at once as the head, else parked on
+// its timeout, set before it queued.
 func (q *waitQueues) join(ref domain.ResourceRef, expired timer) *waiter {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	q.mu.Lock()
@@ -129,14 +118,13 @@ func (q *waitQueues) park(w *waiter, news <-chan struct{}, timers ...timer) {
 	w.setParked(news, timers...)
 }
 
-// unpark marks w as awake (it tries the lock, or computes its next sleep).
 func (q *waitQueues) unpark(w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	w.parked = false
 }
 
-// leave removes w from ref's queue and, if w was the head, wakes the next.
+// leave removes w and, if w was the head, wakes the next.
 func (q *waitQueues) leave(ref domain.ResourceRef, w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -158,7 +146,6 @@ func (q *waitQueues) leave(ref domain.ResourceRef, w *waiter) {
 	}
 }
 
-// wake tells the head waiter of ref to try again now.
 func (q *waitQueues) wake(ref domain.ResourceRef) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -167,7 +154,6 @@ func (q *waitQueues) wake(ref domain.ResourceRef) {
 	}
 }
 
-// wakeAll tells every head waiter to try again now.
 func (q *waitQueues) wakeAll() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -176,8 +162,7 @@ func (q *waitQueues) wakeAll() {
 	}
 }
 
-// wakeHead wakes queue's head, unless a wake-up is already pending; q.mu is
-// held.
+// wakeHead wakes queue's head; q.mu is held.
 func wakeHead(queue []*waiter) {
 	queue[0].parked = false
 	select {
@@ -186,17 +171,13 @@ func wakeHead(queue []*waiter) {
 	}
 }
 
-// Waiting returns how many callers of this service are waiting for the lock
-// on ref, counting a caller only once it is parked: asleep, with every
-// timer that bounds its sleep (the holder's expiry, its next look at the
-// store, its timeout) already set on the service's clock. So once Waiting
-// says a caller waits, moving a mock clock reaches it: a test may wait
-// until Waiting(ref) == n and then move the clock past the holder's
-// expiry. A caller that is trying the lock or about to sleep again, whose
-// timer is due on the service's clock, or that gave up is not counted. A
-// caller woken by another goroutine while the clock moves looks again if
-// the clock moved during its look, so that the move reaches it; one move
-// past both its timeout and the holder's expiry ends its wait as a timeout.
+// Waiting returns how many callers of this service wait for the lock on
+// ref, counting one only once it is parked: asleep, with every timer that
+// bounds its sleep set on the service's clock. A test may wait until
+// Waiting(ref) == n and then move a mock clock: the move reaches them. A
+// caller woken by another goroutine looks again if the clock moved during
+// its look; one move past both its timeout and the holder's expiry ends its
+// wait as a timeout.
 func (s *LockService) Waiting(ref domain.ResourceRef) int {
 	q := s.waiters
 	q.mu.Lock()
@@ -210,18 +191,14 @@ func (s *LockService) Waiting(ref domain.ResourceRef) int {
 	return n
 }
 
-// errDeadline is a decision refused because the wait it was made for had
-// timed out by then (see beforeDeadline).
+// errDeadline refuses a decision made after its wait had timed out.
 var errDeadline = errors.New("the wait timed out before this decision")
 
-// beforeDeadline returns decide, and one, the Op a OneStatement store may
-// carry out instead; with a deadline (notAfter non-zero), decide refusing
-// every decision made once the clock reads notAfter, and no Op. A waiter on
-// a clock that jumps decides so: one move past both its timeout and the
-// holder's expiry may land while it looks at the store, and that look must
-// not take a lock that came free only after the wait had timed out. The
-// clock is read unrounded, so that the refusal starts exactly when the
-// timeout's timer fires.
+// beforeDeadline returns decide and one, its Op for a OneStatement store;
+// with a deadline, decide refusing from notAfter on, and no Op: on a clock
+// that jumps past both the timeout and the holder's expiry while a waiter
+// looks, that look must not take a lock that came free after the timeout.
+// The clock is read unrounded, as the timeout's timer fires.
 func (s *LockService) beforeDeadline(decide rule, one *Op, notAfter time.Time) (rule, *Op) {
 	if notAfter.IsZero() {
 		return decide, one
@@ -235,17 +212,11 @@ func (s *LockService) beforeDeadline(decide rule, one *Op, notAfter time.Time) (
 }
 
 // waitTurn queues for ref and, as the head, calls try until it returns
-// anything but a *domain.LockConflictError, ctx ends, timeout passes on the
-// service's clock (zero: none) or the service closes. A wait that ends
-// without the lock returns the last conflict seen, with Waited set; if the
-// waiter never got to try (others were ahead), the context's error or
-// ErrClosed.
-//
-// A handle of this service is waited for without polling: its release or
-// loss wakes the head, and its expiry as it knows it bounds the sleep. A
-// holder in another process is waited for through the service's Wakeups,
-// if any (the head still reads the store once per waitFallback and at the
-// holder's expiry), or else by polling with a growing backoff.
+// anything but a *domain.LockConflictError, or ctx ends, timeout passes
+// (zero: none) or the service closes; then the last conflict, with Waited.
+// A handle of this service is waited for without polling (its release
+// wakes the head); another process's holder through Wakeups, if any, or by
+// polling with a growing backoff, never past the holder's expiry.
 func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func(notAfter time.Time) (*Handle, error)) (*Handle, error) {
 	start := s.Now()
 	var (
@@ -278,8 +249,6 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		return gaveUp(ctx.Err())
 	case <-expired:
 		s.waiters.unpark(w) // awake: it reads the store
-		// Only the head may take the lock, so the answer comes from a read,
-		// which names the holder.
 		return s.queuedOut(ctx, ref, start)
 	case <-s.gate.done():
 		return nil, domain.ErrClosed
@@ -288,37 +257,29 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		backoff = waitBackoffMin
 		news    <-chan struct{} // wake-ups from other processes, once watching
 		watched bool            // Watch was called (news may still be nil)
-		// woken: roused by another goroutine, not by its own timers, and
-		// not parked since. It may have counted as parked (Waiting) until
-		// it woke, so a mock clock move made on the strength of that count
-		// may land while it looks.
+		// woken: roused by another goroutine; it counted as parked until
+		// then, so a clock move made on that count may land while it looks.
 		woken = true
 	)
 	for {
 		if d := s.waiters.yielding(ref, time.Now()); d > 0 {
-			// This service just released ref while another process waited
-			// for it: that process goes first (freed). A courtesy, on real
-			// time, so that a release hands over on a clock that a test
-			// moves; the waiter is not parked meanwhile.
-			yielded := time.NewTimer(d)
+			// Another process waited for ref as this service released it:
+			// it goes first (freed), on real time, so that the hand-over
+			// needs no move of a test's clock.
 			select {
-			case <-yielded.C:
+			case <-time.After(d):
 			case <-ctx.Done():
-				yielded.Stop()
 				return gaveUp(ctx.Err())
 			case <-expired:
-				yielded.Stop()
 				return gaveUp(context.DeadlineExceeded)
 			case <-s.gate.done():
-				yielded.Stop()
 				return nil, domain.ErrClosed
 			}
 		}
 		select {
 		case <-expired:
-			// The deadline came while this waiter was waking (one move past
-			// both it and the holder's expiry): it ends the wait, as in real
-			// time, before a look that could find the lock free.
+			// Timed out while waking (one move past both the deadline and
+			// the holder's expiry): end before a look finds the lock free.
 			if last == nil {
 				s.waiters.unpark(w)
 				return s.queuedOut(ctx, ref, start)
@@ -326,8 +287,6 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			return gaveUp(context.DeadlineExceeded)
 		default:
 		}
-		// When this look began on a mock clock, to tell below whether the
-		// clock moved before the sleep's timers were set.
 		var lookedAt time.Time
 		if s.jumps {
 			lookedAt = s.waiters.now()
@@ -340,8 +299,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			return gaveUp(context.DeadlineExceeded)
 		}
 		if late := (*domain.LockExpiredError)(nil); errors.As(err, &late) && !late.WrittenAt.IsZero() && ctx.Err() == nil {
-			// The store took longer than the TTL to write the lock, which
-			// lapsed unused: try again, unless timed out or closing.
+			// The lock was written after its TTL and lapsed unused: again.
 			select {
 			case <-expired:
 				return gaveUp(context.DeadlineExceeded)
@@ -358,9 +316,8 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			return h, err
 		}
 		if !watched && !last.InProcess && s.wakeups != nil {
-			// Held by another process: watch for its release, and look once
-			// more, since it may have come before the watch began. A nil
-			// channel means no watch here: poll.
+			// Watch for the other process's release, and look once more:
+			// it may have come before the watch (nil channel: poll).
 			watched = true
 			c, stop := s.wakeups.Watch(ref)
 			defer stop()
@@ -370,16 +327,14 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 		left := last.Holder.ExpiresAt.Sub(last.Now)
 		if last.RowHeld || left <= 0 {
-			// Expired but a transaction of the holder's holds its row: no
-			// expiry to sleep until, and no release will wake us.
+			// A transaction of the holder's holds its row: nothing to wake us.
 			left = waitBackoffMax
 		}
 		pause := left // a handle of this service: its release wakes us
 		switch {
 		case last.InProcess:
 		case news != nil:
-			// The holder's release wakes us; the store is still read now
-			// and then, in case a wake-up was lost.
+			// Still read now and then, in case a wake-up was lost.
 			pause = min(jittered(waitFallback), left)
 		default:
 			pause = min(jittered(backoff), left)
@@ -387,10 +342,9 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 		slept := s.after(pause)
 		if woken && s.jumps && (slept.moved || slept.due.Add(-pause).After(lookedAt)) {
-			// The clock moved between this look and the timer, maybe to
-			// reach this waiter: look again rather than sleep past what the
-			// move made due; once, so that a clock that moves by itself does
-			// not keep it from sleeping.
+			// The clock moved since this look, maybe to reach this waiter:
+			// look again rather than sleep past what it made due (once, so
+			// that a clock moving by itself does not keep it awake).
 			woken = false
 			continue
 		}
@@ -415,13 +369,12 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 	}
 }
 
-// jittered returns a pause between d/2 and d, at random, so that waiters
-// and renewals of several processes do not retry in step.
+// jittered returns a random pause in [d/2, d], so that processes do not
+// retry in step.
 func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
-// queuedOut answers a waiter whose timeout passed while others were ahead
-// of it: the holder that a read finds, as the conflict the wait ends with;
-// the timeout, if the lock is free (the head takes it).
+// queuedOut answers a waiter timed out behind others: the holder a read
+// finds, or, if the lock is free (the head takes it), the timeout.
 func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, start time.Time) (*Handle, error) {
 	l, err := s.Get(ctx, ref)
 	now := s.Now()
@@ -435,25 +388,20 @@ func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, sta
 	return nil, errors.Join(context.DeadlineExceeded, err)
 }
 
-// AcquireWait is the owner-scoped Acquire, waiting for the lock as Take
-// does with opts.Wait (same queue, same polling), for a caller that holds
-// its lock by owner rather than by handle, such as `agents locks acquire
-// --wait`: re-entrant per owner, as the spec says, which a Take never is.
-// opts.Reentrant is ignored. With opts.Wait, a lock that a Handle of this
-// service holds is waited for, whatever the handle's owner; without it,
-// this is Acquire, which re-enters any active lock of owner's.
+// AcquireWait is Acquire waiting as Take does with opts.Wait (same queue),
+// for a caller that holds its lock by owner, such as `agents locks acquire
+// --wait`: re-entrant per owner, as Take never is. A lock that a Handle of
+// this service holds is waited for, whatever its owner. opts.Reentrant is
+// ignored.
 //
-// Errors: those of Acquire and of Take's wait (a *domain.ValidationError
-// for a Timeout without Wait; the last *domain.LockConflictError, with
-// Waited and Cause, when the wait ends without the lock).
+// Errors: those of Acquire and of Take's wait.
 func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (domain.Lock, error) {
 	r, err := s.AcquireWaitResult(ctx, owner, ref, opts)
 	return r.Lock, err
 }
 
-// AcquireWaitResult is AcquireWait, and says whether the acquisition
-// re-entered the owner's lock or took over a dead holder's. Its errors are
-// AcquireWait's.
+// AcquireWaitResult is AcquireWait, saying whether it re-entered or took
+// over a dead holder's lock. Its errors are AcquireWait's.
 func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (AcquireResult, error) {
 	ttl, err := s.checkTake(owner, ref, opts)
 	if err != nil {
@@ -471,8 +419,6 @@ func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref d
 		}
 		defer s.holders.leave(ref, sl)
 		if held, ok := s.holders.holding(sl, s.Now()); ok {
-			// Another acquisition, whatever its owner: its release wakes
-			// this waiter, as for a Take.
 			return nil, &domain.LockConflictError{Holder: held, Now: s.Now(), InProcess: true}
 		}
 		decide, one := s.beforeDeadline(DecideAcquire, &Op{Kind: OpAcquire}, notAfter)
