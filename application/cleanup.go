@@ -14,30 +14,25 @@ import (
 // often only adds writes.
 const MinCleanupInterval = 5 * time.Second
 
-// A purge's batches are sized by time, not count: on SQLite every other
-// writer of the process waits for a whole batch. Each aims at cleanupTarget
-// of writing, sized from the last one's rate within [cleanupMinBatch,
-// cleanupMaxBatch]; a shorter target stopped helping a concurrent acquirer
-// (docs/performance.md), and the floor keeps a purge moving on a slow store.
+// A purge's batches are sized by time (on SQLite every writer waits for a
+// whole batch): a shorter target stopped helping a concurrent acquirer
+// (docs/performance.md), and the floor keeps a slow store's purge moving.
 const (
 	cleanupTarget     = time.Millisecond
 	cleanupFirstBatch = 100
 	cleanupMinBatch   = 20
 	cleanupMaxBatch   = 20_000
-	// cleanupCountAfter full batches, a purge counts the expired locks
-	// left: a read that the short purges (most) do without.
+	// after so many full batches a purge counts the expired locks left
 	cleanupCountAfter = 4
 )
 
 // CleanupExpired purges the locks expired now and returns how many, in
-// batches of about cleanupTarget of writing each, so that a writer queued
-// behind one waits that long, not for the backlog. It stops early if ctx
-// is cancelled; after cleanupCountAfter full batches it counts what is
-// left, so that a store that keeps reporting full batches ends the purge
-// with an error, not a loop for ever.
+// batches of about cleanupTarget each, so that a queued writer waits that
+// long, not for the backlog. After cleanupCountAfter full batches it counts
+// what is left, so that a store that keeps reporting full batches ends in
+// an error, not a loop for ever.
 //
-// Errors: *domain.StoreError (also for a store reporting more expired
-// locks removed than it held); ctx.Err(); domain.ErrClosed after Close.
+// Errors: *domain.StoreError; ctx.Err(); domain.ErrClosed after Close.
 func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
 	if err := s.gate.enter(); err != nil {
 		return 0, err
@@ -65,9 +60,7 @@ func (s *LockService) cleanupExpired(ctx context.Context) (int, error) {
 			return total, err
 		}
 		if held >= 0 && total > held {
-			// A lock written after the purge began expires after now
-			// (clocks agreeing), so the store reported removing locks it
-			// never held, and will go on reporting full batches.
+			// Locks written since expire after now: these were never held.
 			return total, &domain.StoreError{Op: "clean up expired locks", Advice: "the store breaks a promise of " +
 				"application.LockRepository (check it with package locktest)", Err: fmt.Errorf(
 				"DeleteExpired reported removing %d expired locks in this purge, more than the %d the store held "+
@@ -81,8 +74,6 @@ func (s *LockService) cleanupExpired(ctx context.Context) (int, error) {
 			}
 			held = total + left
 		}
-		// The writers queued behind this batch go before the next one
-		// (SQLite's writer queue is first come, first served).
 		limit = nextCleanupBatch(limit, s.clock.Now().Sub(start))
 	}
 }
@@ -128,11 +119,10 @@ type PeriodicCleanup struct {
 	done   chan struct{}
 }
 
-// StartCleanup runs CleanupExpired every interval on the service's clock
-// (counted from the end of the last run) in a goroutine, until Stop or the
-// service closes. onRun, if not nil, is told each run's count and error, on
-// that goroutine, so it must return promptly. Stop it before closing the
-// service: Close waits for a run in progress, Stop cuts it short.
+// StartCleanup runs CleanupExpired every interval on the service's clock,
+// after the end of the last run, until Stop or Close. onRun, if not nil, is
+// told each run's count and error on that goroutine; it must return
+// promptly. Close waits for a run in progress, Stop cuts it short.
 //
 // Errors: *domain.ValidationError for an interval below MinCleanupInterval.
 func (s *LockService) StartCleanup(interval time.Duration, onRun func(purged int, err error)) (*PeriodicCleanup, error) {

@@ -18,27 +18,22 @@ type ChangeKind int
 const (
 	// ChangeNone leaves the store untouched.
 	ChangeNone ChangeKind = iota
-	// ChangeInsert replaces any lock on the resource with Change.Lock and a
-	// new fencing token, larger than every token the store has handed out,
-	// on any resource (tokens never repeat, and grow in the order of the
-	// writes): the resource changes hands.
+	// ChangeInsert replaces any lock with Change.Lock and a new fencing token,
+	// larger than every token the store has handed out, on any resource.
 	ChangeInsert
-	// ChangeExtend sets the current lock's expiry to Change.Lock.ExpiresAt,
-	// earlier or later, keeping its owner, acquisition time and token.
+	// ChangeExtend sets the lock's expiry, keeping owner, acquisition time and token.
 	ChangeExtend
 )
 
 // Change is the outcome of a Decide function.
 type Change struct {
 	Kind ChangeKind
-	// Lock is the new lock for ChangeInsert (the store assigns its Token),
-	// and carries the new ExpiresAt for ChangeExtend.
-	Lock domain.Lock
+	Lock domain.Lock // ChangeInsert's new lock (bar its Token), ChangeExtend's ExpiresAt
 }
 
-// Decide returns the change to apply to the current lock on a resource (nil
-// when none), or an error to abort. A store may call it again for one
-// Update (a rolled-back transaction); only its last decision stands.
+// Decide returns the change to apply to the current lock (nil: none), or an
+// error to abort. A store may call it again for one Update (a rolled-back
+// transaction); only its last decision stands.
 type Decide func(current *domain.Lock) (Change, error)
 
 // OpKind names a decision that a OneStatement store may carry out.
@@ -56,11 +51,9 @@ type Op struct {
 	Kind  OpKind
 	Owner string // the caller
 	Ref   domain.ResourceRef
-	// Held is, for OpRenewToken, the handle's acquisition as it last knew
-	// it: only the row of its Token and Owner may be extended.
+	// Held is OpRenewToken's acquisition: only its token and owner's row extends.
 	Held domain.Lock
-	// At gives the time of the decision and the new expiry, now+TTL; a
-	// store calls it as close to its write as it can.
+	// At gives now and now+TTL; a store calls it as close to its write as it can.
 	At func() (now, expires time.Time)
 }
 
@@ -79,12 +72,10 @@ func (op Op) Decide(cur *domain.Lock, now, expires time.Time) (Change, error) {
 	return Change{}, errors.New("application: an Op of no known kind")
 }
 
-// DecideAcquire is Acquire's rule: the change that owner's Acquire of ref
-// at now makes to cur, the lock stored on ref (nil when there is none),
-// with expires = now+TTL; or a *domain.LockConflictError naming cur when
-// another owner holds it. A re-entry extends owner's active lock to the
-// later of its expiry and expires: whoever keeps it alive at its own TTL
-// must not lose it to the same owner's re-entry with a shorter one.
+// DecideAcquire is Acquire's rule at now, with expires = now+TTL: a new lock
+// on a free or expired resource, a re-entry extending owner's active lock
+// (never shortening it: a keep-alive at its own TTL must not lose it to a
+// shorter re-entry), else a *domain.LockConflictError naming cur.
 func DecideAcquire(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
 	switch {
 	case cur == nil || cur.ExpiredAt(now):
@@ -103,11 +94,8 @@ func DecideAcquire(cur *domain.Lock, owner string, ref domain.ResourceRef, now, 
 	}
 }
 
-// DecideTake is Take's rule: like DecideAcquire, but an active lock of any
-// owner refuses the Take with a *domain.LockConflictError naming it
-// (SameOwner set for owner's own): a handle is one
-// acquisition and never shares another's token. (A re-entry inside the
-// holder's work, AcquireOptions.Reentrant, never reaches the store.)
+// DecideTake is Take's rule: DecideAcquire's, but any active lock refuses,
+// owner's own too (SameOwner set): a handle never shares a token.
 func DecideTake(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
 	if cur == nil || cur.ExpiredAt(now) {
 		return Change{Kind: ChangeInsert, Lock: domain.Lock{
@@ -117,9 +105,9 @@ func DecideTake(cur *domain.Lock, owner string, ref domain.ResourceRef, now, exp
 	return Change{}, &domain.LockConflictError{Holder: *cur, Now: now, SameOwner: cur.Owner == owner}
 }
 
-// DecideRenew is Renew's rule: owner's active lock cur on ref extended to
-// expires (now+TTL); a *domain.LockExpiredError when owner holds nothing
-// there at now; a *domain.LockConflictError when another owner does.
+// DecideRenew is Renew's rule: owner's active lock extended to expires; a
+// *domain.LockExpiredError when owner holds nothing there at now; a
+// *domain.LockConflictError when another owner does.
 func DecideRenew(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
 	switch {
 	case cur == nil:
@@ -135,10 +123,8 @@ func DecideRenew(cur *domain.Lock, owner string, ref domain.ResourceRef, now, ex
 	}
 }
 
-// DecideRenewToken is a Handle's renewal rule: held, the handle's
-// acquisition, extended to expires if cur is that acquisition (same token
-// and owner) and active at now; otherwise the loss (LossOf). Unlike
-// DecideRenew, it never extends the same owner's lock of another token.
+// DecideRenewToken is a Handle's renewal: held extended if cur is held itself
+// (same token and owner), active; else the loss (LossOf).
 func DecideRenewToken(cur *domain.Lock, held domain.Lock, now, expires time.Time) (Change, error) {
 	if lost := LossOf(held, cur, now); lost != nil {
 		return Change{}, lost
@@ -146,9 +132,8 @@ func DecideRenewToken(cur *domain.Lock, held domain.Lock, now, expires time.Time
 	return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
 }
 
-// overDead is cur as an acquire decides on it once the probe found
-// holder's process gone: none (and gone) if cur is still holder's active
-// lock, else cur as it is, changed since the probe.
+// overDead is cur once the probe found holder's process gone: none (and
+// gone) if still holder's active lock, else cur, changed since the probe.
 func overDead(holder domain.Lock, cur *domain.Lock, now time.Time) (_ *domain.Lock, gone bool) {
 	if cur != nil && cur.Token == holder.Token && !cur.ExpiredAt(now) {
 		return nil, true
@@ -156,8 +141,8 @@ func overDead(holder domain.Lock, cur *domain.Lock, now time.Time) (_ *domain.Lo
 	return cur, false
 }
 
-// lateWrite refuses l, written for owner on ref, if it has expired by now,
-// when the store returned it: the store took longer than the TTL.
+// lateWrite refuses l, written for owner on ref, if the store returned it
+// expired: the write took longer than the TTL.
 func lateWrite(l domain.Lock, owner string, ref domain.ResourceRef, now time.Time) error {
 	if l.ExpiredAt(now) {
 		return &domain.LockExpiredError{Owner: owner, Resource: ref, ExpiredAt: l.ExpiresAt, WrittenAt: now}
@@ -165,10 +150,10 @@ func lateWrite(l domain.Lock, owner string, ref domain.ResourceRef, now time.Tim
 	return nil
 }
 
-// LossOf says whether, and why, held is lost at now, given cur, the lock
-// stored on its resource: nil while cur is held itself, active; otherwise
-// a *domain.LockLostError: taken over (another token, cur as NewHolder),
-// expired (its own row, or no row past held's expiry), or removed.
+// LossOf is held's loss at now, given cur, the lock stored on its resource:
+// nil while cur is held itself, active; else taken over (another token, cur
+// as NewHolder), expired (its own row, or none past held's expiry), or
+// removed.
 func LossOf(held domain.Lock, cur *domain.Lock, now time.Time) *domain.LockLostError {
 	lost := &domain.LockLostError{Lock: held, At: now}
 	switch {
@@ -187,9 +172,8 @@ func LossOf(held domain.Lock, cur *domain.Lock, now time.Time) *domain.LockLostE
 	return lost
 }
 
-// lossOnRead is LossOf on what a read of held's resource returned at now.
-// A store that cannot be read is no proof of loss before held's expiry:
-// nil and err then.
+// lossOnRead is LossOf on a read's result; an unreadable store is no proof
+// of loss before held's expiry (nil and err).
 func lossOnRead(held, cur domain.Lock, err error, now time.Time) (*domain.LockLostError, error) {
 	switch {
 	case err == nil:
@@ -203,7 +187,7 @@ func lossOnRead(held, cur domain.Lock, err error, now time.Time) (*domain.LockLo
 }
 
 // lossOfRelease is the loss of held, whose release by token at now removed
-// nothing, given what a read of its resource said afterwards (lossOnRead).
+// nothing, given a read afterwards.
 func lossOfRelease(held domain.Lock, lost *domain.LockLostError, readErr error, now time.Time) *domain.LockLostError {
 	switch {
 	case lost != nil:

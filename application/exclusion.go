@@ -8,10 +8,9 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// holders keeps, per resource, the handle of this service that holds it,
-// until released, lost or past its expiry as it knew it: a Take of this
-// process is refused, or waits, without asking the store, and the holder's
-// release wakes the next waiter at once.
+// holders keeps the handle of this service that holds each resource, so
+// that a Take here is refused, or waits, without asking the store, and the
+// holder's release wakes the next waiter.
 type holders struct {
 	mu    sync.Mutex
 	slots map[domain.ResourceRef]*slot
@@ -113,8 +112,7 @@ func withHeld(ctx context.Context, h *Handle) context.Context {
 	return context.WithValue(ctx, heldKey{}, &heldNode{h: h, next: next})
 }
 
-// nestedIn returns the handle of this service on ref whose work ctx
-// belongs to (a context from its KeepAlive or Do), or nil.
+// nestedIn returns the handle of this service on ref whose work ctx is, or nil.
 func (s *LockService) nestedIn(ctx context.Context, ref domain.ResourceRef) *Handle {
 	for n, _ := ctx.Value(heldKey{}).(*heldNode); n != nil; n = n.next {
 		if n.h.svc == s && n.h.Lock().Resource == ref && !n.h.isReleased() {
@@ -124,10 +122,9 @@ func (s *LockService) nestedIn(ctx context.Context, ref domain.ResourceRef) *Han
 	return nil
 }
 
-// reenter answers a Take of ref inside the work of outer, a handle on ref:
-// a re-entry at once, with opts.Reentrant by outer's owner, sharing outer's
-// lock (checked by token) without moving its expiry; otherwise a refusal
-// at once, since waiting would wait for itself.
+// reenter answers a Take of ref inside outer's work: with opts.Reentrant by
+// outer's owner, a share of outer's lock, checked by token; otherwise a
+// refusal at once, since waiting would wait for itself.
 func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, ttl time.Duration, opts AcquireOptions) (*Handle, error) {
 	root := outer
 	for root.parent != nil {

@@ -19,18 +19,9 @@ type AcquireOptions struct {
 	// *domain.LockConflictError, until it gets the lock, ctx ends, Timeout
 	// passes or the service closes. Waiters of one service take the lock in
 	// arrival order; a release by another process is noticed by polling.
-	// Wait makes the call wait while another owner, or another handle of
-	// this service, holds the lock, instead of failing at once with a
-	// *domain.LockConflictError, until it gets the lock, ctx ends, Timeout
-	// passes or the service closes. Waiters of one service take the lock in
-	// arrival order, woken as soon as it is released through the service; a
-	// release by another process is noticed by polling, with a jittered
-	// backoff that never sleeps past the holder's expiry.
 	Wait bool
 	// Timeout bounds a wait on the service's clock (zero: ctx does); it needs
 	// Wait, else it is a *domain.ValidationError.
-	// Timeout bounds a wait on the service's clock; zero leaves it to ctx.
-	// A Timeout without Wait is a *domain.ValidationError, as in the CLI.
 	Timeout time.Duration
 	// Reentrant lets a Take made inside the work of a handle holding the same
 	// resource (a context from its KeepAlive or Do) re-enter it at once,
@@ -61,19 +52,17 @@ type Handle struct {
 	followers map[*keeper]struct{}  // keep-alives ending with this acquisition
 }
 
-// Take acquires the lock on ref for owner, waiting for it if opts.Wait,
-// and returns its handle: one acquisition, with its own token. It never
-// re-enters: a resource that another handle of this service holds is
-// waited for, or refused at once with a *domain.LockConflictError whose
-// InProcess is set; an active lock in the store, of any owner, too
-// (DecideTake), with SameOwner set for owner's own. Only a Take inside the
-// holder's own work may re-enter (AcquireOptions.Reentrant).
+// Take acquires the lock on ref for owner, waiting if opts.Wait, and returns
+// its handle: one acquisition, its own token. It never re-enters: another
+// handle of this service on ref makes it wait or fail at once with a
+// *domain.LockConflictError (InProcess set), and so does an active lock in
+// the store of any owner (SameOwner set for owner's own), unless it is made
+// inside the holder's work (AcquireOptions.Reentrant).
 //
-// Errors: *domain.ValidationError for bad input; those of Acquire; a wait
-// that ends without the lock returns the last *domain.LockConflictError it
-// saw, with Waited and Cause set (or the context's error if it never got to
-// try); domain.ErrClosed; for a re-entry, the *domain.LockLostError of the
-// lock it would share.
+// Errors: *domain.ValidationError; those of Acquire; a wait that ends
+// without the lock returns the last *domain.LockConflictError, with Waited
+// and Cause (the context's error if it never tried); domain.ErrClosed; a
+// re-entry's *domain.LockLostError.
 func (s *LockService) Take(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (*Handle, error) {
 	ttl, err := s.checkTake(owner, ref, opts)
 	if err != nil {
@@ -151,9 +140,8 @@ func (h *Handle) Lock() domain.Lock {
 // TTL returns the TTL the handle acquires and renews with.
 func (h *Handle) TTL() time.Duration { return h.ttl }
 
-// holds returns the lock if the handle holds it at now as far as it knows.
-// One being released, or whose release failed, still does: the store may
-// still have it.
+// holds returns the lock if the handle holds it at now as far as it knows
+// (also while released: the store may still have it).
 func (h *Handle) holds(now time.Time) (domain.Lock, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -174,11 +162,9 @@ func (h *Handle) root() *Handle {
 	return h
 }
 
-// noteLost records a loss, whoever found it, once, on the root handle, ends
-// its followers' contexts with it, and wakes the resource's waiters. It
-// reports false, doing nothing, once the acquisition is released or while
-// its release is written (only the release knows whether a read saw its own
-// removal).
+// noteLost records a loss once, on the root handle, ends its followers, and
+// wakes the waiters; it reports false once released, or while the release
+// is written (only the release knows if a read saw its own removal).
 func (h *Handle) noteLost(lost *domain.LockLostError) (recorded bool) {
 	r := h.root()
 	r.mu.Lock()
@@ -301,16 +287,14 @@ func (s *LockService) explainLoss(ctx context.Context, held domain.Lock) (domain
 	return cur, lost, err
 }
 
-// Release stops the keep-alive and releases this acquisition's lock, by
-// token, if still active, and reports whether it removed it; a re-entered
-// handle removes nothing. A second call reports false and nil. A release
-// that failed leaves the handle its place in this service (the lock may
-// still be stored): call it again; a retry that finds no lock reports false
-// and nil.
+// Release stops the keep-alive and releases this acquisition's lock by token
+// if still active, reporting whether it removed it; a re-entered handle
+// removes nothing, a second call reports false. After a failed release the
+// handle keeps its place here: call it again (a retry that finds no lock
+// reports false and nil).
 //
-// Errors: the *domain.LockLostError of a lost lock, with false;
-// *domain.StoreError or the context's error, with false, when the release
-// may not have happened; domain.ErrClosed after Close.
+// Errors: the *domain.LockLostError of a lost lock; *domain.StoreError or
+// ctx's error when it may not have happened; domain.ErrClosed.
 func (h *Handle) Release(ctx context.Context) (bool, error) {
 	h.releasing.Lock()
 	defer h.releasing.Unlock()
@@ -440,13 +424,11 @@ func (h *Handle) markReleased() {
 	h.svc.waiters.wake(h.Lock().Resource) // releaseToken yielded to other processes
 }
 
-// Do takes the lock on ref for owner (waiting if opts.Wait), keeps it alive
-// while fn runs, and releases it when fn returns, fails or panics. fn's
-// context ends the moment the lock is lost, with the *domain.LockLostError
-// as its cause. After fn, Do asks the store by token whether the lock is
-// still held before it releases it, so a loss the keep-alive had not seen
-// is returned too; a service closed before that check makes Do fail with
-// domain.ErrClosed, since the lock may have been lost.
+// Do takes the lock (waiting if opts.Wait), keeps it alive while fn runs,
+// with a context that ends when the lock is lost, and releases it however
+// fn ends. Afterwards it asks the store by token whether the lock was still
+// held, so a loss the keep-alive missed is returned; a service closed
+// before that makes Do fail with domain.ErrClosed.
 //
 // Errors: *domain.ValidationError for a nil fn or bad options; those of
 // Take; then fn's, joined with the loss, the release's or ErrClosed.

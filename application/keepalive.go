@@ -8,16 +8,14 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Backoff between renewals that failed with a transient store error,
-// retried until the lock's own expiry, never past it.
+// Backoff of a renewal after a transient failure, never past the expiry.
 const (
 	renewBackoffMin = 50 * time.Millisecond
 	renewBackoffMax = 2 * time.Second
 )
 
 var (
-	// errRenewTooSlow is the last failure of a renewal still running when
-	// the lock expired.
+	// errRenewTooSlow fails a renewal still running at the expiry.
 	errRenewTooSlow = errors.New("the renewal had not completed when the lock expired")
 	// errReleased ends the context of a keep-alive whose handle was released.
 	errReleased = errors.New("the lock was released")
@@ -28,24 +26,21 @@ type keeper struct {
 	h       *Handle
 	run     context.Context // bounds the goroutine and every renewal
 	stopRun context.CancelFunc
-	// held is the caller's context: it ends, with the loss as its cause,
-	// the moment the lock is lost.
+	// held, the caller's context, ends with the loss as its cause.
 	held       context.Context
 	cancelHeld context.CancelCauseFunc
 	done       chan struct{}
 	follower   bool // a re-entry's: renews nothing, ends with its outer handle's
 }
 
-// KeepAlive renews the lock by token every domain.RenewInterval(TTL) on
-// the service's clock until the handle is released or ctx ends, and
-// returns a context that ends the moment the lock is lost, however the
-// handle learns of it, with the *domain.LockLostError as its cause. A
-// transient store failure is retried until the lock's expiry; a permanent
-// one (domain.IsPermanent) ends the hold at once (LostStoreFailing); Close
-// ends it (LostClosed). A re-entered handle's keep-alive renews nothing and
-// ends with its outer handle's. A Take made with the returned context on
-// the same resource is nested (AcquireOptions.Reentrant). Calling it again
-// returns the same context.
+// KeepAlive renews the lock by token every domain.RenewInterval(TTL) until
+// the handle is released or ctx ends, and returns a context that ends, with
+// the *domain.LockLostError as its cause, the moment the lock is lost. A
+// transient store failure is retried until the expiry; a permanent one
+// (domain.IsPermanent) ends the hold at once. A re-entry's keep-alive renews
+// nothing and ends with its outer handle's. A Take with the returned context
+// is nested (AcquireOptions.Reentrant). Calling it again returns the same
+// context.
 func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 	h.mu.Lock()
 	if h.keeper != nil {
@@ -70,8 +65,7 @@ func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 		h.noteLost(&domain.LockLostError{Lock: h.Lock(), Reason: domain.LostClosed, At: h.svc.Now()})
 		k.end(h.Err())
 	default:
-		// The first wait is decided on the caller's clock reading, not
-		// whenever the goroutine gets to run.
+		// The first wait is measured now, not when the goroutine runs.
 		go k.loop(k.nextRenewal())
 	}
 	return k.held
@@ -84,8 +78,7 @@ func (k *keeper) end(cause error) {
 	close(k.done)
 }
 
-// shadow is a re-entry's keep-alive: no goroutine; its context ends with
-// outer's keep-alive context.
+// shadow is a re-entry's keep-alive: it ends with outer's.
 func (k *keeper) shadow(outer *Handle) {
 	k.follower = true
 	stop := func() bool { return false }
@@ -112,7 +105,7 @@ func (h *Handle) Done() <-chan struct{} {
 }
 
 // Err returns the *domain.LockLostError once the handle has learned of its
-// loss, else nil (after a plain release too).
+// loss, else nil.
 func (h *Handle) Err() error {
 	r := h.root()
 	r.mu.Lock()
@@ -123,8 +116,8 @@ func (h *Handle) Err() error {
 	return r.lost
 }
 
-// stop ends the renewals and waits for the goroutine; a re-entry's context
-// ends now, a root's with what its Release finds.
+// stop ends the renewals and waits for them; a re-entry's context ends now,
+// a root's with what its Release finds.
 func (k *keeper) stop() {
 	k.stopRun()
 	if k.follower {
@@ -157,9 +150,8 @@ func (k *keeper) loop(wait time.Duration) {
 	}
 }
 
-// nextRenewal is TTL/2, or half of what is left (an acquisition answered
-// late), so that a renewal, and its guard that declares the loss at the
-// expiry, always starts before the expiry.
+// nextRenewal is TTL/2, or half of what is left (a late acquisition), so
+// that the renewal that declares the loss at the expiry starts before it.
 func (k *keeper) nextRenewal() time.Duration {
 	wait := domain.RenewInterval(k.h.ttl)
 	if left := k.h.Lock().ExpiresAt.Sub(k.h.svc.Now()); left < wait {
@@ -168,8 +160,7 @@ func (k *keeper) nextRenewal() time.Duration {
 	return wait
 }
 
-// renew renews, retrying transient failures until the expiry, and reports
-// whether the lock is still held.
+// renew renews until the expiry and reports whether the lock is still held.
 func (k *keeper) renew() bool {
 	svc := k.h.svc
 	l := k.h.Lock()
@@ -195,9 +186,8 @@ func (k *keeper) renew() bool {
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostClosed})
 			return false
 		case domain.IsPermanent(err):
-			// No retry can succeed (the database file moved or replaced,
-			// read-only, its table dropped), and a process opening the
-			// database's name now may hold the lock in another file.
+			// No retry can succeed, and a process opening the database's
+			// name now may hold the lock in another file.
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostStoreFailing, Err: err})
 			return false
 		}
@@ -220,15 +210,12 @@ func (k *keeper) renew() bool {
 	}
 }
 
-// renewBefore runs one renewal, abandoned when l expires: a renewal that
-// completes after the expiry is of no use.
+// renewBefore runs one renewal, abandoned at l's expiry.
 func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 	svc := k.h.svc
 	ctx, cancel := context.WithCancelCause(k.run)
 	defer cancel(nil)
-	// Set here, not in the goroutine: a timer set late would measure from a
-	// later instant, and a test's mock clock sees the keep-alive's timers in
-	// order.
+	// Set here, not in the goroutine: a test's mock clock sees the timers in order.
 	deadline := svc.timers.After(l.ExpiresAt.Sub(now))
 	finished := make(chan struct{})
 	defer close(finished)
@@ -237,8 +224,7 @@ func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 		case <-deadline:
 			cancel(errRenewTooSlow)
 		case <-svc.gate.done():
-			// Close waits for the keep-alive, and its release of the
-			// owner's locks must not wait for a store that does not answer.
+			// Close waits for us: never for a store that does not answer.
 			cancel(domain.ErrClosed)
 		case <-finished:
 		}
@@ -255,8 +241,7 @@ func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 	return err
 }
 
-// lostAt explains the loss of l at its expiry: the store kept failing
-// (last), or what the store shows.
+// lostAt explains the loss of l at its expiry.
 func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 	if last != nil {
 		var slow *domain.LockLostError
@@ -273,11 +258,9 @@ func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 }
 
 // Lost returns the handle's *domain.LockLostError, or nil while it is held:
-// the known loss, or one found by reading the store now (an unreadable
-// store is no proof of loss before the expiry), recorded as Err's and
-// ending the keep-alive. A known expiry is read again, to name a later
-// holder. After a release that removed the lock it returns an error
-// matching domain.ErrExpired, and records no loss.
+// the known loss, or one a read of the store finds now (an unreadable store
+// is no proof of loss before the expiry), then recorded as Err's. After a
+// release it returns an error matching domain.ErrExpired.
 func (h *Handle) Lost(ctx context.Context) error {
 	var known *domain.LockLostError
 	if errors.As(h.Err(), &known) && known.Reason != domain.LostExpired {

@@ -10,19 +10,15 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Precision is the resolution of every instant the service records: times
-// are truncated to it once per operation, so that every adapter stores and
-// compares the same values.
+// Precision is the resolution of every instant recorded, so that every
+// adapter stores and compares the same values.
 const Precision = time.Microsecond
 
-// LockService applies the lock rules (decide.go) on top of a
-// LockRepository: an active lock (now < ExpiresAt) refuses every other
-// owner, and its own owner re-enters it, extending it, never shortening;
-// Take never re-enters. Every decision reads the clock with the store's
-// current row in hand, never before a wait for the store, which would date
-// the lock in the past (OneStatement excepted: see there). Invalid input
-// fails with *domain.ValidationError before any I/O; after Close, every
-// call fails with domain.ErrClosed.
+// LockService applies the lock rules (decide.go) on top of a LockRepository.
+// Every decision reads the clock with the store's current row in hand,
+// never before a wait for the store, which would date the lock in the past.
+// Invalid input fails with *domain.ValidationError before any I/O; after
+// Close, every call fails with domain.ErrClosed.
 type LockService struct {
 	repo       LockRepository
 	one        OneStatement // repo, when it can decide in one statement
@@ -75,10 +71,9 @@ func (s *LockService) DefaultTTL() time.Duration { return s.defaultTTL }
 // Now returns the service's current instant, at the precision it records.
 func (s *LockService) Now() time.Time { return s.clock.Now().UTC().Truncate(Precision) }
 
-// Close makes every later call fail with domain.ErrClosed and waits until
-// the calls in progress have returned and every keep-alive has ended, or
-// ctx ends. Once it returns nil no call of this service can still change
-// the store: the container then releases the owner's locks.
+// Close makes later calls fail with domain.ErrClosed and waits for the calls
+// and keep-alives in progress, or ctx. After a nil return no call of this
+// service can change the store, so the container releases its locks last.
 func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx) }
 
 // gate admits calls until Close, which waits for them: an acquire still
@@ -149,9 +144,8 @@ func (g *gate) close(ctx context.Context) error {
 	}
 }
 
-// Acquire takes the lock on ref for owner for ttl (zero: the default TTL),
-// or re-enters it if owner already holds it, a Handle's lock included (give
-// handles and owner-scoped calls different owner ids), and returns it.
+// Acquire takes the lock on ref for owner for ttl (zero: the default), or
+// re-enters owner's active lock, a Handle's too, and returns it.
 //
 // Errors: *domain.ValidationError; *domain.LockConflictError when another
 // owner holds an active lock; *domain.LockExpiredError with WrittenAt set
@@ -224,9 +218,8 @@ type Processes interface {
 // is a gone process of this machine (nil: never).
 func WithProcesses(p Processes) Option { return func(s *LockService) { s.processes = p } }
 
-// takeOverDead takes the lock on ref for owner if holder, whose active lock
-// refused it, is a gone process. The probe runs outside the write, which
-// decides on the row as overDead has it.
+// takeOverDead takes the lock for owner if holder is a gone process; the
+// probe runs outside the write, which decides on the row as overDead has it.
 func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	holder domain.Lock, decide rule) (domain.Lock, bool, error) {
 	if s.processes == nil {
@@ -348,10 +341,9 @@ func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock
 	return s.repo.List(ctx, f)
 }
 
-// apply validates the input and carries out a decision inside the gate: by
-// one in one statement when the store can and does decide, otherwise
-// through Update by decide. A lock returned already expired is refused
-// (lateWrite).
+// apply validates and carries out a decision in the gate: in one statement
+// if the store does (OneStatement), else through Update; a lock returned
+// already expired is refused (lateWrite).
 func (s *LockService) apply(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	decide func(cur *domain.Lock, now, expires time.Time) (Change, error), one *Op) (Outcome, error) {
 	ttl, err := s.checkInput(owner, ref, ttl)

@@ -8,11 +8,10 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Fence is what a plan store checks inside the transaction that persists
-// a transition: that Owner still holds the lock on Resource with Token
-// (a later acquisition, even by the same owner, fails), unexpired. A
-// holder paused past its expiry then cannot persist over a new holder's
-// work.
+// Fence is what a plan store checks in the transaction that persists a
+// transition: that Owner still holds the lock on Resource with Token,
+// unexpired, so that a holder paused past its expiry cannot persist over a
+// new holder's work.
 type Fence struct {
 	Resource domain.ResourceRef
 	Owner    string
@@ -22,16 +21,13 @@ type Fence struct {
 // FenceOf returns the fence of a held lock.
 func FenceOf(l domain.Lock) Fence { return Fence{Resource: l.Resource, Owner: l.Owner, Token: l.Token} }
 
-// PlanStore loads and persists the embedder's plans, of the embedder's
-// type P.
+// PlanStore loads and persists the embedder's plans.
 type PlanStore[P any] interface {
-	// Load returns the plan with id planID.
 	Load(ctx context.Context, planID string) (P, error)
-	// Persist writes plan in one transaction that first checks every
-	// fence, in order, on the same database as the locks, and writes
-	// nothing unless all hold. Errors: a fence that does not hold fails
-	// with a *domain.LockLostError (matching domain.ErrExpired) naming the
-	// lock and, when another owner holds the resource now, that owner.
+	// Persist writes plan in one transaction that first checks every fence,
+	// on the locks' database, and writes nothing unless all hold. Errors: a
+	// *domain.LockLostError (matching domain.ErrExpired) for a fence that does
+	// not hold, naming the new holder if any.
 	Persist(ctx context.Context, planID string, plan P, fences []Fence) error
 }
 
@@ -44,20 +40,13 @@ type PlanLockOptions struct {
 	WaitTimeout time.Duration
 }
 
-// PlanLifecycleService runs plan lifecycle transitions under the plan's
-// lock (and the project's, for transitions that change project state too):
-//
-//  1. take the project lock, if any, then the plan lock, waiting for each;
-//     always in that order, so that two transitions never deadlock;
-//  2. load the plan and run the transition, keeping the locks alive;
-//  3. persist the plan, fenced by the locks in the store's transaction;
-//  4. release the locks, also when the transition fails or panics.
-//
-// A lock lost before the persist ends the transition with the loss, and
-// nothing is persisted. The locks are handles, so two transitions of one
-// plan are serialised inside a process as well as between processes,
-// whatever the owner; one started inside another's function on the same
-// plan (with its context) is refused at once rather than wait for itself.
+// PlanLifecycleService runs plan transitions under the plan's lock (and
+// first the project's, always in that order, so that two never deadlock):
+// it loads the plan, runs the transition with the locks kept alive,
+// persists the plan fenced by them, and releases them however it ends. A
+// lock lost before the persist ends the transition, persisting nothing.
+// The locks are handles, so one plan's transitions are serialised inside a
+// process too; one started inside another's on the same plan is refused.
 type PlanLifecycleService[P any] struct {
 	locks *LockService
 	store PlanStore[P]
@@ -83,14 +72,12 @@ func NewPlanLifecycleService[P any](locks *LockService, store PlanStore[P], owne
 	return &PlanLifecycleService[P]{locks: locks, store: store, owner: owner, opts: opts}, nil
 }
 
-// Transition runs fn on plan planID under the plan's lock and persists what
-// fn returns. fn's context ends the moment a lock is lost; what fn returns
-// then is not persisted.
+// Transition runs fn on plan planID under its lock and persists what fn
+// returns. fn's context ends the moment a lock is lost.
 //
-// Errors: *domain.ValidationError; *domain.LockConflictError naming the
-// holder when the lock could not be had in time; *domain.LockLostError
-// when a lock was lost before persistence; fn's error; the store's errors.
-// Nothing is persisted on error.
+// Errors (nothing persisted): *domain.ValidationError;
+// *domain.LockConflictError naming the holder when the lock could not be
+// had in time; *domain.LockLostError; fn's error; the store's errors.
 func (s *PlanLifecycleService[P]) Transition(ctx context.Context, planID string, fn func(ctx context.Context, plan P) (P, error)) (P, error) {
 	return s.transition(ctx, []domain.ResourceRef{{Type: domain.ResourcePlan, ID: planID}}, planID, fn)
 }

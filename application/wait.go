@@ -11,19 +11,17 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Backoff of a waiter polling another process's lock: small, so that a
-// release is seen at once, doubling to a cap that spares the store.
+// A poller's backoff: small to see a release at once, capped to spare the store.
 const (
 	waitBackoffMin = 5 * time.Millisecond
 	waitBackoffMax = time.Second
 )
 
-// waitQueues holds, per resource, this service's waiters in arrival order.
-// Only the head tries the lock; a release through this service wakes it.
+// waitQueues holds each resource's waiters in arrival order; only the head tries.
 type waitQueues struct {
 	mu     sync.Mutex
 	queues map[domain.ResourceRef][]*waiter
-	// yields: per resource released while another process waited, until when (freed).
+	// yields: until when to hold back on a resource just handed over (freed).
 	yields map[domain.ResourceRef]time.Time
 	// now reads a mock clock the waiters' timers run on; nil for real timers.
 	now func() time.Time
@@ -32,10 +30,8 @@ type waitQueues struct {
 type waiter struct {
 	// wake receives when the waiter becomes the head or should try again.
 	wake chan struct{}
-	// parked is set, under q.mu, while the waiter sleeps with every timer that
-	// bounds its sleep set, so that moving the clock reaches it (Waiting).
-	// due is the earliest instant one fires: once the clock reaches it, or a
-	// channel holds its time, the waiter counts as awake, drained or not.
+	// parked: asleep with every timer bounding the sleep set (see Waiting); due,
+	// the earliest one's instant, past which it counts as awake, drained or not.
 	parked bool
 	timers [2]<-chan time.Time
 	due    time.Time
@@ -58,16 +54,15 @@ func (q *waitQueues) asleep(w *waiter) bool {
 	return true
 }
 
-// timer is a timer a waiter sleeps on; moved: the clock moved while it was
-// set, so it may be due later than due.
+// timer is a waiter's timer; moved: the clock moved while it was set.
 type timer struct {
 	c     <-chan time.Time
 	due   time.Time
 	moved bool
 }
 
-// after sets a timer of d, its due instant read before it is set, so that
-// a waiter stops counting as parked no later than it wakes.
+// after sets a timer of d, due read before it is set: a waiter stops
+// counting as parked no later than it wakes.
 func (s *LockService) after(d time.Duration) timer {
 	if s.waiters.now == nil {
 		return timer{c: s.timers.After(d)}
@@ -97,8 +92,7 @@ func (w *waiter) setParked(news <-chan struct{}, timers ...timer) {
 	}
 }
 
-// join queues a waiter for ref: woken at once as the head, else parked on
-// its timeout, set before it queued.
+// join queues a waiter for ref, woken at once as the head.
 func (q *waitQueues) join(ref domain.ResourceRef, expired timer) *waiter {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	q.mu.Lock()
@@ -171,13 +165,9 @@ func wakeHead(queue []*waiter) {
 	}
 }
 
-// Waiting returns how many callers of this service wait for the lock on
-// ref, counting one only once it is parked: asleep, with every timer that
-// bounds its sleep set on the service's clock. A test may wait until
-// Waiting(ref) == n and then move a mock clock: the move reaches them. A
-// caller woken by another goroutine looks again if the clock moved during
-// its look; one move past both its timeout and the holder's expiry ends its
-// wait as a timeout.
+// Waiting returns how many callers wait for the lock on ref, parked: with
+// every timer bounding their sleep set on the service's clock, so that a
+// test may wait for Waiting(ref) == n and then move a mock clock.
 func (s *LockService) Waiting(ref domain.ResourceRef) int {
 	q := s.waiters
 	q.mu.Lock()
@@ -194,11 +184,10 @@ func (s *LockService) Waiting(ref domain.ResourceRef) int {
 // errDeadline refuses a decision made after its wait had timed out.
 var errDeadline = errors.New("the wait timed out before this decision")
 
-// beforeDeadline returns decide and one, its Op for a OneStatement store;
-// with a deadline, decide refusing from notAfter on, and no Op: on a clock
-// that jumps past both the timeout and the holder's expiry while a waiter
-// looks, that look must not take a lock that came free after the timeout.
-// The clock is read unrounded, as the timeout's timer fires.
+// beforeDeadline returns decide and one, its Op; with a deadline, decide
+// refusing from notAfter on (read unrounded, as the timer fires), and no Op:
+// one jump of a test's clock past both the timeout and the holder's expiry
+// must not let a look take a lock that came free after the timeout.
 func (s *LockService) beforeDeadline(decide rule, one *Op, notAfter time.Time) (rule, *Op) {
 	if notAfter.IsZero() {
 		return decide, one
@@ -211,12 +200,11 @@ func (s *LockService) beforeDeadline(decide rule, one *Op, notAfter time.Time) (
 	}, nil
 }
 
-// waitTurn queues for ref and, as the head, calls try until it returns
-// anything but a *domain.LockConflictError, or ctx ends, timeout passes
-// (zero: none) or the service closes; then the last conflict, with Waited.
-// A handle of this service is waited for without polling (its release
-// wakes the head); another process's holder through Wakeups, if any, or by
-// polling with a growing backoff, never past the holder's expiry.
+// waitTurn queues for ref and, as the head, calls try until it returns no
+// *domain.LockConflictError, or ctx ends, timeout passes or the service
+// closes (then the last conflict, with Waited). A handle of this service is
+// waited for without polling; another process's holder through Wakeups, or
+// by polling with a growing backoff, never past the holder's expiry.
 func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func(notAfter time.Time) (*Handle, error)) (*Handle, error) {
 	start := s.Now()
 	var (
@@ -257,15 +245,13 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		backoff = waitBackoffMin
 		news    <-chan struct{} // wake-ups from other processes, once watching
 		watched bool            // Watch was called (news may still be nil)
-		// woken: roused by another goroutine; it counted as parked until
-		// then, so a clock move made on that count may land while it looks.
+		// woken by another goroutine: a clock move may land while it looks.
 		woken = true
 	)
 	for {
 		if d := s.waiters.yielding(ref, time.Now()); d > 0 {
-			// Another process waited for ref as this service released it:
-			// it goes first (freed), on real time, so that the hand-over
-			// needs no move of a test's clock.
+			// Another process waited as this service released ref: it goes
+			// first (freed), on real time, needing no move of a test's clock.
 			select {
 			case <-time.After(d):
 			case <-ctx.Done():
@@ -342,9 +328,8 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 		slept := s.after(pause)
 		if woken && s.jumps && (slept.moved || slept.due.Add(-pause).After(lookedAt)) {
-			// The clock moved since this look, maybe to reach this waiter:
-			// look again rather than sleep past what it made due (once, so
-			// that a clock moving by itself does not keep it awake).
+			// The clock moved since the look, maybe to reach this waiter:
+			// look again, once, rather than sleep past what it made due.
 			woken = false
 			continue
 		}
@@ -369,8 +354,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 	}
 }
 
-// jittered returns a random pause in [d/2, d], so that processes do not
-// retry in step.
+// jittered returns a random pause in [d/2, d]: processes do not retry in step.
 func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // queuedOut answers a waiter timed out behind others: the holder a read
@@ -388,11 +372,9 @@ func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, sta
 	return nil, errors.Join(context.DeadlineExceeded, err)
 }
 
-// AcquireWait is Acquire waiting as Take does with opts.Wait (same queue),
-// for a caller that holds its lock by owner, such as `agents locks acquire
-// --wait`: re-entrant per owner, as Take never is. A lock that a Handle of
-// this service holds is waited for, whatever its owner. opts.Reentrant is
-// ignored.
+// AcquireWait is Acquire waiting in Take's queue (opts.Wait), re-entrant per
+// owner as Take never is, for `agents locks acquire --wait`; a Handle's lock
+// is waited for whatever its owner. opts.Reentrant is ignored.
 //
 // Errors: those of Acquire and of Take's wait.
 func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (domain.Lock, error) {
