@@ -23,8 +23,6 @@ type slot struct {
 	users  int // Takes admitted or waiting for their turn
 }
 
-func newHolders() *holders { return &holders{slots: make(map[domain.ResourceRef]*slot)} }
-
 // enter waits for ref's turn (one store call at most), or for ctx.
 func (hs *holders) enter(ctx context.Context, ref domain.ResourceRef) (*slot, error) {
 	hs.mu.Lock()

@@ -299,7 +299,7 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	h.releasing.Lock()
 	defer h.releasing.Unlock()
 	h.mu.Lock()
-	k, already := h.keeper, h.released
+	k, already, retried := h.keeper, h.released, h.attempted
 	h.mu.Unlock()
 	if already {
 		return false, nil
@@ -320,7 +320,7 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	ok, err := h.svc.releaseToken(ctx, h.Lock())
 	var lost *domain.LockLostError
 	switch {
-	case errors.As(err, &lost) && h.retried() && lost.Reason == domain.LostRemoved:
+	case errors.As(err, &lost) && retried && lost.Reason == domain.LostRemoved:
 		// No lock after an attempt that may have removed it: released.
 		err = nil
 	case errors.As(err, &lost):
@@ -366,12 +366,6 @@ func (s *LockService) releaseToken(ctx context.Context, held domain.Lock) (bool,
 	cur, err := s.repo.Get(ctx, held.Resource)
 	lost, err := lossOnRead(held, cur, err, s.Now())
 	return false, lossOfRelease(held, lost, err, now)
-}
-
-func (h *Handle) retried() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.attempted
 }
 
 // errReleased answers op on a released handle: not a loss, not held either.

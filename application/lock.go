@@ -51,7 +51,9 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration, 
 		return nil, err
 	}
 	s := &LockService{repo: repo, clock: clock, timers: realTimers{}, defaultTTL: ttl,
-		gate: gate{closing: make(chan struct{})}, waiters: newWaitQueues(), holders: newHolders()}
+		gate:    gate{closing: make(chan struct{})},
+		waiters: &waitQueues{queues: make(map[domain.ResourceRef][]*waiter), yields: make(map[domain.ResourceRef]time.Time)},
+		holders: &holders{slots: make(map[domain.ResourceRef]*slot)}}
 	if t, ok := clock.(Timers); ok {
 		// A clock that a test moves jumps, maybe while a waiter looks at
 		// the store (waitTurn).
@@ -262,10 +264,7 @@ func (s *LockService) Release(ctx context.Context, owner string, ref domain.Reso
 		return false, err
 	}
 	defer s.gate.leave()
-	if err := domain.ValidateOwner(owner); err != nil {
-		return false, err
-	}
-	if err := ref.Validate(); err != nil {
+	if _, err := s.checkInput(owner, ref, 0); err != nil {
 		return false, err
 	}
 	ok, err := s.repo.DeleteOwned(ctx, ref, owner)

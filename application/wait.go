@@ -73,10 +73,6 @@ func (s *LockService) after(d time.Duration) timer {
 	return t
 }
 
-func newWaitQueues() *waitQueues {
-	return &waitQueues{queues: make(map[domain.ResourceRef][]*waiter), yields: make(map[domain.ResourceRef]time.Time)}
-}
-
 // setParked records w's timers and wake-ups and parks it; q.mu is held.
 func (w *waiter) setParked(news <-chan struct{}, timers ...timer) {
 	w.parked, w.news = true, news
@@ -104,12 +100,6 @@ func (q *waitQueues) join(ref domain.ResourceRef, expired timer) *waiter {
 		w.setParked(nil, expired)
 	}
 	return w
-}
-
-func (q *waitQueues) park(w *waiter, news <-chan struct{}, timers ...timer) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	w.setParked(news, timers...)
 }
 
 func (q *waitQueues) unpark(w *waiter) {
@@ -334,7 +324,9 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			continue
 		}
 		woken = false
-		s.waiters.park(w, news, slept, deadline)
+		s.waiters.mu.Lock()
+		w.setParked(news, slept, deadline)
+		s.waiters.mu.Unlock()
 		select {
 		case <-w.wake:
 			backoff = waitBackoffMin // released here: the next holder may be quick too
