@@ -31,7 +31,6 @@ const (
 // long, not for the backlog. After cleanupCountAfter full batches it counts
 // what is left, so that a store that keeps reporting full batches ends in
 // an error, not a loop for ever.
-//
 // Errors: *domain.StoreError; ctx.Err(); domain.ErrClosed after Close.
 func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
 	if err := s.gate.enter(); err != nil {
@@ -90,7 +89,6 @@ func nextCleanupBatch(limit int, took time.Duration) int {
 }
 
 // StaleCount returns how many locks have expired but are still stored.
-//
 // Errors: *domain.StoreError; domain.ErrClosed after Close.
 func (s *LockService) StaleCount(ctx context.Context) (int, error) {
 	if err := s.gate.enter(); err != nil {
@@ -123,7 +121,6 @@ type PeriodicCleanup struct {
 // after the end of the last run, until Stop or Close. onRun, if not nil, is
 // told each run's count and error on that goroutine; it must return
 // promptly. Close waits for a run in progress, Stop cuts it short.
-//
 // Errors: *domain.ValidationError for an interval below MinCleanupInterval.
 func (s *LockService) StartCleanup(interval time.Duration, onRun func(purged int, err error)) (*PeriodicCleanup, error) {
 	if err := ValidateCleanupInterval(interval); err != nil {
@@ -152,7 +149,7 @@ func (p *PeriodicCleanup) run(ctx context.Context, s *LockService, interval time
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.gate.done():
+		case <-s.gate.closing:
 			return
 		case <-tick:
 		}

@@ -7,10 +7,8 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// The service's rules, each a pure function of the lock stored on a
-// resource (nil when there is none) and of now. A store carries them out
-// (LockRepository.Update), or is held to them by the contract suite
-// (OneStatement).
+// The service's rules: pure functions of the lock stored on a resource (nil:
+// none) and of now, carried out by a store or checked by locktest.
 
 // ChangeKind says what a Decide function wants done with a resource's row.
 type ChangeKind int

@@ -22,10 +22,7 @@ const (
 	EventReleased                         // a lock was released (HeldFor set through a Handle)
 	EventReleasedAll                      // an owner's locks were released (Count)
 	EventCleanedUp                        // expired locks were purged (Count)
-	// EventWaited: a Take or Do that waited for the holder ended, with the
-	// lock (Lock) or without it (Err, the conflict that ended the wait);
-	// Took is the whole wait.
-	EventWaited
+	EventWaited                           // a wait ended, with Lock or Err; Took is the whole wait
 )
 
 var eventNames = map[EventKind]string{
@@ -63,8 +60,7 @@ type Event struct {
 	DeadHolder bool
 }
 
-// Observer is told of every lock event: the port through which logs and
-// metrics see the service. It is called synchronously after the event, so
+// Observer is told of every lock event, for logs and metrics, synchronously:
 // it must be quick and must not call the service back.
 type Observer interface {
 	// Observe is told of e; ctx is the context of the call that caused it.

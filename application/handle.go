@@ -58,7 +58,6 @@ type Handle struct {
 // *domain.LockConflictError (InProcess set), and so does an active lock in
 // the store of any owner (SameOwner set for owner's own), unless it is made
 // inside the holder's work (AcquireOptions.Reentrant).
-//
 // Errors: *domain.ValidationError; those of Acquire; a wait that ends
 // without the lock returns the last *domain.LockConflictError, with Waited
 // and Cause (the context's error if it never tried); domain.ErrClosed; a
@@ -127,6 +126,141 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	h := &Handle{svc: s, ttl: ttl, lock: r.Lock}
 	s.holders.hold(sl, h)
 	return h, nil
+}
+
+// holders keeps the handle of this service that holds each resource, so
+// that a Take here is refused, or waits, without asking the store, and the
+// holder's release wakes the next waiter.
+type holders struct {
+	mu    sync.Mutex
+	slots map[domain.ResourceRef]*slot
+}
+
+type slot struct {
+	// turn admits one Take at a time, so two never both find the resource free.
+	turn   chan struct{}
+	holder *Handle
+	users  int // Takes admitted or waiting for their turn
+}
+
+// enter waits for ref's turn (one store call at most), or for ctx.
+func (hs *holders) enter(ctx context.Context, ref domain.ResourceRef) (*slot, error) {
+	hs.mu.Lock()
+	sl := hs.slots[ref]
+	if sl == nil {
+		sl = &slot{turn: make(chan struct{}, 1)}
+		hs.slots[ref] = sl
+	}
+	sl.users++
+	hs.mu.Unlock()
+	select {
+	case sl.turn <- struct{}{}:
+		return sl, nil
+	case <-ctx.Done():
+		hs.drop(ref, sl)
+		return nil, ctx.Err()
+	}
+}
+
+func (hs *holders) leave(ref domain.ResourceRef, sl *slot) {
+	<-sl.turn
+	hs.drop(ref, sl)
+}
+
+func (hs *holders) drop(ref domain.ResourceRef, sl *slot) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	sl.users--
+	if sl.users == 0 && sl.holder == nil {
+		delete(hs.slots, ref)
+	}
+}
+
+// The caller of holder, holding, holdsToken and hold has sl's turn.
+func (hs *holders) holder(sl *slot) *Handle {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	return sl.holder
+}
+
+// holding returns the lock of the handle that holds sl at now, if any.
+func (hs *holders) holding(sl *slot, now time.Time) (domain.Lock, bool) {
+	if h := hs.holder(sl); h != nil {
+		return h.holds(now)
+	}
+	return domain.Lock{}, false
+}
+
+// holdsToken reports whether sl's handle, unreleased, stands for token.
+func (hs *holders) holdsToken(sl *slot, token int64) bool {
+	h := hs.holder(sl)
+	return h != nil && !h.isReleased() && h.Lock().Token == token
+}
+
+func (hs *holders) hold(sl *slot, h *Handle) {
+	hs.mu.Lock()
+	sl.holder = h
+	hs.mu.Unlock()
+}
+
+// vacate frees h's slot, if h still holds it.
+func (hs *holders) vacate(h *Handle) {
+	ref := h.Lock().Resource
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if sl := hs.slots[ref]; sl != nil && sl.holder == h {
+		sl.holder = nil
+		if sl.users == 0 {
+			delete(hs.slots, ref)
+		}
+	}
+}
+
+// heldKey marks a KeepAlive context: its value chains the handles whose
+// work it is, innermost first.
+type heldKey struct{}
+
+type heldNode struct {
+	h    *Handle
+	next *heldNode
+}
+
+func withHeld(ctx context.Context, h *Handle) context.Context {
+	next, _ := ctx.Value(heldKey{}).(*heldNode)
+	return context.WithValue(ctx, heldKey{}, &heldNode{h: h, next: next})
+}
+
+// nestedIn returns the handle of this service on ref whose work ctx is, or nil.
+func (s *LockService) nestedIn(ctx context.Context, ref domain.ResourceRef) *Handle {
+	for n, _ := ctx.Value(heldKey{}).(*heldNode); n != nil; n = n.next {
+		if n.h.svc == s && n.h.Lock().Resource == ref && !n.h.isReleased() {
+			return n.h
+		}
+	}
+	return nil
+}
+
+// reenter answers a Take of ref inside outer's work: with opts.Reentrant by
+// outer's owner, a share of outer's lock, checked by token; otherwise a
+// refusal at once, since waiting would wait for itself.
+func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, ttl time.Duration, opts AcquireOptions) (*Handle, error) {
+	root := outer
+	for root.parent != nil {
+		root = root.parent
+	}
+	l := root.Lock()
+	if !opts.Reentrant || owner != l.Owner {
+		return nil, &domain.LockConflictError{Holder: l, Now: s.Now(), InProcess: true, Nested: true}
+	}
+	if err := root.Err(); err != nil {
+		return nil, err // known lost: the store may still show it, never share it
+	}
+	if _, lost, err := s.explainLoss(ctx, l); lost != nil {
+		return nil, root.lossOrReleased(lost, "re-enter")
+	} else if err != nil {
+		return nil, err
+	}
+	return &Handle{svc: s, ttl: ttl, lock: l, parent: root}, nil
 }
 
 // Lock returns the lock as last acquired or renewed. Its token never
@@ -219,7 +353,6 @@ func (h *Handle) unfollow(k *keeper) {
 // Renew extends this acquisition's lock to now+TTL, by token, and returns
 // it; a re-entered handle only checks, by token, that the shared lock is
 // still held. A loss it finds ends the keep-alive contexts.
-//
 // Errors: *domain.LockLostError when the lock is no longer this handle's,
 // with the reason the store shows, or when the store took longer than the
 // TTL to write it (LostStoreFailing); an error matching domain.ErrExpired
@@ -292,7 +425,6 @@ func (s *LockService) explainLoss(ctx context.Context, held domain.Lock) (domain
 // removes nothing, a second call reports false. After a failed release the
 // handle keeps its place here: call it again (a retry that finds no lock
 // reports false and nil).
-//
 // Errors: the *domain.LockLostError of a lost lock; *domain.StoreError or
 // ctx's error when it may not have happened; domain.ErrClosed.
 func (h *Handle) Release(ctx context.Context) (bool, error) {
@@ -423,7 +555,6 @@ func (h *Handle) markReleased() {
 // fn ends. Afterwards it asks the store by token whether the lock was still
 // held, so a loss the keep-alive missed is returned; a service closed
 // before that makes Do fail with domain.ErrClosed.
-//
 // Errors: *domain.ValidationError for a nil fn or bad options; those of
 // Take; then fn's, joined with the loss, the release's or ErrClosed.
 func (s *LockService) Do(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions,

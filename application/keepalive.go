@@ -140,7 +140,7 @@ func (k *keeper) loop(wait time.Duration) {
 			return
 		case <-k.held.Done():
 			return // lost, as learned elsewhere
-		case <-svc.gate.done():
+		case <-svc.gate.closing:
 			k.lose(domain.LockLostError{Lock: k.h.Lock(), Reason: domain.LostClosed})
 			return
 		}
@@ -203,7 +203,7 @@ func (k *keeper) renew() bool {
 			return false
 		case <-k.held.Done():
 			return false
-		case <-svc.gate.done():
+		case <-svc.gate.closing:
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostClosed})
 			return false
 		}
@@ -223,7 +223,7 @@ func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 		select {
 		case <-deadline:
 			cancel(errRenewTooSlow)
-		case <-svc.gate.done():
+		case <-svc.gate.closing:
 			// Close waits for us: never for a store that does not answer.
 			cancel(domain.ErrClosed)
 		case <-finished:

@@ -90,9 +90,6 @@ type gate struct {
 	closing  chan struct{} // closed when the gate closes: waits stop at once
 }
 
-// done is closed once the gate closes.
-func (g *gate) done() <-chan struct{} { return g.closing }
-
 // admit counts one more call (inFlight) or keep-alive (keepers), or returns
 // domain.ErrClosed; each admitted one calls dismiss.
 func (g *gate) admit(n *int) error {
@@ -148,7 +145,6 @@ func (g *gate) close(ctx context.Context) error {
 
 // Acquire takes the lock on ref for owner for ttl (zero: the default), or
 // re-enters owner's active lock, a Handle's too, and returns it.
-//
 // Errors: *domain.ValidationError; *domain.LockConflictError when another
 // owner holds an active lock; *domain.LockExpiredError with WrittenAt set
 // when the store took longer than ttl to write it; *domain.StoreError;
@@ -243,7 +239,6 @@ func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain
 
 // Renew sets the expiry of owner's active lock on ref to now+ttl (zero: the
 // default TTL) and returns the lock.
-//
 // Errors: *domain.ValidationError; *domain.LockExpiredError when owner's
 // lock has expired or is gone, or (with WrittenAt set) when the store took
 // longer than ttl to write it; *domain.LockConflictError when another owner
@@ -257,7 +252,6 @@ func (s *LockService) Renew(ctx context.Context, owner string, ref domain.Resour
 
 // Release removes owner's lock on ref, never another owner's, and reports
 // whether there was one; releasing a lock not held is no error.
-//
 // Errors: *domain.ValidationError; *domain.StoreError; domain.ErrClosed.
 func (s *LockService) Release(ctx context.Context, owner string, ref domain.ResourceRef) (bool, error) {
 	if err := s.gate.enter(); err != nil {
@@ -277,7 +271,6 @@ func (s *LockService) Release(ctx context.Context, owner string, ref domain.Reso
 
 // ReleaseAllForOwner removes every lock of owner, active or expired, and
 // returns how many (the container's shutdown).
-//
 // Errors: *domain.ValidationError; *domain.StoreError; domain.ErrClosed.
 func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int, error) {
 	if err := s.gate.enter(); err != nil {
@@ -296,7 +289,6 @@ func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int
 }
 
 // Get returns the stored lock on ref, which may have expired.
-//
 // Errors: *domain.ValidationError; domain.ErrNotFound; *domain.StoreError;
 // domain.ErrClosed after Close.
 func (s *LockService) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
@@ -318,7 +310,6 @@ type ListOptions struct {
 }
 
 // List returns the locks matching opts, ordered by resource type and id.
-//
 // Errors: *domain.ValidationError; *domain.StoreError; domain.ErrClosed.
 func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock, error) {
 	if err := s.gate.enter(); err != nil {

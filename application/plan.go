@@ -55,7 +55,6 @@ type PlanLifecycleService[P any] struct {
 }
 
 // NewPlanLifecycleService runs transitions for owner with locks and store.
-//
 // Errors: *domain.ValidationError for a bad owner, TTL or timeout.
 func NewPlanLifecycleService[P any](locks *LockService, store PlanStore[P], owner string, opts PlanLockOptions) (*PlanLifecycleService[P], error) {
 	if err := domain.ValidateOwner(owner); err != nil {
@@ -74,7 +73,6 @@ func NewPlanLifecycleService[P any](locks *LockService, store PlanStore[P], owne
 
 // Transition runs fn on plan planID under its lock and persists what fn
 // returns. fn's context ends the moment a lock is lost.
-//
 // Errors (nothing persisted): *domain.ValidationError;
 // *domain.LockConflictError naming the holder when the lock could not be
 // had in time; *domain.LockLostError; fn's error; the store's errors.

@@ -67,7 +67,6 @@ type LockRepository interface {
 // when no one held it).
 type OneStatement interface {
 	// Apply carries out op atomically, deciding as op.Decide on the row.
-	//
 	// Errors: for OpAcquire and OpTake, the rule's *domain.LockConflictError
 	// (nothing written); a *domain.StoreError. Any other outcome, every
 	// refused renewal included, is left undecided: ChangeNone, nil error.

@@ -228,7 +228,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 	case <-expired:
 		s.waiters.unpark(w) // awake: it reads the store
 		return s.queuedOut(ctx, ref, start)
-	case <-s.gate.done():
+	case <-s.gate.closing:
 		return nil, domain.ErrClosed
 	}
 	var (
@@ -248,7 +248,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 				return gaveUp(ctx.Err())
 			case <-expired:
 				return gaveUp(context.DeadlineExceeded)
-			case <-s.gate.done():
+			case <-s.gate.closing:
 				return nil, domain.ErrClosed
 			}
 		}
@@ -279,7 +279,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			select {
 			case <-expired:
 				return gaveUp(context.DeadlineExceeded)
-			case <-s.gate.done():
+			case <-s.gate.closing:
 				return nil, domain.ErrClosed
 			default:
 				continue
@@ -339,7 +339,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			return gaveUp(ctx.Err())
 		case <-expired:
 			return gaveUp(context.DeadlineExceeded)
-		case <-s.gate.done():
+		case <-s.gate.closing:
 			return nil, domain.ErrClosed
 		}
 		s.waiters.unpark(w)
@@ -367,7 +367,6 @@ func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, sta
 // AcquireWait is Acquire waiting in Take's queue (opts.Wait), re-entrant per
 // owner as Take never is, for `agents locks acquire --wait`; a Handle's lock
 // is waited for whatever its owner. opts.Reentrant is ignored.
-//
 // Errors: those of Acquire and of Take's wait.
 func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (domain.Lock, error) {
 	r, err := s.AcquireWaitResult(ctx, owner, ref, opts)
