@@ -9,9 +9,8 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// MinCleanupInterval is the shortest interval of a periodic cleanup:
-// expired locks block nobody (Acquire replaces them), so purging them more
-// often only adds writes.
+// MinCleanupInterval is a periodic cleanup's shortest interval: expired
+// locks block nobody (Acquire replaces them), so more often only adds writes.
 const MinCleanupInterval = 5 * time.Second
 
 // A purge's batches are sized by time (on SQLite every writer waits for a
@@ -26,11 +25,10 @@ const (
 	cleanupCountAfter = 4
 )
 
-// CleanupExpired purges the locks expired now and returns how many, in
-// batches of about cleanupTarget each, so that a queued writer waits that
-// long, not for the backlog. After cleanupCountAfter full batches it counts
-// what is left, so that a store that keeps reporting full batches ends in
-// an error, not a loop for ever.
+// CleanupExpired purges the locks expired now, in batches of about
+// cleanupTarget each (a queued writer waits that long, not for the
+// backlog), and returns how many. After cleanupCountAfter full batches it
+// counts what is left, so that a store always reporting full ones errs.
 // Errors: *domain.StoreError; ctx.Err(); domain.ErrClosed after Close.
 func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
 	if err := s.gate.enter(); err != nil {
@@ -77,9 +75,8 @@ func (s *LockService) cleanupExpired(ctx context.Context) (int, error) {
 	}
 }
 
-// nextCleanupBatch sizes the batch after one of limit rows that took took:
-// what fits in cleanupTarget at that rate, at most twice limit (a batch
-// fast by luck must not make the next one long), within the bounds.
+// nextCleanupBatch sizes the next batch to fit cleanupTarget at the rate
+// seen, at most doubling (a batch fast by luck must not make the next long).
 func nextCleanupBatch(limit int, took time.Duration) int {
 	next := 2 * limit
 	if took > 0 {
@@ -98,9 +95,7 @@ func (s *LockService) StaleCount(ctx context.Context) (int, error) {
 	return s.repo.CountExpired(ctx, s.Now())
 }
 
-// ValidateCleanupInterval checks an interval for StartCleanup: at least
-// MinCleanupInterval (the container also accepts zero: no periodic
-// cleanup).
+// ValidateCleanupInterval checks that interval is at least MinCleanupInterval.
 func ValidateCleanupInterval(interval time.Duration) error {
 	if interval < MinCleanupInterval {
 		return &domain.ValidationError{Field: "cleanup_interval", Reason: fmt.Sprintf(
@@ -110,17 +105,15 @@ func ValidateCleanupInterval(interval time.Duration) error {
 	return nil
 }
 
-// PeriodicCleanup runs a service's CleanupExpired every interval, on the
-// service's clock, until it is stopped. StartCleanup starts one.
+// PeriodicCleanup is a loop of StartCleanup's.
 type PeriodicCleanup struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-// StartCleanup runs CleanupExpired every interval on the service's clock,
-// after the end of the last run, until Stop or Close. onRun, if not nil, is
-// told each run's count and error on that goroutine; it must return
-// promptly. Close waits for a run in progress, Stop cuts it short.
+// StartCleanup runs CleanupExpired every interval after the last run ended,
+// on the service's clock, until Stop or Close; onRun, if not nil, gets each
+// run's count and error on that goroutine and must return promptly.
 // Errors: *domain.ValidationError for an interval below MinCleanupInterval.
 func (s *LockService) StartCleanup(interval time.Duration, onRun func(purged int, err error)) (*PeriodicCleanup, error) {
 	if err := ValidateCleanupInterval(interval); err != nil {
@@ -128,15 +121,13 @@ func (s *LockService) StartCleanup(interval time.Duration, onRun func(purged int
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &PeriodicCleanup{cancel: cancel, done: make(chan struct{})}
-	// Set before returning, so that the interval counts from now and a
-	// mock clock moved just after the call fires it.
+	// Set now: a mock clock moved just after the call fires it.
 	tick := s.timers.After(interval)
 	go p.run(ctx, s, interval, tick, onRun)
 	return p, nil
 }
 
-// Stop ends the loop, cutting short a run in progress, and returns once
-// its goroutine has ended. Calling it again does nothing.
+// Stop ends the loop, cutting short a run, and waits for it; again: no-op.
 func (p *PeriodicCleanup) Stop() {
 	p.cancel()
 	<-p.done
@@ -157,8 +148,7 @@ func (p *PeriodicCleanup) run(ctx context.Context, s *LockService, interval time
 		if ctx.Err() != nil || errors.Is(err, domain.ErrClosed) {
 			return
 		}
-		// Set before reporting, so that whoever waits for the report can
-		// move a mock clock and fire it.
+		// Set before reporting, so that its reader can move a mock clock.
 		tick = s.timers.After(interval)
 		if onRun != nil {
 			onRun(n, err)

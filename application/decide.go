@@ -16,8 +16,7 @@ type ChangeKind int
 const (
 	// ChangeNone leaves the store untouched.
 	ChangeNone ChangeKind = iota
-	// ChangeInsert replaces any lock with Change.Lock and a new fencing token,
-	// larger than every token the store has handed out, on any resource.
+	// ChangeInsert replaces any lock with Change.Lock and a new, larger token.
 	ChangeInsert
 	// ChangeExtend sets the lock's expiry, keeping owner, acquisition time and token.
 	ChangeExtend
@@ -29,9 +28,8 @@ type Change struct {
 	Lock domain.Lock // ChangeInsert's new lock (bar its Token), ChangeExtend's ExpiresAt
 }
 
-// Decide returns the change to apply to the current lock (nil: none), or an
-// error to abort. A store may call it again for one Update (a rolled-back
-// transaction); only its last decision stands.
+// Decide returns the change to the current lock (nil: none), or an error to
+// abort; a store may call it again (a rolled-back try): the last one stands.
 type Decide func(current *domain.Lock) (Change, error)
 
 // OpKind names a decision that a OneStatement store may carry out.
@@ -70,15 +68,14 @@ func (op Op) Decide(cur *domain.Lock, now, expires time.Time) (Change, error) {
 	return Change{}, errors.New("application: an Op of no known kind")
 }
 
-// DecideAcquire is Acquire's rule at now, with expires = now+TTL: a new lock
-// on a free or expired resource, a re-entry extending owner's active lock
-// (never shortening it: a keep-alive at its own TTL must not lose it to a
-// shorter re-entry), else a *domain.LockConflictError naming cur.
+// DecideAcquire is Acquire's rule at now, expires = now+TTL: a new lock on a
+// free or expired resource; owner's active lock extended, never shortened
+// (a keep-alive must not lose it to a shorter re-entry); else a
+// *domain.LockConflictError naming cur.
 func DecideAcquire(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
 	switch {
 	case cur == nil || cur.ExpiredAt(now):
-		// Changes hands, even back to the same owner (who held nothing
-		// since the expiry): a new token.
+		// Changes hands, even back to the same owner: a new token.
 		return Change{Kind: ChangeInsert, Lock: domain.Lock{
 			Owner: owner, Resource: ref, AcquiredAt: now, ExpiresAt: expires,
 		}}, nil
@@ -103,9 +100,8 @@ func DecideTake(cur *domain.Lock, owner string, ref domain.ResourceRef, now, exp
 	return Change{}, &domain.LockConflictError{Holder: *cur, Now: now, SameOwner: cur.Owner == owner}
 }
 
-// DecideRenew is Renew's rule: owner's active lock extended to expires; a
-// *domain.LockExpiredError when owner holds nothing there at now; a
-// *domain.LockConflictError when another owner does.
+// DecideRenew is Renew's rule: owner's active lock extended, a
+// *domain.LockExpiredError if owner holds none, else a *domain.LockConflictError.
 func DecideRenew(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
 	switch {
 	case cur == nil:
@@ -121,8 +117,7 @@ func DecideRenew(cur *domain.Lock, owner string, ref domain.ResourceRef, now, ex
 	}
 }
 
-// DecideRenewToken is a Handle's renewal: held extended if cur is held itself
-// (same token and owner), active; else the loss (LossOf).
+// DecideRenewToken is a Handle's renewal: held extended if active, else its loss.
 func DecideRenewToken(cur *domain.Lock, held domain.Lock, now, expires time.Time) (Change, error) {
 	if lost := LossOf(held, cur, now); lost != nil {
 		return Change{}, lost
@@ -130,8 +125,7 @@ func DecideRenewToken(cur *domain.Lock, held domain.Lock, now, expires time.Time
 	return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
 }
 
-// overDead is cur once the probe found holder's process gone: none (and
-// gone) if still holder's active lock, else cur, changed since the probe.
+// overDead is cur once holder's process is found gone: nil if still holder's, active.
 func overDead(holder domain.Lock, cur *domain.Lock, now time.Time) (_ *domain.Lock, gone bool) {
 	if cur != nil && cur.Token == holder.Token && !cur.ExpiredAt(now) {
 		return nil, true
@@ -139,8 +133,7 @@ func overDead(holder domain.Lock, cur *domain.Lock, now time.Time) (_ *domain.Lo
 	return cur, false
 }
 
-// lateWrite refuses l, written for owner on ref, if the store returned it
-// expired: the write took longer than the TTL.
+// lateWrite refuses l if the store returned it expired: the write outlasted the TTL.
 func lateWrite(l domain.Lock, owner string, ref domain.ResourceRef, now time.Time) error {
 	if l.ExpiredAt(now) {
 		return &domain.LockExpiredError{Owner: owner, Resource: ref, ExpiredAt: l.ExpiresAt, WrittenAt: now}
@@ -148,10 +141,9 @@ func lateWrite(l domain.Lock, owner string, ref domain.ResourceRef, now time.Tim
 	return nil
 }
 
-// LossOf is held's loss at now, given cur, the lock stored on its resource:
-// nil while cur is held itself, active; else taken over (another token, cur
-// as NewHolder), expired (its own row, or none past held's expiry), or
-// removed.
+// LossOf is held's loss at now given cur, the lock stored: nil while cur is
+// held, active; else taken over (another token, cur as NewHolder), expired,
+// or removed (no row before held's expiry).
 func LossOf(held domain.Lock, cur *domain.Lock, now time.Time) *domain.LockLostError {
 	lost := &domain.LockLostError{Lock: held, At: now}
 	switch {
@@ -170,8 +162,7 @@ func LossOf(held domain.Lock, cur *domain.Lock, now time.Time) *domain.LockLostE
 	return lost
 }
 
-// lossOnRead is LossOf on a read's result; an unreadable store is no proof
-// of loss before held's expiry (nil and err).
+// lossOnRead is LossOf on a read; an unreadable store proves no loss before expiry.
 func lossOnRead(held, cur domain.Lock, err error, now time.Time) (*domain.LockLostError, error) {
 	switch {
 	case err == nil:
@@ -184,15 +175,13 @@ func lossOnRead(held, cur domain.Lock, err error, now time.Time) (*domain.LockLo
 	return nil, err
 }
 
-// lossOfRelease is the loss of held, whose release by token at now removed
-// nothing, given a read afterwards.
+// lossOfRelease is the loss of held after its release removed nothing.
 func lossOfRelease(held domain.Lock, lost *domain.LockLostError, readErr error, now time.Time) *domain.LockLostError {
 	switch {
 	case lost != nil:
 		return lost
 	case readErr != nil:
-		// Why is unknown, but not whether: the removal found no active
-		// lock of this token.
+		// Why is unknown, but not whether: no active lock had its token.
 		reason := domain.LostRemoved
 		if held.ExpiredAt(now) {
 			reason = domain.LostExpired
@@ -203,8 +192,7 @@ func lossOfRelease(held domain.Lock, lost *domain.LockLostError, readErr error, 
 	return &domain.LockLostError{Lock: held, Reason: domain.LostExpired, At: now}
 }
 
-// lateRenewal turns a handle's renewal of held written only after the lock
-// had expired (lateWrite) into its loss to a failing store.
+// lateRenewal makes a renewal written after the expiry a loss, LostStoreFailing.
 func lateRenewal(held domain.Lock, err error) error {
 	var (
 		slow *domain.LockExpiredError

@@ -46,17 +46,14 @@ type Event struct {
 	Owner    string             // the owner the call was made for; empty for a cleanup
 	Resource domain.ResourceRef // zero for a release-all and a cleanup
 	Lock     domain.Lock        // the lock as stored after the event, if any
-	// Previous is the holder that refused the caller, the expired lock
-	// taken over, or the acquisition a Handle's release removed.
+	// Previous: the refusing holder, the lock taken over, or a Handle's released.
 	Previous *domain.Lock
 	Count    int // how many locks a release-all or a cleanup removed
-	// Took is how long an acquire call took, store included; a Take or Do
-	// that waits reports each try so, then the whole wait as EventWaited.
+	// Took: one try's time; EventWaited's, the whole wait's.
 	Took    time.Duration
 	HeldFor time.Duration // how long a lock released through a Handle was held
 	Err     error         // why a renewal failed, or a wait ended without the lock
-	// DeadHolder marks a takeover of an active lock whose holder, a
-	// process of this machine, was gone.
+	// DeadHolder: the holder taken over was a gone process of this machine.
 	DeadHolder bool
 }
 

@@ -10,30 +10,23 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// AcquireOptions tune Take and Do. The zero value takes the lock for the
-// default TTL, without waiting.
+// AcquireOptions tune Take and Do; zero: the default TTL, no waiting.
 type AcquireOptions struct {
 	// TTL is the lock's time to live; zero means the service's default.
 	TTL time.Duration
-	// Wait makes the call wait, instead of failing at once with a
-	// *domain.LockConflictError, until it gets the lock, ctx ends, Timeout
-	// passes or the service closes. Waiters of one service take the lock in
-	// arrival order; a release by another process is noticed by polling.
+	// Wait waits for the lock, in arrival order among this service's callers,
+	// until ctx ends, Timeout passes or the service closes.
 	Wait bool
-	// Timeout bounds a wait on the service's clock (zero: ctx does); it needs
-	// Wait, else it is a *domain.ValidationError.
+	// Timeout bounds a wait on the service's clock (zero: ctx does); needs Wait.
 	Timeout time.Duration
-	// Reentrant lets a Take made inside the work of a handle holding the same
-	// resource (a context from its KeepAlive or Do) re-enter it at once,
-	// sharing its token without moving its expiry; its Release leaves the lock
-	// to the holder. Without it, such a Take is refused at once (Nested set):
-	// waiting would wait for itself.
+	// Reentrant lets a Take inside the work of a handle holding the resource (a
+	// context of its KeepAlive or Do) share its token, never moving its expiry;
+	// without it, such a Take is refused at once (Nested): it would wait for itself.
 	Reentrant bool
 }
 
-// Handle is one acquisition of a lock: it renews, keeps alive, checks and
-// releases that acquisition by its token, never another, even of the same
-// owner (a renewal or release that finds another token or none is a loss,
+// Handle is one acquisition of a lock, renewed, kept alive, checked and
+// released by its token, never another's (finding one is a loss,
 // *domain.LockLostError). It is safe for concurrent use.
 type Handle struct {
 	svc    *LockService
@@ -53,11 +46,10 @@ type Handle struct {
 }
 
 // Take acquires the lock on ref for owner, waiting if opts.Wait, and returns
-// its handle: one acquisition, its own token. It never re-enters: another
-// handle of this service on ref makes it wait or fail at once with a
-// *domain.LockConflictError (InProcess set), and so does an active lock in
-// the store of any owner (SameOwner set for owner's own), unless it is made
-// inside the holder's work (AcquireOptions.Reentrant).
+// its handle: one acquisition, its own token. It never re-enters (but see
+// AcquireOptions.Reentrant): another handle of this service on ref is
+// waited for or refuses with a *domain.LockConflictError (InProcess set),
+// and so does an active lock in the store (SameOwner set for owner's own).
 // Errors: *domain.ValidationError; those of Acquire; a wait that ends
 // without the lock returns the last *domain.LockConflictError, with Waited
 // and Cause (the context's error if it never tried); domain.ErrClosed; a
@@ -100,9 +92,8 @@ func (s *LockService) checkTake(owner string, ref domain.ResourceRef, opts Acqui
 	return ttl, nil
 }
 
-// takeOnce tries once, in ref's turn so that two Takes never both find ref
-// free of handles: refused when a handle of this service holds ref, else
-// decided by the store (DecideTake).
+// takeOnce tries once in ref's turn, so that two Takes never both find it
+// free: refused if a handle of this service holds ref, else by DecideTake.
 func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, notAfter time.Time) (*Handle, error) {
 	sl, err := s.holders.enter(ctx, ref)
 	if err != nil {
@@ -128,9 +119,8 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	return h, nil
 }
 
-// holders keeps the handle of this service that holds each resource, so
-// that a Take here is refused, or waits, without asking the store, and the
-// holder's release wakes the next waiter.
+// holders keeps each resource's holding handle of this service: a Take here
+// is refused or waits without the store, and a release wakes the next.
 type holders struct {
 	mu    sync.Mutex
 	slots map[domain.ResourceRef]*slot
@@ -216,8 +206,7 @@ func (hs *holders) vacate(h *Handle) {
 	}
 }
 
-// heldKey marks a KeepAlive context: its value chains the handles whose
-// work it is, innermost first.
+// heldKey's value chains the handles whose work a KeepAlive context is.
 type heldKey struct{}
 
 type heldNode struct {
@@ -240,9 +229,8 @@ func (s *LockService) nestedIn(ctx context.Context, ref domain.ResourceRef) *Han
 	return nil
 }
 
-// reenter answers a Take of ref inside outer's work: with opts.Reentrant by
-// outer's owner, a share of outer's lock, checked by token; otherwise a
-// refusal at once, since waiting would wait for itself.
+// reenter answers a Take of ref in outer's work: a share of outer's lock,
+// checked by token, with opts.Reentrant by its owner; else a refusal at once.
 func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, ttl time.Duration, opts AcquireOptions) (*Handle, error) {
 	root := outer
 	for root.parent != nil {
@@ -263,8 +251,7 @@ func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, 
 	return &Handle{svc: s, ttl: ttl, lock: l, parent: root}, nil
 }
 
-// Lock returns the lock as last acquired or renewed. Its token never
-// changes.
+// Lock returns the lock as last acquired or renewed; its token never changes.
 func (h *Handle) Lock() domain.Lock {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -274,8 +261,7 @@ func (h *Handle) Lock() domain.Lock {
 // TTL returns the TTL the handle acquires and renews with.
 func (h *Handle) TTL() time.Duration { return h.ttl }
 
-// holds returns the lock if the handle holds it at now as far as it knows
-// (also while released: the store may still have it).
+// holds returns the lock if held at now as far as h knows (a release may fail).
 func (h *Handle) holds(now time.Time) (domain.Lock, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -296,9 +282,8 @@ func (h *Handle) root() *Handle {
 	return h
 }
 
-// noteLost records a loss once, on the root handle, ends its followers, and
-// wakes the waiters; it reports false once released, or while the release
-// is written (only the release knows if a read saw its own removal).
+// noteLost records a loss once, on the root, ends its followers and wakes
+// waiters; not once released or while the release writes (it knows better).
 func (h *Handle) noteLost(lost *domain.LockLostError) (recorded bool) {
 	r := h.root()
 	r.mu.Lock()
@@ -350,13 +335,12 @@ func (h *Handle) unfollow(k *keeper) {
 	h.mu.Unlock()
 }
 
-// Renew extends this acquisition's lock to now+TTL, by token, and returns
-// it; a re-entered handle only checks, by token, that the shared lock is
-// still held. A loss it finds ends the keep-alive contexts.
-// Errors: *domain.LockLostError when the lock is no longer this handle's,
-// with the reason the store shows, or when the store took longer than the
-// TTL to write it (LostStoreFailing); an error matching domain.ErrExpired
-// after the handle's own release; *domain.StoreError; domain.ErrClosed.
+// Renew extends this acquisition's lock to now+TTL by token and returns it;
+// a re-entered handle only checks that the shared lock is held. A loss it
+// finds ends the keep-alive contexts.
+// Errors: *domain.LockLostError with the reason the store shows, or
+// LostStoreFailing when the write outlasted the TTL; one matching
+// domain.ErrExpired after a release; *domain.StoreError; domain.ErrClosed.
 func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 	if err := h.Err(); err != nil {
 		return domain.Lock{}, err
@@ -408,8 +392,7 @@ func (s *LockService) renewToken(ctx context.Context, held domain.Lock, ttl time
 	return out.Lock, nil
 }
 
-// explainLoss reads held's resource: the lock stored, and held's loss now
-// (lossOnRead).
+// explainLoss reads held's resource: the lock, and held's loss (lossOnRead).
 func (s *LockService) explainLoss(ctx context.Context, held domain.Lock) (domain.Lock, *domain.LockLostError, error) {
 	if err := s.gate.enter(); err != nil {
 		return domain.Lock{}, nil, err
@@ -420,11 +403,10 @@ func (s *LockService) explainLoss(ctx context.Context, held domain.Lock) (domain
 	return cur, lost, err
 }
 
-// Release stops the keep-alive and releases this acquisition's lock by token
-// if still active, reporting whether it removed it; a re-entered handle
-// removes nothing, a second call reports false. After a failed release the
-// handle keeps its place here: call it again (a retry that finds no lock
-// reports false and nil).
+// Release stops the keep-alive and removes this acquisition's lock by token
+// if still active, reporting whether it did (a re-entry removes nothing; a
+// second call reports false). A failed release keeps the handle's place:
+// call it again (one that finds no lock then reports false and nil).
 // Errors: the *domain.LockLostError of a lost lock; *domain.StoreError or
 // ctx's error when it may not have happened; domain.ErrClosed.
 func (h *Handle) Release(ctx context.Context) (bool, error) {
@@ -459,8 +441,7 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 		h.setDropping(false)
 		h.noteLost(lost)
 	case err != nil:
-		// Not known to be released: the handle keeps its place, but
-		// nothing renews the lock any more.
+		// Maybe not released: the handle keeps its place, unrenewed.
 		h.mu.Lock()
 		h.dropping, h.attempted = false, true
 		h.mu.Unlock()
@@ -474,8 +455,7 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	return ok, err
 }
 
-// releaseToken removes held by its token if active now. One that removes
-// nothing returns the loss (lossOfRelease).
+// releaseToken removes held by token if active; else it returns the loss.
 func (s *LockService) releaseToken(ctx context.Context, held domain.Lock) (bool, error) {
 	if err := s.gate.enter(); err != nil {
 		return false, err
@@ -507,8 +487,7 @@ func (h *Handle) errReleased(op string) error {
 		op, l.Owner, l.Resource, l.Token, domain.ErrExpired)
 }
 
-// confirm answers a re-entry's release: nil only when the store shows the
-// shared acquisition still held (an unreadable store is no confirmation).
+// confirm is nil only if the store shows a re-entry's shared lock held.
 func (h *Handle) confirm(ctx context.Context) error {
 	if err := h.Err(); err != nil {
 		return err
@@ -520,8 +499,7 @@ func (h *Handle) confirm(ctx context.Context) error {
 	return err
 }
 
-// lossOrReleased records lost, found by a read, and returns it, or, once
-// the acquisition is released, that it was released.
+// lossOrReleased records lost and returns it, or that h was released.
 func (h *Handle) lossOrReleased(lost *domain.LockLostError, op string) error {
 	if !h.noteLost(lost) && h.root().isReleased() {
 		return h.errReleased(op)
@@ -529,8 +507,7 @@ func (h *Handle) lossOrReleased(lost *domain.LockLostError, op string) error {
 	return lost
 }
 
-// markReleased ends h's followers and, for a root handle, vacates its
-// place and wakes the resource's waiters.
+// markReleased ends the followers; a root vacates its place and wakes waiters.
 func (h *Handle) markReleased() {
 	h.mu.Lock()
 	h.released, h.dropping = true, false
@@ -550,11 +527,9 @@ func (h *Handle) markReleased() {
 	h.svc.waiters.wake(h.Lock().Resource) // releaseToken yielded to other processes
 }
 
-// Do takes the lock (waiting if opts.Wait), keeps it alive while fn runs,
-// with a context that ends when the lock is lost, and releases it however
-// fn ends. Afterwards it asks the store by token whether the lock was still
-// held, so a loss the keep-alive missed is returned; a service closed
-// before that makes Do fail with domain.ErrClosed.
+// Do takes the lock (waiting if opts.Wait) and runs fn with it kept alive,
+// fn's context ending when it is lost; then it checks by token that it was
+// still held (a closed service makes that domain.ErrClosed) and releases it.
 // Errors: *domain.ValidationError for a nil fn or bad options; those of
 // Take; then fn's, joined with the loss, the release's or ErrClosed.
 func (s *LockService) Do(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions,

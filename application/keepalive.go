@@ -15,10 +15,8 @@ const (
 )
 
 var (
-	// errRenewTooSlow fails a renewal still running at the expiry.
 	errRenewTooSlow = errors.New("the renewal had not completed when the lock expired")
-	// errReleased ends the context of a keep-alive whose handle was released.
-	errReleased = errors.New("the lock was released")
+	errReleased     = errors.New("the lock was released")
 )
 
 // keeper renews one handle's lock in the background.
@@ -34,13 +32,11 @@ type keeper struct {
 }
 
 // KeepAlive renews the lock by token every domain.RenewInterval(TTL) until
-// the handle is released or ctx ends, and returns a context that ends, with
-// the *domain.LockLostError as its cause, the moment the lock is lost. A
-// transient store failure is retried until the expiry; a permanent one
-// (domain.IsPermanent) ends the hold at once. A re-entry's keep-alive renews
-// nothing and ends with its outer handle's. A Take with the returned context
-// is nested (AcquireOptions.Reentrant). Calling it again returns the same
-// context.
+// release or ctx's end, and returns a context that ends the moment the lock
+// is lost, with the *domain.LockLostError as cause. Transient store failures
+// are retried until the expiry, a permanent one (domain.IsPermanent) ends
+// the hold. A re-entry's keep-alive renews nothing and ends with its outer
+// one. A Take with the context is nested; a second call returns it again.
 func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 	h.mu.Lock()
 	if h.keeper != nil {
@@ -104,8 +100,7 @@ func (h *Handle) Done() <-chan struct{} {
 	return h.keeper.done
 }
 
-// Err returns the *domain.LockLostError once the handle has learned of its
-// loss, else nil.
+// Err returns the *domain.LockLostError once h has learned of its loss.
 func (h *Handle) Err() error {
 	r := h.root()
 	r.mu.Lock()
@@ -116,8 +111,7 @@ func (h *Handle) Err() error {
 	return r.lost
 }
 
-// stop ends the renewals and waits for them; a re-entry's context ends now,
-// a root's with what its Release finds.
+// stop ends the renewals and waits; a re-entry's context ends now.
 func (k *keeper) stop() {
 	k.stopRun()
 	if k.follower {
@@ -186,8 +180,7 @@ func (k *keeper) renew() bool {
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostClosed})
 			return false
 		case domain.IsPermanent(err):
-			// No retry can succeed, and a process opening the database's
-			// name now may hold the lock in another file.
+			// No retry helps; the database's name may now lock another file.
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostStoreFailing, Err: err})
 			return false
 		}
@@ -257,10 +250,9 @@ func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 	return *lost
 }
 
-// Lost returns the handle's *domain.LockLostError, or nil while it is held:
-// the known loss, or one a read of the store finds now (an unreadable store
-// is no proof of loss before the expiry), then recorded as Err's. After a
-// release it returns an error matching domain.ErrExpired.
+// Lost returns the handle's *domain.LockLostError, known or found by a
+// read now (an unreadable store proves no loss before the expiry), or nil;
+// after a release, an error matching domain.ErrExpired.
 func (h *Handle) Lost(ctx context.Context) error {
 	var known *domain.LockLostError
 	if errors.As(h.Err(), &known) && known.Reason != domain.LostExpired {

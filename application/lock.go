@@ -10,15 +10,13 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Precision is the resolution of every instant recorded, so that every
-// adapter stores and compares the same values.
+// Precision is the resolution of every instant, the same on every adapter.
 const Precision = time.Microsecond
 
-// LockService applies the lock rules (decide.go) on top of a LockRepository.
-// Every decision reads the clock with the store's current row in hand,
-// never before a wait for the store, which would date the lock in the past.
-// Invalid input fails with *domain.ValidationError before any I/O; after
-// Close, every call fails with domain.ErrClosed.
+// LockService applies the rules of decide.go on a LockRepository, reading
+// the clock with the store's current row in hand, never before a wait for
+// the store, which would date the lock in the past. Bad input fails with
+// *domain.ValidationError before any I/O; after Close, domain.ErrClosed.
 type LockService struct {
 	repo       LockRepository
 	one        OneStatement // repo, when it can decide in one statement
@@ -34,8 +32,7 @@ type LockService struct {
 	holders    *holders // the handles holding each resource
 }
 
-// Option gives a LockService an optional port (WithObserver, WithWakeups,
-// WithProcesses).
+// Option gives a LockService an optional port.
 type Option func(*LockService)
 
 // realTimers waits on real time, for a Clock that has no timers.
@@ -43,8 +40,8 @@ type realTimers struct{}
 
 func (realTimers) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
-// NewLockService returns a service storing locks in repo and reading time
-// from clock. defaultTTL replaces a zero TTL (zero: domain.DefaultLockTTL).
+// NewLockService returns a service on repo and clock; defaultTTL replaces a
+// zero TTL (zero: domain.DefaultLockTTL).
 func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration, opts ...Option) (*LockService, error) {
 	ttl, err := domain.ResolveTTL(defaultTTL)
 	if err != nil {
@@ -55,8 +52,7 @@ func NewLockService(repo LockRepository, clock Clock, defaultTTL time.Duration, 
 		waiters: &waitQueues{queues: make(map[domain.ResourceRef][]*waiter), yields: make(map[domain.ResourceRef]time.Time)},
 		holders: &holders{slots: make(map[domain.ResourceRef]*slot)}}
 	if t, ok := clock.(Timers); ok {
-		// A clock that a test moves jumps, maybe while a waiter looks at
-		// the store (waitTurn).
+		// A clock that a test moves jumps, maybe while a waiter looks (waitTurn).
 		s.timers, s.waiters.now = t, clock.Now
 		_, s.jumps = clock.(interface{ Add(time.Duration) })
 	}
@@ -74,13 +70,11 @@ func (s *LockService) DefaultTTL() time.Duration { return s.defaultTTL }
 func (s *LockService) Now() time.Time { return s.clock.Now().UTC().Truncate(Precision) }
 
 // Close makes later calls fail with domain.ErrClosed and waits for the calls
-// and keep-alives in progress, or ctx. After a nil return no call of this
-// service can change the store, so the container releases its locks last.
+// and keep-alives in progress, or ctx: the container then releases last.
 func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx) }
 
-// gate admits calls until Close, which waits for them: an acquire still
-// queued for the store at shutdown would otherwise commit after the
-// release-all and block its resource for the whole TTL.
+// gate admits calls until Close, which waits for them: a queued acquire would
+// otherwise commit after the release-all and block its resource for a TTL.
 type gate struct {
 	mu       sync.Mutex
 	inFlight int
@@ -90,8 +84,7 @@ type gate struct {
 	closing  chan struct{} // closed when the gate closes: waits stop at once
 }
 
-// admit counts one more call (inFlight) or keep-alive (keepers), or returns
-// domain.ErrClosed; each admitted one calls dismiss.
+// admit counts a call or keep-alive (n), or returns domain.ErrClosed.
 func (g *gate) admit(n *int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -145,10 +138,9 @@ func (g *gate) close(ctx context.Context) error {
 
 // Acquire takes the lock on ref for owner for ttl (zero: the default), or
 // re-enters owner's active lock, a Handle's too, and returns it.
-// Errors: *domain.ValidationError; *domain.LockConflictError when another
-// owner holds an active lock; *domain.LockExpiredError with WrittenAt set
-// when the store took longer than ttl to write it; *domain.StoreError;
-// domain.ErrClosed after Close.
+// Errors: *domain.ValidationError; *domain.LockConflictError naming another
+// owner's active lock; *domain.LockExpiredError with WrittenAt set when the
+// write outlasted ttl; *domain.StoreError; domain.ErrClosed.
 func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
 	r, err := s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
 	return r.Lock, err
@@ -166,8 +158,7 @@ type AcquireResult struct {
 // rule decides owner's acquisition of ref.
 type rule func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error)
 
-// acquire is Acquire, or Take, by decide; one is the Op of that rule that
-// a OneStatement store may carry out instead (nil: Update decides).
+// acquire decides by decide, or by one in a OneStatement store (nil: Update).
 func (s *LockService) acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, decide rule, one *Op) (AcquireResult, error) {
 	start := s.started()
 	out, err := s.apply(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
@@ -203,21 +194,18 @@ func (s *LockService) acquire(ctx context.Context, owner string, ref domain.Reso
 	return AcquireResult{Lock: l, Reentered: err == nil && kind == EventReentered}, err
 }
 
-// Processes tells whether a process of this machine that holds a lock
-// (domain.ProcessOwner) is gone.
+// Processes tells whether a process holding a lock (domain.ProcessOwner) is gone.
 type Processes interface {
-	// Gone reports whether p's process is provably gone (same host, boot and
-	// pid namespace; no process with its pid and start time, nor group member,
-	// left), and false whenever it cannot be sure.
+	// Gone reports whether p's process (same host, boot and pid namespace) is
+	// provably gone, group included; false whenever it cannot be sure.
 	Gone(p domain.ProcessOwner) bool
 }
 
-// WithProcesses lets Acquire take over at once an active lock whose holder
-// is a gone process of this machine (nil: never).
+// WithProcesses lets Acquire take over a gone process's active lock (nil: never).
 func WithProcesses(p Processes) Option { return func(s *LockService) { s.processes = p } }
 
-// takeOverDead takes the lock for owner if holder is a gone process; the
-// probe runs outside the write, which decides on the row as overDead has it.
+// takeOverDead takes the lock if holder is a gone process; the probe runs
+// before the write, which decides on the row as overDead has it.
 func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	holder domain.Lock, decide rule) (domain.Lock, bool, error) {
 	if s.processes == nil {
@@ -232,17 +220,15 @@ func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain
 		cur, tookOver = overDead(holder, cur, now)
 		return decide(cur, owner, ref, now, expires)
 	}, nil)
-	// A decision that matched the dead holder but wrote nothing (refused
-	// at a wait's deadline, or failed) took nothing over.
+	// Matching the dead holder but writing nothing takes nothing over.
 	return out.Lock, tookOver && (err == nil || out.Lock.Token != 0), err
 }
 
-// Renew sets the expiry of owner's active lock on ref to now+ttl (zero: the
-// default TTL) and returns the lock.
+// Renew sets owner's active lock on ref to expire at now+ttl (zero: the
+// default) and returns it.
 // Errors: *domain.ValidationError; *domain.LockExpiredError when owner's
-// lock has expired or is gone, or (with WrittenAt set) when the store took
-// longer than ttl to write it; *domain.LockConflictError when another owner
-// holds it; *domain.StoreError; domain.ErrClosed after Close.
+// lock expired or is gone, or (WrittenAt set) the write outlasted ttl;
+// *domain.LockConflictError; *domain.StoreError; domain.ErrClosed.
 func (s *LockService) Renew(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
 	op := Op{Kind: OpRenew, Owner: owner, Ref: ref}
 	out, err := s.apply(ctx, owner, ref, ttl, op.Decide, &op)
@@ -269,8 +255,7 @@ func (s *LockService) Release(ctx context.Context, owner string, ref domain.Reso
 	return ok, err
 }
 
-// ReleaseAllForOwner removes every lock of owner, active or expired, and
-// returns how many (the container's shutdown).
+// ReleaseAllForOwner removes every lock of owner and returns how many.
 // Errors: *domain.ValidationError; *domain.StoreError; domain.ErrClosed.
 func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int, error) {
 	if err := s.gate.enter(); err != nil {
@@ -289,8 +274,7 @@ func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int
 }
 
 // Get returns the stored lock on ref, which may have expired.
-// Errors: *domain.ValidationError; domain.ErrNotFound; *domain.StoreError;
-// domain.ErrClosed after Close.
+// Errors: *domain.ValidationError; domain.ErrNotFound; *domain.StoreError; domain.ErrClosed.
 func (s *LockService) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
 	if err := s.gate.enter(); err != nil {
 		return domain.Lock{}, err
@@ -331,9 +315,7 @@ func (s *LockService) List(ctx context.Context, opts ListOptions) ([]domain.Lock
 	return s.repo.List(ctx, f)
 }
 
-// apply validates and carries out a decision in the gate: in one statement
-// if the store does (OneStatement), else through Update; a lock returned
-// already expired is refused (lateWrite).
+// apply decides in the gate, by OneStatement or Update, refusing late writes.
 func (s *LockService) apply(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	decide func(cur *domain.Lock, now, expires time.Time) (Change, error), one *Op) (Outcome, error) {
 	ttl, err := s.checkInput(owner, ref, ttl)
@@ -352,8 +334,7 @@ func (s *LockService) apply(ctx context.Context, owner string, ref domain.Resour
 	}
 	if err == nil && out.Kind == ChangeNone { // undecided by a OneStatement store, or none
 		out = Outcome{}
-		// now is read with the row in hand: a lock dated before a wait for
-		// other writers could come back expired.
+		// now is read with the row in hand, after any wait for writers.
 		out.Lock, err = s.repo.Update(ctx, ref, func(cur *domain.Lock) (Change, error) {
 			now, expires := s.times(ttl)()
 			c, err := decide(cur, now, expires)

@@ -8,10 +8,8 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Fence is what a plan store checks in the transaction that persists a
-// transition: that Owner still holds the lock on Resource with Token,
-// unexpired, so that a holder paused past its expiry cannot persist over a
-// new holder's work.
+// Fence is what a plan store checks as it persists: that Owner still holds
+// Resource with Token, unexpired, so a paused holder cannot overwrite.
 type Fence struct {
 	Resource domain.ResourceRef
 	Owner    string
@@ -24,29 +22,26 @@ func FenceOf(l domain.Lock) Fence { return Fence{Resource: l.Resource, Owner: l.
 // PlanStore loads and persists the embedder's plans.
 type PlanStore[P any] interface {
 	Load(ctx context.Context, planID string) (P, error)
-	// Persist writes plan in one transaction that first checks every fence,
-	// on the locks' database, and writes nothing unless all hold. Errors: a
-	// *domain.LockLostError (matching domain.ErrExpired) for a fence that does
-	// not hold, naming the new holder if any.
+	// Persist writes plan in one transaction that first checks every fence on
+	// the locks' database. Errors: *domain.LockLostError (matching
+	// domain.ErrExpired) for a fence that does not hold, naming the new holder.
 	Persist(ctx context.Context, planID string, plan P, fences []Fence) error
 }
 
 // PlanLockOptions tune how PlanLifecycleService takes its locks.
 type PlanLockOptions struct {
-	// TTL (zero: the lock service's default) bounds how long a crashed process
-	// blocks the plan: locks are kept alive while a transition runs.
+	// TTL (zero: the default) bounds how long a crashed process blocks the plan.
 	TTL time.Duration
 	// WaitTimeout bounds each lock's wait on the service's clock (zero: ctx does).
 	WaitTimeout time.Duration
 }
 
-// PlanLifecycleService runs plan transitions under the plan's lock (and
-// first the project's, always in that order, so that two never deadlock):
-// it loads the plan, runs the transition with the locks kept alive,
-// persists the plan fenced by them, and releases them however it ends. A
-// lock lost before the persist ends the transition, persisting nothing.
-// The locks are handles, so one plan's transitions are serialised inside a
-// process too; one started inside another's on the same plan is refused.
+// PlanLifecycleService runs plan transitions under the plan's lock, and the
+// project's first (always in that order: no deadlock), kept alive while
+// it runs, then persists the plan fenced by them, and releases them however
+// it ends; a lock lost before the persist ends it, persisting nothing.
+// One plan's transitions are serialised in a process too; one started in
+// another's on the same plan is refused.
 type PlanLifecycleService[P any] struct {
 	locks *LockService
 	store PlanStore[P]
@@ -71,17 +66,15 @@ func NewPlanLifecycleService[P any](locks *LockService, store PlanStore[P], owne
 	return &PlanLifecycleService[P]{locks: locks, store: store, owner: owner, opts: opts}, nil
 }
 
-// Transition runs fn on plan planID under its lock and persists what fn
-// returns. fn's context ends the moment a lock is lost.
-// Errors (nothing persisted): *domain.ValidationError;
-// *domain.LockConflictError naming the holder when the lock could not be
-// had in time; *domain.LockLostError; fn's error; the store's errors.
+// Transition runs fn on plan planID under its lock and persists its result;
+// fn's context ends the moment a lock is lost.
+// Errors (nothing persisted): *domain.ValidationError; *domain.LockConflictError
+// naming the holder; *domain.LockLostError; fn's error; the store's errors.
 func (s *PlanLifecycleService[P]) Transition(ctx context.Context, planID string, fn func(ctx context.Context, plan P) (P, error)) (P, error) {
 	return s.transition(ctx, []domain.ResourceRef{{Type: domain.ResourcePlan, ID: planID}}, planID, fn)
 }
 
-// TransitionWithProject is Transition also under the project's lock, taken
-// first, and fences the persist with both.
+// TransitionWithProject is Transition under the project's lock too, taken first.
 func (s *PlanLifecycleService[P]) TransitionWithProject(ctx context.Context, projectID, planID string, fn func(ctx context.Context, plan P) (P, error)) (P, error) {
 	return s.transition(ctx, []domain.ResourceRef{
 		{Type: domain.ResourceProject, ID: projectID},

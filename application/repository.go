@@ -26,14 +26,12 @@ type ListFilter struct {
 	ActiveAt time.Time           // only the locks active at this instant
 }
 
-// LockRepository stores locks; locktest.Run checks an implementation
-// against every promise below. It must be safe for concurrent use, also by
-// several processes sharing one store where the adapter supports it.
-// Owners and resource ids are exact byte strings (binary collation). Every
-// method returns a *domain.StoreError (matching domain.ErrUnavailable) when
-// the store fails; Update also returns its Decide function's error. A write
-// whose ctx has ended before it is made returns ctx's error and writes
-// nothing: a caller that gave up has not changed anything.
+// LockRepository stores locks; locktest.Run checks every promise below. It
+// is safe for concurrent use, also by processes sharing a store. Owners and
+// ids are exact byte strings. Every method returns a *domain.StoreError
+// (matching domain.ErrUnavailable) when the store fails; Update also its
+// Decide's error. A write whose ctx has ended returns ctx's error and
+// writes nothing.
 type LockRepository interface {
 	// Update reads the lock on ref and applies decide's change atomically, and
 	// returns the lock stored afterwards (zero when there is none).
@@ -57,19 +55,15 @@ type LockRepository interface {
 	CountExpired(ctx context.Context, now time.Time) (int, error)
 }
 
-// OneStatement is LockRepository's optional port: a store that carries out
-// an Op in one statement, not a read then a write; what it leaves
-// undecided goes through Update. Given now before it reaches the store, a
-// store that waits decides at an earlier now, so it must only err where a
-// later now would agree: takeovers and refusals stay right, but an
-// extension must check that the lock is active at the write, or leave it
-// undecided (extending a lapsed lock would keep its token across a moment
-// when no one held it).
+// OneStatement is LockRepository's optional port: a store carrying out an Op
+// in one statement, leaving what it does not decide to Update. Given now
+// before it reaches the store, it must only err where a later now agrees:
+// an extension checks that the lock is active at the write, or leaves it
+// undecided, lest a lapsed lock keep its token across a moment unheld.
 type OneStatement interface {
 	// Apply carries out op atomically, deciding as op.Decide on the row.
-	// Errors: for OpAcquire and OpTake, the rule's *domain.LockConflictError
-	// (nothing written); a *domain.StoreError. Any other outcome, every
-	// refused renewal included, is left undecided: ChangeNone, nil error.
+	// Errors: for OpAcquire and OpTake, the rule's *domain.LockConflictError;
+	// a *domain.StoreError. Any other outcome is undecided: ChangeNone, nil.
 	Apply(ctx context.Context, op Op) (Outcome, error)
 }
 

@@ -155,9 +155,8 @@ func wakeHead(queue []*waiter) {
 	}
 }
 
-// Waiting returns how many callers wait for the lock on ref, parked: with
-// every timer bounding their sleep set on the service's clock, so that a
-// test may wait for Waiting(ref) == n and then move a mock clock.
+// Waiting returns how many callers wait for ref's lock, parked with every
+// timer set: a test may wait for Waiting(ref) == n, then move a mock clock.
 func (s *LockService) Waiting(ref domain.ResourceRef) int {
 	q := s.waiters
 	q.mu.Lock()
@@ -174,10 +173,9 @@ func (s *LockService) Waiting(ref domain.ResourceRef) int {
 // errDeadline refuses a decision made after its wait had timed out.
 var errDeadline = errors.New("the wait timed out before this decision")
 
-// beforeDeadline returns decide and one, its Op; with a deadline, decide
-// refusing from notAfter on (read unrounded, as the timer fires), and no Op:
-// one jump of a test's clock past both the timeout and the holder's expiry
-// must not let a look take a lock that came free after the timeout.
+// beforeDeadline returns decide and its Op; with a deadline, decide refusing
+// from notAfter on, and no Op: one jump of a test's clock past the timeout
+// and the expiry must not let a look take a lock freed after the timeout.
 func (s *LockService) beforeDeadline(decide rule, one *Op, notAfter time.Time) (rule, *Op) {
 	if notAfter.IsZero() {
 		return decide, one
@@ -192,9 +190,8 @@ func (s *LockService) beforeDeadline(decide rule, one *Op, notAfter time.Time) (
 
 // waitTurn queues for ref and, as the head, calls try until it returns no
 // *domain.LockConflictError, or ctx ends, timeout passes or the service
-// closes (then the last conflict, with Waited). A handle of this service is
-// waited for without polling; another process's holder through Wakeups, or
-// by polling with a growing backoff, never past the holder's expiry.
+// closes (then the last conflict, with Waited). Another process's holder is
+// watched through Wakeups or polled, never past the holder's expiry.
 func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func(notAfter time.Time) (*Handle, error)) (*Handle, error) {
 	start := s.Now()
 	var (
@@ -220,7 +217,6 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		c.Waited, c.Cause = s.Now().Sub(start), cause
 		return nil, &c
 	}
-	// Sleep until this waiter is the head of the queue.
 	select {
 	case <-w.wake:
 	case <-ctx.Done():
@@ -240,8 +236,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 	)
 	for {
 		if d := s.waiters.yielding(ref, time.Now()); d > 0 {
-			// Another process waited as this service released ref: it goes
-			// first (freed), on real time, needing no move of a test's clock.
+			// Another process waited as we released ref: it goes first (freed).
 			select {
 			case <-time.After(d):
 			case <-ctx.Done():
@@ -254,8 +249,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 		select {
 		case <-expired:
-			// Timed out while waking (one move past both the deadline and
-			// the holder's expiry): end before a look finds the lock free.
+			// Timed out while waking: end before a look finds the lock free.
 			if last == nil {
 				s.waiters.unpark(w)
 				return s.queuedOut(ctx, ref, start)
@@ -292,8 +286,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			return h, err
 		}
 		if !watched && !last.InProcess && s.wakeups != nil {
-			// Watch for the other process's release, and look once more:
-			// it may have come before the watch (nil channel: poll).
+			// Watch, and look again: the release may predate the watch (nil: poll).
 			watched = true
 			c, stop := s.wakeups.Watch(ref)
 			defer stop()
@@ -318,8 +311,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 		slept := s.after(pause)
 		if woken && s.jumps && (slept.moved || slept.due.Add(-pause).After(lookedAt)) {
-			// The clock moved since the look, maybe to reach this waiter:
-			// look again, once, rather than sleep past what it made due.
+			// The clock moved since the look, maybe to reach us: look again, once.
 			woken = false
 			continue
 		}
@@ -349,8 +341,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 // jittered returns a random pause in [d/2, d]: processes do not retry in step.
 func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
-// queuedOut answers a waiter timed out behind others: the holder a read
-// finds, or, if the lock is free (the head takes it), the timeout.
+// queuedOut answers a waiter timed out behind others: the holder, or the timeout.
 func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, start time.Time) (*Handle, error) {
 	l, err := s.Get(ctx, ref)
 	now := s.Now()
@@ -364,17 +355,15 @@ func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, sta
 	return nil, errors.Join(context.DeadlineExceeded, err)
 }
 
-// AcquireWait is Acquire waiting in Take's queue (opts.Wait), re-entrant per
-// owner as Take never is, for `agents locks acquire --wait`; a Handle's lock
-// is waited for whatever its owner. opts.Reentrant is ignored.
+// AcquireWait is Acquire waiting in Take's queue (opts.Wait), for a Handle's
+// lock too, re-entrant per owner, for `agents locks acquire --wait`.
 // Errors: those of Acquire and of Take's wait.
 func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (domain.Lock, error) {
 	r, err := s.AcquireWaitResult(ctx, owner, ref, opts)
 	return r.Lock, err
 }
 
-// AcquireWaitResult is AcquireWait, saying whether it re-entered or took
-// over a dead holder's lock. Its errors are AcquireWait's.
+// AcquireWaitResult is AcquireWait, saying whether it re-entered or took over.
 func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (AcquireResult, error) {
 	ttl, err := s.checkTake(owner, ref, opts)
 	if err != nil {
