@@ -2,6 +2,7 @@ package application
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/cleveragents/locks/domain"
@@ -12,30 +13,16 @@ type EventKind int
 
 // The events the service reports to its Observer.
 const (
-	// EventAcquired: a free resource was locked (Lock is the new lock).
-	EventAcquired EventKind = iota + 1
-	// EventReentered: the holder acquired its own active lock again.
-	EventReentered
-	// EventTakenOver: an expired lock was replaced (Previous is the
-	// expired lock, Lock the new one).
-	EventTakenOver
-	// EventRefused: another owner holds the lock (Previous is the holder).
-	EventRefused
-	// EventRenewed: the holder extended its lock.
-	EventRenewed
-	// EventRenewFailed: a renewal failed (Err says why).
-	EventRenewFailed
-	// EventReleased: a lock was released (HeldFor is known when it was
-	// released through a Handle).
-	EventReleased
-	// EventReleasedAll: an owner's locks were released (Count of them).
-	EventReleasedAll
-	// EventCleanedUp: expired locks were purged (Count of them).
-	EventCleanedUp
-	// EventWaited: a Take or Do that waited for the holder ended, with the
-	// lock (Lock) or without it (Err, the conflict that ended the wait);
-	// Took is the whole wait.
-	EventWaited
+	EventAcquired    EventKind = iota + 1 // a free resource was locked
+	EventReentered                        // the holder acquired its own active lock again
+	EventTakenOver                        // an expired lock (Previous) was replaced
+	EventRefused                          // another owner (Previous) holds the lock
+	EventRenewed                          // the holder extended its lock
+	EventRenewFailed                      // a renewal failed (Err says why)
+	EventReleased                         // a lock was released (HeldFor set through a Handle)
+	EventReleasedAll                      // an owner's locks were released (Count)
+	EventCleanedUp                        // expired locks were purged (Count)
+	EventWaited                           // a wait ended, with Lock or Err; Took is the whole wait
 )
 
 var eventNames = map[EventKind]string{
@@ -55,36 +42,22 @@ func (k EventKind) String() string {
 
 // Event is one thing that happened to a lock, for logs and metrics.
 type Event struct {
-	// Kind is what happened; an observer switches on it.
-	Kind EventKind
-	// Owner is the owner the call was made for; empty for a cleanup.
-	Owner string
-	// Resource is the lock's resource; zero for a release-all and a
-	// cleanup, which concern several.
-	Resource domain.ResourceRef
-	// Lock is the lock as stored after the event, when there is one.
-	Lock domain.Lock
-	// Previous is the holder that refused the caller, the expired lock
-	// that was taken over, or the acquisition that a release through a
-	// Handle removed (its token says which).
+	Kind     EventKind
+	Owner    string             // the owner the call was made for; empty for a cleanup
+	Resource domain.ResourceRef // zero for a release-all and a cleanup
+	Lock     domain.Lock        // the lock as stored after the event, if any
+	// Previous: the refusing holder, the lock taken over, or a Handle's released.
 	Previous *domain.Lock
-	// Count is how many locks a release-all or a cleanup removed.
-	Count int
-	// Took is how long the Acquire call took, waiting for the store
-	// included, for the acquire events; a Take or Do that waits for the
-	// holder reports each try so, and then the whole wait as EventWaited.
-	Took time.Duration
-	// HeldFor is how long a lock released through a Handle was held.
-	HeldFor time.Duration
-	// Err is why a renewal failed, or why a wait ended without the lock.
-	Err error
-	// DeadHolder marks a takeover of an active lock whose holder, a
-	// process of this machine, was gone.
+	Count    int // how many locks a release-all or a cleanup removed
+	// Took: one try's time; EventWaited's, the whole wait's.
+	Took    time.Duration
+	HeldFor time.Duration // how long a lock released through a Handle was held
+	Err     error         // why a renewal failed, or a wait ended without the lock
+	// DeadHolder: the holder taken over was a gone process of this machine.
 	DeadHolder bool
 }
 
-// Observer is told of every lock event: the port through which logs and
-// metrics see the service. It is called synchronously after the event, so
+// Observer is told of every lock event, for logs and metrics, synchronously:
 // it must be quick and must not call the service back.
 type Observer interface {
 	// Observe is told of e; ctx is the context of the call that caused it.
@@ -96,6 +69,33 @@ func WithObserver(o Observer) Option { return func(s *LockService) { s.observer 
 
 func (s *LockService) observe(ctx context.Context, e Event) {
 	if s.observer != nil {
+		s.observer.Observe(ctx, e)
+	}
+}
+
+// started reads the clock for an event's Took, if anyone observes.
+func (s *LockService) started() time.Time {
+	if s.observer == nil {
+		return time.Time{}
+	}
+	return s.clock.Now()
+}
+
+// observeWait reports the end of a wait that began at start.
+func (s *LockService) observeWait(ctx context.Context, owner string, ref domain.ResourceRef, start time.Time, l domain.Lock, err error) {
+	if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
+		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: l,
+			Took: s.clock.Now().Sub(start), Err: err})
+	}
+}
+
+// observeRenewal reports a renewal that got past validation and Close.
+func (s *LockService) observeRenewal(ctx context.Context, owner string, ref domain.ResourceRef, l domain.Lock, err error) {
+	if s.observer != nil && !errors.Is(err, domain.ErrValidation) && !errors.Is(err, domain.ErrClosed) {
+		e := Event{Kind: EventRenewed, Owner: owner, Resource: ref, Lock: l}
+		if err != nil {
+			e.Kind, e.Err = EventRenewFailed, err
+		}
 		s.observer.Observe(ctx, e)
 	}
 }

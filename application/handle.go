@@ -10,57 +10,30 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// AcquireOptions tune Take and Do. The zero value takes the lock for the
-// default TTL, without waiting.
+// AcquireOptions tune Take and Do; zero: the default TTL, no waiting.
 type AcquireOptions struct {
 	// TTL is the lock's time to live; zero means the service's default.
 	TTL time.Duration
-	// Wait makes the call wait while another owner, or another handle of
-	// this service, holds the lock, instead of failing at once with a
-	// *domain.LockConflictError. The wait ends with the lock, or when ctx
-	// ends, Timeout passes or the service closes. Waiters of one service
-	// take the lock in arrival order, and are woken as soon as it is
-	// released through the same service; a release by another process is
-	// noticed by polling, with a jittered backoff that never sleeps past
-	// the holder's expiry.
+	// Wait waits for the lock, in arrival order among this service's callers,
+	// until ctx ends, Timeout passes or the service closes.
 	Wait bool
-	// Timeout bounds a wait on the service's clock; zero leaves it to ctx.
-	// It needs Wait: a Timeout without Wait is a *domain.ValidationError,
-	// as in the CLI (--timeout without --wait).
+	// Timeout bounds a wait on the service's clock (zero: ctx does); needs Wait.
 	Timeout time.Duration
-	// Reentrant lets a Take made inside the work of a handle that holds the
-	// same resource (its context comes from that handle's KeepAlive, or
-	// from Do) re-enter it, at once: the new handle shares the holder's
-	// acquisition (its token) and its Release leaves the lock to the
-	// holder. The re-entered handle never moves the lock's expiry: its
-	// Renew checks the holder's acquisition by token, its KeepAlive
-	// renews nothing and ends with the holder's, so that a shorter TTL
-	// never shortens the holder's lock. Without it, such a Take is
-	// refused at once with a *domain.LockConflictError whose Nested is
-	// set: waiting would wait for itself. It has no effect on a Take from anywhere else: another
-	// handle is another acquisition, and waits or is refused.
+	// Reentrant lets a Take inside the work of a handle holding the resource (a
+	// context of its KeepAlive or Do) share its token, never moving its expiry;
+	// without it, such a Take is refused at once (Nested): it would wait for itself.
 	Reentrant bool
 }
 
-// Handle is one acquisition of a lock: it renews, keeps alive, checks and
-// releases that acquisition, by its token, without the caller repeating
-// the owner and the resource. It is safe for concurrent use.
-//
-// A handle never acts for another acquisition, even of the same owner: a
-// renewal that finds another token or no lock is a loss
-// (*domain.LockLostError), and so is a release that removes nothing. Two
-// handles of one service are never held at once on one resource, whatever
-// their owners (see Take); the owner-scoped Acquire, Renew and Release
-// stay re-entrant per owner, as the spec says.
+// Handle is one acquisition of a lock, renewed, kept alive, checked and
+// released by its token, never another's (finding one is a loss,
+// *domain.LockLostError). It is safe for concurrent use.
 type Handle struct {
-	svc *LockService
-	ttl time.Duration
-	// parent is the handle a re-entry shares its acquisition with (see
-	// AcquireOptions.Reentrant); nil for an acquisition of its own.
-	parent *Handle
+	svc    *LockService
+	ttl    time.Duration
+	parent *Handle // the handle a re-entry shares its acquisition with
 
-	// releasing admits one Release at a time: a failed one may be retried.
-	releasing sync.Mutex
+	releasing sync.Mutex // one Release at a time: a failed one may be retried
 
 	mu        sync.Mutex
 	lock      domain.Lock
@@ -69,36 +42,18 @@ type Handle struct {
 	attempted bool                  // a release failed, and may have removed it
 	lost      *domain.LockLostError // the loss, once the handle learns of it
 	keeper    *keeper               // nil until KeepAlive
-	// followers are the keep-alives whose contexts end with this
-	// acquisition (lost or released): its own and its re-entries'.
-	followers map[*keeper]struct{}
+	followers map[*keeper]struct{}  // keep-alives ending with this acquisition
 }
 
-// Take acquires the lock on ref for owner, waiting for it if opts.Wait,
-// and returns its handle: one acquisition, with its own token.
-//
-// A resource that another handle of this service holds (until it is
-// released, lost or past its expiry) is not re-entered, even by the same
-// owner: a Take waits for it (opts.Wait, in the same queue as the waiters
-// for another owner's lock, woken when that handle lets go) or is refused
-// at once with a *domain.LockConflictError whose InProcess is set. A Take
-// made inside that handle's own work (ctx from its KeepAlive or Do)
-// re-enters it with opts.Reentrant, and is otherwise refused at once,
-// with Nested set.
-//
-// Nor does a Take ever share a lock it finds in the store: an active lock
-// of any owner, the caller's own included, refuses it (DecideTake), with
-// SameOwner set when the holder has the caller's owner id (an
-// owner-scoped Acquire of that owner, another process given the same
-// owner id, a handle whose release did not complete). With opts.Wait it
-// waits for that lock as for any other. Only a re-entry shares a token.
-//
-// Errors: *domain.ValidationError for bad input (a Timeout without Wait
-// too); those of Acquire; a wait that ends without the lock returns the
-// last *domain.LockConflictError it saw, with Waited and Cause set (or the
-// context's error if it never got to try, queued behind other waiters);
-// domain.ErrClosed when the service closes meanwhile; for a re-entry, the
-// *domain.LockLostError of the lock it would share.
+// Take acquires the lock on ref for owner, waiting if opts.Wait, and returns
+// its handle: one acquisition, its own token. It never re-enters (but see
+// AcquireOptions.Reentrant): another handle of this service on ref is
+// waited for or refuses with a *domain.LockConflictError (InProcess set),
+// and so does an active lock in the store (SameOwner set for owner's own).
+// Errors: *domain.ValidationError; those of Acquire; a wait that ends
+// without the lock returns the last *domain.LockConflictError, with Waited
+// and Cause (the context's error if it never tried); domain.ErrClosed; a
+// re-entry's *domain.LockLostError.
 func (s *LockService) Take(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (*Handle, error) {
 	ttl, err := s.checkTake(owner, ref, opts)
 	if err != nil {
@@ -110,19 +65,15 @@ func (s *LockService) Take(ctx context.Context, owner string, ref domain.Resourc
 	if !opts.Wait {
 		return s.takeOnce(ctx, owner, ref, ttl, time.Time{})
 	}
-	var start time.Time
-	if s.observer != nil {
-		start = s.clock.Now()
+	start := s.started()
+	h, err := s.waitTurn(ctx, ref, opts.Timeout, func(notAfter time.Time) (*Handle, error) {
+		return s.takeOnce(ctx, owner, ref, ttl, notAfter)
+	})
+	var l domain.Lock
+	if h != nil {
+		l = h.Lock()
 	}
-	h, err := s.acquireWaiting(ctx, owner, ref, ttl, opts.Timeout)
-	if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
-		var l domain.Lock
-		if h != nil {
-			l = h.Lock()
-		}
-		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: l,
-			Took: s.clock.Now().Sub(start), Err: err})
-	}
+	s.observeWait(ctx, owner, ref, start, l, err)
 	return h, err
 }
 
@@ -141,14 +92,8 @@ func (s *LockService) checkTake(owner string, ref domain.ResourceRef, opts Acqui
 	return ttl, nil
 }
 
-// takeOnce tries once: refused at once when another handle of this
-// service holds ref, otherwise the store decides by Take's rule
-// (DecideTake), which never re-enters a lock it finds active, whoever
-// holds it: a handle that gave up its place here while the store still
-// has its lock (a release that failed, a loss declared while its renewal
-// committed) is refused there, never shared. The check and the
-// acquisition run in ref's turn, so that two Takes never both find ref
-// free of handles.
+// takeOnce tries once in ref's turn, so that two Takes never both find it
+// free: refused if a handle of this service holds ref, else by DecideTake.
 func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, notAfter time.Time) (*Handle, error) {
 	sl, err := s.holders.enter(ctx, ref)
 	if err != nil {
@@ -159,29 +104,154 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	if l, ok := s.holders.holding(sl, now); ok {
 		return nil, &domain.LockConflictError{Holder: l, Now: now, InProcess: true}
 	}
-	decide, one := DecideTake, &Op{Kind: OpTake}
-	if !notAfter.IsZero() {
-		decide, one = s.beforeDeadline(decide, notAfter), nil
-	}
+	decide, one := s.beforeDeadline(DecideTake, &Op{Kind: OpTake}, notAfter)
 	r, err := s.acquire(ctx, owner, ref, ttl, decide, one)
-	l := r.Lock
 	var conflict *domain.LockConflictError
 	if errors.As(err, &conflict) && s.holders.holdsToken(sl, conflict.Holder.Token) {
-		// The store's holder is this service's handle, past its expiry as
-		// it knew it, renewed behind its back: say so, and let a waiter
-		// wait for its release rather than poll.
+		// This service's handle, renewed past its expiry as it knew it.
 		conflict.InProcess = true
 	}
 	if err != nil {
 		return nil, err
 	}
-	h := &Handle{svc: s, ttl: ttl, lock: l}
+	h := &Handle{svc: s, ttl: ttl, lock: r.Lock}
 	s.holders.hold(sl, h)
 	return h, nil
 }
 
-// Lock returns the lock as last acquired or renewed. Its token never
-// changes.
+// holders keeps each resource's holding handle of this service: a Take here
+// is refused or waits without the store, and a release wakes the next.
+type holders struct {
+	mu    sync.Mutex
+	slots map[domain.ResourceRef]*slot
+}
+
+type slot struct {
+	// turn admits one Take at a time, so two never both find the resource free.
+	turn   chan struct{}
+	holder *Handle
+	users  int // Takes admitted or waiting for their turn
+}
+
+// enter waits for ref's turn (one store call at most), or for ctx.
+func (hs *holders) enter(ctx context.Context, ref domain.ResourceRef) (*slot, error) {
+	hs.mu.Lock()
+	sl := hs.slots[ref]
+	if sl == nil {
+		sl = &slot{turn: make(chan struct{}, 1)}
+		hs.slots[ref] = sl
+	}
+	sl.users++
+	hs.mu.Unlock()
+	select {
+	case sl.turn <- struct{}{}:
+		return sl, nil
+	case <-ctx.Done():
+		hs.drop(ref, sl)
+		return nil, ctx.Err()
+	}
+}
+
+func (hs *holders) leave(ref domain.ResourceRef, sl *slot) {
+	<-sl.turn
+	hs.drop(ref, sl)
+}
+
+func (hs *holders) drop(ref domain.ResourceRef, sl *slot) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	sl.users--
+	if sl.users == 0 && sl.holder == nil {
+		delete(hs.slots, ref)
+	}
+}
+
+// The caller of holder, holding, holdsToken and hold has sl's turn.
+func (hs *holders) holder(sl *slot) *Handle {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	return sl.holder
+}
+
+// holding returns the lock of the handle that holds sl at now, if any.
+func (hs *holders) holding(sl *slot, now time.Time) (domain.Lock, bool) {
+	if h := hs.holder(sl); h != nil {
+		return h.holds(now)
+	}
+	return domain.Lock{}, false
+}
+
+// holdsToken reports whether sl's handle, unreleased, stands for token.
+func (hs *holders) holdsToken(sl *slot, token int64) bool {
+	h := hs.holder(sl)
+	return h != nil && !h.isReleased() && h.Lock().Token == token
+}
+
+func (hs *holders) hold(sl *slot, h *Handle) {
+	hs.mu.Lock()
+	sl.holder = h
+	hs.mu.Unlock()
+}
+
+// vacate frees h's slot, if h still holds it.
+func (hs *holders) vacate(h *Handle) {
+	ref := h.Lock().Resource
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if sl := hs.slots[ref]; sl != nil && sl.holder == h {
+		sl.holder = nil
+		if sl.users == 0 {
+			delete(hs.slots, ref)
+		}
+	}
+}
+
+// heldKey's value chains the handles whose work a KeepAlive context is.
+type heldKey struct{}
+
+type heldNode struct {
+	h    *Handle
+	next *heldNode
+}
+
+func withHeld(ctx context.Context, h *Handle) context.Context {
+	next, _ := ctx.Value(heldKey{}).(*heldNode)
+	return context.WithValue(ctx, heldKey{}, &heldNode{h: h, next: next})
+}
+
+// nestedIn returns the handle of this service on ref whose work ctx is, or nil.
+func (s *LockService) nestedIn(ctx context.Context, ref domain.ResourceRef) *Handle {
+	for n, _ := ctx.Value(heldKey{}).(*heldNode); n != nil; n = n.next {
+		if n.h.svc == s && n.h.Lock().Resource == ref && !n.h.isReleased() {
+			return n.h
+		}
+	}
+	return nil
+}
+
+// reenter answers a Take of ref in outer's work: a share of outer's lock,
+// checked by token, with opts.Reentrant by its owner; else a refusal at once.
+func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, ttl time.Duration, opts AcquireOptions) (*Handle, error) {
+	root := outer
+	for root.parent != nil {
+		root = root.parent
+	}
+	l := root.Lock()
+	if !opts.Reentrant || owner != l.Owner {
+		return nil, &domain.LockConflictError{Holder: l, Now: s.Now(), InProcess: true, Nested: true}
+	}
+	if err := root.Err(); err != nil {
+		return nil, err // known lost: the store may still show it, never share it
+	}
+	if _, lost, err := s.explainLoss(ctx, l); lost != nil {
+		return nil, root.lossOrReleased(lost, "re-enter")
+	} else if err != nil {
+		return nil, err
+	}
+	return &Handle{svc: s, ttl: ttl, lock: l, parent: root}, nil
+}
+
+// Lock returns the lock as last acquired or renewed; its token never changes.
 func (h *Handle) Lock() domain.Lock {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -191,10 +261,7 @@ func (h *Handle) Lock() domain.Lock {
 // TTL returns the TTL the handle acquires and renews with.
 func (h *Handle) TTL() time.Duration { return h.ttl }
 
-// holds returns the lock if the handle holds it at now as far as it
-// knows: not lost, not past its expiry. A handle being released still
-// holds it until the store has removed it and its slot is vacated, and so
-// does one whose release failed: it may still hold the lock in the store.
+// holds returns the lock if held at now as far as h knows (a release may fail).
 func (h *Handle) holds(now time.Time) (domain.Lock, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -207,8 +274,7 @@ func (h *Handle) isReleased() bool {
 	return h.released
 }
 
-// root returns the handle whose acquisition h stands for: h itself, or
-// the handle a re-entry shares it with.
+// root returns the handle whose acquisition h stands for.
 func (h *Handle) root() *Handle {
 	if h.parent != nil {
 		return h.parent
@@ -216,21 +282,11 @@ func (h *Handle) root() *Handle {
 	return h
 }
 
-// noteLost is the one place where a handle learns of its loss, whoever
-// found it (its keep-alive, a renewal, a release, Lost, a re-entry): it
-// records the loss, once, on the acquisition (the root handle), ends the
-// context of every keep-alive that follows it (its own and those of its
-// re-entries) with the loss as their cause, and lets the service's
-// waiters for the resource try at once. It does nothing once the
-// acquisition is released, or while its release is being written, and
-// then reports false.
+// noteLost records a loss once, on the root, ends its followers and wakes
+// waiters; not once released or while the release writes (it knows better).
 func (h *Handle) noteLost(lost *domain.LockLostError) (recorded bool) {
 	r := h.root()
 	r.mu.Lock()
-	// A released acquisition was given up, not lost: what a read finds
-	// (nothing, or another holder) is no loss of the handle's. While its
-	// release is being written, only the release's outcome says whether
-	// a read saw its removal or a loss before it: the release records it.
 	givenUp := r.lost == nil && (r.released || r.dropping)
 	first := r.lost == nil && !givenUp
 	var followers map[*keeper]struct{}
@@ -248,16 +304,13 @@ func (h *Handle) noteLost(lost *domain.LockLostError) (recorded bool) {
 	return true
 }
 
-// setDropping marks the acquisition's release as being written (or no
-// longer): a loss read meanwhile is the release's own removal.
 func (h *Handle) setDropping(on bool) {
 	h.mu.Lock()
 	h.dropping = on
 	h.mu.Unlock()
 }
 
-// follow makes k's context end with h's acquisition: lost (with the loss)
-// or released. It ends it at once if that has already happened.
+// follow makes k's context end with h's acquisition, lost or released.
 func (h *Handle) follow(k *keeper) {
 	h.mu.Lock()
 	lost, released := h.lost, h.released
@@ -276,28 +329,18 @@ func (h *Handle) follow(k *keeper) {
 	}
 }
 
-// unfollow forgets k, a keep-alive that has ended.
 func (h *Handle) unfollow(k *keeper) {
 	h.mu.Lock()
 	delete(h.followers, k)
 	h.mu.Unlock()
 }
 
-// Renew extends this acquisition's lock to now+TTL and returns it. It
-// renews by token: the same owner's lock with another token is another
-// acquisition, never extended or adopted. A re-entered handle
-// (AcquireOptions.Reentrant) never moves the lock's expiry: the handle it
-// re-entered keeps it, and a shorter TTL must not shorten it; its Renew
-// checks, by token, that the shared lock is still held, and returns it as
-// stored. A loss it finds ends the handle's keep-alive context (and that
-// of the handle it shares the lock with) as the keep-alive's own would.
-//
-// Errors: *domain.LockLostError when the lock is no longer this
-// handle's (another token holds the resource, its lock has expired or was
-// removed), with the reason the store shows, or when the store took longer
-// than the TTL to write the renewal (LostStoreFailing); an error matching
-// domain.ErrExpired, and no loss, after the handle's own release;
-// *domain.StoreError when the store fails; domain.ErrClosed after Close.
+// Renew extends this acquisition's lock to now+TTL by token and returns it;
+// a re-entered handle only checks that the shared lock is held. A loss it
+// finds ends the keep-alive contexts.
+// Errors: *domain.LockLostError with the reason the store shows, or
+// LostStoreFailing when the write outlasted the TTL; one matching
+// domain.ErrExpired after a release; *domain.StoreError; domain.ErrClosed.
 func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 	if err := h.Err(); err != nil {
 		return domain.Lock{}, err
@@ -310,7 +353,10 @@ func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 		err error
 	)
 	if h.parent != nil {
-		l, err = h.svc.checkToken(ctx, h.parent.Lock())
+		var lost *domain.LockLostError
+		if l, lost, err = h.svc.explainLoss(ctx, h.parent.Lock()); lost != nil {
+			err = lost
+		}
 	} else {
 		l, err = h.svc.renewToken(ctx, h.Lock(), h.ttl)
 	}
@@ -329,37 +375,51 @@ func (h *Handle) Renew(ctx context.Context) (domain.Lock, error) {
 	return l, nil
 }
 
-// Release stops the keep-alive, if any, waits for it to end, and releases
-// this acquisition's lock (by token) if it is still active; it reports
-// whether it removed it. Another acquisition's lock, of any owner, is
-// never touched. A re-entered handle (AcquireOptions.Reentrant) leaves
-// the lock to the handle it re-entered, and removes nothing. Releasing
-// twice is harmless: the second call reports false and nil.
-//
-// A release that the store failed, or that its context cancelled, leaves
-// the handle as it was, but for its keep-alive, which has stopped: it
-// still holds its place in this service (no other handle here takes the
-// resource until its expiry) and the lock may still be stored. Call
-// Release again: a retry that succeeds removes the lock, and one that
-// finds no lock at all reports false and nil (the failed attempt may have
-// removed it).
-//
-// Errors: the *domain.LockLostError of a lock that was lost (noticed by
-// the keep-alive, or found by the release: it removed nothing), with
-// false; *domain.StoreError or the context's error, with false, when the
-// release may not have happened (retry it); domain.ErrClosed after Close.
+// renewToken renews held by its token, never through an owner-scoped write.
+func (s *LockService) renewToken(ctx context.Context, held domain.Lock, ttl time.Duration) (domain.Lock, error) {
+	op := Op{Kind: OpRenewToken, Owner: held.Owner, Ref: held.Resource, Held: held}
+	out, err := s.apply(ctx, held.Owner, held.Resource, ttl, op.Decide, &op)
+	err = lateRenewal(held, err)
+	if err == nil && out.Lock.Token != held.Token {
+		// A store that broke its contract: never adopt the token.
+		err = &domain.StoreError{Op: "renew lock on " + held.Resource.String(),
+			Err: fmt.Errorf("renewed token %d for a handle of token %d", out.Lock.Token, held.Token)}
+	}
+	s.observeRenewal(ctx, held.Owner, held.Resource, out.Lock, err)
+	if err != nil {
+		return domain.Lock{}, err
+	}
+	return out.Lock, nil
+}
+
+// explainLoss reads held's resource: the lock, and held's loss (lossOnRead).
+func (s *LockService) explainLoss(ctx context.Context, held domain.Lock) (domain.Lock, *domain.LockLostError, error) {
+	if err := s.gate.enter(); err != nil {
+		return domain.Lock{}, nil, err
+	}
+	defer s.gate.leave()
+	cur, err := s.repo.Get(ctx, held.Resource)
+	lost, err := lossOnRead(held, cur, err, s.Now())
+	return cur, lost, err
+}
+
+// Release stops the keep-alive and removes this acquisition's lock by token
+// if still active, reporting whether it did (a re-entry removes nothing; a
+// second call reports false). A failed release keeps the handle's place:
+// call it again (one that finds no lock then reports false and nil).
+// Errors: the *domain.LockLostError of a lost lock; *domain.StoreError or
+// ctx's error when it may not have happened; domain.ErrClosed.
 func (h *Handle) Release(ctx context.Context) (bool, error) {
 	h.releasing.Lock()
 	defer h.releasing.Unlock()
 	h.mu.Lock()
-	k, already := h.keeper, h.released
+	k, already, retried := h.keeper, h.released, h.attempted
 	h.mu.Unlock()
 	if already {
 		return false, nil
 	}
 	if k != nil {
-		// The keep-alive stops first, so that no renewal races the
-		// release; its context ends below, with what the release found.
+		// Stop first, so that no renewal races the release.
 		k.stop()
 	}
 	if h.parent != nil {
@@ -374,16 +434,14 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	ok, err := h.svc.releaseToken(ctx, h.Lock())
 	var lost *domain.LockLostError
 	switch {
-	case errors.As(err, &lost) && h.retried() && lost.Reason == domain.LostRemoved:
-		// No lock at all, after an attempt whose outcome was not known:
-		// that attempt may have removed it. Released, not lost.
+	case errors.As(err, &lost) && retried && lost.Reason == domain.LostRemoved:
+		// No lock after an attempt that may have removed it: released.
 		err = nil
 	case errors.As(err, &lost):
 		h.setDropping(false)
-		h.noteLost(lost) // ends the keep-alive's context with the loss
+		h.noteLost(lost)
 	case err != nil:
-		// Not known to be released: the handle keeps its place, but
-		// nothing renews the lock any more.
+		// Maybe not released: the handle keeps its place, unrenewed.
 		h.mu.Lock()
 		h.dropping, h.attempted = false, true
 		h.mu.Unlock()
@@ -397,42 +455,51 @@ func (h *Handle) Release(ctx context.Context) (bool, error) {
 	return ok, err
 }
 
-// retried reports whether an earlier release of h failed after it may
-// have removed the lock.
-func (h *Handle) retried() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.attempted
+// releaseToken removes held by token if active; else it returns the loss.
+func (s *LockService) releaseToken(ctx context.Context, held domain.Lock) (bool, error) {
+	if err := s.gate.enter(); err != nil {
+		return false, err
+	}
+	defer s.gate.leave()
+	now := s.Now()
+	ok, err := s.repo.DeleteToken(ctx, held.Resource, held.Token, now)
+	if err != nil {
+		return false, err
+	}
+	if ok {
+		s.freed(held.Resource)
+		e := Event{Kind: EventReleased, Owner: held.Owner, Resource: held.Resource, Previous: &held}
+		if s.observer != nil {
+			e.HeldFor = now.Sub(held.AcquiredAt)
+		}
+		s.observe(ctx, e)
+		return true, nil
+	}
+	cur, err := s.repo.Get(ctx, held.Resource)
+	lost, err := lossOnRead(held, cur, err, s.Now())
+	return false, lossOfRelease(held, lost, err, now)
 }
 
-// errReleased answers a call (op) on a handle whose acquisition was
-// released: not a loss, and not held either.
+// errReleased answers op on a released handle: not a loss, not held either.
 func (h *Handle) errReleased(op string) error {
 	l := h.Lock()
 	return fmt.Errorf("%s the lock of owner %q on %s (token %d): it was released through this handle (%w); Take it again to hold it",
 		op, l.Owner, l.Resource, l.Token, domain.ErrExpired)
 }
 
-// confirm answers the release of a re-entry: nil only when the store
-// shows the shared acquisition still held; otherwise its loss, or the
-// error that kept the store from saying (ErrClosed included). Unlike
-// Lost, a store that cannot be read is no confirmation.
+// confirm is nil only if the store shows a re-entry's shared lock held.
 func (h *Handle) confirm(ctx context.Context) error {
 	if err := h.Err(); err != nil {
 		return err
 	}
-	lost, err := h.svc.explainLoss(ctx, h.root().Lock())
+	_, lost, err := h.svc.explainLoss(ctx, h.root().Lock())
 	if lost != nil {
 		return h.lossOrReleased(lost, "check")
 	}
 	return err
 }
 
-// lossOrReleased records lost, a loss that a read found, and returns
-// what to tell the caller: the loss; or, once the acquisition is
-// released, that it was released (op names the call). A read made while
-// the release is being written gets the loss it saw, unrecorded: the
-// lock is not held either way, and the release records what it finds.
+// lossOrReleased records lost and returns it, or that h was released.
 func (h *Handle) lossOrReleased(lost *domain.LockLostError, op string) error {
 	if !h.noteLost(lost) && h.root().isReleased() {
 		return h.errReleased(op)
@@ -440,9 +507,7 @@ func (h *Handle) lossOrReleased(lost *domain.LockLostError, op string) error {
 	return lost
 }
 
-// markReleased records that h is released: the keep-alives that follow
-// it end, and a root handle gives up its place in this service and lets
-// the waiters for its resource try.
+// markReleased ends the followers; a root vacates its place and wakes waiters.
 func (h *Handle) markReleased() {
 	h.mu.Lock()
 	h.released, h.dropping = true, false
@@ -462,26 +527,11 @@ func (h *Handle) markReleased() {
 	h.svc.waiters.wake(h.Lock().Resource) // releaseToken yielded to other processes
 }
 
-// Do takes the lock on ref for owner (waiting if opts.Wait), keeps it
-// alive while fn runs, and releases it when fn returns, fails or panics.
-// fn's context ends the moment the lock is lost; context.Cause(ctx) is
-// then the *domain.LockLostError. After fn returns, Do stops the
-// keep-alive and asks the store, by token, whether the lock is still this
-// acquisition's: only then does it release it. Otherwise it returns the
-// loss, joined with fn's error, and releases nothing: a loss that the
-// keep-alive had not noticed yet (a pause, a removal, a takeover while fn
-// ran) is returned too. A Take made with fn's context on the same
-// resource is nested (see AcquireOptions.Reentrant).
-//
-// Do reports success only once the store has confirmed the lock: a
-// service closed before that (the container shutting down while fn ran,
-// its keep-alive stopped by ctx) makes Do return an error matching
-// domain.ErrClosed, joined with fn's, since the lock may have been lost
-// meanwhile. The container releases the owner's locks as it closes.
-//
-// Errors: *domain.ValidationError for a nil fn or bad options, before
-// anything is acquired; those of Take, before fn runs; afterwards fn's,
-// joined with the loss, the release's error or domain.ErrClosed.
+// Do takes the lock (waiting if opts.Wait) and runs fn with it kept alive,
+// fn's context ending when it is lost; then it checks by token that it was
+// still held (a closed service makes that domain.ErrClosed) and releases it.
+// Errors: *domain.ValidationError for a nil fn or bad options; those of
+// Take; then fn's, joined with the loss, the release's or ErrClosed.
 func (s *LockService) Do(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions,
 	fn func(ctx context.Context, lock domain.Lock) error) (err error) {
 	if fn == nil {
@@ -494,19 +544,14 @@ func (s *LockService) Do(ctx context.Context, owner string, ref domain.ResourceR
 	held := h.KeepAlive(ctx)
 	defer func() {
 		p := recover()
-		// Release even when ctx has ended: a lock left behind blocks its
-		// resource for the whole TTL. The store's own retries and timeouts
-		// bound this call.
+		// Even when ctx has ended: a lock left behind blocks for its TTL.
 		_, rerr := h.Release(context.WithoutCancel(ctx))
 		var lost *domain.LockLostError
 		switch {
 		case rerr != nil && errors.Is(err, rerr):
 			rerr = nil // fn returned the loss itself
-		case errors.As(rerr, &lost):
-			// The loss, LostClosed included: reported as it is.
+		case errors.As(rerr, &lost): // LostClosed included
 		case errors.Is(rerr, domain.ErrClosed):
-			// The service closed before Do could ask the store: the lock
-			// may have been lost while fn ran, so this is no success.
 			l := h.Lock()
 			rerr = fmt.Errorf("the lock of owner %q on %s (token %d) could not be checked after the work: %w; "+
 				"whether it was held until the work ended is not known, so treat the work as unprotected",

@@ -8,63 +8,35 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Backoff between renewals that failed with a transient store error
-// (busy, unreachable): retried until the lock's own expiry, never past it.
-// A permanent one (domain.IsPermanent) is not retried: it ends the hold.
+// Backoff of a renewal after a transient failure, never past the expiry.
 const (
 	renewBackoffMin = 50 * time.Millisecond
 	renewBackoffMax = 2 * time.Second
 )
 
 var (
-	// errRenewTooSlow is the last failure of a renewal that was still
-	// running when the lock expired.
 	errRenewTooSlow = errors.New("the renewal had not completed when the lock expired")
-	// errReleased ends the context of a keep-alive whose handle was
-	// released.
-	errReleased = errors.New("the lock was released")
+	errReleased     = errors.New("the lock was released")
 )
 
 // keeper renews one handle's lock in the background.
 type keeper struct {
-	h *Handle
-	// run bounds the goroutine and every renewal: stop cancels it.
-	run     context.Context
+	h       *Handle
+	run     context.Context // bounds the goroutine and every renewal
 	stopRun context.CancelFunc
-	// held is the caller's context: it ends, with the loss as its cause,
-	// the moment the lock is lost.
+	// held, the caller's context, ends with the loss as its cause.
 	held       context.Context
 	cancelHeld context.CancelCauseFunc
 	done       chan struct{}
-	// follower says that the keep-alive is a re-entry's, which renews
-	// nothing and ends with its outer handle's (shadow).
-	follower bool
+	follower   bool // a re-entry's: renews nothing, ends with its outer handle's
 }
 
-// KeepAlive renews the lock every domain.RenewInterval(TTL) on the
-// service's clock until the handle is released or ctx ends, and returns a
-// context derived from ctx that ends the moment the lock is lost:
-// context.Cause then returns the *domain.LockLostError that says why
-// (expired, taken over by another owner, the store failing until the
-// expiry, the service closed). However the handle learns of the loss (its
-// keep-alive, Renew, Release, Lost, a re-entry that finds it), the context
-// ends with it. A transient store failure is retried with backoff until
-// the lock's expiry, and is never reported as a loss before then; one that
-// no retry can resolve (domain.IsPermanent: the database file moved away
-// or replaced, the store read-only, its schema gone) ends the hold at
-// once, as a loss LostStoreFailing that names it. Release
-// ends the keep-alive and its goroutine. Calling KeepAlive again returns
-// the same context. On a service that is closing, the context ends at
-// once, with the loss LostClosed, which Err reports too.
-//
-// The keep-alive renews this acquisition, by its token: it never adopts
-// another lock of the same owner. A re-entered handle's keep-alive renews
-// nothing (the handle it re-entered keeps the lock, and a shorter TTL must
-// not shorten it): its context ends when that handle's keep-alive context
-// ends, or its lock is lost or released. The context it returns marks the
-// handle's work: a Take of the same resource made with it is nested (see
-// AcquireOptions.Reentrant). Close ends every keep-alive, renewals in
-// flight included, and returns only once their contexts have ended.
+// KeepAlive renews the lock by token every domain.RenewInterval(TTL) until
+// release or ctx's end, and returns a context that ends the moment the lock
+// is lost, with the *domain.LockLostError as cause. Transient store failures
+// are retried until the expiry, a permanent one (domain.IsPermanent) ends
+// the hold. A re-entry's keep-alive renews nothing and ends with its outer
+// one. A Take with the context is nested; a second call returns it again.
 func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 	h.mu.Lock()
 	if h.keeper != nil {
@@ -89,8 +61,7 @@ func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 		h.noteLost(&domain.LockLostError{Lock: h.Lock(), Reason: domain.LostClosed, At: h.svc.Now()})
 		k.end(h.Err())
 	default:
-		// The first wait is decided now, on the caller's clock reading,
-		// not whenever the goroutine gets to run.
+		// The first wait is measured now, not when the goroutine runs.
 		go k.loop(k.nextRenewal())
 	}
 	return k.held
@@ -103,9 +74,7 @@ func (k *keeper) end(cause error) {
 	close(k.done)
 }
 
-// shadow is the keep-alive of a re-entry of outer: no goroutine, no
-// renewal; its context ends with outer's keep-alive context (follow has
-// it end with outer's loss or release), and done closes then.
+// shadow is a re-entry's keep-alive: it ends with outer's.
 func (k *keeper) shadow(outer *Handle) {
 	k.follower = true
 	stop := func() bool { return false }
@@ -121,8 +90,7 @@ func (k *keeper) shadow(outer *Handle) {
 	})
 }
 
-// Done is closed when the keep-alive has ended: lost, released, or its
-// context ended. It is nil before KeepAlive.
+// Done is closed when the keep-alive has ended; nil before KeepAlive.
 func (h *Handle) Done() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -132,9 +100,7 @@ func (h *Handle) Done() <-chan struct{} {
 	return h.keeper.done
 }
 
-// Err returns the *domain.LockLostError once the handle has learned that
-// its lock is lost (from the keep-alive, a renewal or a release), and nil
-// while it is held or after a plain release.
+// Err returns the *domain.LockLostError once h has learned of its loss.
 func (h *Handle) Err() error {
 	r := h.root()
 	r.mu.Lock()
@@ -145,10 +111,7 @@ func (h *Handle) Err() error {
 	return r.lost
 }
 
-// stop ends the keep-alive's renewals and waits for its goroutine. A
-// re-entry's context ends at once, as it is released; a root handle's
-// ends with the outcome of its release (Release): released, lost, or a
-// release that failed.
+// stop ends the renewals and waits; a re-entry's context ends now.
 func (k *keeper) stop() {
 	k.stopRun()
 	if k.follower {
@@ -171,7 +134,7 @@ func (k *keeper) loop(wait time.Duration) {
 			return
 		case <-k.held.Done():
 			return // lost, as learned elsewhere
-		case <-svc.gate.done():
+		case <-svc.gate.closing:
 			k.lose(domain.LockLostError{Lock: k.h.Lock(), Reason: domain.LostClosed})
 			return
 		}
@@ -181,14 +144,8 @@ func (k *keeper) loop(wait time.Duration) {
 	}
 }
 
-// nextRenewal is how long to wait before the next renewal: TTL/2, or
-// half of what is left when the lock has less than that, so that a
-// renewal, and with it the guard that declares the loss at the expiry,
-// always starts before the lock expires. A lock normally has its whole
-// TTL left when its keep-alive starts or renews it; one whose acquisition
-// was answered late (a slow link: the lock is dated when the statement
-// began) may not, and waiting TTL/2 then told its holder of the loss
-// after the expiry.
+// nextRenewal is TTL/2, or half of what is left (a late acquisition), so
+// that the renewal that declares the loss at the expiry starts before it.
 func (k *keeper) nextRenewal() time.Duration {
 	wait := domain.RenewInterval(k.h.ttl)
 	if left := k.h.Lock().ExpiresAt.Sub(k.h.svc.Now()); left < wait {
@@ -197,9 +154,7 @@ func (k *keeper) nextRenewal() time.Duration {
 	return wait
 }
 
-// renew renews the lock, retrying transient failures until its expiry,
-// giving up at once on a permanent one, and reports whether the lock is
-// still held.
+// renew renews until the expiry and reports whether the lock is still held.
 func (k *keeper) renew() bool {
 	svc := k.h.svc
 	l := k.h.Lock()
@@ -225,11 +180,7 @@ func (k *keeper) renew() bool {
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostClosed})
 			return false
 		case domain.IsPermanent(err):
-			// No retry can succeed (the database file was moved away or
-			// replaced, made read-only, its table dropped): the hold ends
-			// now. Retrying until the expiry kept the work going while a
-			// process opening the database's name now may hold the lock
-			// in another file; ending early never breaks exclusion.
+			// No retry helps; the database's name may now lock another file.
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostStoreFailing, Err: err})
 			return false
 		}
@@ -245,23 +196,19 @@ func (k *keeper) renew() bool {
 			return false
 		case <-k.held.Done():
 			return false
-		case <-svc.gate.done():
+		case <-svc.gate.closing:
 			k.lose(domain.LockLostError{Lock: l, Reason: domain.LostClosed})
 			return false
 		}
 	}
 }
 
-// renewBefore runs one renewal, abandoned when l expires on the service's
-// clock: a renewal that completes after the expiry is of no use.
+// renewBefore runs one renewal, abandoned at l's expiry.
 func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 	svc := k.h.svc
 	ctx, cancel := context.WithCancelCause(k.run)
 	defer cancel(nil)
-	// The deadline's timer is set here, before the renewal starts, not by
-	// the goroutine: a timer set late would measure from a later instant,
-	// and every timer of the keep-alive is set in order on its goroutine
-	// (a test's mock clock sees them all before the next renewal's).
+	// Set here, not in the goroutine: a test's mock clock sees the timers in order.
 	deadline := svc.timers.After(l.ExpiresAt.Sub(now))
 	finished := make(chan struct{})
 	defer close(finished)
@@ -269,10 +216,8 @@ func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 		select {
 		case <-deadline:
 			cancel(errRenewTooSlow)
-		case <-svc.gate.done():
-			// Close ends the renewal too: it waits for the keep-alive, and
-			// its release of the owner's locks must not wait for a store
-			// that does not answer.
+		case <-svc.gate.closing:
+			// Close waits for us: never for a store that does not answer.
 			cancel(domain.ErrClosed)
 		case <-finished:
 		}
@@ -289,8 +234,7 @@ func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
 	return err
 }
 
-// lostAt explains the loss of l: the store kept failing until the expiry
-// (last), or see explainLoss.
+// lostAt explains the loss of l at its expiry.
 func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 	if last != nil {
 		var slow *domain.LockLostError
@@ -299,25 +243,16 @@ func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 		}
 		return domain.LockLostError{Lock: l, Reason: domain.LostStoreFailing, Err: last}
 	}
-	lost, _ := k.h.svc.explainLoss(k.run, l)
+	_, lost, _ := k.h.svc.explainLoss(k.run, l)
 	if lost == nil { // the store still shows it: it has expired all the same
 		lost = &domain.LockLostError{Lock: l, Reason: domain.LostExpired}
 	}
 	return *lost
 }
 
-// Lost returns the *domain.LockLostError of the handle's lock, or nil while
-// it is held: the loss the keep-alive reported, or one it has not noticed
-// yet (it was stopped, or the process was paused), found by reading the
-// store now. A store that cannot be read is no proof of loss before the
-// lock's expiry.
-//
-// A loss it finds is recorded as the handle's (Err), and ends the
-// keep-alive's context, as the keep-alive's own would. One recorded as an
-// expiry is read again: another acquisition may have taken the resource
-// since, and the answer then names it. After a release that removed the
-// lock it returns an error matching domain.ErrExpired and records no
-// loss: the lock was given up, not lost, and is not held.
+// Lost returns the handle's *domain.LockLostError, known or found by a
+// read now (an unreadable store proves no loss before the expiry), or nil;
+// after a release, an error matching domain.ErrExpired.
 func (h *Handle) Lost(ctx context.Context) error {
 	var known *domain.LockLostError
 	if errors.As(h.Err(), &known) && known.Reason != domain.LostExpired {
@@ -326,7 +261,7 @@ func (h *Handle) Lost(ctx context.Context) error {
 	if known == nil && h.root().isReleased() {
 		return h.errReleased("check") // given up, not lost, and no longer held
 	}
-	lost, _ := h.svc.explainLoss(ctx, h.Lock())
+	_, lost, _ := h.svc.explainLoss(ctx, h.Lock())
 	switch {
 	case lost != nil:
 		return h.lossOrReleased(lost, "check")
@@ -334,19 +269,6 @@ func (h *Handle) Lost(ctx context.Context) error {
 		return known
 	}
 	return nil
-}
-
-// explainLoss says whether, and why, l is lost now, by its token
-// (LossOf): another acquisition holds the resource (taken over), the lock
-// was removed before its expiry, or it has expired. Nil while the store
-// still shows l active, or when the store cannot be read and l has not
-// expired.
-func (s *LockService) explainLoss(ctx context.Context, l domain.Lock) (*domain.LockLostError, error) {
-	if err := s.gate.enter(); err != nil {
-		return nil, err
-	}
-	defer s.gate.leave()
-	return s.lossNow(ctx, l)
 }
 
 // lose records the loss and ends the caller's context with it.

@@ -8,70 +8,40 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Fence is what a plan store checks inside the transaction that persists
-// a transition: that Owner still holds the lock on Resource with Token, and
-// that it has not expired. A holder that was paused past its expiry, and
-// whose resource another owner took meanwhile, then cannot persist over
-// the new holder's work.
+// Fence is what a plan store checks as it persists: that Owner still holds
+// Resource with Token, unexpired, so a paused holder cannot overwrite.
 type Fence struct {
-	// Resource is the locked resource the write belongs to.
 	Resource domain.ResourceRef
-	// Owner is the owner that must still hold the lock.
-	Owner string
-	// Token is the fencing token of the acquisition that must still hold
-	// it: a later acquisition, even by the same owner, fails the check.
-	Token int64
+	Owner    string
+	Token    int64
 }
 
 // FenceOf returns the fence of a held lock.
 func FenceOf(l domain.Lock) Fence { return Fence{Resource: l.Resource, Owner: l.Owner, Token: l.Token} }
 
-// PlanStore loads and persists the embedder's plans. The plan's phases and
-// state are the embedder's type P; the lifecycle service only orders the
-// calls around the locks.
+// PlanStore loads and persists the embedder's plans.
 type PlanStore[P any] interface {
-	// Load returns the plan with id planID.
 	Load(ctx context.Context, planID string) (P, error)
-	// Persist writes plan in one transaction in which it first checks
-	// every fence, in order, on the same database as the locks, and writes
-	// nothing unless all hold. A fence that does not hold fails with a
-	// *domain.LockLostError (matching domain.ErrExpired) naming the lock
-	// and, when another owner holds the resource now, that owner.
+	// Persist writes plan in one transaction that first checks every fence on
+	// the locks' database. Errors: *domain.LockLostError (matching
+	// domain.ErrExpired) for a fence that does not hold, naming the new holder.
 	Persist(ctx context.Context, planID string, plan P, fences []Fence) error
 }
 
 // PlanLockOptions tune how PlanLifecycleService takes its locks.
 type PlanLockOptions struct {
-	// TTL of the locks; zero means the lock service's default. Locks are
-	// kept alive while a transition runs, so the TTL bounds how long a
-	// crashed process blocks the plan, not how long a transition may take.
+	// TTL (zero: the default) bounds how long a crashed process blocks the plan.
 	TTL time.Duration
-	// WaitTimeout bounds, on the service's clock, how long a transition
-	// waits for each lock; zero leaves it to the caller's context.
+	// WaitTimeout bounds each lock's wait on the service's clock (zero: ctx does).
 	WaitTimeout time.Duration
 }
 
-// PlanLifecycleService runs plan lifecycle transitions under the plan's
-// lock (and the project's, for transitions that change project state too):
-//
-//  1. take the project lock, if any, then the plan lock, waiting for each
-//     (behind other processes and the other transitions of this one);
-//     always in that order, so that two transitions never deadlock;
-//  2. load the plan;
-//  3. run the transition, keeping the locks alive while it runs;
-//  4. persist the plan, fenced by the locks inside the store's own
-//     transaction;
-//  5. release the locks, also when the transition fails or panics.
-//
-// A lock lost before the plan is persisted ends the transition with the
-// loss, and nothing is persisted.
-//
-// The locks are taken as handles: one acquisition each, renewed, fenced
-// and released by token. Handles of one lock service exclude each other,
-// so two transitions of one plan are serialised inside a process as well
-// as between processes, whatever owner the service was given; a
-// transition started inside another's function on the same plan (with
-// its context) is refused at once rather than waiting for itself.
+// PlanLifecycleService runs plan transitions under the plan's lock, and the
+// project's first (always in that order: no deadlock), kept alive while
+// it runs, then persists the plan fenced by them, and releases them however
+// it ends; a lock lost before the persist ends it, persisting nothing.
+// One plan's transitions are serialised in a process too; one started in
+// another's on the same plan is refused.
 type PlanLifecycleService[P any] struct {
 	locks *LockService
 	store PlanStore[P]
@@ -79,9 +49,7 @@ type PlanLifecycleService[P any] struct {
 	opts  PlanLockOptions
 }
 
-// NewPlanLifecycleService returns the service that runs transitions for
-// owner with locks from locks and plans from store.
-//
+// NewPlanLifecycleService runs transitions for owner with locks and store.
 // Errors: *domain.ValidationError for a bad owner, TTL or timeout.
 func NewPlanLifecycleService[P any](locks *LockService, store PlanStore[P], owner string, opts PlanLockOptions) (*PlanLifecycleService[P], error) {
 	if err := domain.ValidateOwner(owner); err != nil {
@@ -98,21 +66,15 @@ func NewPlanLifecycleService[P any](locks *LockService, store PlanStore[P], owne
 	return &PlanLifecycleService[P]{locks: locks, store: store, owner: owner, opts: opts}, nil
 }
 
-// Transition runs fn on plan planID under the plan's lock and persists
-// what fn returns. fn's context ends the moment a lock is lost; fn should
-// stop then, and whatever it returns is not persisted.
-//
-// Errors: *domain.ValidationError for a bad id; *domain.LockConflictError
-// naming the holder when the lock could not be had in time;
-// *domain.LockLostError when a lock was lost before persistence (nothing
-// persisted); fn's error (nothing persisted); the store's errors.
+// Transition runs fn on plan planID under its lock and persists its result;
+// fn's context ends the moment a lock is lost.
+// Errors (nothing persisted): *domain.ValidationError; *domain.LockConflictError
+// naming the holder; *domain.LockLostError; fn's error; the store's errors.
 func (s *PlanLifecycleService[P]) Transition(ctx context.Context, planID string, fn func(ctx context.Context, plan P) (P, error)) (P, error) {
 	return s.transition(ctx, []domain.ResourceRef{{Type: domain.ResourcePlan, ID: planID}}, planID, fn)
 }
 
-// TransitionWithProject is Transition for a transition that changes the
-// project's state as well: it takes the project's lock, then the plan's,
-// and fences the persist with both.
+// TransitionWithProject is Transition under the project's lock too, taken first.
 func (s *PlanLifecycleService[P]) TransitionWithProject(ctx context.Context, projectID, planID string, fn func(ctx context.Context, plan P) (P, error)) (P, error) {
 	return s.transition(ctx, []domain.ResourceRef{
 		{Type: domain.ResourceProject, ID: projectID},
@@ -131,15 +93,15 @@ func (s *PlanLifecycleService[P]) transition(ctx context.Context, refs []domain.
 	handles := make([]*Handle, 0, len(refs))
 	defer func() {
 		p := recover()
-		// Release in reverse order, by token, even when ctx has ended: a
-		// lock left behind blocks the plan for its whole TTL.
+		// Even when ctx has ended: a lock left behind blocks the plan for
+		// its whole TTL.
 		for i := len(handles) - 1; i >= 0; i-- {
 			_, rerr := handles[i].Release(context.WithoutCancel(ctx))
 			switch {
 			case rerr == nil || errors.Is(rerr, domain.ErrClosed):
 			case errors.Is(rerr, domain.ErrExpired) && (err == nil || errors.Is(err, domain.ErrExpired)):
-				// Lost after a persist that its fences let through (the
-				// transition is done), or the loss already reported.
+				// Lost after a persist its fences let through, or the loss
+				// already reported.
 			default:
 				err = errors.Join(err, rerr)
 			}
@@ -189,8 +151,8 @@ func lostErr(handles []*Handle) error {
 	return nil
 }
 
-// lostOr returns err joined with the loss of a lock, if one was lost: an
-// error that follows from the loss (a cancelled context) then says why.
+// lostOr joins err with a lock's loss, which says why (a cancelled
+// context follows from it).
 func lostOr(handles []*Handle, err error) error {
 	if lost := lostErr(handles); lost != nil && !errors.Is(err, lost) {
 		return errors.Join(lost, err)

@@ -7,151 +7,72 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Clock is what the service needs of a clock to decide: the time. Both
-// clock.New() and clock.NewMock() from github.com/benbjohnson/clock
-// satisfy it, and also Timers.
+// Clock is what the service needs of a clock to decide (clock.New() and
+// clock.NewMock() of github.com/benbjohnson/clock satisfy it, and Timers).
 type Clock interface {
-	// Now returns the current time; the service reads it once per call.
 	Now() time.Time
 }
 
-// Timers is what waiting needs of a clock: a channel that receives once d
-// has passed on that clock. Waiting for a lock, keeping one alive and
-// periodic cleanup all wait through it, so that a mock clock drives them
-// in tests without sleeping. A Clock that does not implement Timers waits
-// on real time.
+// Timers is what waiting needs of a clock, so that a mock clock drives
+// waits in tests; a Clock without it waits on real time.
 type Timers interface {
-	// After returns a channel that receives once d has passed.
 	After(d time.Duration) <-chan time.Time
-}
-
-// realTimers waits on real time, for a Clock that has no timers.
-type realTimers struct{}
-
-func (realTimers) After(d time.Duration) <-chan time.Time { return time.After(d) }
-
-// timersOf returns clk's timers, or real ones.
-func timersOf(clk Clock) Timers {
-	if t, ok := clk.(Timers); ok {
-		return t
-	}
-	return realTimers{}
 }
 
 // ListFilter selects locks for List. Zero fields do not filter.
 type ListFilter struct {
-	// Type, when set, keeps only the locks of that resource type.
-	Type domain.ResourceType
-	// Owner, when set, keeps only that owner's locks.
-	Owner string
-	// ActiveAt, when set, keeps only the locks that are active at that
-	// instant; zero includes expired locks too.
-	ActiveAt time.Time
+	Type     domain.ResourceType // only the locks of this resource type
+	Owner    string              // only this owner's locks
+	ActiveAt time.Time           // only the locks active at this instant
 }
 
-// LockRepository stores locks: implement it to keep locks in a store of
-// one's own, and check the implementation with locktest.Run, which holds
-// it to every promise below. Implementations must be safe for concurrent
-// use, reads included (Get, List and CountExpired run while others
-// write), also by several processes sharing one store where the adapter
-// supports it. Every method returns a *domain.StoreError (matching
-// domain.ErrUnavailable) when the store fails; Update also returns whatever
-// error its Decide function returns, unchanged.
-//
-// Owners and resource ids are exact byte strings: two that differ in any
-// byte (case, trailing spaces, another Unicode normalisation) are
-// different owners and different resources, for every method. A store
-// over a database compares them with a binary collation, never one that
-// folds case or pads with spaces.
-//
-// A write (Update, the Delete methods, and OneStatement's Apply)
-// whose ctx has ended before it is made returns the ctx's error (matching
-// ctx.Err() with errors.Is, and not domain.ErrUnavailable) and writes
-// nothing: a caller that has given up, or timed out, has not released,
-// acquired or purged anything.
+// LockRepository stores locks; locktest.Run checks every promise below. It
+// is safe for concurrent use, also by processes sharing a store. Owners and
+// ids are exact byte strings. Every method returns a *domain.StoreError
+// (matching domain.ErrUnavailable) when the store fails; Update also its
+// Decide's error. A write whose ctx has ended returns ctx's error and
+// writes nothing.
 type LockRepository interface {
-	// Update reads the lock on ref and applies the change that decide
-	// returns, atomically: no other writer can change the resource between
-	// the read and the write. It returns the lock as stored afterwards (the
-	// current one for ChangeNone, the zero Lock when there was none).
+	// Update reads the lock on ref and applies decide's change atomically, and
+	// returns the lock stored afterwards (zero when there is none).
 	Update(ctx context.Context, ref domain.ResourceRef, decide Decide) (domain.Lock, error)
-
-	// Get returns the stored lock on ref, active or expired, or
-	// domain.ErrNotFound.
+	// Get returns the stored lock on ref, active or expired, or domain.ErrNotFound.
 	Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error)
-
 	// List returns the locks matching filter, ordered by resource type and id.
 	List(ctx context.Context, filter ListFilter) ([]domain.Lock, error)
-
-	// DeleteOwned removes the lock on ref if owner holds it, active or
-	// expired, and reports whether it removed one (never true together
-	// with an error).
+	// DeleteOwned removes owner's lock on ref, active or expired, and reports
+	// whether it did.
 	DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error)
-
-	// DeleteToken removes the lock on ref whose token is token, if it is
-	// active at now (now < ExpiresAt), and reports whether it removed it.
-	// It never touches another acquisition's lock, whatever its owner,
-	// nor the token's own lock once it has expired: a Handle releases the
-	// one acquisition it stands for, and learns from a removal of nothing
-	// that it had lost it.
+	// DeleteToken removes the lock on ref of token if active at now, and
+	// reports whether it did: never another acquisition's, nor an expired one.
 	DeleteToken(ctx context.Context, ref domain.ResourceRef, token int64, now time.Time) (bool, error)
-
 	// DeleteAllOwned removes every lock of owner and returns how many.
 	DeleteAllOwned(ctx context.Context, owner string) (int, error)
-
-	// DeleteExpired removes at most limit locks that have expired at now
-	// (ExpiresAt <= now) and returns how many: limit, or fewer only when
-	// no more have expired. Callers loop to purge more, so that no single
-	// write holds the store for long, and stop at a batch smaller than
-	// limit.
+	// DeleteExpired removes at most limit locks expired at now (ExpiresAt <=
+	// now) and returns how many: fewer than limit only once none are left.
 	DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error)
-
 	// CountExpired returns how many stored locks have expired at now.
 	CountExpired(ctx context.Context, now time.Time) (int, error)
 }
 
-// OneStatement is the one optional port of a LockRepository: a store
-// that carries out a decision of the service (an Op) in one statement,
-// instead of a transaction that reads the row and then writes it. The
-// service uses it when its repository has it (a type assertion), for
-// every Op, and decides through Update whatever it leaves undecided.
-//
-// Unlike Update, it is given now before it reaches the store (Op.At): the
-// service cannot read the clock in the middle of one statement. A store
-// that waits (for another writer of the resource) decides at that earlier
-// now, so it must only ever err on the side that a later now would not
-// contradict: an expired lock stays expired later, so a takeover or an
-// acquisition of a free resource at the earlier now is also right at the
-// write; a lock active at the earlier now may have expired meanwhile, so
-// a refusal is at worst early, and an extension (a re-entry, a renewal)
-// must check that the lock is active at the time of the write, or leave
-// it undecided: extending a lock that had lapsed would keep its token
-// across a moment when no one held it.
+// OneStatement is LockRepository's optional port: a store carrying out an Op
+// in one statement, leaving what it does not decide to Update. Given now
+// before it reaches the store, it must only err where a later now agrees:
+// an extension checks that the lock is active at the write, or leaves it
+// undecided, lest a lapsed lock keep its token across a moment unheld.
 type OneStatement interface {
-	// Apply carries out op atomically and reports what it did. Its
-	// decisions must be op.Decide's on the row it changed. OpTake never
-	// re-enters, and OpRenewToken extends only the row of op.Held's
-	// token and owner, never another acquisition of the same owner.
-	//
-	// Errors: for OpAcquire and OpTake, the rule's
-	// *domain.LockConflictError when a lock stored and active at now
-	// refuses the caller (nothing written); a *domain.StoreError when
-	// the store fails. Any other outcome, every refusal of a renewal
-	// included, is left undecided: Outcome.Kind ChangeNone and a nil
-	// error, nothing written, and the service decides through Update,
-	// which also names the error.
+	// Apply carries out op atomically, deciding as op.Decide on the row.
+	// Errors: for OpAcquire and OpTake, the rule's *domain.LockConflictError;
+	// a *domain.StoreError. Any other outcome is undecided: ChangeNone, nil.
 	Apply(ctx context.Context, op Op) (Outcome, error)
 }
 
 // Outcome is what a OneStatement store did.
 type Outcome struct {
-	// Kind is the change written: ChangeInsert when the resource changed
-	// hands, ChangeExtend when the lock's expiry moved (a re-entry, a
-	// renewal), ChangeNone when nothing was written and the decision is
-	// left to Update.
+	// Kind is the change written; ChangeNone: undecided, left to Update.
 	Kind ChangeKind
 	// Lock is the lock as stored afterwards.
 	Lock domain.Lock
-	// Previous is the expired lock that was replaced, on a takeover.
+	// Previous is the expired lock replaced, on a takeover.
 	Previous *domain.Lock
 }

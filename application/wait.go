@@ -11,49 +11,31 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Backoff of a waiter that polls a lock held by another process: it starts
-// small, so that a lock released a moment later is taken a moment later,
-// doubles up to a cap, so that many waiters do not hammer the store, and
-// is jittered, so that waiters of several processes do not poll in step.
-// It never sleeps past the holder's expiry.
+// A poller's backoff: small to see a release at once, capped to spare the store.
 const (
 	waitBackoffMin = 5 * time.Millisecond
 	waitBackoffMax = time.Second
 )
 
-// waitQueues holds, per resource, the callers of this service waiting for
-// its lock, in arrival order. Only the first of each queue (the head)
-// tries the lock; the others sleep until they become the head. A release
-// through this service wakes the head at once; a release by another
-// process is seen by the head's polling, and an expiry by its timer.
+// waitQueues holds each resource's waiters in arrival order; only the head tries.
 type waitQueues struct {
 	mu     sync.Mutex
 	queues map[domain.ResourceRef][]*waiter
-	// yields holds, per resource this service released while another
-	// process waited for it, until when its waiters hold back (freed).
+	// yields: until when to hold back on a resource just handed over (freed).
 	yields map[domain.ResourceRef]time.Time
-	// now reads the clock the waiters' timers run on, when the service's
-	// clock has timers of its own (a mock clock); nil for real timers.
+	// now reads a mock clock the waiters' timers run on; nil for real timers.
 	now func() time.Time
 }
 
 type waiter struct {
-	// wake receives when the waiter becomes the head, or when the head
-	// should try again at once (an in-process release).
+	// wake receives when the waiter becomes the head or should try again.
 	wake chan struct{}
-	// parked is set, under the queues' mutex, while the waiter sleeps
-	// with every timer that bounds its sleep already set: from then on,
-	// moving the clock reaches it (see Waiting). timers are those timers'
-	// channels, and due the earliest instant one of them fires, on the
-	// clock they were set on (zero: not known). Once the clock reaches
-	// due, or a timer's channel holds its time, the waiter is awake,
-	// whether or not it has taken the time out of the channel yet: it
-	// counts as parked again only once it has set its next timers.
+	// parked: asleep with every timer bounding the sleep set (see Waiting); due,
+	// the earliest one's instant, past which it counts as awake, drained or not.
 	parked bool
 	timers [2]<-chan time.Time
 	due    time.Time
-	// news is the channel of wake-ups from other processes it sleeps on.
-	news <-chan struct{}
+	news   <-chan struct{} // the wake-ups from other processes it sleeps on
 }
 
 // asleep says whether w is parked with no wake-up pending; q.mu is held.
@@ -72,19 +54,15 @@ func (q *waitQueues) asleep(w *waiter) bool {
 	return true
 }
 
-// timer is a timer a waiter sleeps on: its channel and the instant it is
-// due on the clock it was set on.
+// timer is a waiter's timer; moved: the clock moved while it was set.
 type timer struct {
-	c   <-chan time.Time
-	due time.Time
-	// moved says that the clock moved while the timer was being set, so
-	// that it may be due later than due.
+	c     <-chan time.Time
+	due   time.Time
 	moved bool
 }
 
-// after sets a timer of d on the service's timers. Its due instant is read
-// from the clock before the timer is set, so that it is never later than
-// the timer's: a waiter stops counting as parked no later than it wakes.
+// after sets a timer of d, due read before it is set: a waiter stops
+// counting as parked no later than it wakes.
 func (s *LockService) after(d time.Duration) timer {
 	if s.waiters.now == nil {
 		return timer{c: s.timers.After(d)}
@@ -95,12 +73,7 @@ func (s *LockService) after(d time.Duration) timer {
 	return t
 }
 
-func newWaitQueues() *waitQueues {
-	return &waitQueues{queues: make(map[domain.ResourceRef][]*waiter), yields: make(map[domain.ResourceRef]time.Time)}
-}
-
-// setParked records w's timers (nil channels: none) and wake-up channel,
-// and marks it parked; q.mu is held.
+// setParked records w's timers and wake-ups and parks it; q.mu is held.
 func (w *waiter) setParked(news <-chan struct{}, timers ...timer) {
 	w.parked, w.news = true, news
 	w.timers, w.due = [2]<-chan time.Time{}, time.Time{}
@@ -115,8 +88,7 @@ func (w *waiter) setParked(news <-chan struct{}, timers ...timer) {
 	}
 }
 
-// join queues a new waiter for ref; it is woken at once if it is the head.
-// expired is its timeout's channel (nil: none).
+// join queues a waiter for ref, woken at once as the head.
 func (q *waitQueues) join(ref domain.ResourceRef, expired timer) *waiter {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	q.mu.Lock()
@@ -125,30 +97,18 @@ func (q *waitQueues) join(ref domain.ResourceRef, expired timer) *waiter {
 	if len(q.queues[ref]) == 1 {
 		w.wake <- struct{}{}
 	} else {
-		// Behind others, it sleeps until it becomes the head; its
-		// timeout's timer, if any, was set before it queued.
 		w.setParked(nil, expired)
 	}
 	return w
 }
 
-// park marks w as asleep, with the timers it sleeps on set, and news the
-// channel of wake-ups from other processes it sleeps on (nil: none).
-func (q *waitQueues) park(w *waiter, news <-chan struct{}, timers ...timer) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	w.setParked(news, timers...)
-}
-
-// unpark marks w as awake (it tries the lock, or computes its next sleep).
 func (q *waitQueues) unpark(w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	w.parked = false
 }
 
-// leave removes w from ref's queue and wakes the next head, if w was the
-// head.
+// leave removes w and, if w was the head, wakes the next.
 func (q *waitQueues) leave(ref domain.ResourceRef, w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -164,35 +124,41 @@ func (q *waitQueues) leave(ref domain.ResourceRef, w *waiter) {
 		}
 		q.queues[ref] = queue
 		if i == 0 {
-			queue[0].parked = false
-			signal(queue[0].wake)
+			wakeHead(queue)
 		}
 		return
 	}
 }
 
-// wake tells the head waiter of ref to try again now.
 func (q *waitQueues) wake(ref domain.ResourceRef) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if queue := q.queues[ref]; len(queue) > 0 {
-		queue[0].parked = false
-		signal(queue[0].wake)
+		wakeHead(queue)
 	}
 }
 
-// wakeAll tells every head waiter to try again now.
 func (q *waitQueues) wakeAll() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, queue := range q.queues {
-		queue[0].parked = false
-		signal(queue[0].wake)
+		wakeHead(queue)
 	}
 }
 
-// count returns how many callers wait for ref, parked (see Waiting).
-func (q *waitQueues) count(ref domain.ResourceRef) int {
+// wakeHead wakes queue's head; q.mu is held.
+func wakeHead(queue []*waiter) {
+	queue[0].parked = false
+	select {
+	case queue[0].wake <- struct{}{}:
+	default:
+	}
+}
+
+// Waiting returns how many callers wait for ref's lock, parked with every
+// timer set: a test may wait for Waiting(ref) == n, then move a mock clock.
+func (s *LockService) Waiting(ref domain.ResourceRef) int {
+	q := s.waiters
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	n := 0
@@ -204,72 +170,28 @@ func (q *waitQueues) count(ref domain.ResourceRef) int {
 	return n
 }
 
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default: // a wake-up is already pending
-	}
-}
-
-// Waiting returns how many callers of this service are waiting for the lock
-// on ref, counting a caller only once it is parked: asleep, with every
-// timer that bounds its sleep (the holder's expiry, its next look at the
-// store, its timeout) already set on the service's clock. So once Waiting
-// says a caller waits, moving a mock clock reaches it: a test may wait
-// until Waiting(ref) == n and then move the clock past the holder's
-// expiry. A caller that is trying the lock, or about to sleep again, is
-// not counted until it sleeps; nor is one whose timer is due on the
-// service's clock (a move reached it), even before it has woken, nor one
-// that gave up and is on its way out. A caller that another goroutine
-// wakes (its turn came, a holder released) while the clock moves looks
-// again if the clock moved during its look, so that the move reaches it;
-// one move past both its timeout and the holder's expiry ends its wait as
-// a timeout.
-func (s *LockService) Waiting(ref domain.ResourceRef) int { return s.waiters.count(ref) }
-
-// acquireWaiting takes the lock on ref for owner, waiting while another
-// owner or another handle of this service holds it, until ctx ends,
-// timeout passes on the service's clock (zero: no timeout) or the service
-// closes. A wait that ends without the lock returns the last conflict
-// seen, with Waited set; if the waiter never got to try (others were
-// ahead of it), the context's error or ErrClosed.
-//
-// A handle of this service is waited for without polling the store: its
-// release or its loss wakes the head of the queue, and its expiry as it
-// knows it bounds the sleep. A holder in another process is waited for
-// through the service's Wakeups, if it has them (its release wakes the
-// head, which still reads the store once per waitFallback and at the
-// holder's expiry), or else by polling with a growing backoff.
-func (s *LockService) acquireWaiting(ctx context.Context, owner string, ref domain.ResourceRef, ttl, timeout time.Duration) (*Handle, error) {
-	return s.waitTurn(ctx, ref, timeout, func(notAfter time.Time) (*Handle, error) {
-		return s.takeOnce(ctx, owner, ref, ttl, notAfter)
-	})
-}
-
-// errDeadline is a decision refused because the wait it was made for had
-// timed out by then (see beforeDeadline).
+// errDeadline refuses a decision made after its wait had timed out.
 var errDeadline = errors.New("the wait timed out before this decision")
 
-// beforeDeadline returns decide, refusing every decision made once the
-// service's clock reads notAfter or later. A waiter on a clock that jumps
-// decides so: one move of the clock past both its timeout and the
-// holder's expiry may land while it looks at the store, and that look
-// must not take a lock that came free only after the wait had timed out,
-// as it would not in real time. The clock is read as it is, not at the
-// decisions' precision, so that the refusal starts exactly when the
-// timeout's timer fires.
-func (s *LockService) beforeDeadline(decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error),
-	notAfter time.Time) func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
+// beforeDeadline returns decide and its Op; with a deadline, decide refusing
+// from notAfter on, and no Op: one jump of a test's clock past the timeout
+// and the expiry must not let a look take a lock freed after the timeout.
+func (s *LockService) beforeDeadline(decide rule, one *Op, notAfter time.Time) (rule, *Op) {
+	if notAfter.IsZero() {
+		return decide, one
+	}
 	return func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
 		if !s.waiters.now().Before(notAfter) {
 			return Change{Kind: ChangeNone}, errDeadline
 		}
 		return decide(cur, owner, ref, now, expires)
-	}
+	}, nil
 }
 
-// waitTurn queues for ref and, as the head, calls try until it returns
-// anything but a *domain.LockConflictError (see acquireWaiting).
+// waitTurn queues for ref and, as the head, calls try until it returns no
+// *domain.LockConflictError, or ctx ends, timeout passes or the service
+// closes (then the last conflict, with Waited). Another process's holder is
+// watched through Wakeups or polled, never past the holder's expiry.
 func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func(notAfter time.Time) (*Handle, error)) (*Handle, error) {
 	start := s.Now()
 	var (
@@ -295,60 +217,39 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		c.Waited, c.Cause = s.Now().Sub(start), cause
 		return nil, &c
 	}
-	// Sleep until this waiter is the head of the queue.
 	select {
 	case <-w.wake:
 	case <-ctx.Done():
 		return gaveUp(ctx.Err())
 	case <-expired:
 		s.waiters.unpark(w) // awake: it reads the store
-		// Queued behind others all along: only the head may take the
-		// lock (a lock that just came free is the head's), so the answer
-		// comes from a read, which names the holder.
 		return s.queuedOut(ctx, ref, start)
-	case <-s.gate.done():
+	case <-s.gate.closing:
 		return nil, domain.ErrClosed
 	}
 	var (
 		backoff = waitBackoffMin
 		news    <-chan struct{} // wake-ups from other processes, once watching
 		watched bool            // Watch was called (news may still be nil)
-		// woken: roused by another goroutine (its turn came, a release,
-		// a wake-up from another process), not by one of its own timers,
-		// and not parked since. Such a waiter may have counted as parked
-		// (see Waiting) until the moment it woke, so a move of a mock
-		// clock that a test made on the strength of that count may land
-		// while it looks.
+		// woken by another goroutine: a clock move may land while it looks.
 		woken = true
 	)
 	for {
 		if d := s.waiters.yielding(ref, time.Now()); d > 0 {
-			// This service just released ref while another process
-			// waited for it: that process goes first (freed). The pause
-			// is a courtesy between processes, not a rule of the locks,
-			// and runs on real time, so that a release hands over on a
-			// clock that a test moves without a move; the waiter is not
-			// parked meanwhile.
-			yielded := time.NewTimer(d)
+			// Another process waited as we released ref: it goes first (freed).
 			select {
-			case <-yielded.C:
+			case <-time.After(d):
 			case <-ctx.Done():
-				yielded.Stop()
 				return gaveUp(ctx.Err())
 			case <-expired:
-				yielded.Stop()
 				return gaveUp(context.DeadlineExceeded)
-			case <-s.gate.done():
-				yielded.Stop()
+			case <-s.gate.closing:
 				return nil, domain.ErrClosed
 			}
 		}
 		select {
 		case <-expired:
-			// The deadline came while this waiter was waking (one move
-			// of a mock clock past both it and the holder's expiry): it
-			// ends the wait, as it would have in real time, before a
-			// look that could find the lock free.
+			// Timed out while waking: end before a look finds the lock free.
 			if last == nil {
 				s.waiters.unpark(w)
 				return s.queuedOut(ctx, ref, start)
@@ -356,9 +257,6 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			return gaveUp(context.DeadlineExceeded)
 		default:
 		}
-		// The instant of this look on the waiters' clock (a mock clock),
-		// to tell below whether the clock moved before the sleep's timers
-		// were set.
 		var lookedAt time.Time
 		if s.jumps {
 			lookedAt = s.waiters.now()
@@ -371,14 +269,11 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			return gaveUp(context.DeadlineExceeded)
 		}
 		if late := (*domain.LockExpiredError)(nil); errors.As(err, &late) && !late.WrittenAt.IsZero() && ctx.Err() == nil {
-			// The store took longer than the TTL to write the lock (it
-			// waited for a row, or for a server that was cut off): that
-			// acquisition lapsed unused. The wait is not over: try again,
-			// unless it has timed out or the service is closing.
+			// The lock was written after its TTL and lapsed unused: again.
 			select {
 			case <-expired:
 				return gaveUp(context.DeadlineExceeded)
-			case <-s.gate.done():
+			case <-s.gate.closing:
 				return nil, domain.ErrClosed
 			default:
 				continue
@@ -391,9 +286,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			return h, err
 		}
 		if !watched && !last.InProcess && s.wakeups != nil {
-			// Held by another process: watch for its release, and look
-			// once more, since it may have come before the watch began.
-			// A nil channel means the watch is not possible here: poll.
+			// Watch, and look again: the release may predate the watch (nil: poll).
 			watched = true
 			c, stop := s.wakeups.Watch(ref)
 			defer stop()
@@ -403,19 +296,14 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 		left := last.Holder.ExpiresAt.Sub(last.Now)
 		if last.RowHeld || left <= 0 {
-			// The lock has expired but cannot change hands yet (a
-			// transaction of the holder's holds its row): there is no
-			// expiry to sleep until, and no release may wake us when the
-			// transaction ends. Look again after a pause, as for any
-			// holder of another process.
+			// A transaction of the holder's holds its row: nothing to wake us.
 			left = waitBackoffMax
 		}
 		pause := left // a handle of this service: its release wakes us
 		switch {
 		case last.InProcess:
 		case news != nil:
-			// The holder's release wakes us; the store is still read now
-			// and then, in case a wake-up was lost.
+			// Still read now and then, in case a wake-up was lost.
 			pause = min(jittered(waitFallback), left)
 		default:
 			pause = min(jittered(backoff), left)
@@ -423,16 +311,14 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 		slept := s.after(pause)
 		if woken && s.jumps && (slept.moved || slept.due.Add(-pause).After(lookedAt)) {
-			// The clock moved between this look and the timer: the pause
-			// was measured from before a move that may have been meant to
-			// reach this waiter. Look again now rather than sleep past
-			// what the move made due; once, so that a clock that moves by
-			// itself does not keep it from sleeping.
+			// The clock moved since the look, maybe to reach us: look again, once.
 			woken = false
 			continue
 		}
 		woken = false
-		s.waiters.park(w, news, slept, deadline)
+		s.waiters.mu.Lock()
+		w.setParked(news, slept, deadline)
+		s.waiters.mu.Unlock()
 		select {
 		case <-w.wake:
 			backoff = waitBackoffMin // released here: the next holder may be quick too
@@ -445,20 +331,17 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			return gaveUp(ctx.Err())
 		case <-expired:
 			return gaveUp(context.DeadlineExceeded)
-		case <-s.gate.done():
+		case <-s.gate.closing:
 			return nil, domain.ErrClosed
 		}
 		s.waiters.unpark(w)
 	}
 }
 
-// jittered returns a pause between d/2 and d, at random, so that waiters
-// and renewals of several processes do not retry in step.
+// jittered returns a random pause in [d/2, d]: processes do not retry in step.
 func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
-// queuedOut answers a waiter whose timeout passed while others were ahead
-// of it in ref's queue: the holder that a read finds, as the conflict the
-// wait ends with; the timeout, if the lock is free (the head takes it).
+// queuedOut answers a waiter timed out behind others: the holder, or the timeout.
 func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, start time.Time) (*Handle, error) {
 	l, err := s.Get(ctx, ref)
 	now := s.Now()
@@ -472,29 +355,15 @@ func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, sta
 	return nil, errors.Join(context.DeadlineExceeded, err)
 }
 
-// AcquireWait is the owner-scoped Acquire, waiting for the lock as Take
-// does with opts.Wait (in the same queue, with the same polling), for a
-// caller that holds its lock by owner rather than by handle, such as
-// `agents locks acquire --wait`: re-entrant per owner, as the spec says,
-// so it returns the owner's active lock extended, with its token. A Take
-// never re-enters; this does. opts.Reentrant is ignored.
-//
-// With opts.Wait, a lock that a Handle of this service holds is waited
-// for, whatever the handle's owner: the handle is another acquisition,
-// and its release wakes this call, as Wait promises. Without Wait this is
-// Acquire, which re-enters any active lock of owner's, a handle's too.
-//
-// Errors: those of Acquire and of Take's wait (a *domain.ValidationError
-// for a Timeout without Wait; the last *domain.LockConflictError, with
-// Waited and Cause, when the wait ends without the lock).
+// AcquireWait is Acquire waiting in Take's queue (opts.Wait), for a Handle's
+// lock too, re-entrant per owner, for `agents locks acquire --wait`.
+// Errors: those of Acquire and of Take's wait.
 func (s *LockService) AcquireWait(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (domain.Lock, error) {
 	r, err := s.AcquireWaitResult(ctx, owner, ref, opts)
 	return r.Lock, err
 }
 
-// AcquireWaitResult is AcquireWait, and says whether the acquisition
-// re-entered the owner's lock or took over a dead holder's, whatever the
-// clock showed. Its errors are AcquireWait's.
+// AcquireWaitResult is AcquireWait, saying whether it re-entered or took over.
 func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (AcquireResult, error) {
 	ttl, err := s.checkTake(owner, ref, opts)
 	if err != nil {
@@ -503,10 +372,7 @@ func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref d
 	if !opts.Wait {
 		return s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
 	}
-	var start time.Time
-	if s.observer != nil {
-		start = s.clock.Now()
-	}
+	start := s.started()
 	var r AcquireResult // of the try that took the lock
 	_, err = s.waitTurn(ctx, ref, opts.Timeout, func(notAfter time.Time) (*Handle, error) {
 		sl, err := s.holders.enter(ctx, ref)
@@ -515,16 +381,10 @@ func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref d
 		}
 		defer s.holders.leave(ref, sl)
 		if held, ok := s.holders.holding(sl, s.Now()); ok {
-			// Another acquisition, whatever its owner: wait for its
-			// release, which wakes this waiter, as a Take would.
 			return nil, &domain.LockConflictError{Holder: held, Now: s.Now(), InProcess: true}
 		}
-		if notAfter.IsZero() {
-			r, err = s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
-		} else {
-			r, err = s.acquire(ctx, owner, ref, ttl, s.beforeDeadline(DecideAcquire, notAfter), nil)
-		}
-		if err != nil {
+		decide, one := s.beforeDeadline(DecideAcquire, &Op{Kind: OpAcquire}, notAfter)
+		if r, err = s.acquire(ctx, owner, ref, ttl, decide, one); err != nil {
 			return nil, err
 		}
 		return &Handle{svc: s, ttl: ttl, lock: r.Lock}, nil // never a holder: only its lock is returned
@@ -532,9 +392,6 @@ func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref d
 	if err != nil {
 		r = AcquireResult{}
 	}
-	if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
-		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: r.Lock,
-			Took: s.clock.Now().Sub(start), Err: err})
-	}
+	s.observeWait(ctx, owner, ref, start, r.Lock, err)
 	return r, err
 }
