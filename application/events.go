@@ -2,7 +2,6 @@ package application
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/cleveragents/locks/domain"
@@ -66,36 +65,3 @@ type Observer interface {
 
 // WithObserver makes the service report its events to o (nil: to nobody).
 func WithObserver(o Observer) Option { return func(s *LockService) { s.observer = o } }
-
-func (s *LockService) observe(ctx context.Context, e Event) {
-	if s.observer != nil {
-		s.observer.Observe(ctx, e)
-	}
-}
-
-// started reads the clock for an event's Took, if anyone observes.
-func (s *LockService) started() time.Time {
-	if s.observer == nil {
-		return time.Time{}
-	}
-	return s.clock.Now()
-}
-
-// observeWait reports the end of a wait that began at start.
-func (s *LockService) observeWait(ctx context.Context, owner string, ref domain.ResourceRef, start time.Time, l domain.Lock, err error) {
-	if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
-		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: l,
-			Took: s.clock.Now().Sub(start), Err: err})
-	}
-}
-
-// observeRenewal reports a renewal that got past validation and Close.
-func (s *LockService) observeRenewal(ctx context.Context, owner string, ref domain.ResourceRef, l domain.Lock, err error) {
-	if s.observer != nil && !errors.Is(err, domain.ErrValidation) && !errors.Is(err, domain.ErrClosed) {
-		e := Event{Kind: EventRenewed, Owner: owner, Resource: ref, Lock: l}
-		if err != nil {
-			e.Kind, e.Err = EventRenewFailed, err
-		}
-		s.observer.Observe(ctx, e)
-	}
-}
