@@ -303,6 +303,32 @@ func TestHandle_KeepAlive(t *testing.T) {
 		require.ErrorIs(t, h.Err(), domain.ErrExpired)
 	})
 
+	// The timers that stop at the expiry land on it, not after it, when
+	// the clock reads between two microseconds (the service rounds what
+	// it decides on): a test that moves the clock exactly to the expiry
+	// reaches the loss.
+	t.Run("StoreFailingToAnExpiryBetweenMicroseconds", func(t *testing.T) {
+		clk, repo, _, _, held := setup(t)
+		repo.failWith(func(context.Context) error { return busy })
+		expiry := holdStart.Add(ttl)
+		require.Equal(t, ttl/2, clk.NextTimer(t))
+		clk.Add(ttl / 2)
+		clk.NextTimer(t) // the failed renewal's guard
+		clk.NextTimer(t) // its backoff
+		clk.Add(expiry.Add(-999 * time.Nanosecond).Sub(clk.Now()))
+		clk.NextTimer(t) // the next renewal's guard
+		clk.NextTimer(t) // its backoff, both clipped to the expiry
+		clk.Add(expiry.Sub(clk.Now()))
+		select {
+		case <-held.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("not lost at the expiry; timers pending in %v", clk.PendingIn())
+		}
+		var lost *domain.LockLostError
+		require.ErrorAs(t, context.Cause(held), &lost)
+		assert.Equal(t, expiry, lost.At)
+	})
+
 	t.Run("TakenOver", func(t *testing.T) {
 		clk, _, svc, _, held := setup(t)
 		// Someone releases A's lock behind its back (an operator), and B

@@ -148,7 +148,7 @@ func (k *keeper) loop(wait time.Duration) {
 // that the renewal that declares the loss at the expiry starts before it.
 func (k *keeper) nextRenewal() time.Duration {
 	wait := domain.RenewInterval(k.h.ttl)
-	if left := k.h.Lock().ExpiresAt.Sub(k.h.svc.Now()); left < wait {
+	if left := k.h.svc.until(k.h.Lock().ExpiresAt); left < wait {
 		wait = max(left/2, 0)
 	}
 	return wait
@@ -166,7 +166,7 @@ func (k *keeper) renew() bool {
 			k.lose(k.lostAt(l, last))
 			return false
 		}
-		err := k.renewBefore(l, now)
+		err := k.renewBefore(l)
 		var lost *domain.LockLostError
 		switch {
 		case err == nil:
@@ -186,7 +186,7 @@ func (k *keeper) renew() bool {
 		}
 		last = err
 		pause := jittered(backoff)
-		if left := l.ExpiresAt.Sub(svc.Now()); left < pause {
+		if left := svc.until(l.ExpiresAt); left < pause {
 			pause = left
 		}
 		backoff = min(2*backoff, renewBackoffMax)
@@ -204,12 +204,12 @@ func (k *keeper) renew() bool {
 }
 
 // renewBefore runs one renewal, abandoned at l's expiry.
-func (k *keeper) renewBefore(l domain.Lock, now time.Time) error {
+func (k *keeper) renewBefore(l domain.Lock) error {
 	svc := k.h.svc
 	ctx, cancel := context.WithCancelCause(k.run)
 	defer cancel(nil)
 	// Set here, not in the goroutine: a test's mock clock sees the timers in order.
-	deadline := svc.timers.After(l.ExpiresAt.Sub(now))
+	deadline := svc.timers.After(svc.until(l.ExpiresAt))
 	finished := make(chan struct{})
 	defer close(finished)
 	go func() {

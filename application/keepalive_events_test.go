@@ -115,7 +115,7 @@ func (k *keptAlive) attempt(t *testing.T, what string) time.Time {
 func (k *keptAlive) retryPause(t *testing.T, at time.Time, guards map[time.Duration]int) time.Duration {
 	t.Helper()
 	expiry := k.h.Lock().ExpiresAt
-	guards[expiry.Sub(at)]++
+	guards[expiry.Sub(k.clk.Now())]++ // timers count from the clock as it reads, not rounded
 	for {
 		select {
 		case d := <-k.clk.Timers():
@@ -126,7 +126,7 @@ func (k *keptAlive) retryPause(t *testing.T, at time.Time, guards map[time.Durat
 				guards[d]--
 				continue
 			}
-			left := expiry.Sub(k.clk.Now().Truncate(application.Precision))
+			left := expiry.Sub(k.clk.Now())
 			switch {
 			case d > left:
 				t.Fatalf("after a failed renewal at %s, the keep-alive waits %s, past the lock's expiry %s away", at, d, left)

@@ -69,6 +69,10 @@ func (s *LockService) DefaultTTL() time.Duration { return s.defaultTTL }
 // Now returns the service's current instant, at the precision it records.
 func (s *LockService) Now() time.Time { return s.clock.Now().UTC().Truncate(Precision) }
 
+// until is how long a timer must run to fire at t: from the clock as it
+// reads, not rounded as Now is, so that it never lands after t.
+func (s *LockService) until(t time.Time) time.Duration { return t.Sub(s.clock.Now()) }
+
 // Close makes later calls fail with domain.ErrClosed and waits for the calls
 // and keep-alives in progress, or ctx: the container then releases last.
 func (s *LockService) Close(ctx context.Context) error { return s.gate.close(ctx) }

@@ -298,6 +298,8 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		if last.RowHeld || left <= 0 {
 			// A transaction of the holder's holds its row: nothing to wake us.
 			left = waitBackoffMax
+		} else {
+			left = max(min(left, s.until(last.Holder.ExpiresAt)), 0) // last.Now is rounded down
 		}
 		pause := left // a handle of this service: its release wakes us
 		switch {

@@ -150,3 +150,30 @@ func (r *syncRecorder) all() []application.Event {
 	defer r.mu.Unlock()
 	return append([]application.Event(nil), r.events...)
 }
+
+// A waiter behind a holder, begun while the clock reads between two
+// microseconds, wakes when a test moves the clock exactly to the
+// holder's expiry: its timer lands on the expiry, not after it.
+func TestLockService_Waiting_ToAnExpiryBetweenMicroseconds(t *testing.T) {
+	ctx := context.Background()
+	clk := testclock.New(holdStart)
+	svc := newHoldService(t, memory.NewLockRepository(), clk)
+	ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "between"}
+	h, err := svc.Take(ctx, "other", ref, application.AcquireOptions{TTL: 30 * time.Second})
+	require.NoError(t, err)
+	held := h.Lock()
+	clk.Add(held.ExpiresAt.Add(-10*time.Millisecond + 500*time.Nanosecond).Sub(clk.Now())) // nearer than any backoff
+	got := make(chan error, 1)
+	go func() {
+		got <- svc.Do(ctx, "me", ref, application.AcquireOptions{Wait: true},
+			func(context.Context, domain.Lock) error { return nil })
+	}()
+	untilParked(t, svc, ref, 1)
+	clk.Add(held.ExpiresAt.Sub(clk.Now()))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatalf("hung at the holder's expiry; Waiting=%d, timers pending: %v", svc.Waiting(ref), clk.PendingIn())
+	}
+}
