@@ -30,11 +30,11 @@ import (
 const (
 	benchOwner = "bench-host:1:00000000"
 	benchTTL   = 5 * time.Minute
-	// timeLayout is the adapter's stored time format (time.go).
+	// timeLayout is the adapter's stored time format (entstore.FormatTime).
 	timeLayout = "2006-01-02T15:04:05.000000Z"
 )
 
-// The statements the adapter runs for the service's cycle (statements.go,
+// The statements the adapter runs for the service's cycle (entstore's buildStatements,
 // pinned by TestStatements): Acquire runs the first two in one immediate
 // transaction; Release runs the third on its own. The floor prepares them,
 // as the adapter does.
