@@ -42,6 +42,7 @@ type committer struct {
 	queue   []*txCall // not yet claimed, in arrival order
 	leading bool
 	appTx   bool // the batch under way is an application's Write (see await)
+	busy    bool // the last batch was shared: its callers are about to queue again
 	stats   WriteStats
 }
 
@@ -140,7 +141,8 @@ func (c *committer) passLead() {
 }
 
 // aloneWithOneStatement reports whether the next batch is one statement:
-// the only call queued, or a purge's.
+// a purge's, or the only call queued while no shared batch just ended
+// (whose callers would each take a transaction of their own).
 func (c *committer) aloneWithOneStatement() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -148,7 +150,7 @@ func (c *committer) aloneWithOneStatement() bool {
 		return false
 	}
 	kind := c.queue[0].kind
-	return kind == entstore.Cleanup || len(c.queue) == 1 && kind == entstore.OneStatement
+	return kind == entstore.Cleanup || len(c.queue) == 1 && kind == entstore.OneStatement && !c.busy
 }
 
 // gather lets ready callers queue their writes, while more keep coming.
@@ -192,6 +194,7 @@ func (c *committer) claim() []*txCall {
 		call.claimed = true
 	}
 	c.appTx = n == 1 && batch[0].kind == transaction
+	c.busy = n > 1
 	if n > 0 {
 		c.stats.Transactions++
 		c.stats.Writes += int64(n)
