@@ -179,12 +179,9 @@ func (c *committer) claim() []*txCall {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := min(len(c.queue), maxBatch)
-	if n > 0 && runsAlone(c.queue[0].kind) {
-		n = 1
-	}
-	for i := 1; i < n; i++ {
+	for i := range n {
 		if runsAlone(c.queue[i].kind) {
-			n = i
+			n = max(i, 1) // alone at the head, or up to it
 			break
 		}
 	}
@@ -360,9 +357,8 @@ func (q *writerQueue) lock() (unlock func(), err error) {
 // meanwhile, must not free its number for another file to take.
 func (q *writerQueue) wait(granted chan error) {
 	err := os.ErrClosed
-	if rc, e := q.f.SyscallConn(); e == nil {
-		_ = rc.Control(func(uintptr) { err = lockFile(q.f) }) // fails once q.f is closed
-	}
+	rc, _ := q.f.SyscallConn()                            // fails for a nil file only
+	_ = rc.Control(func(uintptr) { err = lockFile(q.f) }) // fails once q.f is closed
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.granted = nil
