@@ -7,8 +7,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cleveragents/locks"
+	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -42,6 +45,42 @@ func BenchmarkCallers(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCallers_Transactions is BenchmarkCallers' service cycle on a
+// DB of its own, to report how many writes share a transaction (group
+// commit's gain, which the cycle rate alone hides on a loaded machine).
+func BenchmarkCallers_Transactions(b *testing.B) {
+	for _, callers := range []int{1, 8, 32} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			ctx := context.Background()
+			db, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "locks.db"), sqlite.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer db.Close()
+			svc, err := application.NewLockService(sqlite.NewLockRepository(db), systemClock{}, benchTTL,
+				application.WithWakeups(db.Wakeups()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			runCallers(b, callers, func(owner, id string) error {
+				ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: id}
+				if _, err := svc.Acquire(ctx, owner, ref, benchTTL); err != nil {
+					return err
+				}
+				_, err := svc.Release(ctx, owner, ref)
+				return err
+			})
+			st := db.WriteStats()
+			b.ReportMetric(float64(st.Writes)/float64(st.Transactions), "writes/tx")
+			b.ReportMetric(float64(st.Writes-st.Shared)/float64(st.Transactions), "lone/tx")
+		})
+	}
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
 
 // benchService runs the service's cycle on c from callers goroutines.
 func benchService(b *testing.B, c *locks.Container, callers int) {

@@ -42,6 +42,7 @@ type committer struct {
 	queue   []*txCall // not yet claimed, in arrival order
 	leading bool
 	appTx   bool // the batch under way is an application's Write (see await)
+	busy    bool // the last batch was shared: its callers are about to queue again
 	stats   WriteStats
 }
 
@@ -140,7 +141,8 @@ func (c *committer) passLead() {
 }
 
 // aloneWithOneStatement reports whether the next batch is one statement:
-// the only call queued, or a purge's.
+// a purge's, or the only call queued while no shared batch just ended
+// (whose callers would each take a transaction of their own).
 func (c *committer) aloneWithOneStatement() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -148,7 +150,7 @@ func (c *committer) aloneWithOneStatement() bool {
 		return false
 	}
 	kind := c.queue[0].kind
-	return kind == entstore.Cleanup || len(c.queue) == 1 && kind == entstore.OneStatement
+	return kind == entstore.Cleanup || len(c.queue) == 1 && kind == entstore.OneStatement && !c.busy
 }
 
 // gather lets ready callers queue their writes, while more keep coming.
@@ -177,12 +179,9 @@ func (c *committer) claim() []*txCall {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := min(len(c.queue), maxBatch)
-	if n > 0 && runsAlone(c.queue[0].kind) {
-		n = 1
-	}
-	for i := 1; i < n; i++ {
+	for i := range n {
 		if runsAlone(c.queue[i].kind) {
-			n = i
+			n = max(i, 1) // alone at the head, or up to it
 			break
 		}
 	}
@@ -192,6 +191,7 @@ func (c *committer) claim() []*txCall {
 		call.claimed = true
 	}
 	c.appTx = n == 1 && batch[0].kind == transaction
+	c.busy = n > 1
 	if n > 0 {
 		c.stats.Transactions++
 		c.stats.Writes += int64(n)
@@ -353,8 +353,12 @@ func (q *writerQueue) lock() (unlock func(), err error) {
 }
 
 // wait makes the flock call for the waiter, or lets go if it gave up.
+// Control keeps the descriptor open for the call: close, which may run
+// meanwhile, must not free its number for another file to take.
 func (q *writerQueue) wait(granted chan error) {
-	err := lockFile(q.f)
+	err := os.ErrClosed
+	rc, _ := q.f.SyscallConn()                            // fails for a nil file only
+	_ = rc.Control(func(uintptr) { err = lockFile(q.f) }) // fails once q.f is closed
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.granted = nil

@@ -121,6 +121,29 @@ func TestGroupCommit(t *testing.T) {
 		assert.False(t, stored(t, db, "panicked"), "a panicking body's write stayed")
 	})
 
+	t.Run("LoneStatementAfterASharedBatchGathers", func(t *testing.T) {
+		// The callers of a shared batch are about to write again: a lone
+		// statement behind it begins a transaction for them to join, where
+		// a lone statement behind a lone write runs by itself (tx nil).
+		db := MustOpenDB(t)
+		txOf := func() (tx *sql.Tx) {
+			require.NoError(t, db.WriteTx(ctx, entstore.OneStatement, func(_ context.Context, in *sql.Tx) error { tx = in; return nil }))
+			return tx
+		}
+		require.Nil(t, txOf(), "a lone statement on a new store")
+		var txs sync.Map
+		finish := blockedLeader(t, db)
+		res := queued(t, db,
+			func() error { return db.WriteTx(ctx, entstore.OneStatement, insertBody("a", &txs)) },
+			func() error { return db.WriteTx(ctx, entstore.OneStatement, insertBody("b", &txs)) },
+		)
+		require.NoError(t, finish())
+		require.NoError(t, <-res[0])
+		require.NoError(t, <-res[1])
+		assert.NotNil(t, txOf(), "after a shared batch")
+		assert.Nil(t, txOf(), "after a lone write")
+	})
+
 	t.Run("NoCallReturnsBeforeTheCommit", func(t *testing.T) {
 		db := MustOpenDB(t)
 		var txs sync.Map
