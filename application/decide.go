@@ -24,7 +24,7 @@ const (
 
 // Change is the outcome of a Decide function.
 type Change struct {
-	Kind ChangeKind
+	Kind ChangeKind  // what to write
 	Lock domain.Lock // ChangeInsert's new lock (bar its Token), ChangeExtend's ExpiresAt
 }
 
@@ -44,9 +44,9 @@ const (
 
 // Op is one decision of the service on one resource.
 type Op struct {
-	Kind  OpKind
-	Owner string // the caller
-	Ref   domain.ResourceRef
+	Kind  OpKind             // which rule
+	Owner string             // the caller
+	Ref   domain.ResourceRef // the resource
 	// Held is OpRenewToken's acquisition: only its token and owner's row extends.
 	Held domain.Lock
 	// At gives now and now+TTL; a store calls it as close to its write as it can.

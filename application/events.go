@@ -41,7 +41,7 @@ func (k EventKind) String() string {
 
 // Event is one thing that happened to a lock, for logs and metrics.
 type Event struct {
-	Kind     EventKind
+	Kind     EventKind          // what happened
 	Owner    string             // the owner the call was made for; empty for a cleanup
 	Resource domain.ResourceRef // zero for a release-all and a cleanup
 	Lock     domain.Lock        // the lock as stored after the event, if any

@@ -152,7 +152,7 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 
 // AcquireResult is what an owner-scoped acquisition did.
 type AcquireResult struct {
-	Lock domain.Lock
+	Lock domain.Lock // the lock the owner holds
 	// Reentered: owner held the lock already (token kept, expiry extended).
 	Reentered bool
 	// TookOverFrom is the active lock of a gone process taken over, or nil.

@@ -11,9 +11,11 @@ import (
 // Fence is what a plan store checks as it persists: that Owner still holds
 // Resource with Token, unexpired, so a paused holder cannot overwrite.
 type Fence struct {
-	Resource domain.ResourceRef
-	Owner    string
-	Token    int64
+	Resource domain.ResourceRef // the locked resource the write belongs to
+	Owner    string             // the owner that must still hold it
+	// Token is the acquisition that must still hold it: a later one, even
+	// by the same owner, fails the check.
+	Token int64
 }
 
 // FenceOf returns the fence of a held lock.
@@ -21,6 +23,7 @@ func FenceOf(l domain.Lock) Fence { return Fence{Resource: l.Resource, Owner: l.
 
 // PlanStore loads and persists the embedder's plans.
 type PlanStore[P any] interface {
+	// Load returns the plan with id planID.
 	Load(ctx context.Context, planID string) (P, error)
 	// Persist writes plan in one transaction that first checks every fence on
 	// the locks' database. Errors: *domain.LockLostError (matching
