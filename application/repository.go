@@ -27,11 +27,13 @@ type ListFilter struct {
 }
 
 // LockRepository stores locks; locktest.Run checks every promise below. It
-// is safe for concurrent use, also by processes sharing a store. Owners and
-// ids are exact byte strings. Every method returns a *domain.StoreError
-// (matching domain.ErrUnavailable) when the store fails; Update also its
-// Decide's error. A write whose ctx has ended returns ctx's error and
-// writes nothing.
+// is safe for concurrent use, reads during writes included, also by
+// processes sharing a store. Owners and ids are exact byte strings (a
+// database compares them with a binary collation). Every method returns a
+// *domain.StoreError (matching domain.ErrUnavailable) when the store fails;
+// Update also its Decide's error, unchanged. A write (Update, the Delete
+// methods, OneStatement's Apply) whose ctx has ended returns ctx's error,
+// not ErrUnavailable, and writes nothing.
 type LockRepository interface {
 	// Update reads the lock on ref and applies decide's change atomically, and
 	// returns the lock stored afterwards (zero when there is none).
@@ -41,7 +43,7 @@ type LockRepository interface {
 	// List returns the locks matching filter, ordered by resource type and id.
 	List(ctx context.Context, filter ListFilter) ([]domain.Lock, error)
 	// DeleteOwned removes owner's lock on ref, active or expired, and reports
-	// whether it did.
+	// whether it did (never true together with an error).
 	DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error)
 	// DeleteToken removes the lock on ref of token if active at now, and
 	// reports whether it did: never another acquisition's, nor an expired one.
