@@ -61,3 +61,6 @@ func Freed(db *DB, ref domain.ResourceRef) { db.wake.freed(ref) }
 
 // Readers returns the pool of reading connections.
 func (db *DB) Readers() *sql.DB { return db.sql }
+
+// FreedAll is a release-all's wake-up: every resource may have come free.
+func FreedAll(db *DB) { db.wake.freed() }

@@ -3,11 +3,13 @@
 package sqlite_test
 
 import (
+	"bytes"
 	"encoding/binary"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -117,4 +119,108 @@ func TestWakeups_TruncatedWakeFile(t *testing.T) {
 	defer stop()
 	sqlite.Freed(releaser, wakeRef)
 	requireWoken(t, c, "a watch begun after the truncation was not woken")
+}
+
+func countAt(t *testing.T, path string, slot int) uint32 {
+	t.Helper()
+	b, err := os.ReadFile(path + "-wake")
+	require.NoError(t, err)
+	at := sqlite.WakeCountsAt + 4*slot
+	require.Greater(t, len(b), at+4)
+	return binary.NativeEndian.Uint32(b[at:])
+}
+
+func setCountAt(t *testing.T, path string, slot int, n uint32) {
+	t.Helper()
+	f, err := os.OpenFile(path+"-wake", os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], n)
+	_, err = f.WriteAt(b[:], sqlite.WakeCountsAt+4*int64(slot))
+	require.NoError(t, err)
+}
+
+// A release of all an owner's locks where nobody waits anywhere writes
+// nothing, even over the count a dead watcher left, and puts that right.
+func TestWakeups_ReleaseAllOverADeadWatchersCount(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agents.db")
+	releaser := openWake(t, path)
+	slot := sqlite.WakeSlot(wakeRef)
+	setCountAt(t, path, slot, 1)
+	before, err := os.ReadFile(path + "-wake")
+	require.NoError(t, err)
+	sqlite.FreedAll(releaser)
+	after, err := os.ReadFile(path + "-wake")
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(before[:sqlite.WakeCountsAt], after[:sqlite.WakeCountsAt]), "a release-all with no waiter wrote the slots")
+	assert.Zero(t, countAt(t, path, slot), "the dead watcher's count")
+
+	waiter := openWake(t, path)
+	c, stop := waiter.Wakeups().Watch(domain.ResourceRef{Type: domain.ResourcePlan, ID: "other"})
+	defer stop()
+	sqlite.FreedAll(releaser)
+	requireWoken(t, c, "a release-all with a waiter was not heard")
+}
+
+// Once a truncated wake file is whole again, a store maps its counts again.
+// Until no store waits uncounted (their counts went with the old page) it
+// wakes as if someone watched; then releases where nobody waits go back
+// to making no write, and a new waiter is counted and woken.
+func TestWakeups_CountsBackAfterATruncation(t *testing.T) {
+	defer sqlite.RecheckEvery(0)()
+	path := filepath.Join(t.TempDir(), "agents.db")
+	releaser, waiter := openWake(t, path), openWake(t, path)
+	other := domain.ResourceRef{Type: domain.ResourcePlan, ID: "other"}
+	c, stop := waiter.Wakeups().Watch(other)
+	require.NoError(t, os.Truncate(path+"-wake", 0))
+	sqlite.Freed(releaser, wakeRef) // faults, and drops the counts
+	require.NoError(t, os.Truncate(path+"-wake", 8192))
+	assert.True(t, releaser.Wakeups().Contended(other), "a waiter that lost its count")
+	sqlite.Freed(releaser, other)
+	requireWoken(t, c, "a waiter that lost its count was not woken")
+	stop()
+
+	assert.False(t, releaser.Wakeups().Contended(wakeRef))
+	before, err := os.ReadFile(path + "-wake")
+	require.NoError(t, err)
+	sqlite.Freed(releaser, wakeRef)
+	after, err := os.ReadFile(path + "-wake")
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(before[:sqlite.WakeCountsAt], after[:sqlite.WakeCountsAt]), "a release with no waiter wrote after the file was whole again")
+
+	c, stop = waiter.Wakeups().Watch(other)
+	defer stop()
+	assert.Equal(t, uint32(1), countAt(t, path, sqlite.WakeSlot(other)), "a new waiter is counted")
+	sqlite.Freed(releaser, other)
+	requireWoken(t, c, "a new waiter was not woken")
+}
+
+// A wake file that was replaced and then came back to its path (moved away
+// and back) does not keep the flag that sends every release to the path.
+func TestWakeups_ReplacedFlagClearedWhenTheFileIsBack(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agents.db")
+	releaser := openWake(t, path)
+	setCountAt(t, path, 0, 1)
+	sqlite.Freed(releaser, wakeRef)
+	assert.Zero(t, countAt(t, path, 0), "the flag of a file that is at its path")
+}
+
+// Root opening a user's database makes the wake file the database
+// owner's, as SQLite does its -wal and -shm: that user's waiters can then
+// count themselves, and root's releases wake them.
+func TestWakeups_RootMakesTheWakeFileTheOwners(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the test gives the database to another user")
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agents.db")
+	openWake(t, path).Close()
+	require.NoError(t, os.Remove(path+"-wake"))
+	require.NoError(t, os.Chown(path, 65534, 65534))
+	openWake(t, path)
+	fi, err := os.Stat(path + "-wake")
+	require.NoError(t, err)
+	st := fi.Sys().(*syscall.Stat_t)
+	assert.Equal(t, uint32(65534), st.Uid, "the wake file's owner")
 }

@@ -2,7 +2,11 @@
 
 package sqlite
 
-import "golang.org/x/sys/unix"
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+)
 
 // FailInotifyInit makes every opening of an inotify instance fail with
 // err, as where the user's instances are all taken, until restore.
@@ -16,3 +20,11 @@ var WakeSlot = wakeSlot
 
 // WakeCountsAt is where the wake file's watch counts begin.
 const WakeCountsAt = wakeCountsAt
+
+// RecheckEvery sets how often a store looks at the wake file's path when
+// nothing tells it to, until restore.
+func RecheckEvery(d time.Duration) (restore func()) {
+	old := wakeRecheck
+	wakeRecheck = d
+	return func() { wakeRecheck = old }
+}

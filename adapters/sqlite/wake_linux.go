@@ -37,7 +37,10 @@ type wakeFile struct {
 	writable bool   // false: this process may watch but not write (another user's file)
 	dev, ino uint64 // which file f is
 	counts   []byte // the mapped page of watch counts; nil: unknown, as if someone watched
-	checked  time.Time
+	// suspect: the counts were mapped again after a truncation, and other
+	// stores may wait uncounted; trusted again once none waits anywhere.
+	suspect bool
+	checked time.Time
 
 	mu       sync.Mutex
 	in       *inotifyInstance // while a watch of this store is on; nil otherwise
@@ -53,6 +56,9 @@ type wakeFile struct {
 const haveWakeFile = true
 
 type wakeSub struct{ c chan struct{} }
+
+// wakeRecheck is how often a store looks at the path unasked.
+var wakeRecheck = time.Second
 
 const (
 	wakeSlots     = 256     // slots the resources hash to; slot 0 is "every resource"
@@ -112,7 +118,13 @@ func (w *wakeFile) add(slot int, d uint32) (n uint32, ok bool) {
 		}
 	}()
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	return atomic.AddUint32((*uint32)(unsafe.Pointer(&w.counts[4*slot])), d), true
+	p := (*uint32)(unsafe.Pointer(&w.counts[4*slot]))
+	for d == ^uint32(0) { // a decrement stops at zero, where a truncation took the count
+		if n = atomic.LoadUint32(p); n == 0 || atomic.CompareAndSwapUint32(p, n, n-1) {
+			return max(n, 1) - 1, true
+		}
+	}
+	return atomic.AddUint32(p, d), true
 }
 
 // cas is atomic.CompareAndSwapUint32 on slot's count, guarded as add is.
@@ -139,7 +151,7 @@ func (w *wakeFile) dropCounts() {
 // orders it after the release's commit: a watcher counted after it
 // looks at the store after the commit.
 func (w *wakeFile) watched(slot int) bool {
-	if w.counts == nil {
+	if w.counts == nil || w.suspect {
 		return true
 	}
 	for s := max(slot, 1); s <= wakeSlots && (s == slot || slot == 0); s++ {
@@ -154,11 +166,28 @@ func (w *wakeFile) watched(slot int) bool {
 // once a second, or at once if a process that found the file replaced
 // said so here. Until then a replaced file only delays the hand-over to
 // waiters on the new one, and their fallback reads bound that anyway.
+// Counts lost to a truncation are mapped again once a second.
 func (w *wakeFile) recheck() {
-	flagged, ok := w.add(0, 0)
-	if now := time.Now(); flagged != 0 || !ok || now.Sub(w.checked) >= time.Second {
+	flagged, counted := w.add(0, 0)
+	now := time.Now()
+	due := now.Sub(w.checked) >= wakeRecheck
+	if counted && flagged == 0 && !due {
+		return
+	}
+	if due {
 		w.checked = now
-		w.refresh()
+	}
+	if !w.refresh() && flagged != 0 {
+		w.cas(0, flagged, 0) // the flagged file is at the path again
+	}
+	if w.counts == nil && w.writable && due {
+		w.identify()
+		for slot, n := range w.watchers {
+			if n > 0 {
+				w.add(slot, 1)
+			}
+		}
+		w.suspect = w.counts != nil && w.othersMarked()
 	}
 }
 
@@ -172,6 +201,12 @@ func (w *wakeFile) open(perm os.FileMode) (f *os.File, writable bool, err error)
 	}
 	if err == nil {
 		_ = f.Chmod(perm) // undo the umask: whoever may write the database must signal
+		// Root's file would leave the owner's waiters unable to count
+		// themselves: root gives it to the database's owner, as SQLite
+		// does its -wal and -shm.
+		if o := ownerOf(w.db); os.Geteuid() == 0 && o.uid != 0 {
+			_ = f.Chown(int(o.uid), int(o.gid))
+		}
 	}
 	return f, err == nil, err
 }
@@ -208,9 +243,30 @@ func (w *wakeFile) bump(slot int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.recheck()
-	if w.writable && w.watched(slot) {
+	if w.writable && w.watched(slot) && (slot != 0 || w.othersMarked()) {
 		_, _ = w.f.WriteAt(b[:], int64(slot)*8)
 	}
+}
+
+// othersMarked reports, for a release of any resource, whether another
+// store marks a wait on any slot; if none does, it puts right the counts
+// that dead watchers left (see Contended for why that hides no new one).
+func (w *wakeFile) othersMarked() bool {
+	var seen [wakeSlots + 1]uint32
+	for s := 1; s <= wakeSlots; s++ {
+		seen[s], _ = w.add(s, 0)
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: wakeWaitersAt + 1, Len: wakeSlots}
+	if unix.FcntlFlock(w.f.Fd(), unix.F_OFD_GETLK, &lk) != nil || lk.Type != unix.F_UNLCK {
+		return true
+	}
+	w.suspect = false
+	for s := 1; s <= wakeSlots; s++ {
+		if mine := uint32(min(w.watchers[s], 1)); seen[s] > mine {
+			w.cas(s, seen[s], mine)
+		}
+	}
+	return false
 }
 
 // Contended implements application.Wakeups.
@@ -222,15 +278,20 @@ func (w *wakeFile) Contended(ref domain.ResourceRef) bool {
 	w.recheck()
 	var n, mine uint32
 	counted := false
-	if n, counted = w.add(slot, 0); counted {
+	if n, counted = w.add(slot, 0); counted && !w.suspect {
 		if mine = uint32(min(w.watchers[slot], 1)); n <= mine {
 			return false // only this store watches (its lock is invisible to it)
 		}
 	}
+	if w.suspect {
+		lk.Start, lk.Len = wakeWaitersAt+1, wakeSlots // a release may end it
+	}
 	if err := unix.FcntlFlock(w.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
 		return false
 	}
-	if lk.Type == unix.F_UNLCK && counted {
+	if lk.Type == unix.F_UNLCK && w.suspect {
+		w.suspect = false
+	} else if lk.Type == unix.F_UNLCK && counted {
 		// Counted, yet nobody else holds a mark: watchers that died. A
 		// watcher locks before it counts and uncounts before it unlocks,
 		// so one that came since changed the count, and this fails.
@@ -347,21 +408,21 @@ func (w *wakeFile) heard(in *inotifyInstance, wd int32, mask uint32) {
 // at the path (a removed or replaced one reaches no one): if not, it moves
 // the marks and the watch to the one there and wakes every watcher, since
 // a release may have gone there. One lstat(2) when nothing changed.
-func (w *wakeFile) refresh() {
+func (w *wakeFile) refresh() (replaced bool) {
 	var cur unix.Stat_t
 	if w.closed {
-		return
+		return false
 	}
 	if err := unix.Lstat(w.path, &cur); err == nil && cur.Dev == w.dev && cur.Ino == w.ino {
-		return
+		return false
 	}
 	var st unix.Stat_t
 	if unix.Fstat(int(w.f.Fd()), &st) != nil {
-		return
+		return false
 	}
 	f, writable, err := w.open(os.FileMode(st.Mode).Perm())
 	if err != nil {
-		return // none can be made, or a planted one: waiters fall back on reads
+		return false // none can be made, or a planted one: waiters fall back on reads
 	}
 	old := w.f
 	w.add(0, 1) // whoever maps it looks at the path now
@@ -381,6 +442,7 @@ func (w *wakeFile) refresh() {
 		inotify.unwatch(in, wd, w)
 		w.wakeAll()
 	}
+	return true
 }
 
 // readSlots reads every slot's value into w.last, with w.mu held, and
