@@ -26,12 +26,11 @@ type ListFilter struct {
 	ActiveAt time.Time           // only the locks active at this instant
 }
 
-// LockRepository stores locks; locktest.Run checks every promise below. It
-// is safe for concurrent use, also by processes sharing a store. Owners and
-// ids are exact byte strings. Every method returns a *domain.StoreError
-// (matching domain.ErrUnavailable) when the store fails; Update also its
-// Decide's error. A write whose ctx has ended returns ctx's error and
-// writes nothing.
+// LockRepository stores locks, safe for concurrent use by goroutines and
+// processes; locktest.Run checks every promise below. Owners and ids are
+// exact byte strings. Every method returns a *domain.StoreError when the
+// store fails (Update also its Decide's error), and ctx's error, writing
+// nothing, when ctx has ended.
 type LockRepository interface {
 	// Update reads the lock on ref and applies decide's change atomically, and
 	// returns the lock stored afterwards (zero when there is none).
@@ -40,8 +39,7 @@ type LockRepository interface {
 	Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error)
 	// List returns the locks matching filter, ordered by resource type and id.
 	List(ctx context.Context, filter ListFilter) ([]domain.Lock, error)
-	// DeleteOwned removes owner's lock on ref, active or expired, and reports
-	// whether it did.
+	// DeleteOwned removes owner's lock on ref, active or expired, reporting whether it did.
 	DeleteOwned(ctx context.Context, ref domain.ResourceRef, owner string) (bool, error)
 	// DeleteToken removes the lock on ref of token if active at now, and
 	// reports whether it did: never another acquisition's, nor an expired one.
@@ -55,11 +53,10 @@ type LockRepository interface {
 	CountExpired(ctx context.Context, now time.Time) (int, error)
 }
 
-// OneStatement is LockRepository's optional port: a store carrying out an Op
-// in one statement, leaving what it does not decide to Update. Given now
-// before it reaches the store, it must only err where a later now agrees:
-// an extension checks that the lock is active at the write, or leaves it
-// undecided, lest a lapsed lock keep its token across a moment unheld.
+// OneStatement is LockRepository's optional port: an Op in one statement,
+// leaving what it does not decide to Update. Its now is read before the
+// store, so it errs only where a later now agrees, and an extension checks
+// the lock active at the write, lest a lapsed lock keep its token.
 type OneStatement interface {
 	// Apply carries out op atomically, deciding as op.Decide on the row.
 	// Errors: for OpAcquire and OpTake, the rule's *domain.LockConflictError;
@@ -69,10 +66,7 @@ type OneStatement interface {
 
 // Outcome is what a OneStatement store did.
 type Outcome struct {
-	// Kind is the change written; ChangeNone: undecided, left to Update.
-	Kind ChangeKind
-	// Lock is the lock as stored afterwards.
-	Lock domain.Lock
-	// Previous is the expired lock replaced, on a takeover.
-	Previous *domain.Lock
+	Kind     ChangeKind   // the change written; ChangeNone: undecided, left to Update
+	Lock     domain.Lock  // as stored afterwards
+	Previous *domain.Lock // the expired lock replaced, on a takeover
 }

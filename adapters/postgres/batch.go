@@ -10,23 +10,17 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Group commit (Options.DisableGroupCommit leaves it out): a write that
-// finds nothing of its kind in flight runs alone; others queue, and
-// batches carry the queue, one at a time, each one statement (batchsql.go)
-// and one commit. Promises: one member per resource; no batch waits for a
-// lock, so none deadlocks (a busy member runs alone); a failure of the
-// batch's rows sends each member alone, and only the connection's or
-// server's (everyMembers) is told to all; no member returns before its
-// commit; a member that leaves returns at once, and its acquisition, if
-// committed, is undone. A batch every member left goes on beside the next.
+// Group commit: a write with nothing of its kind in flight runs alone;
+// others queue for the next batch, one statement and one commit. One member
+// per resource; no batch waits for a lock, so none deadlocks; a failed
+// batch sends each member alone; no member returns before its commit, but
+// one that leaves returns at once and its committed acquisition is undone.
 
 // maxBatch bounds the members of one batch: the arrays of one statement.
 const maxBatch = 256
 
-// maxDetached bounds the batches that every caller left and that still
-// wait for their answers (a silent server or DDL holds them all), each on
-// a pool connection: with one batch of each of the five kinds, 7 of the
-// pool's 10, leaving the others to reads and lone writes.
+// maxDetached bounds the batches every caller left, each holding a pool
+// connection, so that reads and lone writes keep some of the pool's 10.
 const maxDetached = 2
 
 // batchGroup is what the batchers of one store share: the detached
