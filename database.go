@@ -129,8 +129,7 @@ func openMemory(_ context.Context, opts backend.Options) (backend.Store, error) 
 	return memoryStore{repo: memory.NewLockRepository(), clock: clk}, nil
 }
 
-// memoryStore has no other process to wake, nor SQL transactions to fence
-// or queue.
+// memoryStore has no other process to wake, nor SQL transactions to fence or queue.
 type memoryStore struct {
 	repo  *memory.LockRepository
 	clock application.Clock

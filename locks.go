@@ -29,8 +29,7 @@ import (
 // memory: for tests, and for excluding only this process's goroutines.
 const MemoryDatabase = ":memory:"
 
-// DefaultShutdownTimeout bounds how long Close waits to release the
-// owner's locks.
+// DefaultShutdownTimeout bounds how long Close waits to release the owner's locks.
 const DefaultShutdownTimeout = 10 * time.Second
 
 // Config says how to build a Container. Only Database is required.

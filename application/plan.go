@@ -93,15 +93,13 @@ func (s *PlanLifecycleService[P]) transition(ctx context.Context, refs []domain.
 	handles := make([]*Handle, 0, len(refs))
 	defer func() {
 		p := recover()
-		// Even when ctx has ended: a lock left behind blocks the plan for
-		// its whole TTL.
+		// Even when ctx has ended: a lock left behind blocks the plan for its whole TTL.
 		for i := len(handles) - 1; i >= 0; i-- {
 			_, rerr := handles[i].Release(context.WithoutCancel(ctx))
 			switch {
 			case rerr == nil || errors.Is(rerr, domain.ErrClosed):
 			case errors.Is(rerr, domain.ErrExpired) && (err == nil || errors.Is(err, domain.ErrExpired)):
-				// Lost after a persist its fences let through, or the loss
-				// already reported.
+				// Lost after a persist its fences let through, or the loss already reported.
 			default:
 				err = errors.Join(err, rerr)
 			}
@@ -151,8 +149,7 @@ func lostErr(handles []*Handle) error {
 	return nil
 }
 
-// lostOr joins err with a lock's loss, which says why (a cancelled
-// context follows from it).
+// lostOr joins err with a lock's loss, which says why (a cancelled context follows from it).
 func lostOr(handles []*Handle, err error) error {
 	if lost := lostErr(handles); lost != nil && !errors.Is(err, lost) {
 		return errors.Join(lost, err)

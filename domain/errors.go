@@ -19,8 +19,7 @@ var (
 
 func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
-// LockConflictError reports that Holder holds an active lock on the
-// resource the caller asked for.
+// LockConflictError reports that Holder holds an active lock on the resource the caller asked for.
 type LockConflictError struct {
 	Holder Lock
 	Now    time.Time     // when the conflict was decided

@@ -39,8 +39,7 @@ func (p ProcessOwner) String() string {
 	return s
 }
 
-// ParseProcessOwner parses an owner id written by ProcessOwner.String, and
-// nothing else.
+// ParseProcessOwner parses an owner id written by ProcessOwner.String, and nothing else.
 func ParseProcessOwner(owner string) (ProcessOwner, bool) {
 	if !strings.Contains(owner, "/proc1:") {
 		return ProcessOwner{}, false // most owners, without the regexp

@@ -306,8 +306,7 @@ func (b *batcher[Req, Res]) run(f *flight, batch []*batchOp[Req, Res]) {
 	}
 }
 
-// hand hands out the outcomes, undoes those of members that left, and
-// sends the next batch.
+// hand hands out the outcomes, undoes those of members that left, and sends the next batch.
 func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 	var undo []*batchOp[Req, Res]
 	b.mu.Lock()

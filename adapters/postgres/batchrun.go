@@ -19,8 +19,7 @@ type batches struct {
 	end  context.CancelFunc
 }
 
-// newBatches returns s's queues, whose batches end with parent; always:
-// see InBatches.
+// newBatches returns s's queues, whose batches end with parent; always: see InBatches.
 func newBatches(s *LockRepository, always bool, parent context.Context) *batches {
 	life, end := context.WithCancel(parent)
 	withToken := func(r writeReq) []any { return append(r.args(), r.token) }

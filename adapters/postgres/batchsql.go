@@ -23,8 +23,7 @@ func lockRows(as, from, mode string) string {
 // noRow: the member r's resource has no row in the statement's snapshot.
 const noRow = `(SELECT l.{id} FROM {locks} l WHERE l.{type} = r.typ AND l.{rid} = r.rid) IS NULL`
 
-// acquireFreeBatchSQL is acquireFreeSQL over arrays. Result: per lock
-// inserted, n, its id and xmin.
+// acquireFreeBatchSQL is acquireFreeSQL over arrays. Result: per lock inserted, n, its id and xmin.
 var acquireFreeBatchSQL = pgStatement(`WITH ins AS (
   INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
   SELECT own, typ, rid, acq, exp

@@ -233,8 +233,7 @@ func lockResource(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error
 	return err
 }
 
-// resourceKey is the key of ref's advisory lock: colliding resources share
-// a queue, never a row.
+// resourceKey is the key of ref's advisory lock: colliding resources share a queue, never a row.
 func resourceKey(ref domain.ResourceRef) int64 {
 	h := fnv.New64a()
 	h.Write([]byte(ref.Type))

@@ -15,8 +15,7 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// MigrationName is the name of the migration that creates the locks table,
-// the same as SQLite's.
+// MigrationName is the name of the migration that creates the locks table, the same as SQLite's.
 const MigrationName = "m4_001_concurrency_locks"
 
 // OpenReadOnly connects for diagnostics that change nothing: no migration,

@@ -152,8 +152,7 @@ func (s *LockRepository) undo(ref domain.ResourceRef, token int64, version strin
 	return err == nil
 }
 
-// undoMade undoes m, an insert whose caller left; it reports whether the
-// database answered.
+// undoMade undoes m, an insert whose caller left; it reports whether the database answered.
 func (s *LockRepository) undoMade(r writeReq, m made) bool {
 	if m.id.Valid && !m.reentered && m.version.String != "" {
 		return s.undo(r.ref, m.id.Int64, m.version.String)

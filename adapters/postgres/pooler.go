@@ -54,8 +54,7 @@ func newSessionParams(cfg *pgx.ConnConfig) *sessionParams {
 	return p
 }
 
-// openPool opens a pool on cfg of maxConns (or defaultConns) connections,
-// which run then once made.
+// openPool opens a pool on cfg of maxConns (or defaultConns) connections, which run then once made.
 func openPool(cfg *pgx.ConnConfig, maxConns, defaultConns int, then func(context.Context, *pgx.Conn) error) (*sql.DB, *pool, *sessionParams) {
 	conns := &pool{open: make(map[*poolConn]struct{})}
 	cfg.DialFunc = conns.dial(cfg.DialFunc)

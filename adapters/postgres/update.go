@@ -69,8 +69,7 @@ func (s *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, dec
 		gone = true // a decision taken from now on would be nobody's
 		mu.Unlock()
 	}, func(a answer) bool {
-		// Whether the outcome is known: nothing written, a change that
-		// stands, or an insert undone.
+		// Whether the outcome is known: nothing written, a change that stands, or an insert undone.
 		switch {
 		case a.panicked:
 			panic(a.panic)

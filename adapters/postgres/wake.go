@@ -65,8 +65,7 @@ func watchedOrNotify(channel, typ, id string) string {
 // plainName matches the schema names a channel carries unquoted; others are hashed.
 var plainName = regexp.MustCompile(`^[a-z0-9_]+$`)
 
-// channelName returns the channel of the store in schema (channels are
-// per database).
+// channelName returns the channel of the store in schema (channels are per database).
 func channelName(schema string) string {
 	if schema == "public" {
 		return channelPrefix
@@ -91,8 +90,7 @@ func releaseStatement(channel string) func(deleteSQL string) string {
 	}
 }
 
-// listener carries the wake-ups of one opened DB, connecting at the first
-// Watch or Contended.
+// listener carries the wake-ups of one opened DB, connecting at the first Watch or Contended.
 type listener struct {
 	cfg      *pgx.ConnConfig
 	channel  string
@@ -259,8 +257,7 @@ func (l *listener) run() {
 	}
 }
 
-// connect LISTENs, then wakes every watcher: a release may have come
-// while nobody listened.
+// connect LISTENs, then wakes every watcher: a release may have come while nobody listened.
 func (l *listener) connect() (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(l.ctx, l.cfg)
 	if err != nil {

@@ -18,8 +18,7 @@ const (
 	checkpointAfter = 512
 	// walSizeLimit is what a WAL that a purge grew is cut back to.
 	walSizeLimit = 16 << 20
-	// catchUpRounds bounds a catch-up; finishFrames is the most frames it
-	// may leave to the writer.
+	// catchUpRounds bounds a catch-up; finishFrames is the most frames it may leave to the writer.
 	catchUpRounds = 8
 	finishFrames  = 256
 	// purgeQuiet is how many other writes must follow a purge's last

@@ -52,8 +52,7 @@ type ReadLock func(ctx context.Context, ref domain.ResourceRef) (domain.Lock, er
 // Open opens a database, applies its migrations and returns it.
 type Open func(ctx context.Context, opts Options) (Store, error)
 
-// opens needs no lock: only the adapters' init functions write it, and
-// they all run before main.
+// opens needs no lock: only the adapters' init functions write it, and they all run before main.
 var opens = map[string]Open{}
 
 // Register makes the kind of database name available to locks.Open; it
