@@ -204,13 +204,10 @@ type Processes interface {
 // WithProcesses lets Acquire take over a gone process's active lock (nil: never).
 func WithProcesses(p Processes) Option { return func(s *LockService) { s.processes = p } }
 
-// takeOverDead takes the lock if holder is a gone process; the probe runs
+// takeOverDead takes the lock if holder is a gone process (s.processes set); the probe runs
 // before the write, which decides on the row as overDead has it.
 func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	holder domain.Lock, decide rule) (domain.Lock, bool, error) {
-	if s.processes == nil {
-		return domain.Lock{}, false, nil
-	}
 	p, ok := domain.ParseProcessOwner(holder.Owner)
 	if !ok || holder.Owner == owner || !s.processes.Gone(p) {
 		return domain.Lock{}, false, nil

@@ -106,9 +106,7 @@ func (l Lock) Remaining(now time.Time) time.Duration {
 }
 
 // HeldBy reports whether owner holds the lock at the instant now.
-func (l Lock) HeldBy(owner string, now time.Time) bool {
-	return l.Owner == owner && !l.ExpiredAt(now)
-}
+func (l Lock) HeldBy(owner string, now time.Time) bool { return l.Owner == owner && !l.ExpiredAt(now) }
 
 // The TTL policy: a lock lives for its TTL unless renewed or released.
 const (

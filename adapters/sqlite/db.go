@@ -162,9 +162,7 @@ func (c sideFileConnector) Connect(context.Context) (driver.Conn, error) {
 
 func (c sideFileConnector) Driver() driver.Driver { return sqliteDriver }
 
-func openPool(dsn, path string) *sql.DB {
-	return sql.OpenDB(sideFileConnector{dsn: dsn, path: path})
-}
+func openPool(dsn, path string) *sql.DB { return sql.OpenDB(sideFileConnector{dsn: dsn, path: path}) }
 
 // NewLockRepository returns the lock repository of db.
 func NewLockRepository(db *DB) *LockRepository { return db.store }
