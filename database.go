@@ -120,7 +120,6 @@ func IsPostgres(database string) bool {
 // character (zero-width space, BOM), which a reader does not see.
 func isBlank(r rune) bool { return unicode.IsSpace(r) || unicode.Is(unicode.Cf, r) }
 
-// openMemory opens MemoryDatabase.
 func openMemory(_ context.Context, opts backend.Options) (backend.Store, error) {
 	clk := opts.Clock
 	if clk == nil {

@@ -75,7 +75,6 @@ func (s *LockService) Take(ctx context.Context, owner string, ref domain.Resourc
 	return h, err
 }
 
-// checkTake validates a Take and returns the TTL to use.
 func (s *LockService) checkTake(owner string, ref domain.ResourceRef, opts AcquireOptions) (time.Duration, error) {
 	ttl, err := s.checkInput(owner, ref, opts.TTL)
 	if err != nil {
@@ -189,7 +188,6 @@ func (hs *holders) hold(sl *slot, h *Handle) {
 	hs.mu.Unlock()
 }
 
-// vacate frees h's slot, if h still holds it.
 func (hs *holders) vacate(h *Handle) {
 	ref := h.Lock().Resource
 	hs.mu.Lock()

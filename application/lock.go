@@ -389,7 +389,6 @@ func (s *LockService) started() time.Time {
 	return s.clock.Now()
 }
 
-// observeWait reports the end of a wait that began at start.
 func (s *LockService) observeWait(ctx context.Context, owner string, ref domain.ResourceRef, start time.Time, l domain.Lock, err error) {
 	if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
 		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: l,

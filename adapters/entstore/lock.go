@@ -156,7 +156,6 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 	return written{lock: *cur}, nil
 }
 
-// oneRow checks that a statement changed the one row it named.
 func oneRow(res sql.Result, err error) error {
 	if err != nil {
 		return err

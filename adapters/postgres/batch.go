@@ -123,7 +123,6 @@ func (b *batcher[Req, Res]) countLocked(n int) {
 	}
 }
 
-// runAlone runs req alone, as its caller's own statement.
 func (b *batcher[Req, Res]) runAlone(ctx context.Context, req Req) (Res, error) {
 	b.mu.Lock()
 	b.countLocked(1)
@@ -288,7 +287,6 @@ func (b *batcher[Req, Res]) takeLocked() []*batchOp[Req, Res] {
 	return batch
 }
 
-// run sends batch and hands each member its outcome.
 func (b *batcher[Req, Res]) run(f *flight, batch []*batchOp[Req, Res]) {
 	defer b.hand(f, batch)
 	if err := b.many(b.life, batch); err != nil {

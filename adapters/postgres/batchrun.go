@@ -41,14 +41,12 @@ func newBatches(s *LockRepository, always bool, parent context.Context) *batches
 	return b
 }
 
-// queue is a batcher of any kind.
 type queue interface {
 	set(always bool, life context.Context, g *batchGroup)
 	queued() int
 	writeStats() WriteStats
 }
 
-// kinds are b's queues, one per kind of write.
 func (b *batches) kinds() []queue {
 	return []queue{b.frees, b.acquires, b.takes, b.renewals, b.releases}
 }

@@ -227,7 +227,6 @@ func (c *poolConn) Close() error {
 	return c.Conn.Close()
 }
 
-// lockResource takes the advisory lock of ref for the rest of tx.
 func lockResource(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error {
 	_, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", resourceKey(ref))
 	return err

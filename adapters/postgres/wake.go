@@ -122,7 +122,6 @@ type watch struct{ c chan struct{} }
 
 var _ application.Wakeups = (*listener)(nil)
 
-// newListener returns the listener of a store on channel.
 func newListener(cfg *pgx.ConnConfig, channel string) *listener {
 	cfg = cfg.Copy()
 	name := listenerAppName
@@ -229,7 +228,6 @@ func (l *listener) close(ctx context.Context) {
 	}
 }
 
-// run connects and reconnects after every drop until close.
 func (l *listener) run() {
 	defer close(l.done)
 	backoff := reconnectMin
@@ -453,7 +451,6 @@ func (l *listener) receive(payload string) {
 	}
 }
 
-// hangUp closes the connection, saying goodbye if closing.
 func (l *listener) hangUp(conn *pgx.Conn) {
 	l.mu.Lock()
 	bye := l.closed && l.said

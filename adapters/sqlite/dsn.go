@@ -75,7 +75,6 @@ func invalidDatabase(reason string) error {
 	return &domain.ValidationError{Field: "database", Reason: reason}
 }
 
-// splitDSN splits a "file:" URI at its query.
 func splitDSN(dsn string) (base string, q url.Values, err error) {
 	base, query, _ := strings.Cut(dsn, "?")
 	q, err = url.ParseQuery(query)

@@ -98,7 +98,6 @@ func kindOf(err error) domain.StoreErrorKind {
 	return domain.StoreInternal
 }
 
-// isDuplicate reports whether the unique index refused a second row.
 func isDuplicate(err error) bool {
 	var serr *sqlite.Error
 	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE

@@ -37,7 +37,6 @@ var insertFreeSQL = strings.NewReplacer(
 	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
 ).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`) VALUES (?, ?, ?, ?, ?)")
 
-// newLockRepository returns s, the store of db, with its one-statement acquire.
 func newLockRepository(ctx context.Context, s *entstore.Store, db *DB) (*LockRepository, error) {
 	st, err := db.wsql.PrepareContext(ctx, insertFreeSQL)
 	if err != nil {
