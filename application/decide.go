@@ -70,8 +70,7 @@ func (op Op) Decide(cur *domain.Lock, now, expires time.Time) (Change, error) {
 
 // DecideAcquire is Acquire's rule at now, expires = now+TTL: a new lock on a
 // free or expired resource; owner's active lock extended, never shortened
-// (a keep-alive must not lose it to a shorter re-entry); else a
-// *domain.LockConflictError naming cur.
+// (by a shorter re-entry); else a *domain.LockConflictError naming cur.
 func DecideAcquire(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
 	switch {
 	case cur == nil || cur.ExpiredAt(now):
@@ -141,9 +140,8 @@ func lateWrite(l domain.Lock, owner string, ref domain.ResourceRef, now time.Tim
 	return nil
 }
 
-// LossOf is held's loss at now given cur, the lock stored: nil while cur is
-// held, active; else taken over (another token, cur as NewHolder), expired,
-// or removed (no row before held's expiry).
+// LossOf is held's loss at now given cur, the lock stored: nil while held
+// and active; else taken over (cur as NewHolder), expired, or removed.
 func LossOf(held domain.Lock, cur *domain.Lock, now time.Time) *domain.LockLostError {
 	lost := &domain.LockLostError{Lock: held, At: now}
 	switch {

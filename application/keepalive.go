@@ -32,11 +32,11 @@ type keeper struct {
 }
 
 // KeepAlive renews the lock by token every domain.RenewInterval(TTL) until
-// release or ctx's end, and returns a context that ends the moment the lock
-// is lost, with the *domain.LockLostError as cause. Transient store failures
-// are retried until the expiry, a permanent one (domain.IsPermanent) ends
-// the hold. A re-entry's keep-alive renews nothing and ends with its outer
-// one. A Take with the context is nested; a second call returns it again.
+// release or ctx's end, and returns a context that ends when the lock is
+// lost, with the *domain.LockLostError as cause. Transient failures are
+// retried until the expiry; a permanent one (domain.IsPermanent) ends the
+// hold. A re-entry's keep-alive ends with its outer one; a second call
+// returns the same context.
 func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 	h.mu.Lock()
 	if h.keeper != nil {
@@ -250,9 +250,8 @@ func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 	return *lost
 }
 
-// Lost returns the handle's *domain.LockLostError, known or found by a
-// read now (an unreadable store proves no loss before the expiry), or nil;
-// after a release, an error matching domain.ErrExpired.
+// Lost returns the handle's *domain.LockLostError, known or found by a read
+// now, or nil; after a release, an error matching domain.ErrExpired.
 func (h *Handle) Lost(ctx context.Context) error {
 	var known *domain.LockLostError
 	if errors.As(h.Err(), &known) && known.Reason != domain.LostExpired {

@@ -124,9 +124,8 @@ func (db *DB) schema(ctx context.Context) (st SchemaState, err error) {
 }
 
 // CheckWritable reports whether the service could write the lock store
-// that dsn names: not a standby, transactions not read-only by default,
-// and the user may read and write the locks table (or create it in the
-// current schema). It asks on a connection of its own and writes nothing.
+// that dsn names (no standby, no read-only default, the table's rights),
+// asking on a connection of its own and writing nothing.
 //
 // Errors: a *domain.StoreError of kind StoreReadOnly saying what does not
 // allow writing, or StoreUnreachable when the server cannot be reached.

@@ -234,11 +234,9 @@ func (p *sessionParams) behindPooler(ctx context.Context, sdb *sql.DB) (pooler, 
 }
 
 // sharedSessions reports whether connect's connections may share a
-// session. A reads its backend PID twice, B in a transaction, then A again:
-// a per-transaction pooler hands A another session (round robin), or A's
-// last one to B (most recently used), or, in a round-robin pool of two, A
-// another the third time. One this fools fails on a prepared statement
-// (sessionSwapped).
+// session: A reads its backend PID twice, B in a transaction, then A
+// again, which catches round-robin and most-recently-used poolers; one it
+// fools fails later on a prepared statement (sessionSwapped).
 func sharedSessions(ctx context.Context, connect func(context.Context) (*pgx.Conn, error)) (bool, error) {
 	a, err := connect(ctx)
 	if err != nil {
