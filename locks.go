@@ -41,17 +41,14 @@ type Config struct {
 	Owner string
 	// DefaultTTL replaces a zero TTL; zero means domain.DefaultLockTTL.
 	DefaultTTL time.Duration
-	// Clock is the service's time; nil means the real clock. A mock clock
-	// (one with Add and Set) implies LocalTime (docs/testing.md).
+	// Clock is the service's time (nil: the real clock); a mock clock implies LocalTime.
 	Clock application.Clock
-	// DisableDeadHolderTakeover makes Acquire wait for the expiry of a lock
-	// whose owner's process, on this machine, is provably gone.
+	// DisableDeadHolderTakeover waits for the expiry even of a lock whose local process is gone.
 	DisableDeadHolderTakeover bool
 	// LocalTime, on PostgreSQL, decides expiry on Clock rather than on the
 	// server's time, advanced by a monotonic clock: only where clocks agree.
 	LocalTime bool
-	// BusyTimeout is how long a SQLite statement waits for another
-	// process's write; zero means 5 seconds.
+	// BusyTimeout is how long a SQLite statement waits for another process's write; zero: 5 s.
 	BusyTimeout time.Duration
 	// PollOnly makes waits poll the store rather than also watch for
 	// releases, whose read never blocks durably in a testing/synctest bubble.
@@ -64,8 +61,7 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// Observer, when set, is told of every lock event too.
 	Observer application.Observer
-	// CleanupInterval, when not zero (and at least
-	// application.MinCleanupInterval), purges expired locks that often.
+	// CleanupInterval, if not zero (≥ application.MinCleanupInterval), purges expired locks that often.
 	CleanupInterval time.Duration
 	// OnCleanup, when set, is told of every periodic cleanup's count and
 	// error, in its goroutine: it must return promptly.
@@ -93,12 +89,10 @@ type Container struct {
 // Open builds the container that cfg describes: it migrates the store,
 // purges expired locks (unless cfg.SkipStartupCleanup) and starts the
 // periodic cleanup.
-//
-// Errors: *domain.ValidationError for a bad Config, including a Database
-// of no kind Open accepts or a PostgreSQL DSN without PostgresPackage
-// imported; *domain.StoreError when the store cannot be opened, migrated
-// or cleaned. A SQLite file that Open refuses is left as it was (see
-// sqlite.Open: *sqlite.LinkedFileError, sqlite.ErrForeignLocksTable).
+// Errors: *domain.ValidationError for a bad Config (a PostgreSQL DSN
+// without PostgresPackage imported too); *domain.StoreError when the store
+// cannot be opened, migrated or cleaned (a refused SQLite file is left as
+// it was: see sqlite.Open).
 func Open(ctx context.Context, cfg Config) (*Container, error) {
 	kind, err := databaseKind(cfg.Database)
 	if err != nil {
@@ -182,9 +176,8 @@ func DefaultOwner() string {
 	return fmt.Sprintf("%s:%d:%s", proc.Hostname(), os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// shutdown hands Close's context to the cleanups that Wire runs, and
-// collects their errors. sync.Once orders it: the cleanups run inside
-// Close's once.Do, and errs is read after it.
+// shutdown hands Close's context to Wire's cleanups and collects their
+// errors; Close's once.Do orders the writes before the read of errs.
 type shutdown struct {
 	ctx    context.Context
 	budget string // ctx's time, in words, for errors
