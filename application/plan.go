@@ -37,11 +37,10 @@ type PlanLockOptions struct {
 }
 
 // PlanLifecycleService runs plan transitions under the plan's lock, and the
-// project's first (always in that order: no deadlock), kept alive while
-// it runs, then persists the plan fenced by them, and releases them however
-// it ends; a lock lost before the persist ends it, persisting nothing.
-// One plan's transitions are serialised in a process too; one started in
-// another's on the same plan is refused.
+// project's first (always in that order: no deadlock), kept alive, then
+// persists the plan fenced by them and releases them; a lock lost before the
+// persist persists nothing. A plan's transitions are serialised in a process
+// too; one nested in another's on the same plan is refused.
 type PlanLifecycleService[P any] struct {
 	locks *LockService
 	store PlanStore[P]
