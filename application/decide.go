@@ -14,17 +14,14 @@ import (
 type ChangeKind int
 
 const (
-	// ChangeNone leaves the store untouched.
-	ChangeNone ChangeKind = iota
-	// ChangeInsert replaces any lock with Change.Lock and a new, larger token.
-	ChangeInsert
-	// ChangeExtend sets the lock's expiry, keeping owner, acquisition time and token.
-	ChangeExtend
+	ChangeNone   ChangeKind = iota // leaves the store untouched
+	ChangeInsert                   // replaces any lock with Change.Lock and a new, larger token
+	ChangeExtend                   // sets the lock's expiry, keeping owner, acquisition time and token
 )
 
 // Change is the outcome of a Decide function.
 type Change struct {
-	Kind ChangeKind
+	Kind ChangeKind  // what to do with the row
 	Lock domain.Lock // ChangeInsert's new lock (bar its Token), ChangeExtend's ExpiresAt
 }
 
@@ -44,13 +41,11 @@ const (
 
 // Op is one decision of the service on one resource.
 type Op struct {
-	Kind  OpKind
-	Owner string // the caller
-	Ref   domain.ResourceRef
-	// Held is OpRenewToken's acquisition: only its token and owner's row extends.
-	Held domain.Lock
-	// At gives now and now+TTL; a store calls it as close to its write as it can.
-	At func() (now, expires time.Time)
+	Kind  OpKind                          // the rule
+	Owner string                          // the caller
+	Ref   domain.ResourceRef              // the resource decided on
+	Held  domain.Lock                     // OpRenewToken's acquisition: only its token and owner's row extends
+	At    func() (now, expires time.Time) // now and now+TTL, called as close to the write as can be
 }
 
 // Decide is op's rule in Go: its change to cur, the lock stored on op.Ref.

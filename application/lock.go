@@ -148,11 +148,9 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 
 // AcquireResult is what an owner-scoped acquisition did.
 type AcquireResult struct {
-	Lock domain.Lock
-	// Reentered: owner held the lock already (token kept, expiry extended).
-	Reentered bool
-	// TookOverFrom is the active lock of a gone process taken over, or nil.
-	TookOverFrom *domain.Lock
+	Lock         domain.Lock  // as stored
+	Reentered    bool         // owner held the lock already (token kept, expiry extended)
+	TookOverFrom *domain.Lock // the active lock of a gone process taken over, or nil
 }
 
 // rule decides owner's acquisition of ref.

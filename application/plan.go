@@ -11,9 +11,9 @@ import (
 // Fence is what a plan store checks as it persists: that Owner still holds
 // Resource with Token, unexpired, so a paused holder cannot overwrite.
 type Fence struct {
-	Resource domain.ResourceRef
-	Owner    string
-	Token    int64
+	Resource domain.ResourceRef // the locked resource
+	Owner    string             // the lock's owner
+	Token    int64              // the lock's fencing token
 }
 
 // FenceOf returns the fence of a held lock.
@@ -21,7 +21,7 @@ func FenceOf(l domain.Lock) Fence { return Fence{Resource: l.Resource, Owner: l.
 
 // PlanStore loads and persists the embedder's plans.
 type PlanStore[P any] interface {
-	Load(ctx context.Context, planID string) (P, error)
+	Load(ctx context.Context, planID string) (P, error) // reads the plan
 	// Persist writes plan in one transaction that first checks every fence on
 	// the locks' database. Errors: *domain.LockLostError (matching
 	// domain.ErrExpired) for a fence that does not hold, naming the new holder.

@@ -10,13 +10,13 @@ import (
 // Clock is what the service needs of a clock to decide (clock.New() and
 // clock.NewMock() of github.com/benbjohnson/clock satisfy it, and Timers).
 type Clock interface {
-	Now() time.Time
+	Now() time.Time // the current time
 }
 
 // Timers is what waiting needs of a clock, so that a mock clock drives
 // waits in tests; a Clock without it waits on real time.
 type Timers interface {
-	After(d time.Duration) <-chan time.Time
+	After(d time.Duration) <-chan time.Time // sends the time once d has passed
 }
 
 // ListFilter selects locks for List. Zero fields do not filter.
