@@ -36,31 +36,23 @@ const DefaultShutdownTimeout = 10 * time.Second
 type Config struct {
 	// Database is a SQLite file (a path or a "file:" URI), a PostgreSQL DSN
 	// (with PostgresPackage imported) or MemoryDatabase: see ValidateDatabase.
-	Database string
-	// Owner identifies this process in its locks; empty means DefaultOwner().
-	Owner string
-	// DefaultTTL replaces a zero TTL; zero means domain.DefaultLockTTL.
-	DefaultTTL time.Duration
-	// Clock is the service's time (nil: the real clock); a mock clock implies LocalTime.
-	Clock application.Clock
+	Database   string
+	Owner      string            // identifies this process in its locks; empty means DefaultOwner()
+	DefaultTTL time.Duration     // replaces a zero TTL; zero means domain.DefaultLockTTL
+	Clock      application.Clock // the service's time (nil: the real clock); a mock clock implies LocalTime
 	// DisableDeadHolderTakeover waits for the expiry even of a lock whose local process is gone.
 	DisableDeadHolderTakeover bool
 	// LocalTime, on PostgreSQL, decides expiry on Clock rather than on the
 	// server's time, advanced by a monotonic clock: only where clocks agree.
-	LocalTime bool
-	// BusyTimeout is how long a SQLite statement waits for another process's write; zero: 5 s.
-	BusyTimeout time.Duration
+	LocalTime   bool
+	BusyTimeout time.Duration // how long a SQLite statement waits for another process's write; zero: 5 s
 	// PollOnly makes waits poll the store rather than also watch for
 	// releases, whose read never blocks durably in a testing/synctest bubble.
-	PollOnly bool
-	// SkipStartupCleanup leaves expired locks in place when opening.
-	SkipStartupCleanup bool
-	// Logger, when set, receives every lock event (telemetry.Logger).
-	Logger *slog.Logger
-	// MeterProvider, when set, receives the metrics (telemetry.Metrics).
-	MeterProvider metric.MeterProvider
-	// Observer, when set, is told of every lock event too.
-	Observer application.Observer
+	PollOnly           bool
+	SkipStartupCleanup bool                 // leaves expired locks in place when opening
+	Logger             *slog.Logger         // when set, receives every lock event (telemetry.Logger)
+	MeterProvider      metric.MeterProvider // when set, receives the metrics (telemetry.Metrics)
+	Observer           application.Observer // when set, is told of every lock event too
 	// CleanupInterval, if not zero (≥ application.MinCleanupInterval), purges expired locks that often.
 	CleanupInterval time.Duration
 	// OnCleanup, when set, is told of every periodic cleanup's count and

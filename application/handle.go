@@ -12,8 +12,7 @@ import (
 
 // AcquireOptions tune Take and Do; zero: the default TTL, no waiting.
 type AcquireOptions struct {
-	// TTL is the lock's time to live; zero means the service's default.
-	TTL time.Duration
+	TTL time.Duration // the lock's time to live; zero means the service's default
 	// Wait waits for the lock, in arrival order among this service's callers,
 	// until ctx ends, Timeout passes or the service closes.
 	Wait bool

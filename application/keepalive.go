@@ -21,11 +21,10 @@ var (
 
 // keeper renews one handle's lock in the background.
 type keeper struct {
-	h       *Handle
-	run     context.Context // bounds the goroutine and every renewal
-	stopRun context.CancelFunc
-	// held, the caller's context, ends with the loss as its cause.
-	held       context.Context
+	h          *Handle
+	run        context.Context // bounds the goroutine and every renewal
+	stopRun    context.CancelFunc
+	held       context.Context // the caller's context, ending with the loss as its cause
 	cancelHeld context.CancelCauseFunc
 	done       chan struct{}
 	follower   bool // a re-entry's: renews nothing, ends with its outer handle's

@@ -30,8 +30,7 @@ type PlanStore[P any] interface {
 
 // PlanLockOptions tune how PlanLifecycleService takes its locks.
 type PlanLockOptions struct {
-	// TTL (zero: the default) bounds how long a crashed process blocks the plan.
-	TTL time.Duration
+	TTL time.Duration // bounds how long a crashed process blocks the plan (zero: the default)
 	// WaitTimeout bounds each lock's wait on the service's clock (zero: ctx does).
 	WaitTimeout time.Duration
 }

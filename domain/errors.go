@@ -30,8 +30,7 @@ type LockConflictError struct {
 	InProcess bool
 	Nested    bool // the caller runs in the holding handle's KeepAlive or Do
 	SameOwner bool // Holder is another acquisition of the caller's owner id
-	// RowHeld: Holder has expired, but its fenced write still holds its row.
-	RowHeld bool
+	RowHeld   bool // Holder has expired, but its fenced write still holds its row
 }
 
 func (e *LockConflictError) Error() string {
