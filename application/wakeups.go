@@ -27,9 +27,7 @@ type Wakeups interface {
 func WithWakeups(w Wakeups) Option { return func(s *LockService) { s.wakeups = w } }
 
 const (
-	// waitFallback is how often a waiter with wake-ups still looks, in case
-	// one was lost (jittered: half to all).
-	waitFallback = time.Second
+	waitFallback = time.Second // how often a waiter with wake-ups still looks, in case one was lost (jittered)
 	// handOverGrace holds back the local waiters of a process that released
 	// a lock another process waits for: it hears its own release first and
 	// would starve the others. A woken remote waiter takes it within ~1 ms.

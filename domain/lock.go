@@ -85,9 +85,7 @@ func validateIdentifier(field, v string) error {
 // Lock is one held (or expired but not yet purged) advisory lock, active
 // from AcquiredAt up to, but not including, ExpiresAt.
 type Lock struct {
-	// Token, the fencing token, grows whenever the resource changes hands,
-	// so that what the lock protects can refuse a former holder.
-	Token      int64
+	Token      int64 // the fencing token: it grows at every change of hands, so a former holder is refused
 	Owner      string
 	Resource   ResourceRef
 	AcquiredAt time.Time
