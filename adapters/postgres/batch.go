@@ -151,9 +151,8 @@ func (b *batcher[Req, Res]) do(ctx context.Context, ref domain.ResourceRef, req 
 	op := &batchOp[Req, Res]{ref: ref, req: req, done: make(chan struct{})}
 	b.mu.Lock()
 	if b.alone == 0 && !b.flying && !b.leading && len(b.queue) == 0 {
-		// Lead: yield once so that the callers woken with this one can
-		// queue, and run alone only if none did, rather than alone beside
-		// a batch of the rest: two statements for one.
+		// Lead: yield once so that the callers woken with this one can queue,
+		// and run alone only if none did: two statements for one otherwise.
 		b.leading = true
 		b.mu.Unlock()
 		b.yieldOnce()
@@ -228,10 +227,9 @@ func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
 	return true
 }
 
-// startLocked sends the next batch from the queue, unless a batch holds
-// it up. b.mu is held. gather yields first so that callers woken together
-// leave together: without it, at 32 callers cycling acquire and release,
-// batches held half as many (docs/performance.md).
+// startLocked sends the next batch from the queue, unless a batch holds it
+// up; b.mu is held. gather yields first so that callers woken together
+// leave together (batches held twice as many, docs/performance.md).
 func (b *batcher[Req, Res]) startLocked() {
 	if b.flying || b.leading || len(b.queue) == 0 || b.group.full() {
 		return

@@ -120,10 +120,9 @@ func (s *LockRepository) WriteStats() WriteStats {
 const badConnAgain = 3
 
 // batchRun returns the run of query over the arrays of each member's args:
-// cols says where the columns after n (and busy, with busyCol: it runs
-// alone) go. A member no row names keeps the zero outcome, always safe
-// (nothing inserted, extended or removed), or, with unnamedAlone, runs
-// alone (an acquire, undone if its caller leaves, unlike an Update).
+// cols says where the columns after n (and busy, with busyCol) go. A member
+// no row names keeps the zero outcome, always safe, or, with unnamedAlone,
+// runs alone (an acquire, undone if its caller leaves, unlike an Update).
 func batchRun[Req, Res any](s *LockRepository, query string, args func(Req) []any, busyCol, unnamedAlone bool,
 	cols func(*Res) []any) func(context.Context, []*batchOp[Req, Res]) error {
 	return func(ctx context.Context, ops []*batchOp[Req, Res]) error {
