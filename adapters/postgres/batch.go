@@ -23,8 +23,7 @@ const maxBatch = 256
 // connection, so that reads and lone writes keep some of the pool's 10.
 const maxDetached = 2
 
-// batchGroup is what the batchers of one store share: the detached
-// batches, how to send each one's next batch, and what Close waits for.
+// batchGroup is what a store's batchers share: detached batches, kicks, and Close's wait.
 type batchGroup struct {
 	*leftGroup
 	mu       sync.Mutex
@@ -134,8 +133,7 @@ func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
 	return runOne(ctx, b.group.leftGroup, req, b.one, b.undo)
 }
 
-// do runs the write req on ref: at once and alone when nothing of its
-// kind is in flight, otherwise in the next batch.
+// do runs req on ref: alone when nothing of its kind is in flight, else in the next batch.
 func (b *batcher[Req, Res]) do(ctx context.Context, ref domain.ResourceRef, req Req) (Res, error) {
 	if b.always {
 		op := &batchOp[Req, Res]{ref: ref, req: req}

@@ -111,8 +111,7 @@ func (db *DB) adoptHistory(ctx context.Context, tables entstore.VersionTables) (
 	return tx.Commit()
 }
 
-// versionStore is goose's store of a schema-qualified version table,
-// looked for in that schema only.
+// versionStore is goose's store of a schema-qualified table, looked for there only.
 type versionStore struct {
 	database.Store
 	schema string

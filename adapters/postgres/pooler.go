@@ -110,8 +110,7 @@ func (p *sessionParams) paramsSet(ctx context.Context, conn *pgx.Conn) (set bool
 	return set, err
 }
 
-// startupConfig is cfg with only trackedParams: it sets nothing in a
-// session a pooler might lend to others.
+// startupConfig is cfg with only trackedParams, setting nothing in a session a pooler might lend.
 func (p *sessionParams) startupConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 	c := cfg.Copy()
 	c.RuntimeParams = maps.Clone(p.startup)
@@ -130,8 +129,7 @@ func (p *sessionParams) connect(cfg *pgx.ConnConfig) func(context.Context) (*pgx
 	return func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, p.startupConfig(cfg)) }
 }
 
-// open checks that the server answers and that connections have sessions
-// of their own before the pool sets anything in one.
+// open checks that the server answers and that connections own their sessions, before any is set.
 func (p *sessionParams) open(ctx context.Context, op string, sdb *sql.DB, cfg *pgx.ConnConfig) error {
 	err := sdb.PingContext(ctx)
 	if err != nil && p.refused(err) {
