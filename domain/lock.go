@@ -58,8 +58,7 @@ func (r ResourceRef) String() string {
 	return string(r.Type) + "/" + id
 }
 
-// MaxIdentifierBytes is the longest owner or resource id accepted: the
-// stores' VARCHAR(255) columns.
+// MaxIdentifierBytes is the longest owner or resource id accepted: the stores' VARCHAR(255) columns.
 const MaxIdentifierBytes = 255
 
 // ValidateOwner checks an owner id.

@@ -141,8 +141,7 @@ func (c *ServerClock) refresh() {
 	}
 }
 
-// measure keeps the sample with the shortest round trip, placing the
-// server's reading at its midpoint.
+// measure keeps the sample with the shortest round trip, placing the server's reading at its midpoint.
 func (c *ServerClock) measure(ctx context.Context) error {
 	conn, err := c.db.Conn(ctx) // one connection: the first sample pays for connecting
 	if err != nil {

@@ -128,8 +128,7 @@ func NewLockRepository(db *DB) *LockRepository { return db.store }
 // Close closes the pool. Call it after the last use of the store.
 func (db *DB) Close() error { return db.CloseContext(context.Background()) }
 
-// CloseContext is Close within ctx: the listener's farewell takes at most
-// half of what remains of it.
+// CloseContext is Close within ctx: the listener's farewell takes at most half of what remains of it.
 func (db *DB) CloseContext(ctx context.Context) error {
 	db.wake.close(ctx)
 	closed := make(chan error, 1)
@@ -253,8 +252,7 @@ func sessionEnded(err error) bool {
 	return connectionLost(err) || pgconn.SafeToRetry(err)
 }
 
-// writeTx is the store's Backend.WriteTx: several statements in a
-// transaction pinned at READ COMMITTED.
+// writeTx is the store's Backend.WriteTx: several statements in a transaction pinned at READ COMMITTED.
 func writeTx(db *sql.DB) func(ctx context.Context, kind entstore.WriteKind, body func(context.Context, *sql.Tx) error) error {
 	committed := &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	return func(ctx context.Context, kind entstore.WriteKind, body func(context.Context, *sql.Tx) error) error {

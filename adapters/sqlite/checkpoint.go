@@ -198,8 +198,7 @@ func walLife(wal *os.File) (life [12]byte, ok bool) {
 	return life, err == nil
 }
 
-// finish, run by a batch's leader before the batch, copies what the
-// catch-up left, unless a purge runs.
+// finish, run by a batch's leader before the batch, copies what the catch-up left, unless a purge runs.
 func (c *checkpointer) finish(writer *sql.DB) {
 	if c.limitDue.Load() {
 		c.mu.Lock()
