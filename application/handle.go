@@ -12,21 +12,17 @@ import (
 
 // AcquireOptions tune Take and Do; zero: the default TTL, no waiting.
 type AcquireOptions struct {
-	TTL time.Duration // the lock's time to live; zero means the service's default
-	// Wait waits for the lock, in arrival order among this service's callers,
-	// until ctx ends, Timeout passes or the service closes.
-	Wait bool
+	TTL  time.Duration // the lock's time to live; zero means the service's default
+	Wait bool          // waits, in arrival order among this service's callers, until ctx ends, Timeout or Close
 	// Timeout bounds a wait on the service's clock (zero: ctx does); needs Wait.
 	Timeout time.Duration
-	// Reentrant lets a Take inside the work of a handle holding the resource (a
-	// context of its KeepAlive or Do) share its token, never moving its expiry;
-	// without it, such a Take is refused at once (Nested): it would wait for itself.
+	// Reentrant lets a Take in the work (KeepAlive or Do context) of a handle holding the
+	// resource share its token, never moving its expiry; else it is refused (Nested).
 	Reentrant bool
 }
 
-// Handle is one acquisition of a lock, renewed, kept alive, checked and
-// released by its token, never another's (finding one is a loss,
-// *domain.LockLostError). It is safe for concurrent use.
+// Handle is one acquisition of a lock, renewed, kept alive, checked and released
+// by its token, never another's (that is a loss). It is safe for concurrent use.
 type Handle struct {
 	svc    *LockService
 	ttl    time.Duration

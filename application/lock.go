@@ -13,10 +13,9 @@ import (
 // Precision is the resolution of every instant, the same on every adapter.
 const Precision = time.Microsecond
 
-// LockService applies the rules of decide.go on a LockRepository, reading
-// the clock with the store's current row in hand, never before a wait for
-// the store, which would date the lock in the past. Bad input fails with
-// *domain.ValidationError before any I/O; after Close, domain.ErrClosed.
+// LockService applies the rules of decide.go on a LockRepository, reading the
+// clock with the row in hand, never before a wait that would date the lock in
+// the past. Bad input fails with *domain.ValidationError before any I/O.
 type LockService struct {
 	repo       LockRepository
 	one        OneStatement // repo, when it can decide in one statement
