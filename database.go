@@ -120,7 +120,6 @@ func IsPostgres(database string) bool {
 // character (zero-width space, BOM), which a reader does not see.
 func isBlank(r rune) bool { return unicode.IsSpace(r) || unicode.Is(unicode.Cf, r) }
 
-// openMemory opens MemoryDatabase.
 func openMemory(_ context.Context, opts backend.Options) (backend.Store, error) {
 	clk := opts.Clock
 	if clk == nil {
@@ -129,8 +128,7 @@ func openMemory(_ context.Context, opts backend.Options) (backend.Store, error) 
 	return memoryStore{repo: memory.NewLockRepository(), clock: clk}, nil
 }
 
-// memoryStore has no other process to wake, nor SQL transactions to fence
-// or queue.
+// memoryStore has no other process to wake, nor SQL transactions to fence or queue.
 type memoryStore struct {
 	repo  *memory.LockRepository
 	clock application.Clock

@@ -29,44 +29,31 @@ import (
 // memory: for tests, and for excluding only this process's goroutines.
 const MemoryDatabase = ":memory:"
 
-// DefaultShutdownTimeout bounds how long Close waits to release the
-// owner's locks.
+// DefaultShutdownTimeout bounds how long Close waits to release the owner's locks.
 const DefaultShutdownTimeout = 10 * time.Second
 
 // Config says how to build a Container. Only Database is required.
 type Config struct {
 	// Database is a SQLite file (a path or a "file:" URI), a PostgreSQL DSN
 	// (with PostgresPackage imported) or MemoryDatabase: see ValidateDatabase.
-	Database string
-	// Owner identifies this process in its locks; empty means DefaultOwner().
-	Owner string
-	// DefaultTTL replaces a zero TTL; zero means domain.DefaultLockTTL.
-	DefaultTTL time.Duration
-	// Clock is the service's time; nil means the real clock. A mock clock
-	// (one with Add and Set) implies LocalTime (docs/testing.md).
-	Clock application.Clock
-	// DisableDeadHolderTakeover makes Acquire wait for the expiry of a lock
-	// whose owner's process, on this machine, is provably gone.
+	Database   string
+	Owner      string            // identifies this process in its locks; empty means DefaultOwner()
+	DefaultTTL time.Duration     // replaces a zero TTL; zero means domain.DefaultLockTTL
+	Clock      application.Clock // the service's time (nil: the real clock); a mock clock implies LocalTime
+	// DisableDeadHolderTakeover waits for the expiry even of a lock whose local process is gone.
 	DisableDeadHolderTakeover bool
 	// LocalTime, on PostgreSQL, decides expiry on Clock rather than on the
 	// server's time, advanced by a monotonic clock: only where clocks agree.
-	LocalTime bool
-	// BusyTimeout is how long a SQLite statement waits for another
-	// process's write; zero means 5 seconds.
-	BusyTimeout time.Duration
+	LocalTime   bool
+	BusyTimeout time.Duration // how long a SQLite statement waits for another process's write; zero: 5 s
 	// PollOnly makes waits poll the store rather than also watch for
 	// releases, whose read never blocks durably in a testing/synctest bubble.
-	PollOnly bool
-	// SkipStartupCleanup leaves expired locks in place when opening.
-	SkipStartupCleanup bool
-	// Logger, when set, receives every lock event (telemetry.Logger).
-	Logger *slog.Logger
-	// MeterProvider, when set, receives the metrics (telemetry.Metrics).
-	MeterProvider metric.MeterProvider
-	// Observer, when set, is told of every lock event too.
-	Observer application.Observer
-	// CleanupInterval, when not zero (and at least
-	// application.MinCleanupInterval), purges expired locks that often.
+	PollOnly           bool
+	SkipStartupCleanup bool                 // leaves expired locks in place when opening
+	Logger             *slog.Logger         // when set, receives every lock event (telemetry.Logger)
+	MeterProvider      metric.MeterProvider // when set, receives the metrics (telemetry.Metrics)
+	Observer           application.Observer // when set, is told of every lock event too
+	// CleanupInterval, if not zero (≥ application.MinCleanupInterval), purges expired locks that often.
 	CleanupInterval time.Duration
 	// OnCleanup, when set, is told of every periodic cleanup's count and
 	// error, in its goroutine: it must return promptly.
@@ -94,12 +81,10 @@ type Container struct {
 // Open builds the container that cfg describes: it migrates the store,
 // purges expired locks (unless cfg.SkipStartupCleanup) and starts the
 // periodic cleanup.
-//
-// Errors: *domain.ValidationError for a bad Config, including a Database
-// of no kind Open accepts or a PostgreSQL DSN without PostgresPackage
-// imported; *domain.StoreError when the store cannot be opened, migrated
-// or cleaned. A SQLite file that Open refuses is left as it was (see
-// sqlite.Open: *sqlite.LinkedFileError, sqlite.ErrForeignLocksTable).
+// Errors: *domain.ValidationError for a bad Config (a PostgreSQL DSN
+// without PostgresPackage imported too); *domain.StoreError when the store
+// cannot be opened, migrated or cleaned (a refused SQLite file is left as
+// it was: see sqlite.Open).
 func Open(ctx context.Context, cfg Config) (*Container, error) {
 	kind, err := databaseKind(cfg.Database)
 	if err != nil {
@@ -183,9 +168,8 @@ func DefaultOwner() string {
 	return fmt.Sprintf("%s:%d:%s", proc.Hostname(), os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// shutdown hands Close's context to the cleanups that Wire runs, and
-// collects their errors. sync.Once orders it: the cleanups run inside
-// Close's once.Do, and errs is read after it.
+// shutdown hands Close's context to Wire's cleanups and collects their
+// errors; Close's once.Do orders the writes before the read of errs.
 type shutdown struct {
 	ctx    context.Context
 	budget string // ctx's time, in words, for errors

@@ -63,8 +63,7 @@ func provideService(repo application.LockRepository, clk application.Clock, wake
 	return svc, cleanup, nil
 }
 
-// provideStore opens the database; its cleanup closes it, after the
-// container's has released the locks.
+// provideStore opens the database; its cleanup closes it, after the container's has released the locks.
 func provideStore(ctx context.Context, cfg Config, open backend.Open, sd *shutdown) (backend.Store, func(), error) {
 	// A clock the test moves implies LocalTime: it cannot move the server's.
 	_, mock := cfg.Clock.(interface {

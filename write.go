@@ -18,18 +18,14 @@ var errNoWriter = errors.New("Container.Write serves the SQLite lock store, whos
 	"and on MemoryDatabase there is no SQL database to write")
 
 // Write runs fn in a write transaction on the container's SQLite file, in
-// the queue of the lock store's own writes, which transactions on the
-// application's *sql.DB skip, keeping renewals out (docs/lifecycle.md).
-// fn holds the file's only write lock: keep it short, starting from
-// nothing each time (it runs again when the database was busy). It may
-// call CheckFence on tx, but a lock call in it would wait for fn's own
-// transaction: with fn's context it is refused, with another it waits
-// until that context ends.
-//
-// Errors: fn's own error; ctx's error when ctx ends before the commit
-// (the changes are undone); domain.ErrClosed once Close has begun; a
-// *domain.StoreError when the transaction fails (StoreBusy, StoreFull,
-// ...) and, of kind StoreInternal, on PostgreSQL and MemoryDatabase.
+// the queue of the lock store's own writes, which the application's own
+// transactions skip, keeping renewals out (docs/lifecycle.md). fn holds the
+// file's only write lock: keep it short, and idempotent (it runs again on a
+// busy database). It may call CheckFence on tx; a lock call in it would
+// wait for fn's own transaction (refused with fn's context).
+// Errors: fn's own; ctx's before the commit (changes undone);
+// domain.ErrClosed once Close has begun; a *domain.StoreError when the
+// transaction fails, and, of kind StoreInternal, on PostgreSQL and memory.
 func (c *Container) Write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	if c.write == nil {
 		return &domain.StoreError{Op: "application write", Kind: domain.StoreInternal, Err: errNoWriter}

@@ -13,9 +13,8 @@ import (
 // locks block nobody (Acquire replaces them), so more often only adds writes.
 const MinCleanupInterval = 5 * time.Second
 
-// A purge's batches are sized by time (on SQLite every writer waits for a
-// whole batch): a shorter target stopped helping a concurrent acquirer
-// (docs/performance.md), and the floor keeps a slow store's purge moving.
+// A purge's batches are sized by time, since on SQLite every writer waits
+// for a whole batch; the floor keeps a slow store's purge moving.
 const (
 	cleanupTarget     = time.Millisecond
 	cleanupFirstBatch = 100
@@ -26,9 +25,8 @@ const (
 )
 
 // CleanupExpired purges the locks expired now, in batches of about
-// cleanupTarget each (a queued writer waits that long, not for the
-// backlog), and returns how many. After cleanupCountAfter full batches it
-// counts what is left, so that a store always reporting full ones errs.
+// cleanupTarget each, and returns how many; past cleanupCountAfter full
+// batches it counts what is left, so that a store always reporting full ones errs.
 // Errors: *domain.StoreError; ctx.Err(); domain.ErrClosed after Close.
 func (s *LockService) CleanupExpired(ctx context.Context) (int, error) {
 	if err := s.gate.enter(); err != nil {

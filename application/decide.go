@@ -14,17 +14,14 @@ import (
 type ChangeKind int
 
 const (
-	// ChangeNone leaves the store untouched.
-	ChangeNone ChangeKind = iota
-	// ChangeInsert replaces any lock with Change.Lock and a new, larger token.
-	ChangeInsert
-	// ChangeExtend sets the lock's expiry, keeping owner, acquisition time and token.
-	ChangeExtend
+	ChangeNone   ChangeKind = iota // leaves the store untouched
+	ChangeInsert                   // replaces any lock with Change.Lock and a new, larger token
+	ChangeExtend                   // sets the lock's expiry, keeping owner, acquisition time and token
 )
 
 // Change is the outcome of a Decide function.
 type Change struct {
-	Kind ChangeKind  // what to write
+	Kind ChangeKind  // what to do with the row
 	Lock domain.Lock // ChangeInsert's new lock (bar its Token), ChangeExtend's ExpiresAt
 }
 
@@ -44,13 +41,11 @@ const (
 
 // Op is one decision of the service on one resource.
 type Op struct {
-	Kind  OpKind             // which rule
-	Owner string             // the caller
-	Ref   domain.ResourceRef // the resource
-	// Held is OpRenewToken's acquisition: only its token and owner's row extends.
-	Held domain.Lock
-	// At gives now and now+TTL; a store calls it as close to its write as it can.
-	At func() (now, expires time.Time)
+	Kind  OpKind                          // the rule
+	Owner string                          // the caller
+	Ref   domain.ResourceRef              // the resource decided on
+	Held  domain.Lock                     // OpRenewToken's acquisition: only its token and owner's row extends
+	At    func() (now, expires time.Time) // now and now+TTL, called as close to the write as can be
 }
 
 // Decide is op's rule in Go: its change to cur, the lock stored on op.Ref.
@@ -70,8 +65,7 @@ func (op Op) Decide(cur *domain.Lock, now, expires time.Time) (Change, error) {
 
 // DecideAcquire is Acquire's rule at now, expires = now+TTL: a new lock on a
 // free or expired resource; owner's active lock extended, never shortened
-// (a keep-alive must not lose it to a shorter re-entry); else a
-// *domain.LockConflictError naming cur.
+// (by a shorter re-entry); else a *domain.LockConflictError naming cur.
 func DecideAcquire(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
 	switch {
 	case cur == nil || cur.ExpiredAt(now):
@@ -141,9 +135,8 @@ func lateWrite(l domain.Lock, owner string, ref domain.ResourceRef, now time.Tim
 	return nil
 }
 
-// LossOf is held's loss at now given cur, the lock stored: nil while cur is
-// held, active; else taken over (another token, cur as NewHolder), expired,
-// or removed (no row before held's expiry).
+// LossOf is held's loss at now given cur, the lock stored: nil while held
+// and active; else taken over (cur as NewHolder), expired, or removed.
 func LossOf(held domain.Lock, cur *domain.Lock, now time.Time) *domain.LockLostError {
 	lost := &domain.LockLostError{Lock: held, At: now}
 	switch {

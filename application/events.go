@@ -41,19 +41,16 @@ func (k EventKind) String() string {
 
 // Event is one thing that happened to a lock, for logs and metrics.
 type Event struct {
-	Kind     EventKind          // what happened
-	Owner    string             // the owner the call was made for; empty for a cleanup
-	Resource domain.ResourceRef // zero for a release-all and a cleanup
-	Lock     domain.Lock        // the lock as stored after the event, if any
-	// Previous: the refusing holder, the lock taken over, or a Handle's released.
-	Previous *domain.Lock
-	Count    int // how many locks a release-all or a cleanup removed
-	// Took: one try's time; EventWaited's, the whole wait's.
-	Took    time.Duration
-	HeldFor time.Duration // how long a lock released through a Handle was held
-	Err     error         // why a renewal failed, or a wait ended without the lock
-	// DeadHolder: the holder taken over was a gone process of this machine.
-	DeadHolder bool
+	Kind       EventKind          // what happened
+	Owner      string             // the owner the call was made for; empty for a cleanup
+	Resource   domain.ResourceRef // zero for a release-all and a cleanup
+	Lock       domain.Lock        // the lock as stored after the event, if any
+	Previous   *domain.Lock       // the refusing holder, the lock taken over, or a Handle's released
+	Count      int                // how many locks a release-all or a cleanup removed
+	Took       time.Duration      // one try's time; EventWaited's, the whole wait's
+	HeldFor    time.Duration      // how long a lock released through a Handle was held
+	Err        error              // why a renewal failed, or a wait ended without the lock
+	DeadHolder bool               // the holder taken over was a gone process of this machine
 }
 
 // Observer is told of every lock event, for logs and metrics, synchronously:

@@ -12,22 +12,17 @@ import (
 
 // AcquireOptions tune Take and Do; zero: the default TTL, no waiting.
 type AcquireOptions struct {
-	// TTL is the lock's time to live; zero means the service's default.
-	TTL time.Duration
-	// Wait waits for the lock, in arrival order among this service's callers,
-	// until ctx ends, Timeout passes or the service closes.
-	Wait bool
+	TTL  time.Duration // the lock's time to live; zero means the service's default
+	Wait bool          // waits, in arrival order among this service's callers, until ctx ends, Timeout or Close
 	// Timeout bounds a wait on the service's clock (zero: ctx does); needs Wait.
 	Timeout time.Duration
-	// Reentrant lets a Take inside the work of a handle holding the resource (a
-	// context of its KeepAlive or Do) share its token, never moving its expiry;
-	// without it, such a Take is refused at once (Nested): it would wait for itself.
+	// Reentrant lets a Take in the work (KeepAlive or Do context) of a handle holding the
+	// resource share its token, never moving its expiry; else it is refused (Nested).
 	Reentrant bool
 }
 
-// Handle is one acquisition of a lock, renewed, kept alive, checked and
-// released by its token, never another's (finding one is a loss,
-// *domain.LockLostError). It is safe for concurrent use.
+// Handle is one acquisition of a lock, renewed, kept alive, checked and released
+// by its token, never another's (that is a loss). It is safe for concurrent use.
 type Handle struct {
 	svc    *LockService
 	ttl    time.Duration
@@ -46,13 +41,11 @@ type Handle struct {
 }
 
 // Take acquires the lock on ref for owner, waiting if opts.Wait, and returns
-// its handle: one acquisition, its own token. It never re-enters (but see
-// AcquireOptions.Reentrant): another handle of this service on ref is
-// waited for or refuses with a *domain.LockConflictError (InProcess set),
-// and so does an active lock in the store (SameOwner set for owner's own).
-// Errors: *domain.ValidationError; those of Acquire; a wait that ends
-// without the lock returns the last *domain.LockConflictError, with Waited
-// and Cause (the context's error if it never tried); domain.ErrClosed; a
+// its handle: one acquisition, its own token, never re-entered (but see
+// AcquireOptions.Reentrant), even by owner (SameOwner, or InProcess for
+// another handle of this service).
+// Errors: *domain.ValidationError; those of Acquire; after a wait, the last
+// *domain.LockConflictError with Waited and Cause; domain.ErrClosed; a
 // re-entry's *domain.LockLostError.
 func (s *LockService) Take(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions) (*Handle, error) {
 	ttl, err := s.checkTake(owner, ref, opts)
@@ -77,7 +70,6 @@ func (s *LockService) Take(ctx context.Context, owner string, ref domain.Resourc
 	return h, err
 }
 
-// checkTake validates a Take and returns the TTL to use.
 func (s *LockService) checkTake(owner string, ref domain.ResourceRef, opts AcquireOptions) (time.Duration, error) {
 	ttl, err := s.checkInput(owner, ref, opts.TTL)
 	if err != nil {
@@ -119,16 +111,14 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 	return h, nil
 }
 
-// holders keeps each resource's holding handle of this service: a Take here
-// is refused or waits without the store, and a release wakes the next.
+// holders keeps each resource's holding handle of this service.
 type holders struct {
 	mu    sync.Mutex
 	slots map[domain.ResourceRef]*slot
 }
 
 type slot struct {
-	// turn admits one Take at a time, so two never both find the resource free.
-	turn   chan struct{}
+	turn   chan struct{} // one Take at a time, so two never both find the resource free
 	holder *Handle
 	users  int // Takes admitted or waiting for their turn
 }
@@ -193,7 +183,6 @@ func (hs *holders) hold(sl *slot, h *Handle) {
 	hs.mu.Unlock()
 }
 
-// vacate frees h's slot, if h still holds it.
 func (hs *holders) vacate(h *Handle) {
 	ref := h.Lock().Resource
 	hs.mu.Lock()
@@ -232,10 +221,7 @@ func (s *LockService) nestedIn(ctx context.Context, ref domain.ResourceRef) *Han
 // reenter answers a Take of ref in outer's work: a share of outer's lock,
 // checked by token, with opts.Reentrant by its owner; else a refusal at once.
 func (s *LockService) reenter(ctx context.Context, outer *Handle, owner string, ttl time.Duration, opts AcquireOptions) (*Handle, error) {
-	root := outer
-	for root.parent != nil {
-		root = root.parent
-	}
+	root := outer.root() // a re-entry's parent is always a root
 	l := root.Lock()
 	if !opts.Reentrant || owner != l.Owner {
 		return nil, &domain.LockConflictError{Holder: l, Now: s.Now(), InProcess: true, Nested: true}
@@ -404,9 +390,8 @@ func (s *LockService) explainLoss(ctx context.Context, held domain.Lock) (domain
 }
 
 // Release stops the keep-alive and removes this acquisition's lock by token
-// if still active, reporting whether it did (a re-entry removes nothing; a
-// second call reports false). A failed release keeps the handle's place:
-// call it again (one that finds no lock then reports false and nil).
+// if still active, reporting whether it did (never for a re-entry or a second
+// call). A failed release keeps the handle's place: call it again.
 // Errors: the *domain.LockLostError of a lost lock; *domain.StoreError or
 // ctx's error when it may not have happened; domain.ErrClosed.
 func (h *Handle) Release(ctx context.Context) (bool, error) {
@@ -527,9 +512,8 @@ func (h *Handle) markReleased() {
 	h.svc.waiters.wake(h.Lock().Resource) // releaseToken yielded to other processes
 }
 
-// Do takes the lock (waiting if opts.Wait) and runs fn with it kept alive,
-// fn's context ending when it is lost; then it checks by token that it was
-// still held (a closed service makes that domain.ErrClosed) and releases it.
+// Do takes the lock (waiting if opts.Wait), runs fn with it kept alive and
+// fn's context ending when it is lost, then checks it by token and releases it.
 // Errors: *domain.ValidationError for a nil fn or bad options; those of
 // Take; then fn's, joined with the loss, the release's or ErrClosed.
 func (s *LockService) Do(ctx context.Context, owner string, ref domain.ResourceRef, opts AcquireOptions,

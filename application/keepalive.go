@@ -21,22 +21,21 @@ var (
 
 // keeper renews one handle's lock in the background.
 type keeper struct {
-	h       *Handle
-	run     context.Context // bounds the goroutine and every renewal
-	stopRun context.CancelFunc
-	// held, the caller's context, ends with the loss as its cause.
-	held       context.Context
+	h          *Handle
+	run        context.Context // bounds the goroutine and every renewal
+	stopRun    context.CancelFunc
+	held       context.Context // the caller's context, ending with the loss as its cause
 	cancelHeld context.CancelCauseFunc
 	done       chan struct{}
 	follower   bool // a re-entry's: renews nothing, ends with its outer handle's
 }
 
 // KeepAlive renews the lock by token every domain.RenewInterval(TTL) until
-// release or ctx's end, and returns a context that ends the moment the lock
-// is lost, with the *domain.LockLostError as cause. Transient store failures
-// are retried until the expiry, a permanent one (domain.IsPermanent) ends
-// the hold. A re-entry's keep-alive renews nothing and ends with its outer
-// one. A Take with the context is nested; a second call returns it again.
+// release or ctx's end, and returns a context that ends when the lock is
+// lost, with the *domain.LockLostError as cause. Transient failures are
+// retried until the expiry; a permanent one (domain.IsPermanent) ends the
+// hold. A re-entry's keep-alive ends with its outer one; a second call
+// returns the same context.
 func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 	h.mu.Lock()
 	if h.keeper != nil {
@@ -250,9 +249,8 @@ func (k *keeper) lostAt(l domain.Lock, last error) domain.LockLostError {
 	return *lost
 }
 
-// Lost returns the handle's *domain.LockLostError, known or found by a
-// read now (an unreadable store proves no loss before the expiry), or nil;
-// after a release, an error matching domain.ErrExpired.
+// Lost returns the handle's *domain.LockLostError, known or found by a read
+// now, or nil; after a release, an error matching domain.ErrExpired.
 func (h *Handle) Lost(ctx context.Context) error {
 	var known *domain.LockLostError
 	if errors.As(h.Err(), &known) && known.Reason != domain.LostExpired {

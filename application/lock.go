@@ -13,10 +13,9 @@ import (
 // Precision is the resolution of every instant, the same on every adapter.
 const Precision = time.Microsecond
 
-// LockService applies the rules of decide.go on a LockRepository, reading
-// the clock with the store's current row in hand, never before a wait for
-// the store, which would date the lock in the past. Bad input fails with
-// *domain.ValidationError before any I/O; after Close, domain.ErrClosed.
+// LockService applies the rules of decide.go on a LockRepository, reading the
+// clock with the row in hand, never before a wait that would date the lock in
+// the past. Bad input fails with *domain.ValidationError before any I/O.
 type LockService struct {
 	repo       LockRepository
 	one        OneStatement // repo, when it can decide in one statement
@@ -152,11 +151,9 @@ func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.Reso
 
 // AcquireResult is what an owner-scoped acquisition did.
 type AcquireResult struct {
-	Lock domain.Lock // the lock the owner holds
-	// Reentered: owner held the lock already (token kept, expiry extended).
-	Reentered bool
-	// TookOverFrom is the active lock of a gone process taken over, or nil.
-	TookOverFrom *domain.Lock
+	Lock         domain.Lock  // as stored
+	Reentered    bool         // owner held the lock already (token kept, expiry extended)
+	TookOverFrom *domain.Lock // the active lock of a gone process taken over, or nil
 }
 
 // rule decides owner's acquisition of ref.
@@ -208,13 +205,10 @@ type Processes interface {
 // WithProcesses lets Acquire take over a gone process's active lock (nil: never).
 func WithProcesses(p Processes) Option { return func(s *LockService) { s.processes = p } }
 
-// takeOverDead takes the lock if holder is a gone process; the probe runs
+// takeOverDead takes the lock if holder is a gone process (s.processes set); the probe runs
 // before the write, which decides on the row as overDead has it.
 func (s *LockService) takeOverDead(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration,
 	holder domain.Lock, decide rule) (domain.Lock, bool, error) {
-	if s.processes == nil {
-		return domain.Lock{}, false, nil
-	}
 	p, ok := domain.ParseProcessOwner(holder.Owner)
 	if !ok || holder.Owner == owner || !s.processes.Gone(p) {
 		return domain.Lock{}, false, nil
@@ -396,7 +390,6 @@ func (s *LockService) started() time.Time {
 	return s.clock.Now()
 }
 
-// observeWait reports the end of a wait that began at start.
 func (s *LockService) observeWait(ctx context.Context, owner string, ref domain.ResourceRef, start time.Time, l domain.Lock, err error) {
 	if s.observer != nil && !errors.Is(err, domain.ErrClosed) {
 		s.observer.Observe(ctx, Event{Kind: EventWaited, Owner: owner, Resource: ref, Lock: l,

@@ -23,8 +23,7 @@ func FenceOf(l domain.Lock) Fence { return Fence{Resource: l.Resource, Owner: l.
 
 // PlanStore loads and persists the embedder's plans.
 type PlanStore[P any] interface {
-	// Load returns the plan with id planID.
-	Load(ctx context.Context, planID string) (P, error)
+	Load(ctx context.Context, planID string) (P, error) // the plan with id planID
 	// Persist writes plan in one transaction that first checks every fence on
 	// the locks' database. Errors: *domain.LockLostError (matching
 	// domain.ErrExpired) for a fence that does not hold, naming the new holder.
@@ -33,18 +32,16 @@ type PlanStore[P any] interface {
 
 // PlanLockOptions tune how PlanLifecycleService takes its locks.
 type PlanLockOptions struct {
-	// TTL (zero: the default) bounds how long a crashed process blocks the plan.
-	TTL time.Duration
+	TTL time.Duration // bounds how long a crashed process blocks the plan (zero: the default)
 	// WaitTimeout bounds each lock's wait on the service's clock (zero: ctx does).
 	WaitTimeout time.Duration
 }
 
 // PlanLifecycleService runs plan transitions under the plan's lock, and the
-// project's first (always in that order: no deadlock), kept alive while
-// it runs, then persists the plan fenced by them, and releases them however
-// it ends; a lock lost before the persist ends it, persisting nothing.
-// One plan's transitions are serialised in a process too; one started in
-// another's on the same plan is refused.
+// project's first (always in that order: no deadlock), kept alive, then
+// persists the plan fenced by them and releases them; a lock lost before the
+// persist persists nothing. A plan's transitions are serialised in a process
+// too; one nested in another's on the same plan is refused.
 type PlanLifecycleService[P any] struct {
 	locks *LockService
 	store PlanStore[P]
@@ -96,15 +93,13 @@ func (s *PlanLifecycleService[P]) transition(ctx context.Context, refs []domain.
 	handles := make([]*Handle, 0, len(refs))
 	defer func() {
 		p := recover()
-		// Even when ctx has ended: a lock left behind blocks the plan for
-		// its whole TTL.
+		// Even when ctx has ended: a lock left behind blocks the plan for its whole TTL.
 		for i := len(handles) - 1; i >= 0; i-- {
 			_, rerr := handles[i].Release(context.WithoutCancel(ctx))
 			switch {
 			case rerr == nil || errors.Is(rerr, domain.ErrClosed):
 			case errors.Is(rerr, domain.ErrExpired) && (err == nil || errors.Is(err, domain.ErrExpired)):
-				// Lost after a persist its fences let through, or the loss
-				// already reported.
+				// Lost after a persist its fences let through, or the loss already reported.
 			default:
 				err = errors.Join(err, rerr)
 			}
@@ -154,8 +149,7 @@ func lostErr(handles []*Handle) error {
 	return nil
 }
 
-// lostOr joins err with a lock's loss, which says why (a cancelled
-// context follows from it).
+// lostOr joins err with a lock's loss, which says why (a cancelled context follows from it).
 func lostOr(handles []*Handle, err error) error {
 	if lost := lostErr(handles); lost != nil && !errors.Is(err, lost) {
 		return errors.Join(lost, err)

@@ -16,7 +16,7 @@ type Clock interface {
 // Timers is what waiting needs of a clock, so that a mock clock drives
 // waits in tests; a Clock without it waits on real time.
 type Timers interface {
-	After(d time.Duration) <-chan time.Time // fires once, d from now
+	After(d time.Duration) <-chan time.Time // sends the time once d has passed
 }
 
 // ListFilter selects locks for List. Zero fields do not filter.
@@ -57,11 +57,10 @@ type LockRepository interface {
 	CountExpired(ctx context.Context, now time.Time) (int, error)
 }
 
-// OneStatement is LockRepository's optional port: a store carrying out an Op
-// in one statement, leaving what it does not decide to Update. Given now
-// before it reaches the store, it must only err where a later now agrees:
-// an extension checks that the lock is active at the write, or leaves it
-// undecided, lest a lapsed lock keep its token across a moment unheld.
+// OneStatement is LockRepository's optional port: an Op in one statement,
+// leaving what it does not decide to Update. Its now is read before the
+// store, so it errs only where a later now agrees, and an extension checks
+// the lock active at the write, lest a lapsed lock keep its token.
 type OneStatement interface {
 	// Apply carries out op atomically, deciding as op.Decide on the row.
 	// Errors: for OpAcquire and OpTake, the rule's *domain.LockConflictError;
@@ -71,10 +70,7 @@ type OneStatement interface {
 
 // Outcome is what a OneStatement store did.
 type Outcome struct {
-	// Kind is the change written; ChangeNone: undecided, left to Update.
-	Kind ChangeKind
-	// Lock is the lock as stored afterwards.
-	Lock domain.Lock
-	// Previous is the expired lock replaced, on a takeover.
-	Previous *domain.Lock
+	Kind     ChangeKind   // the change written; ChangeNone: undecided, left to Update
+	Lock     domain.Lock  // as stored afterwards
+	Previous *domain.Lock // the expired lock replaced, on a takeover
 }

@@ -23,13 +23,11 @@ type waitQueues struct {
 	queues map[domain.ResourceRef][]*waiter
 	// yields: until when to hold back on a resource just handed over (freed).
 	yields map[domain.ResourceRef]time.Time
-	// now reads a mock clock the waiters' timers run on; nil for real timers.
-	now func() time.Time
+	now    func() time.Time // reads a mock clock the waiters' timers run on; nil for real timers
 }
 
 type waiter struct {
-	// wake receives when the waiter becomes the head or should try again.
-	wake chan struct{}
+	wake chan struct{} // receives when the waiter becomes the head or should try again
 	// parked: asleep with every timer bounding the sleep set (see Waiting); due,
 	// the earliest one's instant, past which it counts as awake, drained or not.
 	parked bool

@@ -6,26 +6,19 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Wakeups carries the news between processes that share a store: that a
-// lock may have come free, and that someone waits for one, so that a
-// waiter sleeps until the holder lets go instead of polling (nil: poll
-// with a growing backoff). A wake-up only says "look now": a waiter still
-// looks at the holder's expiry and once per waitFallback, so a lost one
-// delays a hand-over but never loses it.
+// Wakeups tells processes sharing a store that a lock may have come free
+// and that someone waits for one (nil: poll). A wake-up only says "look
+// now": waiters still look at the expiry and every waitFallback, so a lost
+// one delays a hand-over but never loses it.
 type Wakeups interface {
-	// Watch starts watching ref for this process. c receives, coalesced
-	// and without ever blocking a sender, whenever a lock on ref may have
-	// come free through any process (this one included), and whenever
-	// wake-ups may have been lost (a connection that is back after a
-	// drop). While the watch is on, Contended(ref) is true in the other
-	// processes. stop ends the watch; call it exactly once. A nil c means
-	// that ref cannot be watched here (the system ran out of watches, the
-	// store closed): the waiter then polls, as without Wakeups.
+	// Watch starts watching ref: c receives, coalesced and never blocking a
+	// sender, whenever a lock on ref may have come free in any process or
+	// wake-ups may have been lost, and Contended(ref) is true elsewhere
+	// meanwhile. Call stop exactly once. A nil c: ref cannot be watched
+	// here (out of watches, store closed), so the waiter polls.
 	Watch(ref domain.ResourceRef) (c <-chan struct{}, stop func())
-
-	// Contended reports whether another process (or another service on
-	// the same store) watches ref, as far as this one can tell; false when
-	// it cannot tell.
+	// Contended reports whether another process (or service on the store)
+	// watches ref, as far as this one can tell; false when it cannot tell.
 	Contended(ref domain.ResourceRef) bool
 }
 
@@ -34,15 +27,10 @@ type Wakeups interface {
 func WithWakeups(w Wakeups) Option { return func(s *LockService) { s.wakeups = w } }
 
 const (
-	// waitFallback is how often a waiter that receives wake-ups still
-	// looks at the store, in case one was lost (jittered: half to all).
-	waitFallback = time.Second
-
-	// handOverGrace is how long a process that released a lock another
-	// process waits for keeps its own waiters back: it hears its own
-	// release first, and would otherwise starve the others (4 processes of
-	// 2 waiters: one took almost every grant). A woken remote waiter takes
-	// the lock within about a millisecond, or loses the turn.
+	waitFallback = time.Second // how often a waiter with wake-ups still looks, in case one was lost (jittered)
+	// handOverGrace holds back the local waiters of a process that released
+	// a lock another process waits for: it hears its own release first and
+	// would starve the others. A woken remote waiter takes it within ~1 ms.
 	handOverGrace = 10 * time.Millisecond
 )
 

@@ -19,20 +19,16 @@ var (
 
 func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
-// LockConflictError reports that Holder holds an active lock on the
-// resource the caller asked for.
+// LockConflictError reports that Holder holds an active lock on the resource the caller asked for.
 type LockConflictError struct {
-	Holder Lock
-	Now    time.Time     // when the conflict was decided
-	Waited time.Duration // how long the caller waited; zero without a wait
-	Cause  error         // why a wait ended (the context's error); nil without a wait
-	// InProcess: Holder is a handle of the caller's own service, which
-	// excludes the caller's other handles even of the same owner.
-	InProcess bool
-	Nested    bool // the caller runs in the holding handle's KeepAlive or Do
-	SameOwner bool // Holder is another acquisition of the caller's owner id
-	// RowHeld: Holder has expired, but its fenced write still holds its row.
-	RowHeld bool
+	Holder    Lock
+	Now       time.Time     // when the conflict was decided
+	Waited    time.Duration // how long the caller waited; zero without a wait
+	Cause     error         // why a wait ended (the context's error); nil without a wait
+	InProcess bool          // Holder is a handle of the caller's own service, excluding its other handles
+	Nested    bool          // the caller runs in the holding handle's KeepAlive or Do
+	SameOwner bool          // Holder is another acquisition of the caller's owner id
+	RowHeld   bool          // Holder has expired, but its fenced write still holds its row
 }
 
 func (e *LockConflictError) Error() string {
@@ -125,8 +121,7 @@ func (r LostReason) String() string {
 }
 
 // LockLostError reports that a lock being kept alive was lost: the work it
-// protected must stop, since another owner may hold the resource now or at
-// any moment. It matches ErrExpired.
+// protected must stop, as another owner may hold the resource. It matches ErrExpired.
 type LockLostError struct {
 	Lock      Lock // as last held
 	Reason    LostReason
@@ -289,10 +284,9 @@ func IsStoreKind(err error, kind StoreErrorKind) bool {
 	return errors.As(err, &se) && se.Kind == kind
 }
 
-// StaleSnapshotError reports a fence checked in a transaction whose
-// snapshot predates the lock's last change (a SQLite deferred transaction,
-// a PostgreSQL one above READ COMMITTED, that read first). It unwraps to a
-// StoreBusy *StoreError, which a retry resolves, never to ErrExpired.
+// StaleSnapshotError reports a fence checked in a transaction whose snapshot
+// predates the lock's last change (SQLite deferred, PostgreSQL above READ
+// COMMITTED). It unwraps to a StoreBusy *StoreError, never to ErrExpired.
 type StaleSnapshotError struct {
 	Op        string
 	What      string // what is true, in the database's terms

@@ -58,8 +58,7 @@ func (r ResourceRef) String() string {
 	return string(r.Type) + "/" + id
 }
 
-// MaxIdentifierBytes is the longest owner or resource id accepted: the
-// stores' VARCHAR(255) columns.
+// MaxIdentifierBytes is the longest owner or resource id accepted: the stores' VARCHAR(255) columns.
 const MaxIdentifierBytes = 255
 
 // ValidateOwner checks an owner id.
@@ -85,9 +84,7 @@ func validateIdentifier(field, v string) error {
 // Lock is one held (or expired but not yet purged) advisory lock, active
 // from AcquiredAt up to, but not including, ExpiresAt.
 type Lock struct {
-	// Token, the fencing token, grows whenever the resource changes hands,
-	// so that what the lock protects can refuse a former holder.
-	Token      int64
+	Token      int64 // the fencing token: it grows at every change of hands, so a former holder is refused
 	Owner      string
 	Resource   ResourceRef
 	AcquiredAt time.Time
@@ -106,9 +103,7 @@ func (l Lock) Remaining(now time.Time) time.Duration {
 }
 
 // HeldBy reports whether owner holds the lock at the instant now.
-func (l Lock) HeldBy(owner string, now time.Time) bool {
-	return l.Owner == owner && !l.ExpiredAt(now)
-}
+func (l Lock) HeldBy(owner string, now time.Time) bool { return l.Owner == owner && !l.ExpiredAt(now) }
 
 // The TTL policy: a lock lives for its TTL unless renewed or released.
 const (

@@ -8,10 +8,9 @@ import (
 )
 
 // ProcessOwner is an owner id that names one process of one machine well
-// enough to prove it gone: the boot id changes with a reboot, the pid
-// namespace with a container, the start time with a reused pid. Its text
-// keeps "host:pid:nonce" first, for people, then the proof after a
-// versioned marker, and the process group doing the owner's work, if any:
+// enough to prove it gone (boot id, pid namespace, start time against a
+// reused pid), after "host:pid:nonce" for people, with the process group
+// doing the owner's work, if any:
 //
 //	host:pid:nonce/proc1:boot-id:pid-namespace:start-time[:gPGID]
 //
@@ -39,8 +38,7 @@ func (p ProcessOwner) String() string {
 	return s
 }
 
-// ParseProcessOwner parses an owner id written by ProcessOwner.String, and
-// nothing else.
+// ParseProcessOwner parses an owner id written by ProcessOwner.String, and nothing else.
 func ParseProcessOwner(owner string) (ProcessOwner, bool) {
 	if !strings.Contains(owner, "/proc1:") {
 		return ProcessOwner{}, false // most owners, without the regexp

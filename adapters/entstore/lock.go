@@ -17,12 +17,11 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// errNoRow reports a Decide function that extended no lock: a caller's bug.
-var errNoRow = errors.New("no lock to extend")
-
-// errRowChanged reports that a release or a cleanup changed the row an
-// Update read before it wrote; the Update then decides again.
-var errRowChanged = errors.New("the lock changed while it was being updated")
+var (
+	errNoRow = errors.New("no lock to extend") // a Decide that extended no lock: a caller's bug
+	// errRowChanged: a release or cleanup changed the row an Update read; it decides again.
+	errRowChanged = errors.New("the lock changed while it was being updated")
+)
 
 const updateAttempts = 3
 
@@ -35,30 +34,25 @@ func (s *Store) Update(ctx context.Context, ref domain.ResourceRef, decide appli
 
 // TxSteps are a database's own steps in an Update's transaction.
 type TxSteps struct {
-	// First runs before the read, and keeps every other Update of the
-	// resource out until the transaction ends.
+	// First runs before the read and keeps the resource's other Updates out until the end.
 	First func(ctx context.Context, tx *sql.Tx) error
-	// Replacing runs before a change of hands removes cur; its error
-	// matching domain.ErrConflict refuses the change as Decide's would.
+	// Replacing runs before a change of hands removes cur; ErrConflict refuses it as Decide would.
 	Replacing func(ctx context.Context, tx *sql.Tx, cur *domain.Lock, change application.Change) error
-	// Inserted runs after an insert and returns a note on the new lock
-	// (such as the row's version) for UpdateTx to return.
+	// Inserted runs after an insert and returns a note on the new lock (its row version).
 	Inserted func(ctx context.Context, tx *sql.Tx, l domain.Lock) (string, error)
 }
 
 // UpdateTx is Update with the database's steps, and returns the note of
 // Inserted from the run that stands ("" for none).
 func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide application.Decide, steps TxSteps) (domain.Lock, string, error) {
-	// A resource just refused is likely refused again: decide on a plain
-	// read, which waits for no writer, and write only if not refused.
+	// A resource just refused is likely refused again: decide on a plain read first.
 	if s.contended.Has(ref) {
 		cur, err := s.ReadLock(ctx, ref)
 		if err != nil {
 			return domain.Lock{}, "", s.explain(ctx, err, "read lock on "+ref.String())
 		}
 		if _, err := decide(cur); errors.Is(err, domain.ErrConflict) {
-			// Pollers would keep the holder from running: yielding took 8
-			// pollers' hand-over from 1.04 to 0.32 ms (BenchmarkOneResource).
+			// Pollers would keep the holder from running (BenchmarkOneResource).
 			runtime.Gosched()
 			return domain.Lock{}, "", err
 		}
@@ -87,7 +81,6 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 			break
 		}
 	}
-	// Decide's error, which the port returns unchanged.
 	if d, ok := errors.AsType[decided](err); ok {
 		return domain.Lock{}, "", d.err
 	}
@@ -97,7 +90,6 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 	return out.lock, out.note, nil
 }
 
-// written is one run's outcome: the lock as stored, and Inserted's note.
 type written struct {
 	lock domain.Lock
 	note string
@@ -108,9 +100,8 @@ type decided struct{ err error }
 
 func (d decided) Error() string { return d.err.Error() }
 
-// apply writes change in tx and returns the lock with its times read back
-// from the stored form, which SQL compares. Each WHERE names the row
-// version decided on, which a release or a cleanup may have deleted.
+// apply writes change in tx and returns the lock with its times as stored.
+// Each WHERE names the row version decided on, which a release may have deleted.
 func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, cur *domain.Lock, change application.Change, steps TxSteps) (written, error) {
 	switch change.Kind {
 	case application.ChangeExtend:
@@ -126,8 +117,7 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 		l.ExpiresAt, err = ParseTime(entlock.FieldExpiresAt, expires)
 		return written{lock: l}, err
 	case application.ChangeInsert:
-		// A change of hands inserts a new row, whose new id is the fencing
-		// token. The old row goes only if it is the version decided on.
+		// A change of hands inserts a new row: its id is the new fencing token.
 		if cur != nil {
 			if steps.Replacing != nil {
 				if err := steps.Replacing(ctx, tx, cur, change); errors.Is(err, domain.ErrConflict) {
@@ -166,7 +156,6 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 	return written{lock: *cur}, nil
 }
 
-// oneRow checks that a statement changed the one row it named.
 func oneRow(res sql.Result, err error) error {
 	if err != nil {
 		return err
@@ -252,8 +241,8 @@ func (s *Store) release(ctx context.Context, ref domain.ResourceRef, owner strin
 	return n > 0, nil
 }
 
-// ReleaseRows runs DeleteOwned's (token 0) or DeleteToken's release, now as
-// stored, and returns the rows removed or the error; Released is not told.
+// ReleaseRows runs DeleteOwned's (token 0) or DeleteToken's release and
+// returns the rows removed; Released is not told.
 func (s *Store) ReleaseRows(ctx context.Context, ref domain.ResourceRef, owner string, token int64, now string) (int64, error) {
 	return WriteOne(ctx, s, OneStatement, func(ctx context.Context, tx *sql.Tx) (int64, error) {
 		st, args := s.stmts.delOwned, []any{string(ref.Type), ref.ID, owner}
@@ -282,10 +271,9 @@ func (s *Store) DeleteAllOwned(ctx context.Context, owner string) (int, error) {
 	return n, nil
 }
 
-// DeleteExpired implements application.LockRepository: one write of at
-// most limit rows (DELETE ... LIMIT is not in every database). Its WHERE
-// tests the expiry again: a DELETE that waited for a renew re-checks only
-// that.
+// DeleteExpired implements application.LockRepository: one write of at most
+// limit rows. Its WHERE tests the expiry again: a DELETE that waited for a
+// renewal re-checks only that.
 func (s *Store) DeleteExpired(ctx context.Context, now time.Time, limit int) (int, error) {
 	b := entsql.Dialect(s.b.Dialect)
 	batch := b.Select(entlock.FieldID).From(b.Table(entlock.Table)).
@@ -321,7 +309,6 @@ func (s *Store) deleteRows(ctx context.Context, kind WriteKind, query string, ar
 func (s *Store) CountExpired(ctx context.Context, now time.Time) (int, error) {
 	var n int
 	err := s.reading(ctx, func(ctx context.Context) (err error) {
-		// The rule of domain.Lock.ExpiredAt, in SQL.
 		n, err = s.readEnt.Lock.Query().Where(entlock.ExpiresAtLTE(FormatTime(now))).Count(ctx)
 		return err
 	})
@@ -331,11 +318,9 @@ func (s *Store) CountExpired(ctx context.Context, now time.Time) (int, error) {
 	return n, nil
 }
 
-// The hot path runs these statements, prepared once, as Ent's query layer
-// cost 45-90% more per acquire+release (docs/performance.md); Ent's
-// builder writes them, so that a renamed column breaks the build.
-
-// statementText is the SQL of the hot path in one dialect.
+// statementText is the hot path's SQL, prepared once, as Ent's query layer
+// cost 45-90% more per acquire+release; Ent's builder writes it, so that a
+// renamed column breaks the build.
 type statementText struct {
 	sel, insert, extend, delID, delOwned, delToken string
 }
@@ -391,8 +376,7 @@ func (s *Store) prepare(ctx context.Context) (err error) {
 	return err
 }
 
-// ReadLock reads the lock on ref, or nil, outside any transaction; it
-// returns the database's error as it is.
+// ReadLock reads the lock on ref, or nil, outside any transaction; errors are the database's.
 func (s *Store) ReadLock(ctx context.Context, ref domain.ResourceRef) (*domain.Lock, error) {
 	if s.stmts.read == nil { // a read-only store prepares nothing
 		return scanLock(s.read.QueryRowContext(ctx, s.text.sel, string(ref.Type), ref.ID))

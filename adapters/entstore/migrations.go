@@ -73,8 +73,7 @@ func fileVersion(file string) (int64, error) {
 // VersionTables names the version tables for AdoptHistory.
 type VersionTables struct {
 	Dialect database.Dialect // goose's name of the database
-	// Ours and Legacy are VersionTable and LegacyVersionTable in SQL,
-	// qualified and quoted as the database needs.
+	// Ours and Legacy are VersionTable and LegacyVersionTable, qualified and quoted for SQL.
 	Ours, Legacy string
 	// Exists reports whether the table name (unqualified) exists where
 	// the migrations create their tables.

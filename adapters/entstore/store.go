@@ -23,28 +23,21 @@ import (
 // Backend is what a database adds to the shared store.
 type Backend struct {
 	Dialect string // Ent's name of the database
-	// WriteTx runs body in a write transaction and commits it (a single
-	// statement may run alone, tx nil), again after a busy database or a
-	// rollback. Group commit runs concurrent bodies in one transaction,
-	// each atomic, without ctx's cancellation so that one caller leaving
-	// ends no one else's. Errors: ctx's when ctx ends before the commit
-	// (changes undone), body's as it is, or the transaction's; nil only
-	// when body's last run returned nil and committed.
-	WriteTx func(ctx context.Context, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) error) error
-	// SharedTx says that WriteTx shares transactions, so the statements
-	// bound to one are kept for its other bodies.
-	SharedTx bool
-	// Read, when set, runs fn, again while it fails as another connection
-	// may not (its connection ended), and returns fn's last error.
+	// WriteTx runs body in a write transaction (tx nil: a single statement
+	// alone) and commits it, again after a busy database or a rollback; a
+	// shared transaction ignores ctx's cancellation, which would end others'.
+	// Errors: ctx's before the commit (changes undone), body's, the
+	// transaction's; nil only when body's last run committed.
+	WriteTx  func(ctx context.Context, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) error) error
+	SharedTx bool // WriteTx shares transactions: keep statements bound to one
+	// Read, when set, runs fn, again while its connection ended, returning fn's last error.
 	Read        func(ctx context.Context, fn func(context.Context) error) error
 	FormatError func(op string, err error) error // the database's errors as domain errors
 	// Released, when set, is told without blocking after each commit that
-	// removed locks which may have been active (on refs; none: any), not
-	// after purges, which remove only expired locks.
+	// removed locks which may have been active (no refs: any); not after purges.
 	Released func(refs ...domain.ResourceRef)
-	// ReleaseStatement, when set, rewrites a release's DELETE (no
-	// RETURNING) into one that also sends wake-ups at its commit, with the
-	// same rows affected.
+	// ReleaseStatement, when set, rewrites a release's DELETE into one that
+	// also sends wake-ups at its commit, with the same rows affected.
 	ReleaseStatement func(deleteSQL string) string
 }
 
@@ -58,10 +51,9 @@ func (b Backend) releasing(deleteSQL string) string {
 // WriteKind says what a write body runs, for Backend.WriteTx.
 type WriteKind int
 
-// Statements is a body of several, which a shared transaction puts in a
-// savepoint. The others are one statement, which may run alone, except
-// OneDatedStatement: it reads the clock, in a transaction whose BEGIN
-// waits first. Cleanup, a purge, changes many pages: upkeep may wait.
+// Statements is a body of several (a savepoint in a shared transaction);
+// the others one statement, which may run alone, except OneDatedStatement,
+// which reads the clock after BEGIN waits. Cleanup, a purge, may wait.
 const (
 	Statements WriteKind = iota
 	OneStatement
@@ -77,9 +69,8 @@ type Store struct {
 	text        statementText
 	stmts       stmts
 	contended   Contention
-	// bound keeps the statements bound to the last shared transaction:
-	// tx.StmtContext for every write of a batch was 7% of the time a
-	// batch held the write lock. Holding tx keeps its address from reuse.
+	// bound keeps the statements bound to the last shared transaction
+	// (tx.StmtContext per write cost 7% of a batch); tx keeps its address from reuse.
 	bound struct {
 		sync.Mutex
 		tx    *sql.Tx
@@ -127,9 +118,8 @@ func (s *Store) Close() error {
 	return errors.Join(errs...)
 }
 
-// WriteOne runs body through WriteTx and returns what its last run
-// returned, the one committed. A body returns its outcome rather than set
-// its caller's variables, where a rolled-back run would leave it behind.
+// WriteOne runs body through WriteTx and returns what its committed run
+// returned, never what a rolled-back run left behind.
 func WriteOne[T any](ctx context.Context, s *Store, kind WriteKind, body func(ctx context.Context, tx *sql.Tx) (T, error)) (T, error) {
 	var out T
 	err := s.b.WriteTx(ctx, kind, func(ctx context.Context, tx *sql.Tx) (err error) {
@@ -143,9 +133,8 @@ func WriteOne[T any](ctx context.Context, s *Store, kind WriteKind, body func(ct
 	return out, nil
 }
 
-// RunTx runs fn in a transaction of its own on db and commits it. The
-// transaction is rolled back when fn fails or panics: one left open would
-// hold the write lock, or the resource's lock, for good.
+// RunTx runs fn in a transaction of its own on db and commits it, rolling
+// back when fn fails or panics: one left open would hold its locks for good.
 func RunTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(context.Context, *sql.Tx) error) (err error) {
 	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
@@ -187,9 +176,8 @@ func (s *Store) explain(ctx context.Context, err error, op string) error {
 	return Explain(ctx, err, op, s.b.FormatError)
 }
 
-// Explain translates err, a failure of op, with format, unless ctx ended
-// (or its deadline passed, which the driver's timeouts may see first):
-// the driver's words for the interruption would read as a store failure.
+// Explain translates err, a failure of op, with format, unless ctx ended or
+// its deadline passed: the driver's words for that would read as a store failure.
 func Explain(ctx context.Context, err error, op string, format func(op string, err error) error) error {
 	cerr := ctx.Err()
 	// Real time, not the service's clock: a context's deadline is on it.
@@ -207,8 +195,7 @@ func Explain(ctx context.Context, err error, op string, format func(op string, e
 
 const maxContended = 4096 // then Contention starts over
 
-// Contention remembers resources just refused (or any set an adapter
-// keeps): a hint of where a read may save a write, never a decision.
+// Contention remembers resources just refused: a hint, never a decision.
 type Contention struct {
 	mu   sync.Mutex
 	refs map[domain.ResourceRef]struct{}
@@ -259,12 +246,11 @@ func Retry(ctx context.Context, attempts int, retryable func(error) bool, fn fun
 	}
 }
 
-// timeLayout writes every stored instant in 27 characters, so that string
-// order is time order in SQL and its index.
+// timeLayout has a fixed width, so that string order is time order in SQL.
 const timeLayout = "2006-01-02T15:04:05.000000Z"
 
-// FormatTime writes t in timeLayout, by hand for years 0-9999:
-// time.Format was 5% of the time an acquire held the write lock.
+// FormatTime writes t in timeLayout, by hand for years 0-9999 (time.Format
+// was 5% of an acquire's hold of the write lock).
 func FormatTime(t time.Time) string {
 	t = t.UTC()
 	year, month, day := t.Date()

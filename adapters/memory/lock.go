@@ -21,8 +21,7 @@ var _ application.LockRepository = (*LockRepository)(nil)
 type LockRepository struct {
 	mu    sync.Mutex
 	locks map[domain.ResourceRef]domain.Lock
-	// lastToken only grows, also when the map empties, as SQLite's
-	// AUTOINCREMENT does.
+	// lastToken only grows, also when the map empties, as SQLite's AUTOINCREMENT does.
 	lastToken int64
 }
 
@@ -40,8 +39,7 @@ func (r *LockRepository) lock(ctx context.Context) error {
 	return nil
 }
 
-// Update implements application.LockRepository; decide runs under the
-// repository's mutex.
+// Update implements application.LockRepository; decide runs under the repository's mutex.
 func (r *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
 	if err := r.lock(ctx); err != nil {
 		return domain.Lock{}, err
@@ -150,8 +148,7 @@ func (r *LockRepository) CountExpired(ctx context.Context, now time.Time) (int, 
 	return r.count(ctx, -1, false, func(l domain.Lock) bool { return l.ExpiredAt(now) })
 }
 
-// count counts up to limit locks that match (all when negative), deleting
-// them if del.
+// count counts up to limit locks that match (all when negative), deleting them if del.
 func (r *LockRepository) count(ctx context.Context, limit int, del bool, match func(domain.Lock) bool) (int, error) {
 	if err := r.lock(ctx); err != nil {
 		return 0, err

@@ -78,10 +78,9 @@ func (s *LockRepository) pick(st [2]string) string {
 	return st[0]
 }
 
-// acquireFreeSQL inserts the lock of a resource with no row, the common
-// case, for a fifth of acquireSQL's server CPU (docs/performance.md).
-// Parameters as acquireSQL's; it returns id and xmin. Testing the snapshot
-// first keeps an occupied resource from drawing an id (a logged draw).
+// acquireFreeSQL inserts the lock of a resource with no row, the common case,
+// for a fifth of acquireSQL's server CPU; parameters as acquireSQL's. Testing
+// the snapshot first keeps an occupied resource from drawing an id.
 var acquireFreeSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint))
 INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
 SELECT $4::varchar, $2::varchar, $3::varchar, $5::varchar, $6::varchar
@@ -93,11 +92,9 @@ RETURNING {id}, xmin::text`)
 // acquireSQL is Acquire's rule (application.DecideAcquire) as one
 // statement; takeSQL is Take's, without re-entry. Parameters: $1 the
 // advisory lock key, $2 and $3 the resource, $4 the owner, $5 now and $6
-// the new expiry, as stored. held comes first, so that an Update that read
-// the row never meets this insert. old needs the lock expired on the
-// server's clock too: now is this host's estimate, which an asymmetric
-// link can put seconds ahead. ins draws no id on a refusal, which, like
-// every case left to Update, returns no row and writes nothing.
+// the new expiry. held comes first, so that an Update that read the row
+// never meets this insert; old needs the lock expired on the server's clock
+// too, as now is an estimate. ins draws no id on a refusal; it writes nothing.
 var acquireSQL, takeSQL = acquireStatement(true), acquireStatement(false)
 
 func acquireStatement(reenter bool) [2]string {
@@ -140,9 +137,8 @@ func (s *LockRepository) TakeAt(ctx context.Context, ref domain.ResourceRef, own
 }
 
 // AcquireAt is Acquire's rule (application.OpAcquire) with acquireFreeSQL,
-// then, if the resource has a row, acquireSQL. Deciding at a now read
-// before the statement, which may wait, is never less safe. Right after a
-// refusal on ref a plain read decides first.
+// then, if the resource has a row, acquireSQL; right after a refusal on ref
+// a plain read decides first. A now read before the statement is never less safe.
 func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time)) (application.Outcome, error) {
 	return s.acquireBy(ctx, ref, owner, at, false, application.DecideAcquire)
 }

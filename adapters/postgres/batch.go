@@ -10,27 +10,20 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// Group commit (Options.DisableGroupCommit leaves it out): a write that
-// finds nothing of its kind in flight runs alone; others queue, and
-// batches carry the queue, one at a time, each one statement (batchsql.go)
-// and one commit. Promises: one member per resource; no batch waits for a
-// lock, so none deadlocks (a busy member runs alone); a failure of the
-// batch's rows sends each member alone, and only the connection's or
-// server's (everyMembers) is told to all; no member returns before its
-// commit; a member that leaves returns at once, and its acquisition, if
-// committed, is undone. A batch every member left goes on beside the next.
+// Group commit: a write with nothing of its kind in flight runs alone;
+// others queue for the next batch, one statement and one commit. One member
+// per resource; no batch waits for a lock, so none deadlocks; a failed
+// batch sends each member alone; no member returns before its commit, but
+// one that leaves returns at once and its committed acquisition is undone.
 
 // maxBatch bounds the members of one batch: the arrays of one statement.
 const maxBatch = 256
 
-// maxDetached bounds the batches that every caller left and that still
-// wait for their answers (a silent server or DDL holds them all), each on
-// a pool connection: with one batch of each of the five kinds, 7 of the
-// pool's 10, leaving the others to reads and lone writes.
+// maxDetached bounds the batches every caller left, each holding a pool
+// connection, so that reads and lone writes keep some of the pool's 10.
 const maxDetached = 2
 
-// batchGroup is what the batchers of one store share: the detached
-// batches, how to send each one's next batch, and what Close waits for.
+// batchGroup is what a store's batchers share: detached batches, kicks, and Close's wait.
 type batchGroup struct {
 	*leftGroup
 	mu       sync.Mutex
@@ -129,7 +122,6 @@ func (b *batcher[Req, Res]) countLocked(n int) {
 	}
 }
 
-// runAlone runs req alone, as its caller's own statement.
 func (b *batcher[Req, Res]) runAlone(ctx context.Context, req Req) (Res, error) {
 	b.mu.Lock()
 	b.countLocked(1)
@@ -141,8 +133,7 @@ func (b *batcher[Req, Res]) runOne(ctx context.Context, req Req) (Res, error) {
 	return runOne(ctx, b.group.leftGroup, req, b.one, b.undo)
 }
 
-// do runs the write req on ref: at once and alone when nothing of its
-// kind is in flight, otherwise in the next batch.
+// do runs req on ref: alone when nothing of its kind is in flight, else in the next batch.
 func (b *batcher[Req, Res]) do(ctx context.Context, ref domain.ResourceRef, req Req) (Res, error) {
 	if b.always {
 		op := &batchOp[Req, Res]{ref: ref, req: req}
@@ -158,9 +149,8 @@ func (b *batcher[Req, Res]) do(ctx context.Context, ref domain.ResourceRef, req 
 	op := &batchOp[Req, Res]{ref: ref, req: req, done: make(chan struct{})}
 	b.mu.Lock()
 	if b.alone == 0 && !b.flying && !b.leading && len(b.queue) == 0 {
-		// Lead: yield once so that the callers woken with this one can
-		// queue, and run alone only if none did, rather than alone beside
-		// a batch of the rest: two statements for one.
+		// Lead: yield once so that the callers woken with this one can queue,
+		// and run alone only if none did: two statements for one otherwise.
 		b.leading = true
 		b.mu.Unlock()
 		b.yieldOnce()
@@ -235,10 +225,9 @@ func (b *batcher[Req, Res]) leave(op *batchOp[Req, Res]) bool {
 	return true
 }
 
-// startLocked sends the next batch from the queue, unless a batch holds
-// it up. b.mu is held. gather yields first so that callers woken together
-// leave together: without it, at 32 callers cycling acquire and release,
-// batches held half as many (docs/performance.md).
+// startLocked sends the next batch from the queue, unless a batch holds it
+// up; b.mu is held. gather yields first so that callers woken together
+// leave together (batches held twice as many, docs/performance.md).
 func (b *batcher[Req, Res]) startLocked() {
 	if b.flying || b.leading || len(b.queue) == 0 || b.group.full() {
 		return
@@ -294,7 +283,6 @@ func (b *batcher[Req, Res]) takeLocked() []*batchOp[Req, Res] {
 	return batch
 }
 
-// run sends batch and hands each member its outcome.
 func (b *batcher[Req, Res]) run(f *flight, batch []*batchOp[Req, Res]) {
 	defer b.hand(f, batch)
 	if err := b.many(b.life, batch); err != nil {
@@ -312,8 +300,7 @@ func (b *batcher[Req, Res]) run(f *flight, batch []*batchOp[Req, Res]) {
 	}
 }
 
-// hand hands out the outcomes, undoes those of members that left, and
-// sends the next batch.
+// hand hands out the outcomes, undoes those of members that left, and sends the next batch.
 func (b *batcher[Req, Res]) hand(f *flight, batch []*batchOp[Req, Res]) {
 	var undo []*batchOp[Req, Res]
 	b.mu.Lock()

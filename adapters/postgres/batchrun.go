@@ -19,8 +19,7 @@ type batches struct {
 	end  context.CancelFunc
 }
 
-// newBatches returns s's queues, whose batches end with parent; always:
-// see InBatches.
+// newBatches returns s's queues, whose batches end with parent; always: see InBatches.
 func newBatches(s *LockRepository, always bool, parent context.Context) *batches {
 	life, end := context.WithCancel(parent)
 	withToken := func(r writeReq) []any { return append(r.args(), r.token) }
@@ -42,14 +41,12 @@ func newBatches(s *LockRepository, always bool, parent context.Context) *batches
 	return b
 }
 
-// queue is a batcher of any kind.
 type queue interface {
 	set(always bool, life context.Context, g *batchGroup)
 	queued() int
 	writeStats() WriteStats
 }
 
-// kinds are b's queues, one per kind of write.
 func (b *batches) kinds() []queue {
 	return []queue{b.frees, b.acquires, b.takes, b.renewals, b.releases}
 }
@@ -123,10 +120,9 @@ func (s *LockRepository) WriteStats() WriteStats {
 const badConnAgain = 3
 
 // batchRun returns the run of query over the arrays of each member's args:
-// cols says where the columns after n (and busy, with busyCol: it runs
-// alone) go. A member no row names keeps the zero outcome, always safe
-// (nothing inserted, extended or removed), or, with unnamedAlone, runs
-// alone (an acquire, undone if its caller leaves, unlike an Update).
+// cols says where the columns after n (and busy, with busyCol) go. A member
+// no row names keeps the zero outcome, always safe, or, with unnamedAlone,
+// runs alone (an acquire, undone if its caller leaves, unlike an Update).
 func batchRun[Req, Res any](s *LockRepository, query string, args func(Req) []any, busyCol, unnamedAlone bool,
 	cols func(*Res) []any) func(context.Context, []*batchOp[Req, Res]) error {
 	return func(ctx context.Context, ops []*batchOp[Req, Res]) error {

@@ -2,15 +2,11 @@ package postgres
 
 import "strings"
 
-// The batch statements of group commit (batch.go): each is a lone write's
-// statement over arrays, one element per member (n, from 1), with that
-// statement's WHERE for each member's row. No batch waits for a lock:
-// advisory locks are tried (pg_try_advisory_xact_lock), and rows locked
-// SKIP LOCKED first; a busy member runs its own statement, and waits.
-// Rows are found one index lookup per member (LATERAL ... LIMIT 1, which
-// the planner cannot make a join): a hashed scan, its choice on a never
-// analyzed table, would read every row per batch. The changes find rows by
-// id = ANY, kept off a scan by the connections' enable_seqscan off.
+// The batch statements of group commit: a lone write's statement over
+// arrays, one element per member (n, from 1). No batch waits for a lock
+// (pg_try_advisory_xact_lock, SKIP LOCKED): a busy member runs alone.
+// LATERAL ... LIMIT 1 keeps one index lookup per member, where the planner
+// would hash-scan a never analyzed table.
 
 // batchRows is each member's row in the snapshot: (id, owner, expires, n).
 const batchRows = `rows AS MATERIALIZED (SELECT x.{id}, x.{owner}, x.{expires}, req.n FROM req,
@@ -27,8 +23,7 @@ func lockRows(as, from, mode string) string {
 // noRow: the member r's resource has no row in the statement's snapshot.
 const noRow = `(SELECT l.{id} FROM {locks} l WHERE l.{type} = r.typ AND l.{rid} = r.rid) IS NULL`
 
-// acquireFreeBatchSQL is acquireFreeSQL over arrays. Result: per lock
-// inserted, n, its id and xmin.
+// acquireFreeBatchSQL is acquireFreeSQL over arrays. Result: per lock inserted, n, its id and xmin.
 var acquireFreeBatchSQL = pgStatement(`WITH ins AS (
   INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
   SELECT own, typ, rid, acq, exp

@@ -19,10 +19,9 @@ const (
 	ClockRefresh = time.Minute // how often the server's time is measured again
 )
 
-// MonotonicClock is a local clock with a reading that a wall clock step
-// does not move, which ServerClock measures elapsed time on. Another clock
-// gives only wall time (Offset), and elapsed time is SystemClock's, except
-// a *clock.Mock's: stepping a test's clock steps the estimate.
+// MonotonicClock is a local clock whose reading a wall clock step does not
+// move, on which ServerClock measures elapsed time; other clocks use
+// SystemClock's, except a *clock.Mock, whose steps step the estimate.
 type MonotonicClock interface {
 	application.Clock
 	// Monotonic returns the time since a fixed instant; it never decreases.
@@ -142,8 +141,7 @@ func (c *ServerClock) refresh() {
 	}
 }
 
-// measure keeps the sample with the shortest round trip, placing the
-// server's reading at its midpoint.
+// measure keeps the sample with the shortest round trip, placing the server's reading at its midpoint.
 func (c *ServerClock) measure(ctx context.Context) error {
 	conn, err := c.db.Conn(ctx) // one connection: the first sample pays for connecting
 	if err != nil {
@@ -172,9 +170,8 @@ func (c *ServerClock) measure(ctx context.Context) error {
 	return nil
 }
 
-// SystemClock is this host's clock. Its monotonic reading counts the
-// host's sleep (CLOCK_BOOTTIME on Linux): Go's stops while suspended,
-// which would put the estimate behind, and expiries that early.
+// SystemClock is this host's clock. Its monotonic reading counts the host's
+// sleep (CLOCK_BOOTTIME on Linux): Go's stops, which would put expiries early.
 type SystemClock struct{}
 
 var _ MonotonicClock = SystemClock{}

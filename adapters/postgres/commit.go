@@ -1,10 +1,6 @@
 package postgres
 
-// releaseCommit, evaluated by every release statement, turns
-// synchronous_commit off for its transaction: the commit returns once
-// visible, without waiting for the disk flush, its whole cost on most
-// disks (and notifying commits run one at a time). Only a release may: a
-// forgotten acquire or renewal could let a second holder in, a forgotten
-// release only brings its lock back to expire, for no one, and the next
-// acquire's flush (or the WAL writer, within 600 ms) covers it.
+// releaseCommit turns synchronous_commit off for a release's transaction,
+// sparing the disk flush: a release lost in a crash only brings its lock
+// back to expire, whereas a lost acquire or renewal could admit two holders.
 const releaseCommit = "set_config('synchronous_commit', 'off', true)"

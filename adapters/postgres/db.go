@@ -33,22 +33,17 @@ type DB struct {
 
 // Options tune Open. The zero value is the recommended setting.
 type Options struct {
-	// MaxConns bounds the connections of the pool; zero means 10.
-	MaxConns int
-	// LocalTime decides expiry on the service's clock alone (a test's mock).
-	// By default it must also have passed on the server's clock: an estimate
-	// (ServerClock) can run ahead over an asymmetric link.
-	LocalTime bool
-	// DisableGroupCommit runs every acquire, renewal and release alone.
-	DisableGroupCommit bool
+	MaxConns int // bounds the pool's connections; zero means 10
+	// LocalTime decides expiry on the service's clock alone (a test's mock);
+	// by default also on the server's, as an estimate (ServerClock) can run ahead.
+	LocalTime          bool
+	DisableGroupCommit bool // runs every acquire, renewal and release alone
 }
 
-// Open connects to the database that dsn names (a URL or key=value
-// string, as pgx accepts) and applies the pending migrations.
-//
-// Errors: a *domain.StoreError whose kind names the cause; of kind
-// StoreUnreachable, matching ErrTransactionPooling, for a pooler that
-// shares server sessions between connections.
+// Open connects to the database that dsn (a URL or key=value string)
+// names and applies the pending migrations.
+// Errors: a *domain.StoreError whose kind names the cause; StoreUnreachable
+// matching ErrTransactionPooling for a pooler that shares server sessions.
 func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	op := "open lock store " + Redact(dsn)
 	cfg, err := pgx.ParseConfig(WithConnectTimeout(dsn))
@@ -58,9 +53,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	// A transaction that waited on a resource's advisory lock must see the
 	// row its predecessor left; a startup parameter overrides every default.
 	cfg.RuntimeParams["default_transaction_isolation"] = "read committed"
-	// Every statement has an index: a custom plan costs about what a batch
-	// does, and a scan of the churning table reads all its dead rows (13 %
-	// of the server's CPU at 32 callers).
+	// Every statement has an index: a custom plan costs about a batch, and a
+	// scan of the churning table reads all its dead rows.
 	for k, v := range map[string]string{"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"} {
 		if _, set := cfg.RuntimeParams[k]; !set {
 			cfg.RuntimeParams[k] = v
@@ -134,8 +128,7 @@ func NewLockRepository(db *DB) *LockRepository { return db.store }
 // Close closes the pool. Call it after the last use of the store.
 func (db *DB) Close() error { return db.CloseContext(context.Background()) }
 
-// CloseContext is Close within ctx: the listener's farewell takes at most
-// half of what remains of it.
+// CloseContext is Close within ctx: the listener's farewell takes at most half of what remains of it.
 func (db *DB) CloseContext(ctx context.Context) error {
 	db.wake.close(ctx)
 	closed := make(chan error, 1)
@@ -197,10 +190,9 @@ func (p *pool) cutAll() {
 	}
 }
 
-// heardFrom refuses a pooled connection whose server spoke while it sat
-// idle (a terminated backend's farewell) before anything is sent on it:
-// the driver pings only past a second idle. SyncConn first ends pgx's
-// background read, which the peek would wait behind.
+// heardFrom refuses a pooled connection whose server spoke while it sat idle
+// (a terminated backend's farewell): the driver pings only past a second
+// idle. SyncConn ends pgx's background read, which the peek would wait behind.
 func heardFrom(ctx context.Context, conn *pgx.Conn) error {
 	if err := conn.PgConn().SyncConn(ctx); err != nil {
 		return driver.ErrBadConn
@@ -227,14 +219,12 @@ func (c *poolConn) Close() error {
 	return c.Conn.Close()
 }
 
-// lockResource takes the advisory lock of ref for the rest of tx.
 func lockResource(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef) error {
 	_, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", resourceKey(ref))
 	return err
 }
 
-// resourceKey is the key of ref's advisory lock: colliding resources share
-// a queue, never a row.
+// resourceKey is the key of ref's advisory lock: colliding resources share a queue, never a row.
 func resourceKey(ref domain.ResourceRef) int64 {
 	h := fnv.New64a()
 	h.Write([]byte(ref.Type))
@@ -262,8 +252,7 @@ func sessionEnded(err error) bool {
 	return connectionLost(err) || pgconn.SafeToRetry(err)
 }
 
-// writeTx is the store's Backend.WriteTx: several statements in a
-// transaction pinned at READ COMMITTED.
+// writeTx is the store's Backend.WriteTx: several statements in a transaction pinned at READ COMMITTED.
 func writeTx(db *sql.DB) func(ctx context.Context, kind entstore.WriteKind, body func(context.Context, *sql.Tx) error) error {
 	committed := &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	return func(ctx context.Context, kind entstore.WriteKind, body func(context.Context, *sql.Tx) error) error {

@@ -95,9 +95,8 @@ func kindOf(err error) domain.StoreErrorKind {
 	return domain.StoreInternal
 }
 
-// connectionLost reports a connection that went away without a word from
-// the server (immediate shutdown, a crash, a closed socket): the driver
-// reports an end of file or a closed connection, not a SQLSTATE.
+// connectionLost reports a connection that went away without a SQLSTATE
+// (immediate shutdown, a crash, a closed socket).
 func connectionLost(err error) bool {
 	return errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, driver.ErrBadConn)
@@ -112,9 +111,8 @@ func sessionSwapped(err error) bool {
 		strings.HasPrefix(pgErr.Message, "prepared statement ")
 }
 
-// retryable reports a write aborted by a serialization failure or
-// deadlock, or given a connection known bad before anything was sent
-// (database/sql gives up after a few when the pool holds several).
+// retryable reports a write aborted by a serialization failure or deadlock,
+// or given a connection known bad before anything was sent.
 func retryable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") ||

@@ -11,18 +11,12 @@ import (
 	"github.com/cleveragents/locks/application"
 )
 
-// CheckFence is Container.CheckFence's check on PostgreSQL, in the
-// caller's transaction q (entstore.CheckFence): that f's lock is held and
-// active at now, kept from changing hands until q ends.
-//
-// It holds the row FOR KEY SHARE until q ends, which a release, takeover
-// or cleanup waits for but a renewal does not, and bounds q's idle time
-// (fenceSQL). Run q at READ COMMITTED.
-//
-// Errors: those of entstore.CheckFence, and *domain.StaleSnapshotError for
-// a q above READ COMMITTED whose snapshot does not show the lock held,
-// where it may be (read the lock outside q to know: Container.CheckFence
-// does).
+// CheckFence is Container.CheckFence's check on PostgreSQL, in the caller's
+// transaction q (entstore.CheckFence): it holds the row FOR KEY SHARE until
+// q ends, which a release, takeover or cleanup waits for but a renewal does
+// not, and bounds q's idle time (fenceSQL). Run q at READ COMMITTED.
+// Errors: those of entstore.CheckFence, and *domain.StaleSnapshotError for a
+// q above READ COMMITTED whose snapshot does not show the lock held.
 func CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time) error {
 	if err := entstore.CheckFence(ctx, q, dialect.Postgres, f, now, fenceHolds); err != nil {
 		return snapshotMayBeOld(ctx, q, f, err)

@@ -2,6 +2,5 @@
 
 package postgres
 
-// spoke cannot peek at a socket here: the driver's ping, past a second of
-// idleness, is the only check.
+// spoke cannot peek at a socket here: the driver's ping, past a second of idleness, is the only check.
 func (c *poolConn) spoke() bool { return false }

@@ -15,18 +15,15 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// MigrationName is the name of the migration that creates the locks table,
-// the same as SQLite's.
+// MigrationName is the name of the migration that creates the locks table, the same as SQLite's.
 const MigrationName = "m4_001_concurrency_locks"
 
 // OpenReadOnly connects for diagnostics that change nothing: no migration,
-// no prepared statement, and every connection checked read-only; writes
-// through the store fail with a StoreReadOnly error.
-//
-// Errors: a *domain.StoreError; StoreUnreachable when the server cannot be
-// reached, the database does not exist or the login is refused, or
-// (matching ErrTransactionPooling) the DSN names a pooler that shares
-// server sessions between connections.
+// no prepared statement, every connection checked read-only; writes through
+// the store fail with a StoreReadOnly error.
+// Errors: a *domain.StoreError; StoreUnreachable when the server, the
+// database or the login fails, or (matching ErrTransactionPooling) for a
+// pooler that shares server sessions.
 func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -70,9 +67,8 @@ type SchemaState struct {
 	SearchPath, User string
 }
 
-// Schema reports whether MigrationName has been applied and the locks
-// table exists in the current schema, without goose (which would create
-// its version table).
+// Schema reports whether MigrationName has been applied and the locks table
+// exists in the current schema, without goose (which would create its table).
 func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 	var st SchemaState
 	err := read(ctx, func(ctx context.Context) (err error) {
@@ -125,10 +121,8 @@ func (db *DB) schema(ctx context.Context) (st SchemaState, err error) {
 }
 
 // CheckWritable reports whether the service could write the lock store
-// that dsn names: not a standby, transactions not read-only by default,
-// and the user may read and write the locks table (or create it in the
-// current schema). It asks on a connection of its own and writes nothing.
-//
+// that dsn names (no standby, no read-only default, the table's rights),
+// asking on a connection of its own and writing nothing.
 // Errors: a *domain.StoreError of kind StoreReadOnly saying what does not
 // allow writing, or StoreUnreachable when the server cannot be reached.
 func CheckWritable(ctx context.Context, dsn string) error {

@@ -15,10 +15,9 @@ type leftGroup struct {
 	unknown int           // writes whose outcome stayed unknown (an error, an unanswered undo)
 }
 
-// maxLeft bounds the writes that go on past their callers, each holding a
-// pool connection for up to leftTimeout, so that callers that give up and
-// retry cannot take the pool: with maxDetached batches, four of its ten
-// stay free. Past it the statement is cut; a lock it committed lasts its TTL.
+// maxLeft bounds the writes that outlive their callers, each holding a pool
+// connection up to leftTimeout, so that callers that give up and retry
+// cannot take the pool; past it the statement is cut.
 const maxLeft = 4
 
 func (g *leftGroup) tryLeave() bool {

@@ -65,8 +65,7 @@ type made struct {
 	version   sql.NullString    // the row inserted (its xmin), for undo
 }
 
-// acquireCols, freeCols and renewCols are where the columns of
-// acquireSQL, acquireFreeSQL and renewSQL go.
+// acquireCols, freeCols and renewCols take the columns of acquireSQL, acquireFreeSQL and renewSQL.
 func acquireCols(m *made) []any {
 	return []any{&m.reentered, &m.id, &m.times[0], &m.times[1], &m.prevID, &m.prev[0], &m.prev[1], &m.prev[2], &m.version}
 }
@@ -152,8 +151,7 @@ func (s *LockRepository) undo(ref domain.ResourceRef, token int64, version strin
 	return err == nil
 }
 
-// undoMade undoes m, an insert whose caller left; it reports whether the
-// database answered.
+// undoMade undoes m, an insert whose caller left; it reports whether the database answered.
 func (s *LockRepository) undoMade(r writeReq, m made) bool {
 	if m.id.Valid && !m.reentered && m.version.String != "" {
 		return s.undo(r.ref, m.id.Int64, m.version.String)

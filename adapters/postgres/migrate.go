@@ -83,9 +83,8 @@ func (db *DB) currentSchema(ctx context.Context, op string) (string, error) {
 	return *schema, nil
 }
 
-// adoptHistory adopts, once, an older module's history
-// (entstore.AdoptHistory) in a transaction holding goose's migration lock,
-// so never while another process adopts or migrates.
+// adoptHistory adopts, once, an older module's history (entstore.AdoptHistory)
+// holding goose's migration lock, so never while another process migrates.
 func (db *DB) adoptHistory(ctx context.Context, tables entstore.VersionTables) (err error) {
 	if ok, err := tables.Exists(ctx, db.sql, entstore.VersionTable); err != nil || ok {
 		return err
@@ -112,8 +111,7 @@ func (db *DB) adoptHistory(ctx context.Context, tables entstore.VersionTables) (
 	return tx.Commit()
 }
 
-// versionStore is goose's store of a schema-qualified version table,
-// looked for in that schema only.
+// versionStore is goose's store of a schema-qualified table, looked for there only.
 type versionStore struct {
 	database.Store
 	schema string

@@ -54,8 +54,7 @@ func newSessionParams(cfg *pgx.ConnConfig) *sessionParams {
 	return p
 }
 
-// openPool opens a pool on cfg of maxConns (or defaultConns) connections,
-// which run then once made.
+// openPool opens a pool on cfg of maxConns (or defaultConns) connections, which run then once made.
 func openPool(cfg *pgx.ConnConfig, maxConns, defaultConns int, then func(context.Context, *pgx.Conn) error) (*sql.DB, *pool, *sessionParams) {
 	conns := &pool{open: make(map[*poolConn]struct{})}
 	cfg.DialFunc = conns.dial(cfg.DialFunc)
@@ -111,8 +110,7 @@ func (p *sessionParams) paramsSet(ctx context.Context, conn *pgx.Conn) (set bool
 	return set, err
 }
 
-// startupConfig is cfg with only trackedParams: it sets nothing in a
-// session a pooler might lend to others.
+// startupConfig is cfg with only trackedParams, setting nothing in a session a pooler might lend.
 func (p *sessionParams) startupConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 	c := cfg.Copy()
 	c.RuntimeParams = maps.Clone(p.startup)
@@ -131,8 +129,7 @@ func (p *sessionParams) connect(cfg *pgx.ConnConfig) func(context.Context) (*pgx
 	return func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, p.startupConfig(cfg)) }
 }
 
-// open checks that the server answers and that connections have sessions
-// of their own before the pool sets anything in one.
+// open checks that the server answers and that connections own their sessions, before any is set.
 func (p *sessionParams) open(ctx context.Context, op string, sdb *sql.DB, cfg *pgx.ConnConfig) error {
 	err := sdb.PingContext(ctx)
 	if err != nil && p.refused(err) {
@@ -235,11 +232,9 @@ func (p *sessionParams) behindPooler(ctx context.Context, sdb *sql.DB) (pooler, 
 }
 
 // sharedSessions reports whether connect's connections may share a
-// session. A reads its backend PID twice, B in a transaction, then A again:
-// a per-transaction pooler hands A another session (round robin), or A's
-// last one to B (most recently used), or, in a round-robin pool of two, A
-// another the third time. One this fools fails on a prepared statement
-// (sessionSwapped).
+// session: A reads its backend PID twice, B in a transaction, then A
+// again, which catches round-robin and most-recently-used poolers; one it
+// fools fails later on a prepared statement (sessionSwapped).
 func sharedSessions(ctx context.Context, connect func(context.Context) (*pgx.Conn, error)) (bool, error) {
 	a, err := connect(ctx)
 	if err != nil {

@@ -24,10 +24,8 @@ type store struct {
 	server *ServerClock // nil with opts.LocalTime
 }
 
-// openStore connects and decides expiry on a ServerClock, so that hosts
-// whose clocks disagree or are stepped never take a live lock early;
-// opts.LocalTime keeps the local clock (a test's mock). Close stops the
-// clock's refreshes, then closes the pool.
+// openStore decides expiry on a ServerClock, so that hosts whose clocks
+// disagree never take a live lock early (opts.LocalTime: the local clock).
 func openStore(ctx context.Context, opts backend.Options) (backend.Store, error) {
 	db, err := Open(ctx, opts.Database, Options{LocalTime: opts.LocalTime})
 	if err != nil {

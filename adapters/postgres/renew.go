@@ -11,11 +11,9 @@ import (
 	entlock "github.com/cleveragents/locks/ent/lock"
 )
 
-// renewSQL is Renew's extension (application.DecideRenew) as one
-// statement, one round trip where Update takes five. Parameters as
-// acquireSQL's; it returns the lock as extended, or no row, writing
-// nothing. held comes first, as in acquireSQL, so that an Update's
-// takeover (a delete, then an insert) never meets this change between.
+// renewSQL is Renew's extension (application.DecideRenew) in one round
+// trip, parameters as acquireSQL's; no row: nothing written. held comes
+// first, so that an Update's takeover never meets this change half-way.
 var renewSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint))
 UPDATE {locks} SET {expires} = $6::varchar
 WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {owner} = $4::varchar

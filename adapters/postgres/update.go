@@ -69,8 +69,7 @@ func (s *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, dec
 		gone = true // a decision taken from now on would be nobody's
 		mu.Unlock()
 	}, func(a answer) bool {
-		// Whether the outcome is known: nothing written, a change that
-		// stands, or an insert undone.
+		// Whether the outcome is known: nothing written, a change that stands, or an insert undone.
 		switch {
 		case a.panicked:
 			panic(a.panic)
@@ -96,9 +95,8 @@ func (s *LockRepository) Update(ctx context.Context, ref domain.ResourceRef, dec
 	return a.lock, a.err
 }
 
-// txSteps are an Update's steps on ref: the resource's advisory lock
-// first, a change of hands refused on the server's clock (unless
-// LocalTime), and the row version of a lock inserted, for undo.
+// txSteps are an Update's steps on ref: the advisory lock first, a change of
+// hands refused on the server's clock (unless LocalTime), the row version for undo.
 func (s *LockRepository) txSteps(ref domain.ResourceRef) entstore.TxSteps {
 	t := entstore.TxSteps{
 		First: func(ctx context.Context, tx *sql.Tx) error { return lockResource(ctx, tx, ref) },

@@ -65,8 +65,7 @@ func watchedOrNotify(channel, typ, id string) string {
 // plainName matches the schema names a channel carries unquoted; others are hashed.
 var plainName = regexp.MustCompile(`^[a-z0-9_]+$`)
 
-// channelName returns the channel of the store in schema (channels are
-// per database).
+// channelName returns the channel of the store in schema (channels are per database).
 func channelName(schema string) string {
 	if schema == "public" {
 		return channelPrefix
@@ -91,8 +90,7 @@ func releaseStatement(channel string) func(deleteSQL string) string {
 	}
 }
 
-// listener carries the wake-ups of one opened DB, connecting at the first
-// Watch or Contended.
+// listener carries the wake-ups of one opened DB, connecting at the first Watch or Contended.
 type listener struct {
 	cfg      *pgx.ConnConfig
 	channel  string
@@ -124,7 +122,6 @@ type watch struct{ c chan struct{} }
 
 var _ application.Wakeups = (*listener)(nil)
 
-// newListener returns the listener of a store on channel.
 func newListener(cfg *pgx.ConnConfig, channel string) *listener {
 	cfg = cfg.Copy()
 	name := listenerAppName
@@ -231,7 +228,6 @@ func (l *listener) close(ctx context.Context) {
 	}
 }
 
-// run connects and reconnects after every drop until close.
 func (l *listener) run() {
 	defer close(l.done)
 	backoff := reconnectMin
@@ -259,8 +255,7 @@ func (l *listener) run() {
 	}
 }
 
-// connect LISTENs, then wakes every watcher: a release may have come
-// while nobody listened.
+// connect LISTENs, then wakes every watcher: a release may have come while nobody listened.
 func (l *listener) connect() (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(l.ctx, l.cfg)
 	if err != nil {
@@ -456,7 +451,6 @@ func (l *listener) receive(payload string) {
 	}
 }
 
-// hangUp closes the connection, saying goodbye if closing.
 func (l *listener) hangUp(conn *pgx.Conn) {
 	l.mu.Lock()
 	bye := l.closed && l.said

@@ -12,37 +12,31 @@ import (
 )
 
 const (
-	// checkpointAfter is how many writes run between two checkpoints:
-	// fewer cost many callers more syncs, more cost a lone caller a larger
-	// WAL index to search (BenchmarkCallers).
+	// checkpointAfter is how many writes run between two checkpoints: fewer
+	// cost many callers syncs, more a lone caller a larger WAL index to search.
 	checkpointAfter = 512
-	// walSizeLimit is what a WAL that a purge grew is cut back to.
-	walSizeLimit = 16 << 20
-	// catchUpRounds bounds a catch-up; finishFrames is the most frames it
-	// may leave to the writer.
+	walSizeLimit    = 16 << 20 // what a WAL that a purge grew is cut back to
+	// catchUpRounds bounds a catch-up; finishFrames is the most frames it may leave to the writer.
 	catchUpRounds = 8
 	finishFrames  = 256
-	// purgeQuiet is how many other writes must follow a purge's last
-	// write before finish may run: until then catch-ups copy the purge's
-	// backlog on a reading connection, not on the writer. Writes, not
-	// time, so that upkeep stays off the wall clock.
+	// purgeQuiet is how many other writes must follow a purge's last before
+	// finish may run, so that the backlog is copied off the writer (writes,
+	// not time: upkeep stays off the wall clock).
 	purgeQuiet = 64
-	// While a purge runs, a catch-up is due after as many writes as added
-	// about roundFrames frames the last time, but no fewer than minAfter:
-	// the sync of a round that copies thousands held an acquirer 13-30 ms.
+	// During a purge a catch-up is due after as many writes as added about
+	// roundFrames frames, no fewer than minAfter: a large round's sync held acquirers.
 	roundFrames = 1024
 	minAfter    = 16
-	// cutBackStep is the most one start of the WAL over cuts off it:
-	// freeing space (about 0.5 ms a megabyte) happens inside that write.
+	// cutBackStep is the most one start of the WAL over cuts off it, since
+	// that write frees the space (about 0.5 ms a megabyte).
 	cutBackStep = 16 << 20
 )
 
 var walSizePragma = fmt.Sprintf("journal_size_limit(%d)", walSizeLimit)
 
-// checkpointer copies the WAL back into the database file with passive
-// checkpoints on a reading connection, which never wait for a writer nor
-// make one wait: SQLite's own, inside a commit, held the writer and the
-// writer queue for 10-60 ms.
+// checkpointer copies the WAL back with passive checkpoints on a reading
+// connection, never waiting for a writer nor making one wait: SQLite's own,
+// inside a commit, held the writer queue 10-60 ms.
 type checkpointer struct {
 	db      *sql.DB
 	walPath string
@@ -60,12 +54,10 @@ type checkpointer struct {
 	backfilled   atomic.Int64 // frames copied by the last background round
 	writerCopied atomic.Int64 // the most frames finish copied
 	flushes      atomic.Int64
-	// last is the WAL as the last catch-up's last round found it during a
-	// purge; only the catch-up under way uses it.
+	// last is the WAL as the last catch-up's last round found it during a purge.
 	last walMark
-	// limitDue: from a catch-up's start until the first batch after its
-	// end, each batch sets the writer's journal_size_limit to cutBack's,
-	// and limited is that limit; only a batch's leader uses it.
+	// limitDue: from a catch-up's start until the first batch after its end,
+	// each batch's leader sets the writer's journal_size_limit (limited) to cutBack's.
 	limitDue atomic.Bool
 	limited  int64
 }
@@ -121,11 +113,10 @@ func nextAfter(writes int, frames int64) int {
 	return int(max(minAfter, min(checkpointAfter, roundFrames*int64(writes)/frames)))
 }
 
-// catchUp copies the WAL back in the background, and returns how many
-// writes the next catch-up waits for. SQLite starts the WAL over only when
-// a write begins with every frame copied, which rounds beside busy writers
-// never achieve: so it runs rounds until one finds few new frames, which
-// the next batch's leader copies (finish). A failed round is harmless.
+// catchUp copies the WAL back in the background and returns how many writes
+// the next catch-up waits for. SQLite starts the WAL over only when a write
+// finds every frame copied, which rounds beside busy writers never achieve:
+// so it runs rounds until few new frames are left to the batch leader (finish).
 func (c *checkpointer) catchUp(purging bool) (after int) {
 	after = checkpointAfter
 	since := c.last
@@ -174,10 +165,9 @@ func (c *checkpointer) catchUp(purging bool) (after int) {
 	return after
 }
 
-// flush syncs the pages a purge's catch-ups copied, which SQLite would
-// sync only after a complete checkpoint, on the writer (about 100 ms). It
-// syncs the WAL's file system (closing a descriptor of the database file
-// would drop SQLite's POSIX locks), which is why only purges do.
+// flush syncs the pages a purge's catch-ups copied, which SQLite would sync
+// on the writer (about 100 ms). It syncs the WAL's whole file system (closing
+// a descriptor of the database would drop SQLite's POSIX locks): only purges do.
 func (c *checkpointer) flush() {
 	if syncWALFileSystem(c.walPath) == nil {
 		c.flushes.Add(1)
@@ -208,8 +198,7 @@ func walLife(wal *os.File) (life [12]byte, ok bool) {
 	return life, err == nil
 }
 
-// finish, run by a batch's leader before the batch, copies what the
-// catch-up left, unless a purge runs.
+// finish, run by a batch's leader before the batch, copies what the catch-up left, unless a purge runs.
 func (c *checkpointer) finish(writer *sql.DB) {
 	if c.limitDue.Load() {
 		c.mu.Lock()

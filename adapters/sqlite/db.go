@@ -41,8 +41,7 @@ type DB struct {
 	checkpoints checkpointer
 	wake        *wakeFile // nil where wake-ups cannot cross processes
 	path        string
-	// file is the database file as Open found it, which every write
-	// checks abs (path made absolute at Open) still names (checkFile).
+	// file is the file as Open found it; every write checks abs still names it (checkFile).
 	file  os.FileInfo
 	abs   string
 	store *LockRepository
@@ -50,8 +49,7 @@ type DB struct {
 
 // Options tune Open. The zero value is the recommended setting.
 type Options struct {
-	// BusyTimeout is how long one statement waits for another process's
-	// write lock; zero means DefaultBusyTimeout.
+	// BusyTimeout is how long a statement waits for another process's write lock; zero: DefaultBusyTimeout.
 	BusyTimeout time.Duration
 }
 
@@ -59,17 +57,11 @@ type Options struct {
 // pending migrations and returns the store. A file it refuses is left as
 // it was: every refusal is decided before the first write.
 //
-// Errors: a *domain.ValidationError (Field "database") when pathOrURI names
-// no file, such as an in-memory database; a *domain.StoreError whose kind
-// names the cause: StoreUnreachable for a missing directory, or wrapping a
-// *LinkedFileError for a file with more than one name; StoreReadOnly;
-// StoreCorrupt for a file that is not a database; StoreSchema wrapping
-// ErrForeignLocksTable for a file with a locks table that the store did not
-// create, or ErrForeignSchemaObject for one with another object named as
-// one the store's migration creates; StoreUnreachable wrapping a
-// *SideFileError for something planted at a side file (SQLite's -journal,
-// -wal and -shm included), ErrWALWithoutIndex for a -wal file without its
-// -shm, or ErrHotJournal for a hot journal; StoreBusy.
+// Errors: *domain.ValidationError (Field "database") when pathOrURI names
+// no file; *domain.StoreError of kind StoreUnreachable (a missing
+// directory, *LinkedFileError, *SideFileError, ErrWALWithoutIndex,
+// ErrHotJournal), StoreReadOnly, StoreCorrupt (not a database),
+// StoreSchema (ErrForeignLocksTable, ErrForeignSchemaObject) or StoreBusy.
 func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -145,8 +137,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	return db, nil
 }
 
-// sqliteDriver is the driver registered as "sqlite", with the
-// application's functions and hooks.
+// sqliteDriver is the driver registered as "sqlite".
 var sqliteDriver = func() driver.Driver {
 	db, err := sql.Open("sqlite", "")
 	if err != nil {
@@ -156,15 +147,12 @@ var sqliteDriver = func() driver.Driver {
 	return db.Driver()
 }()
 
-// sideFileConnector opens each connection to the database at path (named
-// by sidePath) only once SQLite's side files pass checkSQLiteSideFiles:
-// SQLite would block for ever on a FIFO planted there since the store
-// opened, before the driver's hooks run.
+// sideFileConnector checks SQLite's side files before each connection:
+// SQLite would block for ever on a FIFO planted there, before the driver's hooks run.
 type sideFileConnector struct {
 	dsn, path string
 }
 
-// Connect checks the side files, then opens a connection.
 func (c sideFileConnector) Connect(context.Context) (driver.Conn, error) {
 	if err := checkSQLiteSideFiles(c.path); err != nil {
 		return nil, err
@@ -174,10 +162,7 @@ func (c sideFileConnector) Connect(context.Context) (driver.Conn, error) {
 
 func (c sideFileConnector) Driver() driver.Driver { return sqliteDriver }
 
-// openPool returns a pool of sideFileConnector's connections.
-func openPool(dsn, path string) *sql.DB {
-	return sql.OpenDB(sideFileConnector{dsn: dsn, path: path})
-}
+func openPool(dsn, path string) *sql.DB { return sql.OpenDB(sideFileConnector{dsn: dsn, path: path}) }
 
 // NewLockRepository returns the lock repository of db.
 func NewLockRepository(db *DB) *LockRepository { return db.store }

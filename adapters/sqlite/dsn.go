@@ -14,8 +14,7 @@ import (
 	"github.com/cleveragents/locks/domain"
 )
 
-// DefaultBusyTimeout is how long one SQLite statement waits for another
-// process's write lock before the adapter's own retry takes over.
+// DefaultBusyTimeout is how long a statement waits for another process's write lock.
 const DefaultBusyTimeout = 5 * time.Second
 
 // settings may be overridden by a DSN, except _txlock: a deferred read-then-
@@ -29,8 +28,7 @@ var settings = []struct{ key, value string }{
 // DSN turns a database path, or a "file:" URI, into the DSN the adapter
 // opens, with the busy timeout and the settings the URI does not set.
 // Errors: a *domain.ValidationError (Field "database") for an empty path, a
-// query that does not parse, an in-memory database (InMemory), or a
-// parameter that checkParams refuses, naming it.
+// bad query, an in-memory database (InMemory) or a refused parameter.
 func DSN(pathOrURI string, busyTimeout time.Duration) (string, error) {
 	if pathOrURI == "" {
 		return "", invalidDatabase("must name a SQLite file")
@@ -75,7 +73,6 @@ func invalidDatabase(reason string) error {
 	return &domain.ValidationError{Field: "database", Reason: reason}
 }
 
-// splitDSN splits a "file:" URI at its query.
 func splitDSN(dsn string) (base string, q url.Values, err error) {
 	base, query, _ := strings.Cut(dsn, "?")
 	q, err = url.ParseQuery(query)
@@ -160,8 +157,8 @@ func falsy(v string) bool {
 	return slices.Contains([]string{"0", "no", "false", "off"}, strings.ToLower(v))
 }
 
-// InMemory reports whether pathOrURI names an in-memory SQLite database,
-// which DSN refuses: each connection of the store would get its own.
+// InMemory reports whether pathOrURI names an in-memory database, which DSN
+// refuses: each connection of the store would get its own.
 func InMemory(pathOrURI string) bool {
 	if pathOrURI == ":memory:" {
 		return true
@@ -237,8 +234,8 @@ func createPrivate(path string) error {
 	return nil
 }
 
-// createOpen creates the file and closes it at once, which drops the locks
-// of a goroutine that opened the new file meanwhile (not on Windows).
+// createOpen creates the file and closes it at once, which drops the locks of
+// a goroutine that opened the new file meanwhile (not on Windows).
 func createOpen(path string, perm fs.FileMode) error {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {

@@ -49,9 +49,8 @@ func FormatError(op string, err error) error {
 	return &domain.StoreError{Op: op, Kind: kindOf(err), Err: err}
 }
 
-// SQLITE_BUSY_SNAPSHOT refuses at once a deferred transaction that read,
-// then wrote after another connection committed: no wait can help. The
-// module's transactions begin IMMEDIATE; an embedder's may not.
+// SQLITE_BUSY_SNAPSHOT refuses at once a deferred transaction that read, then
+// wrote after another commit (the module's own begin IMMEDIATE; an embedder's may not).
 const (
 	staleSnapshot = "the transaction read the database before this write, and another connection has written since: " +
 		"its snapshot is out of date, and SQLite cannot let it write (the cause is this transaction, not a writer holding the database: waiting does not help)"
@@ -59,9 +58,8 @@ const (
 		"with the lock store's DSN (sqlite.DSN) or with _txlock=immediate, so that it takes the write lock before it reads"
 )
 
-// SnapshotConflict reports whether err is SQLite's refusal of a write by a
-// deferred transaction whose snapshot is out of date (SQLITE_BUSY_SNAPSHOT),
-// such as a fence checked after the transaction read.
+// SnapshotConflict reports whether err is SQLITE_BUSY_SNAPSHOT: a write refused
+// to a deferred transaction whose snapshot is out of date, such as a late fence.
 func SnapshotConflict(err error) bool {
 	var serr *sqlite.Error
 	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_BUSY_SNAPSHOT
@@ -98,7 +96,6 @@ func kindOf(err error) domain.StoreErrorKind {
 	return domain.StoreInternal
 }
 
-// isDuplicate reports whether the unique index refused a second row.
 func isDuplicate(err error) bool {
 	var serr *sqlite.Error
 	return errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE
@@ -127,10 +124,9 @@ func (db *DB) formatError(op string, err error) error {
 		Err: fmt.Errorf("the last token issued is %d, the largest SQLite can store (SQLite reports it as a full database: %w)", last, err)}
 }
 
-// LinkedFileError reports a database file with more than one name (hard
-// links): SQLite keeps -wal and -shm by name, so two processes using two
-// names could both grant the same lock. It comes wrapped in a
-// *domain.StoreError (kind StoreUnreachable); match it with errors.As.
+// LinkedFileError reports a database file with more than one name (hard links),
+// which SQLite would give two -wal and -shm files, so two holders of one lock.
+// It comes wrapped in a *domain.StoreError (kind StoreUnreachable).
 type LinkedFileError struct {
 	Path  string // the name the store was given
 	Links uint64 // how many names the file had
@@ -157,10 +153,9 @@ func checkOneName(op, path string) error {
 	return nil
 }
 
-// ReplacedFileError reports that the name a store was opened by no longer
-// names its file: a process opening the name now could grant the locks
-// this store holds, so it writes no more. It comes wrapped in a
-// *domain.StoreError (kind StoreUnreachable, Permanent).
+// ReplacedFileError reports that the store's name no longer names its file, so
+// that another opener could grant its locks: it writes no more. It comes
+// wrapped in a *domain.StoreError (kind StoreUnreachable, Permanent).
 type ReplacedFileError struct {
 	Path    string // the name the store was opened by
 	Removed bool   // the name names no file now (otherwise another file)

@@ -27,10 +27,9 @@ var errNotDatabase = errors.New("the file does not begin with the SQLite header"
 // OpenReadOnly opens the existing database at pathOrURI for diagnostics,
 // changing nothing (readAccess); writes through the DB fail (StoreReadOnly).
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
-// no file; a *domain.StoreError: StoreUnreachable wrapping fs.ErrNotExist,
-// StoreCorrupt for a file not a database, StoreUnreachable with advice when
-// this user cannot read it safely now, or wrapping a *LinkedFileError, a
-// *SideFileError, ErrWALWithoutIndex or ErrHotJournal.
+// no file; a *domain.StoreError: StoreCorrupt for a file not a database, or
+// StoreUnreachable (fs.ErrNotExist, unreadable now, *LinkedFileError,
+// *SideFileError, ErrWALWithoutIndex, ErrHotJournal).
 func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -225,9 +224,7 @@ type SchemaState struct {
 	MigrationApplied bool     // goose records MigrationName as applied
 	LocksTable       bool     // a table named locks exists, whoever created it
 	OtherTables      []string // sorted tables of neither the store nor SQLite
-	// Conflicts ("type name", sorted; none once migrated) are the objects,
-	// tables locks and version excepted, that the migration would fail on.
-	Conflicts []string
+	Conflicts        []string // "type name", sorted: what the migration would fail on, bar tables locks and version
 }
 
 // migrationObjects are the lower-case names of what the migrations create.
@@ -304,11 +301,10 @@ func (db *DB) Schema(ctx context.Context) (SchemaState, error) {
 }
 
 // CheckWritable reports whether this process could write the database at
-// pathOrURI and create and remove its -wal and -shm. It opens nothing, so
-// it may be called while the database is open. Errors: a
-// *domain.ValidationError when pathOrURI names no file; a *domain.StoreError
-// of kind StoreReadOnly saying what is not writable, or StoreUnreachable
-// when the file does not exist.
+// pathOrURI and create and remove its -wal and -shm, opening nothing.
+// Errors: a *domain.ValidationError when pathOrURI names no file; a
+// *domain.StoreError of kind StoreReadOnly saying what is not writable, or
+// StoreUnreachable when the file does not exist.
 func CheckWritable(pathOrURI string) error {
 	dsn, err := DSN(pathOrURI, 0)
 	if err != nil {

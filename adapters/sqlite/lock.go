@@ -15,8 +15,7 @@ import (
 
 // LockRepository is the lock store on SQLite: the shared store, which also
 // acquires a free resource in one statement (application.OneStatement),
-// where Update needs four in a shared transaction (a savepoint around a
-// read and an insert). Every other case is left to Update.
+// where Update needs four; every other case is left to Update.
 type LockRepository struct {
 	*entstore.Store
 	insertFree *sql.Stmt // nil on a store opened for inspection
@@ -25,19 +24,15 @@ type LockRepository struct {
 var _ application.OneStatement = (*LockRepository)(nil)
 
 // insertFreeSQL inserts a lock, which the unique index refuses when the
-// resource has a row; the token is the rowid, read without RETURNING
-// (which SQLite runs through a temporary table, doubling the cost). A
-// refused insert changes nothing, not even the AUTOINCREMENT sequence, and
-// leaves the rest of a shared transaction alone. ON CONFLICT DO NOTHING
-// would leave a gap in the tokens; INSERT … SELECT … WHERE NOT EXISTS
-// costs 27% more per cycle (a temporary table and a statement journal).
+// resource has a row, changing nothing (not even the AUTOINCREMENT sequence,
+// where ON CONFLICT DO NOTHING would leave a gap in the tokens). The token is
+// the rowid, read without RETURNING, which doubles SQLite's cost.
 var insertFreeSQL = strings.NewReplacer(
 	"{locks}", entlock.Table, "{owner}", entlock.FieldOwnerID,
 	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
 	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
 ).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`) VALUES (?, ?, ?, ?, ?)")
 
-// newLockRepository returns s, the store of db, with its one-statement acquire.
 func newLockRepository(ctx context.Context, s *entstore.Store, db *DB) (*LockRepository, error) {
 	st, err := db.wsql.PrepareContext(ctx, insertFreeSQL)
 	if err != nil {

@@ -83,13 +83,9 @@ func staleFence(f application.Fence, held *domain.Lock, err error) *domain.Stale
 }
 
 // CheckFence is Container.CheckFence's check on SQLite, in the caller's
-// transaction q (entstore.CheckFence): that f's lock is held and active at
-// now, kept from changing hands until q ends.
-//
-// It is an UPDATE of the lock row that changes nothing but takes the write
-// lock until q ends, which every change of hands needs. A deferred
-// transaction with an older snapshot fails (SQLITE_BUSY). Keep q short.
-//
+// transaction q (entstore.CheckFence): an UPDATE of the lock row that changes
+// nothing but holds the write lock, which every change of hands needs, until
+// q ends. A deferred q with an older snapshot fails (SQLITE_BUSY): keep q short.
 // Errors: those of entstore.CheckFence.
 func CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time) error {
 	return entstore.CheckFence(ctx, q, dialect.SQLite, f, now, fenceHolds)

@@ -86,7 +86,6 @@ func checkSQLiteSideFiles(path string) error {
 	return nil
 }
 
-// checkSideFiles checks every side file the store would open here.
 func checkSideFiles(path string) error {
 	err := checkSQLiteSideFiles(path)
 	if err == nil && haveFileLocks {

@@ -14,8 +14,7 @@ import (
 // ScopeName is the instrumentation scope of the module's metrics.
 const ScopeName = "github.com/cleveragents/locks"
 
-// Metrics records lock events as the locks.* OpenTelemetry instruments
-// that docs/operations.md lists.
+// Metrics records lock events as the locks.* OpenTelemetry instruments that docs/operations.md lists.
 type Metrics struct {
 	events, takeovers, cleaned metric.Int64Counter
 	acquire, hold, wait        metric.Float64Histogram

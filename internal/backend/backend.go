@@ -34,15 +34,12 @@ type Store interface {
 	Repository() application.LockRepository
 	Clock() application.Clock     // the clock the service decides expiry on
 	Wakeups() application.Wakeups // nil where no release reaches other processes
-	// CheckFence is Container.CheckFence: now is the service's time, and
-	// read reads the lock outside q, to explain a failure on q's old
-	// snapshot. It returns the errors Container.CheckFence lists.
+	// CheckFence is Container.CheckFence (and returns its errors); read reads
+	// the lock outside q, to explain a failure on q's old snapshot.
 	CheckFence(ctx context.Context, q entstore.Querier, f application.Fence, now time.Time, read ReadLock) error
-	// Writer is the queue that Container.Write joins; nil where the
-	// database's writers do not exclude each other.
+	// Writer is the queue Container.Write joins; nil where writers do not exclude each other.
 	Writer() func(ctx context.Context, fn func(context.Context, *sql.Tx) error) error
-	// Close stops what Open started and closes the database, within ctx,
-	// after the container has released its owner's locks.
+	// Close stops what Open started and closes the database, within ctx, once the owner's locks are released.
 	Close(ctx context.Context) error
 }
 
@@ -52,8 +49,7 @@ type ReadLock func(ctx context.Context, ref domain.ResourceRef) (domain.Lock, er
 // Open opens a database, applies its migrations and returns it.
 type Open func(ctx context.Context, opts Options) (Store, error)
 
-// opens needs no lock: only the adapters' init functions write it, and
-// they all run before main.
+// opens needs no lock: only the adapters' init functions write it, and they all run before main.
 var opens = map[string]Open{}
 
 // Register makes the kind of database name available to locks.Open; it
