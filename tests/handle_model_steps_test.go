@@ -262,10 +262,10 @@ func (m *hmMachine) moveTo(t *rapid.T, at time.Time) {
 	// and sets no timer but its guard at the old expiry and its next
 	// renewal. Any other is a retry, of a refusal taken for a transient
 	// failure: it would wait for a clock that does not move.
-	// A guard waits from the service's instant to the old expiry; its
+	// A guard waits from the clock's reading to the old expiry; its
 	// goroutine may set it late, during a later step.
 	for _, f := range fired {
-		m.guards[f.believed.Sub(at.Truncate(application.Precision))] = true
+		m.guards[f.believed.Sub(at)] = true
 	}
 	for drained := false; !drained; { // the timers set before the move
 		select {
