@@ -224,3 +224,34 @@ func TestWakeups_RootMakesTheWakeFileTheOwners(t *testing.T) {
 	st := fi.Sys().(*syscall.Stat_t)
 	assert.Equal(t, uint32(65534), st.Uid, "the wake file's owner")
 }
+
+// A truncation that no store faults on (the file grown back before anyone
+// touched the page) leaves the counts zero while a store waits: releases
+// must not take that zero for nobody.
+func TestWakeups_WaiterDuringATruncationNobodyFaultedOn(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agents.db")
+	releaser, waiter := openWake(t, path), openWake(t, path)
+	c, stop := waiter.Wakeups().Watch(wakeRef)
+	defer stop()
+	require.NoError(t, os.Truncate(path+"-wake", 0))
+	require.NoError(t, os.Truncate(path+"-wake", 8192))
+	assert.True(t, releaser.Wakeups().Contended(wakeRef), "a waiter whose count went with the truncation")
+	sqlite.Freed(releaser, wakeRef)
+	requireWoken(t, c, "a waiter whose count went with the truncation was not woken")
+}
+
+// A store whose count went with a truncation does not take its count off
+// the new page: that would hide a waiter counted since.
+func TestWakeups_DecrementAfterATruncationKeepsANewCount(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agents.db")
+	releaser, before, after := openWake(t, path), openWake(t, path), openWake(t, path)
+	_, stop := before.Wakeups().Watch(wakeRef)
+	require.NoError(t, os.Truncate(path+"-wake", 0))
+	require.NoError(t, os.Truncate(path+"-wake", 8192))
+	sqlite.FreedAll(releaser) // nobody else may trust the page yet: it looks
+	c, stop2 := after.Wakeups().Watch(wakeRef)
+	defer stop2()
+	stop() // the earlier waiter gives up
+	sqlite.Freed(releaser, wakeRef)
+	requireWokenWithin(t, c, 500*time.Millisecond, "a waiter counted after the truncation was hidden by an older waiter's leaving")
+}

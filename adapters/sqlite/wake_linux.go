@@ -32,15 +32,13 @@ import (
 // reads a zero and makes no system call.
 type wakeFile struct {
 	f        *os.File
-	db       string // the database, as sidePath resolved it
-	path     string // db + "-wake"
-	writable bool   // false: this process may watch but not write (another user's file)
-	dev, ino uint64 // which file f is
-	counts   []byte // the mapped page of watch counts; nil: unknown, as if someone watched
-	// suspect: the counts were mapped again after a truncation, and other
-	// stores may wait uncounted; trusted again once none waits anywhere.
-	suspect bool
-	checked time.Time
+	db       string                // the database, as sidePath resolved it
+	path     string                // db + "-wake"
+	writable bool                  // false: this process may watch but not write (another user's file)
+	dev, ino uint64                // which file f is
+	counts   []byte                // the mapped page of watch counts; nil: unknown, as if someone watched
+	gens     [wakeSlots + 1]uint32 // the page's generation each count of this store went into
+	checked  time.Time
 
 	mu       sync.Mutex
 	in       *inotifyInstance // while a watch of this store is on; nil otherwise
@@ -66,6 +64,7 @@ const (
 	// wakeCountsAt is the page of the watch counts, a uint32 per slot;
 	// slot 0's, which nobody watches, is set when the file was replaced.
 	wakeCountsAt = 4096
+	wakeGenSlot  = 1023 // the generation: the page's last word
 )
 
 // openWakeFile opens, or creates with the database's permissions, the
@@ -101,6 +100,9 @@ func (w *wakeFile) identify() {
 		return
 	}
 	w.counts, _ = unix.Mmap(fd, wakeCountsAt, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if _, ok := w.gen(); !ok {
+		w.othersMarked() // a new page is trusted if nobody waits (who could not have counted)
+	}
 }
 
 // add adds d to slot's count and returns the sum, with w.mu held. Anyone
@@ -141,6 +143,30 @@ func (w *wakeFile) cas(slot int, old, new uint32) {
 	atomic.CompareAndSwapUint32((*uint32)(unsafe.Pointer(&w.counts[4*slot])), old, new)
 }
 
+// gen reads the page's generation, the last word of the page: a
+// truncation anywhere in the page zeroes one of its bytes, which a valid
+// generation never has. Counts are trusted only under a valid one (ok).
+func (w *wakeFile) gen() (g uint32, ok bool) {
+	g, mapped := w.add(wakeGenSlot, 0)
+	return g, mapped && g&0xff != 0 && g&0xff00 != 0 && g&0xff0000 != 0 && g&0xff000000 != 0
+}
+
+// trust gives the page a new generation, once no store marks a wait
+// anywhere: then no waiter's count is missing from it.
+func (w *wakeFile) trust() {
+	if g, ok := w.gen(); !ok && w.counts != nil {
+		w.cas(wakeGenSlot, g, rand.Uint32()|0x01010101)
+	}
+}
+
+// uncount takes this store's count on slot off the page, if it went into
+// the page's present generation: one lost to a truncation is not there.
+func (w *wakeFile) uncount(slot int) {
+	if g, ok := w.gen(); ok && g == w.gens[slot] {
+		w.add(slot, ^uint32(0))
+	}
+}
+
 func (w *wakeFile) dropCounts() {
 	_ = unix.Munmap(w.counts)
 	w.counts = nil
@@ -151,7 +177,7 @@ func (w *wakeFile) dropCounts() {
 // orders it after the release's commit: a watcher counted after it
 // looks at the store after the commit.
 func (w *wakeFile) watched(slot int) bool {
-	if w.counts == nil || w.suspect {
+	if _, ok := w.gen(); !ok {
 		return true
 	}
 	for s := max(slot, 1); s <= wakeSlots && (s == slot || slot == 0); s++ {
@@ -185,9 +211,9 @@ func (w *wakeFile) recheck() {
 		for slot, n := range w.watchers {
 			if n > 0 {
 				w.add(slot, 1)
+				w.gens[slot], _ = w.gen()
 			}
 		}
-		w.suspect = w.counts != nil && w.othersMarked()
 	}
 }
 
@@ -260,7 +286,7 @@ func (w *wakeFile) othersMarked() bool {
 	if unix.FcntlFlock(w.f.Fd(), unix.F_OFD_GETLK, &lk) != nil || lk.Type != unix.F_UNLCK {
 		return true
 	}
-	w.suspect = false
+	w.trust()
 	for s := 1; s <= wakeSlots; s++ {
 		if mine := uint32(min(w.watchers[s], 1)); seen[s] > mine {
 			w.cas(s, seen[s], mine)
@@ -278,19 +304,20 @@ func (w *wakeFile) Contended(ref domain.ResourceRef) bool {
 	w.recheck()
 	var n, mine uint32
 	counted := false
-	if n, counted = w.add(slot, 0); counted && !w.suspect {
+	_, trusted := w.gen()
+	if n, counted = w.add(slot, 0); counted && trusted {
 		if mine = uint32(min(w.watchers[slot], 1)); n <= mine {
 			return false // only this store watches (its lock is invisible to it)
 		}
 	}
-	if w.suspect {
-		lk.Start, lk.Len = wakeWaitersAt+1, wakeSlots // a release may end it
+	if !trusted {
+		lk.Start, lk.Len = wakeWaitersAt+1, wakeSlots // nobody anywhere: the page can be trusted
 	}
 	if err := unix.FcntlFlock(w.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
 		return false
 	}
-	if lk.Type == unix.F_UNLCK && w.suspect {
-		w.suspect = false
+	if lk.Type == unix.F_UNLCK && !trusted {
+		w.trust()
 	} else if lk.Type == unix.F_UNLCK && counted {
 		// Counted, yet nobody else holds a mark: watchers that died. A
 		// watcher locks before it counts and uncounts before it unlocks,
@@ -346,8 +373,9 @@ func (w *wakeFile) mark(slot int, on bool) {
 	switch {
 	case on && unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk) == nil:
 		w.add(slot, 1)
+		w.gens[slot], _ = w.gen() // read after: a page trusted since holds this count
 	case !on:
-		w.add(slot, ^uint32(0))
+		w.uncount(slot)
 		lk.Type = unix.F_UNLCK
 		_ = unix.FcntlFlock(w.f.Fd(), unix.F_OFD_SETLK, &lk)
 	}
@@ -514,7 +542,7 @@ func (w *wakeFile) close() error {
 func (w *wakeFile) unmark() {
 	for slot, n := range w.watchers {
 		if n > 0 {
-			w.add(slot, ^uint32(0))
+			w.uncount(slot)
 		}
 	}
 	if w.counts != nil {
