@@ -353,12 +353,8 @@ func (q *writerQueue) lock() (unlock func(), err error) {
 }
 
 // wait makes the flock call for the waiter, or lets go if it gave up.
-// Control keeps the descriptor open for the call: close, which may run
-// meanwhile, must not free its number for another file to take.
 func (q *writerQueue) wait(granted chan error) {
-	err := os.ErrClosed
-	rc, _ := q.f.SyscallConn()                            // fails for a nil file only
-	_ = rc.Control(func(uintptr) { err = lockFile(q.f) }) // fails once q.f is closed
+	err := lockFile(q.f) // fails once q.f is closed
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.granted = nil
