@@ -52,13 +52,7 @@ func TestWakeups_NoWriteWithoutWaiter(t *testing.T) {
 func TestWakeups_CountOfDeadWatcherRepaired(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "agents.db")
 	releaser := openWake(t, path)
-	f, err := os.OpenFile(path+"-wake", os.O_RDWR, 0)
-	require.NoError(t, err)
-	defer f.Close()
-	var b [4]byte
-	binary.NativeEndian.PutUint32(b[:], 1)
-	_, err = f.WriteAt(b[:], sqlite.WakeCountsAt+4*int64(sqlite.WakeSlot(wakeRef)))
-	require.NoError(t, err)
+	setCountAt(t, path, sqlite.WakeSlot(wakeRef), 1)
 
 	assert.False(t, releaser.Wakeups().Contended(wakeRef), "a dead watcher's count")
 	before, err := os.ReadFile(path + "-wake")
