@@ -249,3 +249,17 @@ func TestWakeups_DecrementAfterATruncationKeepsANewCount(t *testing.T) {
 	sqlite.Freed(releaser, wakeRef)
 	requireWokenWithin(t, c, 500*time.Millisecond, "a waiter counted after the truncation was hidden by an older waiter's leaving")
 }
+
+// The path was looked at when the store opened: the first release after
+// it (a CLI's only one) does not look again, which would cost an lstat.
+func TestWakeups_FirstReleaseAfterOpenLooksNowhere(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agents.db")
+	releaser := openWake(t, path)
+	require.NoError(t, os.Rename(path+"-wake", path+"-wake.old"))
+	require.NoError(t, os.WriteFile(path+"-wake", nil, 0o600))
+	sqlite.Freed(releaser, wakeRef)
+	old, err := os.ReadFile(path + "-wake.old")
+	require.NoError(t, err)
+	assert.Zero(t, binary.NativeEndian.Uint32(old[sqlite.WakeCountsAt:]),
+		"the first release after the open looked at the path (and flagged the file it found replaced)")
+}

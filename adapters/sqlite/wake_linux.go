@@ -84,6 +84,7 @@ func openWakeFile(path string) (*wakeFile, error) {
 		return nil, nil
 	}
 	w.identify()
+	w.checked = time.Now() // the path was just looked at: recheck is not due yet
 	return w, nil
 }
 
