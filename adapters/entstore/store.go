@@ -52,12 +52,10 @@ func (b Backend) releasing(deleteSQL string) string {
 type WriteKind int
 
 // Statements is a body of several (a savepoint in a shared transaction);
-// the others one statement, which may run alone, except OneDatedStatement,
-// which reads the clock after BEGIN waits. Cleanup, a purge, may wait.
+// OneStatement one, which may run alone. Cleanup, a purge, may wait.
 const (
 	Statements WriteKind = iota
 	OneStatement
-	OneDatedStatement
 	Cleanup
 )
 

@@ -3,9 +3,14 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	msqlite "modernc.org/sqlite"
 
 	"github.com/cleveragents/locks/adapters/entstore"
 	"github.com/cleveragents/locks/application"
@@ -26,12 +31,57 @@ var _ application.OneStatement = (*LockRepository)(nil)
 // insertFreeSQL inserts a lock, which the unique index refuses when the
 // resource has a row, changing nothing (not even the AUTOINCREMENT sequence,
 // where ON CONFLICT DO NOTHING would leave a gap in the tokens). The token is
-// the rowid, read without RETURNING, which doubles SQLite's cost.
+// the rowid, read without RETURNING, which doubles SQLite's cost. The times
+// come from lockTime, which the statement calls once it holds the write lock.
 var insertFreeSQL = strings.NewReplacer(
 	"{locks}", entlock.Table, "{owner}", entlock.FieldOwnerID,
 	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
-	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
-).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`) VALUES (?, ?, ?, ?, ?)")
+	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt, "{time}", lockTimeName,
+).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`) VALUES (?, ?, ?, {time}(?, 0), {time}(?, 1))")
+
+// lockTimeName is lockTime's name in SQL, registered with the driver for
+// every connection in the process: one that no other code would choose.
+const lockTimeName = "cleveragents_locks_time"
+
+func init() {
+	msqlite.MustRegisterScalarFunction(lockTimeName, 2, lockTime)
+}
+
+// datings holds the *dating of each insertFree under way, by its key.
+var (
+	datings   sync.Map
+	datingKey atomic.Int64
+)
+
+// dating is one insert's times, read from the application's clock when
+// the statement first asks, which is after SQLite gave it the write lock:
+// a write that waited for another process is dated when it is made. A
+// lone insert thus needs no BEGIN of its own, whose transaction costs
+// database/sql two goroutines and a sixth of a lone acquire's rate.
+type dating struct {
+	at                func() (time.Time, time.Time)
+	read              bool
+	acquired, expires string
+}
+
+// lockTime returns the acquired (0) or expires (1) time of the insert
+// whose key is args[0]. The statement runs on its caller's goroutine.
+func lockTime(_ *msqlite.FunctionContext, args []driver.Value) (driver.Value, error) {
+	key, _ := args[0].(int64)
+	v, ok := datings.Load(key)
+	if !ok {
+		return nil, errors.New(lockTimeName + " is the lock store's own, for its inserts alone")
+	}
+	d := v.(*dating)
+	if !d.read {
+		now, exp := d.at()
+		d.acquired, d.expires, d.read = entstore.FormatTime(now), entstore.FormatTime(exp), true
+	}
+	if which, _ := args[1].(int64); which == 0 {
+		return d.acquired, nil
+	}
+	return d.expires, nil
+}
 
 func newLockRepository(ctx context.Context, s *entstore.Store, db *DB) (*LockRepository, error) {
 	st, err := db.wsql.PrepareContext(ctx, insertFreeSQL)
@@ -69,16 +119,21 @@ func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 		token             int64
 		acquired, expires string
 	}
-	ins, err := entstore.WriteOne(ctx, s.Store, entstore.OneDatedStatement, func(ctx context.Context, tx *sql.Tx) (inserted, error) {
-		now, exp := at() // inside the transaction: a write that waited is dated when made
-		in := inserted{acquired: entstore.FormatTime(now), expires: entstore.FormatTime(exp)}
-		res, err := s.On(ctx, tx, s.insertFree).ExecContext(ctx,
-			owner, string(ref.Type), ref.ID, in.acquired, in.expires)
+	ins, err := entstore.WriteOne(ctx, s.Store, entstore.OneStatement, func(ctx context.Context, tx *sql.Tx) (inserted, error) {
+		d := &dating{at: at}
+		key := datingKey.Add(1)
+		datings.Store(key, d)
+		defer datings.Delete(key)
+		res, err := s.On(ctx, tx, s.insertFree).ExecContext(ctx, owner, string(ref.Type), ref.ID, key, key)
+		in := inserted{acquired: d.acquired, expires: d.expires}
 		if err != nil {
 			if isDuplicate(err) {
 				return inserted{}, nil // the resource has a row: Update decides
 			}
 			return inserted{}, err
+		}
+		if !d.read {
+			return inserted{}, errors.New("the lock was inserted without its times") // SQLite skipped lockTime
 		}
 		in.token, err = res.LastInsertId()
 		in.ok = err == nil
