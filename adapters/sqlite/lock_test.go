@@ -2,6 +2,7 @@ package sqlite_test
 
 import (
 	"context"
+	"database/sql"
 	"path/filepath"
 	"testing"
 	"time"
@@ -52,4 +53,17 @@ func TestAcquireAt_RefusedInsertDrawsNoToken(t *testing.T) {
 	next, err := repo.AcquireAt(ctx, plan("p2"), "bob", at)
 	require.NoError(t, err)
 	require.Equal(t, first.Lock.Token+1, next.Lock.Token, "the refused insert drew no token")
+}
+
+// The SQL function that dates a lone acquire is registered for every
+// connection of the process: called by anything but the store's own
+// insert, it fails rather than hand out a time of no clock.
+func TestLockTime_RefusedToOthers(t *testing.T) {
+	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "other.db"))
+	require.NoError(t, err)
+	defer db.Close()
+	var v any
+	err = db.QueryRow("SELECT cleveragents_locks_time(1, 0)").Scan(&v)
+	require.Error(t, err, "got %v", v)
+	require.Contains(t, err.Error(), "the lock store's own")
 }
