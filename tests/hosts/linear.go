@@ -1,0 +1,142 @@
+package hosts
+
+import (
+	"sort"
+	"time"
+)
+
+// checkChanges is the linearizability check: it holds the server's log of
+// the locks table to a single correct lock per resource, and each host's
+// view to that log.
+//
+// Every change of a resource's row is made under that row's lock (and
+// most under the resource's advisory lock too), so the log's order is the
+// order in which they took effect: each change is its operation's
+// linearization point, within the operation, as the log's time is before
+// the commit and each host records its event after it. What remains to
+// check is that, in that order, each change is one a single lock could
+// make, judged at the server's time of the change:
+//   - a grant finds the resource free (the previous row deleted), draws a
+//     token above every earlier one, and takes over (deletes in its own
+//     transaction) only a lock that had expired, or a gone process's on
+//     the taker's own host;
+//   - an extension extends the resource's current token, before it
+//     expired (within the uncertainty its owner stated and the slack: the
+//     renewal decides on the owner's estimate of the server's time);
+//   - a deletion deletes the current token;
+//
+// and that every grant, renewal and release a host was told of is in the
+// log before the host recorded it, with the same owner.
+func checkChanges(sorted []Event, changes []Change, lim Limits, add func(kind, format string, args ...any)) {
+	if len(changes) == 0 {
+		return
+	}
+	log := append([]Change(nil), changes...)
+	sort.Slice(log, func(i, j int) bool { return log[i].ID < log[j].ID })
+
+	hostOf := map[string]string{}     // owner → host
+	unc := map[string]time.Duration{} // owner → the largest uncertainty it stated
+	reported := map[claimKey]Event{}  // token → its taker's acquired event
+	for _, e := range sorted {
+		if e.Owner != "" && e.Host != "" {
+			hostOf[e.Owner] = e.Host
+		}
+		unc[e.Owner] = max(unc[e.Owner], e.Uncertainty)
+		if k := (claimKey{e.Resource, e.Token}); e.Kind == KindAcquired {
+			if _, ok := reported[k]; !ok {
+				reported[k] = e
+			}
+		}
+	}
+	// deadHolder: the grant g could take over d's lock before it expired.
+	deadHolder := func(d, g Change) bool {
+		if e, ok := reported[claimKey{g.Resource, g.Token}]; ok {
+			return e.DeadHolder
+		}
+		h := hostOf[d.Owner] // a taker that never reported: its host's
+		return h != "" && h == hostOf[g.Owner] && d.Owner != g.Owner
+	}
+
+	type state struct {
+		held    bool
+		cur     Change // the current row, as last changed
+		deleted *Change
+		top     int64 // the highest token granted
+	}
+	res := map[string]*state{}
+	for i := range log {
+		c := log[i]
+		s := res[c.Resource]
+		if s == nil {
+			s = &state{}
+			res[c.Resource] = s
+		}
+		switch c.Op {
+		case ChangeGrant:
+			if s.held {
+				add(VLinear, "%s: token %d granted to %s at %s while token %d of %s stood",
+					c.Resource, c.Token, c.Owner, stamp(c.At), s.cur.Token, s.cur.Owner)
+			}
+			if c.Token <= s.top {
+				add(VTokenOrder, "%s: token %d granted at %s after token %d", c.Resource, c.Token, stamp(c.At), s.top)
+			}
+			if d := s.deleted; d != nil && d.Tx == c.Tx && d.Expires.After(d.At) && !deadHolder(*d, c) {
+				add(VEarlyTakeover, "%s: %s was granted token %d at %s (the server's log), taking over %s's token %d %v before it expired at %s",
+					c.Resource, c.Owner, c.Token, stamp(c.At), d.Owner, d.Token, d.Expires.Sub(d.At).Round(time.Millisecond), stamp(d.Expires))
+			}
+			s.held, s.cur, s.deleted, s.top = true, c, nil, max(s.top, c.Token)
+		case ChangeExtend:
+			switch {
+			case !s.held || s.cur.Token != c.Token:
+				add(VLinear, "%s: token %d of %s extended at %s, not the resource's lock", c.Resource, c.Token, c.Owner, stamp(c.At))
+			case c.At.After(s.cur.Expires.Add(unc[c.Owner] + lim.EventSlack)):
+				add(VLinear, "%s: token %d of %s extended at %s, %v after it expired at %s",
+					c.Resource, c.Token, c.Owner, stamp(c.At), c.At.Sub(s.cur.Expires).Round(time.Millisecond), stamp(s.cur.Expires))
+			}
+			if s.held && s.cur.Token == c.Token {
+				s.cur = c
+			}
+		case ChangeDelete:
+			if !s.held || s.cur.Token != c.Token {
+				add(VLinear, "%s: token %d of %s deleted at %s, not the resource's lock", c.Resource, c.Token, c.Owner, stamp(c.At))
+				continue
+			}
+			s.held, s.deleted = false, &log[i]
+		}
+	}
+
+	// Each host's view: what it was told had happened, had, before it
+	// recorded it.
+	byToken := map[claimKey][]Change{}
+	for _, c := range log {
+		k := claimKey{c.Resource, c.Token}
+		byToken[k] = append(byToken[k], c)
+	}
+	seen := func(e Event, op string, match func(Change) bool) bool {
+		for _, c := range byToken[claimKey{e.Resource, e.Token}] {
+			if c.Op == op && !c.At.After(e.At) && match(c) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, e := range sorted {
+		switch e.Kind {
+		case KindAcquired:
+			if !seen(e, ChangeGrant, func(c Change) bool { return c.Owner == e.Owner }) {
+				add(VLinear, "%s: %s recorded token %d at %s, which the server's log had not granted it by then",
+					e.Resource, e.Owner, e.Token, stamp(e.At))
+			}
+		case KindRenewed:
+			if !seen(e, ChangeExtend, func(c Change) bool { return (c.Expires.Sub(e.Expires)).Abs() < time.Millisecond }) {
+				add(VLinear, "%s: %s recorded token %d renewed to %s at %s, which the server's log had not extended by then",
+					e.Resource, e.Owner, e.Token, stamp(e.Expires), stamp(e.At))
+			}
+		case KindReleased:
+			if !seen(e, ChangeDelete, func(Change) bool { return true }) {
+				add(VLinear, "%s: %s recorded token %d released at %s, which the server's log had not deleted by then",
+					e.Resource, e.Owner, e.Token, stamp(e.At))
+			}
+		}
+	}
+}
