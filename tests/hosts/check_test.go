@@ -167,11 +167,11 @@ func TestCheck_Exemptions(t *testing.T) {
 // the release, in a transaction of its own; token 3 granted.
 func withChanges(tb Tables) Tables {
 	tb.Changes = []Change{
-		{ID: 1, Op: ChangeGrant, Resource: "plan/p1", Token: 1, Owner: "h1-1", Expires: at(2), Tx: 1, At: at(-0.01)},
+		{ID: 1, Op: ChangeGrant, Resource: "plan/p1", Token: 1, Owner: "h1-1", Acquired: at(0), Expires: at(2), Tx: 1, At: at(-0.01)},
 		{ID: 2, Op: ChangeExtend, Resource: "plan/p1", Token: 1, Owner: "h1-1", Expires: at(3), Tx: 2, At: at(0.99)},
 		{ID: 3, Op: ChangeDelete, Resource: "plan/p1", Token: 1, Owner: "h1-1", Expires: at(3), Tx: 3, At: at(1.69)},
-		{ID: 4, Op: ChangeGrant, Resource: "plan/p1", Token: 2, Owner: "h2-1", Expires: at(3.8), Tx: 4, At: at(1.795)},
-		{ID: 5, Op: ChangeGrant, Resource: "log/r1", Token: 3, Owner: "h1-1", Expires: at(17), Tx: 5, At: at(14.99)},
+		{ID: 4, Op: ChangeGrant, Resource: "plan/p1", Token: 2, Owner: "h2-1", Acquired: at(1.8), Expires: at(3.8), Tx: 4, At: at(1.795)},
+		{ID: 5, Op: ChangeGrant, Resource: "log/r1", Token: 3, Owner: "h1-1", Acquired: at(15), Expires: at(17), Tx: 5, At: at(14.99)},
 	}
 	return tb
 }

@@ -122,6 +122,7 @@ type Change struct {
 	Resource string
 	Token    int64
 	Owner    string
+	Acquired time.Time // the row's acquisition time: the grant's decision, on its taker's estimate
 	Expires  time.Time // the row's expiry after the change (a delete: before it)
 	Tx       int64     // the transaction: a delete and a grant in one are a takeover
 	At       time.Time // the server's clock_timestamp() in the trigger

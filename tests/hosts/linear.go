@@ -20,9 +20,13 @@ import (
 //     token above every earlier one, and takes over (deletes in its own
 //     transaction) only a lock that had expired, or a gone process's on
 //     the taker's own host;
-//   - an extension extends the resource's current token, before it
-//     expired (within the uncertainty its owner stated and the slack: the
-//     renewal decides on the owner's estimate of the server's time);
+//   - an extension extends the resource's current token, decided before
+//     it expired: the renewal decides on its owner's estimate of the
+//     server's time, which its statement may reach much later (the
+//     latency fault), so it is held against the expiry only when both its
+//     logged time and its decision (the new expiry less the lock's TTL,
+//     the grant's expiry less its acquisition time) came after the expiry
+//     by more than the uncertainty its owner stated and the slack;
 //   - a deletion deletes the current token;
 //
 // and that every grant, renewal and release a host was told of is in the
@@ -61,7 +65,8 @@ func checkChanges(sorted []Event, changes []Change, lim Limits, add func(kind, f
 		held    bool
 		cur     Change // the current row, as last changed
 		deleted *Change
-		top     int64 // the highest token granted
+		top     int64         // the highest token granted
+		ttl     time.Duration // the current lock's, from its grant; 0 unknown
 	}
 	res := map[string]*state{}
 	for i := range log {
@@ -85,13 +90,17 @@ func checkChanges(sorted []Event, changes []Change, lim Limits, add func(kind, f
 					c.Resource, c.Owner, c.Token, stamp(c.At), d.Owner, d.Token, d.Expires.Sub(d.At).Round(time.Millisecond), stamp(d.Expires))
 			}
 			s.held, s.cur, s.deleted, s.top = true, c, nil, max(s.top, c.Token)
+			s.ttl = 0
+			if !c.Acquired.IsZero() {
+				s.ttl = c.Expires.Sub(c.Acquired)
+			}
 		case ChangeExtend:
 			switch {
 			case !s.held || s.cur.Token != c.Token:
 				add(VLinear, "%s: token %d of %s extended at %s, not the resource's lock", c.Resource, c.Token, c.Owner, stamp(c.At))
-			case c.At.After(s.cur.Expires.Add(unc[c.Owner] + lim.EventSlack)):
-				add(VLinear, "%s: token %d of %s extended at %s, %v after it expired at %s",
-					c.Resource, c.Token, c.Owner, stamp(c.At), c.At.Sub(s.cur.Expires).Round(time.Millisecond), stamp(s.cur.Expires))
+			case lapsed(s.cur.Expires, c.At, c.Expires.Add(-s.ttl), unc[c.Owner]+lim.EventSlack):
+				add(VLinear, "%s: token %d of %s extended at %s (decided at %s on its estimate), %v after it expired at %s",
+					c.Resource, c.Token, c.Owner, stamp(c.At), stamp(c.Expires.Add(-s.ttl)), c.At.Sub(s.cur.Expires).Round(time.Millisecond), stamp(s.cur.Expires))
 			}
 			if s.held && s.cur.Token == c.Token {
 				s.cur = c
@@ -139,4 +148,13 @@ func checkChanges(sorted []Event, changes []Change, lim Limits, add func(kind, f
 			}
 		}
 	}
+}
+
+// lapsed says whether an extension of a lock that expired at exp came too
+// late: logged at at, decided at decided (the new expiry itself when the
+// lock's TTL is unknown, which leaves at to judge alone), both more than
+// slack after exp.
+func lapsed(exp, at, decided time.Time, slack time.Duration) bool {
+	late := exp.Add(slack)
+	return at.After(late) && decided.After(late)
 }

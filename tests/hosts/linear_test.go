@@ -40,6 +40,13 @@ func TestCheck_LinearizableLogs(t *testing.T) {
 			tb.Changes = append(tb.Changes, Change{ID: 6, Op: ChangeExtend, Resource: "plan/p1", Token: 2, Owner: "h2-1", Expires: at(5.8), Tx: 6, At: at(3.82)})
 			return ev
 		}},
+		{"RenewalDecidedInTimeLoggedLate", func(ev []Event, tb *Tables) []Event {
+			// Token 2 (until 3.8 s, TTL 2 s) extended to 5.79 s: decided
+			// at 3.79 s on its owner's estimate, its statement reached the
+			// server at 4.3 s (the latency fault).
+			tb.Changes = append(tb.Changes, Change{ID: 6, Op: ChangeExtend, Resource: "plan/p1", Token: 2, Owner: "h2-1", Expires: at(5.79), Tx: 6, At: at(4.3)})
+			return ev
+		}},
 		{"PurgeOfAnExpiredLock", func(ev []Event, tb *Tables) []Event {
 			tb.Changes = append(tb.Changes, Change{ID: 6, Op: ChangeDelete, Resource: "log/r1", Token: 3, Owner: "h1-1", Expires: at(17), Tx: 6, At: at(18)})
 			return ev
