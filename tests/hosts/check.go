@@ -13,6 +13,7 @@ type claim struct {
 	token            int64
 	acquired         time.Time // recorded after the acquisition committed
 	granted          time.Time // the server's time of the grant, from its log; zero without one
+	grantedTx        int64     // the grant's transaction, in the log
 	expiries         []Event   // acquired and renewed events, in order of At
 	beliefs          []mark    // the holder believed it held the lock at or after each
 	lost             time.Time // zero unless its keep-alive context ended with a loss
@@ -23,6 +24,7 @@ type claim struct {
 	deadHolder       bool
 	released         time.Time // the earliest record of its release; zero if none
 	deleted          time.Time // when the server's log shows its row deleted; zero if never
+	deletedTx        int64     // the deletion's transaction, in the log
 	lastWrite        time.Time // when its holder's last fenced write ended: its work was done
 }
 
@@ -136,9 +138,9 @@ func Check(events []Event, tables Tables, end time.Time, lim Limits) []Violation
 		}
 		switch {
 		case ch.Op == ChangeGrant && c.granted.IsZero():
-			c.granted = ch.At
+			c.granted, c.grantedTx = ch.At, ch.Tx
 		case ch.Op == ChangeDelete && c.deleted.IsZero():
-			c.deleted = ch.At
+			c.deleted, c.deletedTx = ch.At, ch.Tx
 		}
 	}
 	checkChanges(sorted, tables.Changes, lim, add)
@@ -184,26 +186,17 @@ func Check(events []Event, tables Tables, end time.Time, lim Limits) []Violation
 	// before the newer acquisition began. "Before it began" is judged on
 	// the real clock, from the newer host's estimate less its skew and
 	// uncertainty, so a renewal that may have come after the decision is
-	// never held against it. A lock its holder released before the
-	// decision, or a dead process's lock taken over on its own host, may
-	// go earlier; a release recorded after the decision excuses nothing.
-	// So may a lock whose holder had done its work: each section of the
-	// workload ends with its fenced write, and the release follows at
-	// once, but a release whose answer a fault kept from its holder is
-	// recorded nowhere (seen in a 10-minute run: a blackhole 1 ms after
-	// the write).
+	// never held against it. A lock released before the decision
+	// (releasedFirst), or a dead process's lock taken over on its own
+	// host, may go earlier.
 	for _, cs := range byRes {
 		for i, a := range cs {
 			for _, b := range cs[i+1:] {
 				if b.stored.IsZero() || b.deadHolder {
 					continue
 				}
-				decided := b.stored.Add(-b.storedSkew + b.storedUncert + lim.EventSlack) // the latest it may have been
-				if !a.released.IsZero() && !a.released.After(decided) {
-					continue // released before the decision, as far as anyone can tell
-				}
-				if !a.lastWrite.IsZero() && !b.stored.Add(lim.EventSlack).Before(a.lastWrite) {
-					continue // granted after a's work was done: a's release may have come first
+				if releasedFirst(a, b, lim) {
+					continue
 				}
 				began := b.stored.Add(-b.storedSkew - b.storedUncert - lim.EventSlack)
 				var exp time.Time
@@ -284,6 +277,27 @@ func Check(events []Event, tables Tables, end time.Time, lim Limits) []Violation
 		return out[i].Kind+out[i].Detail < out[j].Kind+out[j].Detail
 	})
 	return out
+}
+
+// releasedFirst says whether a's lock may have been gone before b's grant
+// was decided. The server's log says it exactly: a's row deleted before
+// b's grant, by another transaction (a release or a purge, not b's
+// takeover). Without it, the hosts' records: a release recorded no later
+// than the decision could have been (a release recorded after it, as the
+// release-all of a closing process is, excuses nothing); or a's work done
+// before it (each section of the workload ends with its fenced write, and
+// the release follows at once, but a release whose answer a fault kept
+// from its holder is recorded nowhere: seen in a 10-minute run, a
+// blackhole 1 ms after the write).
+func releasedFirst(a, b *claim, lim Limits) bool {
+	if !a.deleted.IsZero() && !b.granted.IsZero() {
+		return a.deletedTx != b.grantedTx && !a.deleted.After(b.granted)
+	}
+	decided := b.stored.Add(-b.storedSkew + b.storedUncert + lim.EventSlack) // the latest it may have been
+	if !a.released.IsZero() && !a.released.After(decided) {
+		return true
+	}
+	return !a.lastWrite.IsZero() && !b.stored.Add(lim.EventSlack).Before(a.lastWrite)
 }
 
 // checkTables holds the tables to the rules: tokens strictly increasing

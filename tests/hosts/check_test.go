@@ -317,3 +317,12 @@ func TestCheck_Gaps(t *testing.T) {
 		})
 	}
 }
+
+// Under the latency fault a holder hears of its release's commit late: the
+// server's log, which shows the release before the next grant, decides.
+func TestCheck_ReleaseHeardLateButLoggedFirst(t *testing.T) {
+	ev, tables := clean()
+	ev = unreleased(ev) // h1's write ended at 1.9 s, after token 2's grant
+	ev = append(ev, Event{Kind: KindReleased, Host: "h1", Owner: "h1-1", Resource: "plan/p1", Token: 1, At: at(2.2)})
+	assert.Empty(t, Check(ev, withChanges(tables), at(30), testLimits))
+}
