@@ -35,8 +35,7 @@ func checkChanges(sorted []Event, changes []Change, lim Limits, add func(kind, f
 	if len(changes) == 0 {
 		return
 	}
-	log := append([]Change(nil), changes...)
-	sort.Slice(log, func(i, j int) bool { return log[i].ID < log[j].ID })
+	log := inOrder(changes)
 
 	hostOf := map[string]string{}     // owner → host
 	unc := map[string]time.Duration{} // owner → the largest uncertainty it stated
@@ -157,4 +156,35 @@ func checkChanges(sorted []Event, changes []Change, lim Limits, add func(kind, f
 func lapsed(exp, at, decided time.Time, slack time.Duration) bool {
 	late := exp.Add(slack)
 	return at.After(late) && decided.After(late)
+}
+
+// inOrder sorts the log by its serial, except that within one transaction
+// a resource's deletion comes before its grant: the triggers of one
+// statement's data-modifying parts fire at its end, in an order the
+// statement does not promise, but the grant needed the deletion first.
+func inOrder(changes []Change) []Change {
+	log := append([]Change(nil), changes...)
+	type group struct {
+		tx  int64
+		res string
+	}
+	first := map[group]int64{}
+	for _, c := range log {
+		if g := (group{c.Tx, c.Resource}); first[g] == 0 || c.ID < first[g] {
+			first[g] = c.ID
+		}
+	}
+	rank := map[string]int{ChangeDelete: 0, ChangeGrant: 1, ChangeExtend: 2}
+	sort.Slice(log, func(i, j int) bool {
+		a, b := log[i], log[j]
+		fa, fb := first[group{a.Tx, a.Resource}], first[group{b.Tx, b.Resource}]
+		if fa != fb {
+			return fa < fb
+		}
+		if a.Tx == b.Tx && a.Resource == b.Resource && rank[a.Op] != rank[b.Op] {
+			return rank[a.Op] < rank[b.Op]
+		}
+		return a.ID < b.ID
+	})
+	return log
 }

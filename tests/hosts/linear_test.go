@@ -34,6 +34,17 @@ func TestCheck_LinearizableLogs(t *testing.T) {
 			return append(ev, Event{Kind: KindAcquired, Host: "h1", Owner: "h1-2", Resource: "plan/p1", Token: 2, At: at(2.6),
 				Expires: at(4.5), Stored: at(2.49), DeadHolder: true})
 		}},
+		{"TakeoverLoggedGrantFirst", func(ev []Event, tb *Tables) []Event {
+			// One statement deleted the lapsed token 1 and granted token
+			// 2; its triggers fired grant first.
+			ev = slices.DeleteFunc(ev, func(e Event) bool { return e.Token == 2 || e.Kind == KindReleased })
+			tb.Rows, tb.Counters["plan/p1"] = slices.Delete(tb.Rows, 1, 2), 1
+			tb.Changes[2], tb.Changes[3] = tb.Changes[3], tb.Changes[2]
+			tb.Changes[2].ID, tb.Changes[3].ID = 3, 4
+			tb.Changes[2].Tx, tb.Changes[2].At = 4, at(3.1)
+			tb.Changes[3].Tx, tb.Changes[3].At = 4, at(3.1)
+			return append(ev, Event{Kind: KindAcquired, Host: "h2", Owner: "h2-1", Resource: "plan/p1", Token: 2, At: at(3.2), Expires: at(5.1), Stored: at(3.09)})
+		}},
 		{"RenewalWithinItsOwnersUncertainty", func(ev []Event, tb *Tables) []Event {
 			// Token 2 (until 3.8 s) extended at 3.82 s: within the 50 ms
 			// of slack, its owner's estimate may have said 3.79 s.
