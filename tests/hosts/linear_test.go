@@ -58,6 +58,19 @@ func TestCheck_LinearizableLogs(t *testing.T) {
 			tb.Changes = append(tb.Changes, Change{ID: 6, Op: ChangeExtend, Resource: "plan/p1", Token: 2, Owner: "h2-1", Expires: at(5.79), Tx: 6, At: at(4.3)})
 			return ev
 		}},
+		{"ReleaseLostInARestart", func(ev []Event, tb *Tables) []Event {
+			// h1 was told token 3 was released at 17 s; the server,
+			// stopped at once 0.3 s later, lost the release (it does not
+			// wait for its WAL) and the lock came back to expire.
+			tb.Rows = append(tb.Rows,
+				Row{ID: 4, Kind: "do", Resource: "log/r2", Token: 10, Owner: "h1-1", Attempt: "a9", At: at(18.9)},
+				Row{ID: 5, Kind: "do", Resource: "log/r3", Token: 11, Owner: "h2-1", Attempt: "a10", At: at(18.9)})
+			return append(ev,
+				Event{Kind: KindReleased, Host: "h1", Owner: "h1-1", Resource: "log/r1", Token: 3, At: at(17)},
+				Event{Kind: KindFault, Fault: FaultRestart, At: at(17.3), End: at(18)},
+				Event{Kind: KindWrite, Host: "h1", Owner: "h1-1", Resource: "log/r2", Token: 10, At: at(19), Outcome: Committed, Attempt: "a9"},
+				Event{Kind: KindWrite, Host: "h2", Owner: "h2-1", Resource: "log/r3", Token: 11, At: at(19), Outcome: Committed, Attempt: "a10"})
+		}},
 		{"PurgeOfAnExpiredLock", func(ev []Event, tb *Tables) []Event {
 			tb.Changes = append(tb.Changes, Change{ID: 6, Op: ChangeDelete, Resource: "log/r1", Token: 3, Owner: "h1-1", Expires: at(17), Tx: 6, At: at(18)})
 			return ev
