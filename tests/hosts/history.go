@@ -157,6 +157,7 @@ const (
 	VWriteReleased = "write-after-release"  // a fenced write landed after its own lock was gone
 	VEstimate      = "estimate-off"         // a host's estimate of the server's time outside its stated uncertainty
 	VLinear        = "not-linearizable"     // the server's changes, or a host's view of them, not a single lock's
+	VRemoved       = "removed-while-held"   // a lock deleted before its expiry, not by its holder, while it held it
 )
 
 // Limits are the bounds the checker holds the run to.

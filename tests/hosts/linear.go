@@ -69,6 +69,7 @@ func checkChanges(sorted []Event, changes []Change, lim Limits, add func(kind, f
 		ttl     time.Duration // the current lock's, from its grant; 0 unknown
 	}
 	res := map[string]*state{}
+	takeovers := map[int64]bool{} // the deletions that a grant in their transaction followed
 	for i := range log {
 		c := log[i]
 		s := res[c.Resource]
@@ -84,6 +85,9 @@ func checkChanges(sorted []Event, changes []Change, lim Limits, add func(kind, f
 			}
 			if c.Token <= s.top {
 				add(VTokenOrder, "%s: token %d granted at %s after token %d", c.Resource, c.Token, stamp(c.At), s.top)
+			}
+			if d := s.deleted; d != nil && d.Tx == c.Tx {
+				takeovers[d.ID] = true
 			}
 			if d := s.deleted; d != nil && d.Tx == c.Tx && d.Expires.After(d.At) && !deadHolder(*d, c) {
 				add(VEarlyTakeover, "%s: %s was granted token %d at %s (the server's log), taking over %s's token %d %v before it expired at %s",
@@ -111,6 +115,32 @@ func checkChanges(sorted []Event, changes []Change, lim Limits, add func(kind, f
 				continue
 			}
 			s.held, s.deleted = false, &log[i]
+		}
+	}
+
+	// A deletion that was no takeover, of a row that had not expired: only
+	// its holder may do that (a purge needs the expiry passed on the
+	// server's clock), and it does so once its work is done. A holder
+	// that still believed it held the lock after, or learned of its loss
+	// after, did not: the lock was removed under it (a purge decided on
+	// a wrong clock, a release by owner that took a sibling's newer lock).
+	marks := map[claimKey][]Event{}
+	for _, e := range sorted {
+		if e.Kind == KindBelief || e.Kind == KindLost {
+			k := claimKey{e.Resource, e.Token}
+			marks[k] = append(marks[k], e)
+		}
+	}
+	for _, d := range log {
+		if d.Op != ChangeDelete || takeovers[d.ID] || !d.Expires.After(d.At) {
+			continue
+		}
+		for _, m := range marks[claimKey{d.Resource, d.Token}] {
+			if m.At.After(d.At) {
+				add(VRemoved, "%s: token %d of %s deleted at %s, %v before it expired, while its holder still held it (%s at %s)",
+					d.Resource, d.Token, d.Owner, stamp(d.At), d.Expires.Sub(d.At).Round(time.Millisecond), m.Kind, stamp(m.At))
+				break
+			}
 		}
 	}
 

@@ -71,6 +71,10 @@ func TestCheck_LinearizableLogs(t *testing.T) {
 				Event{Kind: KindWrite, Host: "h1", Owner: "h1-1", Resource: "log/r2", Token: 10, At: at(19), Outcome: Committed, Attempt: "a9"},
 				Event{Kind: KindWrite, Host: "h2", Owner: "h2-1", Resource: "log/r3", Token: 11, At: at(19), Outcome: Committed, Attempt: "a10"})
 		}},
+		{"ReleasedByItsHolderBeforeItsExpiry", func(ev []Event, tb *Tables) []Event {
+			tb.Changes = append(tb.Changes, Change{ID: 6, Op: ChangeDelete, Resource: "log/r1", Token: 3, Owner: "h1-1", Expires: at(17), Tx: 6, At: at(16.05)})
+			return append(ev, Event{Kind: KindReleased, Host: "h1", Owner: "h1-1", Resource: "log/r1", Token: 3, At: at(16.1)})
+		}},
 		{"PurgeOfAnExpiredLock", func(ev []Event, tb *Tables) []Event {
 			tb.Changes = append(tb.Changes, Change{ID: 6, Op: ChangeDelete, Resource: "log/r1", Token: 3, Owner: "h1-1", Expires: at(17), Tx: 6, At: at(18)})
 			return ev
@@ -124,6 +128,13 @@ func TestCheck_NotLinearizable(t *testing.T) {
 			tb.Changes[3].At, tb.Changes[3].Owner = at(2.5), "h1-2"
 			return append(ev, Event{Kind: KindAcquired, Host: "h1", Owner: "h1-2", Resource: "plan/p1", Token: 2, At: at(2.6),
 				Expires: at(4.5), Stored: at(2.49)})
+		}},
+		{"RemovedUnderItsHolder", VRemoved, func(ev []Event, tb *Tables) []Event {
+			// Token 3, good until 17 s, deleted at 15.95 s by no grant;
+			// its holder learned of the loss at 16.5 s: a purge decided
+			// on a clock ahead, or a release by owner from a sibling.
+			tb.Changes = append(tb.Changes, Change{ID: 6, Op: ChangeDelete, Resource: "log/r1", Token: 3, Owner: "h1-1", Expires: at(17), Tx: 6, At: at(15.95)})
+			return append(ev, Event{Kind: KindLost, Host: "h1", Owner: "h1-1", Resource: "log/r1", Token: 3, At: at(16.5)})
 		}},
 		{"AcquiredButNeverGranted", VLinear, func(ev []Event, tb *Tables) []Event {
 			tb.Changes = slices.Delete(tb.Changes, 4, 5) // token 3's grant
