@@ -43,8 +43,11 @@ const (
 	shortDuration = 60 * time.Second
 )
 
+// EstimateSlack is small: the server's clock is this kernel's, which the
+// hosts' monotonic clocks follow at its rate, so an estimate is off by at
+// most half its round trip, plus the server's microsecond readings.
 var limits = Limits{LossBound: time.Second, Recovery: 15 * time.Second, PauseSlack: time.Second, EventSlack: 50 * time.Millisecond,
-	EstimateSlack: time.Millisecond}
+	EstimateSlack: 100 * time.Microsecond}
 
 // changeLog makes the server log every change of the locks table (Change),
 // in the changing transaction, whether or not its host lives to report it.
