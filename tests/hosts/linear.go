@@ -27,7 +27,9 @@ import (
 //     logged time and its decision (the new expiry less the lock's TTL,
 //     the grant's expiry less its acquisition time) came after the expiry
 //     by more than the uncertainty its owner stated and the slack;
-//   - a deletion deletes the current token;
+//   - a deletion deletes the current token; before its expiry, other
+//     than by a takeover, only as its holder's release once its work is
+//     done (removed-while-held);
 //
 // and that every grant, renewal and release a host was told of is in the
 // log before the host recorded it, with the same owner (a release that a
