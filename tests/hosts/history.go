@@ -82,6 +82,14 @@ type Event struct {
 	// Skew is the host's estimate of the server's time minus the real
 	// time, at At.
 	Skew time.Duration `json:"skew,omitempty"`
+	// Estimate is the host's estimate of the server's time, read between
+	// the real times EstimateFrom and EstimateTo: the estimate is right,
+	// within its stated Uncertainty, if it falls between the two widened
+	// by it (the bracket keeps a host stopped between the readings from
+	// counting as an error).
+	Estimate     time.Time `json:"estimate,omitzero"`
+	EstimateFrom time.Time `json:"estimate_from,omitzero"`
+	EstimateTo   time.Time `json:"estimate_to,omitzero"`
 }
 
 // Row is a write that the server committed: a row of the writes table,
@@ -96,10 +104,37 @@ type Row struct {
 	At       time.Time // the server's clock_timestamp() in the transaction
 }
 
+// Ops of a Change.
+const (
+	ChangeGrant  = "grant"  // a lock's row inserted: its token granted
+	ChangeExtend = "extend" // its expiry updated: a renewal or a re-entry
+	ChangeDelete = "delete" // its row deleted: a release, a purge or a takeover
+)
+
+// Change is a change of the locks table as the server recorded it, by a
+// trigger, inside the changing transaction: the server's own account of
+// every grant, renewal and deletion, whether or not a host lived to
+// report it, and at the server's time of the change rather than when a
+// host heard of it.
+type Change struct {
+	ID       int64 // the log's serial: the order of the changes
+	Op       string
+	Resource string
+	Token    int64
+	Owner    string
+	Acquired time.Time // the row's acquisition time: the grant's decision, on its taker's estimate
+	Expires  time.Time // the row's expiry after the change (a delete: before it)
+	Tx       int64     // the transaction: a delete and a grant in one are a takeover
+	At       time.Time // the server's clock_timestamp() in the trigger
+}
+
 // Tables is what the checker reads from the database after the run.
 type Tables struct {
 	Rows     []Row
 	Counters map[string]int64 // plan resource ("plan/p1") → its counter
+	// Changes is the locks table's log; empty, the rules that need it
+	// are not applied.
+	Changes []Change
 }
 
 // Violation is one broken promise.
@@ -119,6 +154,10 @@ const (
 	VTokenOrder    = "token-order"          // tokens not strictly increasing per resource
 	VLateLoss      = "late-loss"            // a holder told of its loss after expiry + bound
 	VNoRecovery    = "no-recovery"          // a host that did not commit again after a fault
+	VWriteReleased = "write-after-release"  // a fenced write landed after its own lock was gone
+	VEstimate      = "estimate-off"         // a host's estimate of the server's time outside its stated uncertainty
+	VLinear        = "not-linearizable"     // the server's changes, or a host's view of them, not a single lock's
+	VRemoved       = "removed-while-held"   // a lock deleted before its expiry, not by its holder, while it held it
 )
 
 // Limits are the bounds the checker holds the run to.
@@ -140,4 +179,8 @@ type Limits struct {
 	// most, and so how much earlier than its record a decision is taken
 	// to have begun when the checker needs one before it.
 	EventSlack time.Duration
+	// EstimateSlack widens the uncertainty a host states for its estimate
+	// of the server's time: the drift of its monotonic clock between
+	// measurements, and the server's microsecond readings.
+	EstimateSlack time.Duration
 }

@@ -43,7 +43,34 @@ const (
 	shortDuration = 60 * time.Second
 )
 
-var limits = Limits{LossBound: time.Second, Recovery: 15 * time.Second, PauseSlack: time.Second, EventSlack: 50 * time.Millisecond}
+// EstimateSlack is small: the server's clock is this kernel's, which the
+// hosts' monotonic clocks follow at its rate, so an estimate is off by at
+// most half its round trip, plus the server's microsecond readings.
+var limits = Limits{LossBound: time.Second, Recovery: 15 * time.Second, PauseSlack: time.Second, EventSlack: 50 * time.Millisecond,
+	EstimateSlack: 100 * time.Microsecond}
+
+// changeLog makes the server log every change of the locks table (Change),
+// in the changing transaction, whether or not its host lives to report it.
+// The expiry is kept as the text stored: a cast that failed would fail the
+// store's own statement.
+var changeLog = []string{
+	`CREATE TABLE lock_changes (id BIGSERIAL PRIMARY KEY, op TEXT NOT NULL, resource TEXT NOT NULL, token BIGINT NOT NULL,
+		owner TEXT NOT NULL, acquired TEXT NOT NULL, expires TEXT NOT NULL, tx BIGINT NOT NULL DEFAULT txid_current(),
+		at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())`,
+	`CREATE FUNCTION log_lock_change() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		IF TG_OP = 'DELETE' THEN
+			INSERT INTO lock_changes (op, resource, token, owner, acquired, expires)
+			VALUES ('` + ChangeDelete + `', OLD.resource_type || '/' || OLD.resource_id, OLD.id, OLD.owner_id, OLD.acquired_at, OLD.expires_at);
+			RETURN OLD;
+		END IF;
+		INSERT INTO lock_changes (op, resource, token, owner, acquired, expires)
+		VALUES (CASE TG_OP WHEN 'INSERT' THEN '` + ChangeGrant + `' ELSE '` + ChangeExtend + `' END,
+			NEW.resource_type || '/' || NEW.resource_id, NEW.id, NEW.owner_id, NEW.acquired_at, NEW.expires_at);
+		RETURN NEW;
+	END $$`,
+	`CREATE TRIGGER log_lock_change AFTER INSERT OR UPDATE OR DELETE ON locks FOR EACH ROW EXECUTE FUNCTION log_lock_change()`,
+}
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envWorker) != "" {
@@ -241,6 +268,7 @@ func TestHosts(t *testing.T) {
 	c, err := locks.Open(context.Background(), locks.Config{Database: dsn}) // migrate once, before the hosts race
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
+	srv.Exec("hosts", changeLog...)
 
 	proxies := newProxies()
 	for i := 1; i <= nHosts; i++ {
@@ -274,7 +302,7 @@ func TestHosts(t *testing.T) {
 	for _, v := range vs {
 		t.Errorf("%s: %s", v.Kind, v.Detail)
 	}
-	t.Logf("%d violations; %d rows, counters %v", len(vs), len(tables.Rows), tables.Counters)
+	t.Logf("%d violations; %d rows, %d changes of the locks table, counters %v", len(vs), len(tables.Rows), len(tables.Changes), tables.Counters)
 	for _, e := range events {
 		if e.Kind == KindStarted {
 			// Its sh is pid 1 of its namespace, hostname pid 2, the worker 3.
@@ -330,6 +358,20 @@ func (h *harness) readTables() Tables {
 		tb.Counters["plan/"+id] = n
 	}
 	require.NoError(h.t, prow.Err())
+	crow, err := db.Query(`SELECT id, op, resource, token, owner, acquired, expires, tx, at FROM lock_changes`)
+	require.NoError(h.t, err)
+	defer crow.Close()
+	for crow.Next() {
+		var c Change
+		var acquired, expires string
+		require.NoError(h.t, crow.Scan(&c.ID, &c.Op, &c.Resource, &c.Token, &c.Owner, &acquired, &expires, &c.Tx, &c.At))
+		c.Acquired, err = time.Parse(time.RFC3339Nano, acquired)
+		require.NoError(h.t, err, "change %d: the stored acquisition time", c.ID)
+		c.Expires, err = time.Parse(time.RFC3339Nano, expires)
+		require.NoError(h.t, err, "change %d: the stored expiry", c.ID)
+		tb.Changes = append(tb.Changes, c)
+	}
+	require.NoError(h.t, crow.Err())
 	return tb
 }
 

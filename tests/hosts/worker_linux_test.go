@@ -75,8 +75,16 @@ func (r *recorder) emit(e Event) {
 		e.At = time.Now()
 	}
 	if clk, ok := r.clock.Load().(serverClock); ok {
-		e.Skew = clk.Now().Sub(e.At)
-		_, e.Uncertainty, _ = clk.Offset()
+		// The estimate between two readings of the real time, and the
+		// larger of the uncertainties around it, in case a measurement
+		// came in between.
+		_, before, _ := clk.Offset()
+		from := time.Now()
+		est := clk.Now()
+		to := time.Now()
+		_, after, _ := clk.Offset()
+		e.Estimate, e.EstimateFrom, e.EstimateTo = est, from, to
+		e.Skew, e.Uncertainty = est.Sub(e.At), max(before, after)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
