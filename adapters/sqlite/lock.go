@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,6 +47,7 @@ const lockTimeName = "cleveragents_locks_time"
 
 func init() {
 	msqlite.MustRegisterScalarFunction(lockTimeName, 2, lockTime)
+	datingKey.Store(int64(rand.Uint64() >> 2)) // keys another caller cannot guess
 }
 
 // datings holds the *dating of each insertFree under way, by its key.
@@ -53,6 +56,22 @@ var (
 	datingKey atomic.Int64
 )
 
+// errNotOurs is lockTime's answer to a key of no insert under way.
+var errNotOurs = errors.New(lockTimeName + " is the lock store's own, for its inserts alone")
+
+// checkLockTime makes sure that lockTime answers on db's connections: a
+// function of the same name in another case, registered with the driver
+// by other code, would take its place and date the locks.
+func checkLockTime(ctx context.Context, db *sql.DB) error {
+	var v any
+	err := db.QueryRowContext(ctx, "SELECT "+lockTimeName+"(0, 0)").Scan(&v)
+	if err != nil && strings.Contains(err.Error(), errNotOurs.Error()) {
+		return nil
+	}
+	return fmt.Errorf("another SQL function named %s, in some case, is registered with modernc.org/sqlite in this process "+
+		"and would date the store's locks: rename it (it answered %v, %v)", lockTimeName, v, err)
+}
+
 // dating is one insert's times, read from the application's clock when
 // the statement first asks, which is after SQLite gave it the write lock:
 // a write that waited for another process is dated when it is made. A
@@ -60,20 +79,29 @@ var (
 // database/sql two goroutines and a sixth of a lone acquire's rate.
 type dating struct {
 	at                func() (time.Time, time.Time)
-	read              bool
+	read, panicked    bool
+	panicVal          any // what at panicked with, for the caller to panic again
 	acquired, expires string
 }
 
 // lockTime returns the acquired (0) or expires (1) time of the insert
 // whose key is args[0]. The statement runs on its caller's goroutine.
-func lockTime(_ *msqlite.FunctionContext, args []driver.Value) (driver.Value, error) {
+func lockTime(_ *msqlite.FunctionContext, args []driver.Value) (_ driver.Value, err error) {
 	key, _ := args[0].(int64)
 	v, ok := datings.Load(key)
 	if !ok {
-		return nil, errors.New(lockTimeName + " is the lock store's own, for its inserts alone")
+		return nil, errNotOurs
 	}
 	d := v.(*dating)
 	if !d.read {
+		// A panic must not unwind through SQLite, which would keep its
+		// write lock: the statement fails instead, and the caller panics.
+		defer func() {
+			if p := recover(); p != nil {
+				d.panicked, d.panicVal = true, p
+				err = errors.New("the clock panicked")
+			}
+		}()
 		now, exp := d.at()
 		d.acquired, d.expires, d.read = entstore.FormatTime(now), entstore.FormatTime(exp), true
 	}
@@ -84,6 +112,9 @@ func lockTime(_ *msqlite.FunctionContext, args []driver.Value) (driver.Value, er
 }
 
 func newLockRepository(ctx context.Context, s *entstore.Store, db *DB) (*LockRepository, error) {
+	if err := checkLockTime(ctx, db.wsql); err != nil {
+		return nil, &domain.StoreError{Op: "open", Kind: domain.StoreInternal, Permanent: true, Err: err}
+	}
 	st, err := db.wsql.PrepareContext(ctx, insertFreeSQL)
 	if err != nil {
 		return nil, db.formatError("prepare statements", err)
@@ -125,6 +156,9 @@ func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 		datings.Store(key, d)
 		defer datings.Delete(key)
 		res, err := s.On(ctx, tx, s.insertFree).ExecContext(ctx, owner, string(ref.Type), ref.ID, key, key)
+		if d.panicked {
+			panic(d.panicVal)
+		}
 		in := inserted{acquired: d.acquired, expires: d.expires}
 		if err != nil {
 			if isDuplicate(err) {
