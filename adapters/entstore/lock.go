@@ -134,7 +134,7 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 		l.Resource = ref
 		acquired, expires := FormatTime(l.AcquiredAt), FormatTime(l.ExpiresAt)
 		err := s.On(ctx, tx, s.stmts.insert).QueryRowContext(ctx,
-			l.Owner, string(ref.Type), ref.ID, acquired, expires).Scan(&l.Token)
+			l.Owner, string(ref.Type), ref.ID, acquired, expires, NoteValue(l.Note)).Scan(&l.Token)
 		if err != nil {
 			return written{}, err
 		}
@@ -205,7 +205,7 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 	}
 	out := make([]domain.Lock, len(rows))
 	for i, row := range rows {
-		out[i] = domain.Lock{Token: row.ID, Owner: row.OwnerID,
+		out[i] = domain.Lock{Token: row.ID, Owner: row.OwnerID, Note: row.Note,
 			Resource: domain.ResourceRef{Type: domain.ResourceType(row.ResourceType), ID: row.ResourceID}}
 		if err := ParseTimes(&out[i], row.AcquiredAt, row.ExpiresAt); err != nil {
 			return nil, s.explain(ctx, err, "list locks")
@@ -330,8 +330,8 @@ func buildStatements(dialectName string) (t statementText) {
 	byResource := entsql.And(entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""))
 	t.sel, _ = b.Select(entlock.Columns...).From(b.Table(entlock.Table)).Where(byResource).Query()
 	t.insert, _ = b.Insert(entlock.Table).
-		Columns(entlock.FieldOwnerID, entlock.FieldResourceType, entlock.FieldResourceID, entlock.FieldAcquiredAt, entlock.FieldExpiresAt).
-		Values("", "", "", "", "").Returning(entlock.FieldID).Query()
+		Columns(entlock.FieldOwnerID, entlock.FieldResourceType, entlock.FieldResourceID, entlock.FieldAcquiredAt, entlock.FieldExpiresAt, entlock.FieldNote).
+		Values("", "", "", "", "", "").Returning(entlock.FieldID).Query()
 	// extend and delID name the row version read: id and expiry.
 	thisVersion := entsql.And(entsql.EQ(entlock.FieldID, 0), entsql.EQ(entlock.FieldExpiresAt, ""))
 	t.extend, _ = b.Update(entlock.Table).Set(entlock.FieldExpiresAt, "").Where(thisVersion).Query()
@@ -384,11 +384,17 @@ func (s *Store) ReadLock(ctx context.Context, ref domain.ResourceRef) (*domain.L
 	return scanLock(s.stmts.read.QueryRowContext(ctx, string(ref.Type), ref.ID))
 }
 
+// NoteValue is a lock's note as stored: NULL for none, as in the rows that
+// were written before the column was added.
+func NoteValue(note string) sql.NullString { return sql.NullString{String: note, Valid: note != ""} }
+
 // scanLock reads a row of the lock's columns, or nil for none.
 func scanLock(row interface{ Scan(dest ...any) error }) (*domain.Lock, error) {
 	var l domain.Lock
 	var acquired, expires string
-	err := row.Scan(&l.Token, &l.Owner, (*string)(&l.Resource.Type), &l.Resource.ID, &acquired, &expires)
+	var note sql.NullString
+	err := row.Scan(&l.Token, &l.Owner, (*string)(&l.Resource.Type), &l.Resource.ID, &acquired, &expires, &note)
+	l.Note = note.String
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}

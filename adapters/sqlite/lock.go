@@ -30,8 +30,8 @@ var _ application.OneStatement = (*LockRepository)(nil)
 var insertFreeSQL = strings.NewReplacer(
 	"{locks}", entlock.Table, "{owner}", entlock.FieldOwnerID,
 	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
-	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
-).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`) VALUES (?, ?, ?, ?, ?)")
+	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt, "{note}", entlock.FieldNote,
+).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`, `{note}`) VALUES (?, ?, ?, ?, ?, ?)")
 
 func newLockRepository(ctx context.Context, s *entstore.Store, db *DB) (*LockRepository, error) {
 	st, err := db.wsql.PrepareContext(ctx, insertFreeSQL)
@@ -55,12 +55,17 @@ func (s *LockRepository) Apply(ctx context.Context, op application.Op) (applicat
 	if op.Kind != application.OpAcquire && op.Kind != application.OpTake {
 		return application.Outcome{}, nil
 	}
-	return s.AcquireAt(ctx, op.Ref, op.Owner, op.At)
+	return s.acquireAt(ctx, op.Ref, op.Owner, op.Note, op.At)
 }
 
 // AcquireAt inserts the lock if the resource has no row, and otherwise
 // leaves it to Update (ChangeNone), at once for one just refused.
 func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time)) (application.Outcome, error) {
+	return s.acquireAt(ctx, ref, owner, "", at)
+}
+
+// acquireAt is AcquireAt storing note with the lock.
+func (s *LockRepository) acquireAt(ctx context.Context, ref domain.ResourceRef, owner, note string, at func() (time.Time, time.Time)) (application.Outcome, error) {
 	if s.insertFree == nil || s.Contended().Has(ref) {
 		return application.Outcome{}, nil
 	}
@@ -73,7 +78,7 @@ func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 		now, exp := at() // inside the transaction: a write that waited is dated when made
 		in := inserted{acquired: entstore.FormatTime(now), expires: entstore.FormatTime(exp)}
 		res, err := s.On(ctx, tx, s.insertFree).ExecContext(ctx,
-			owner, string(ref.Type), ref.ID, in.acquired, in.expires)
+			owner, string(ref.Type), ref.ID, in.acquired, in.expires, entstore.NoteValue(note))
 		if err != nil {
 			if isDuplicate(err) {
 				return inserted{}, nil // the resource has a row: Update decides
@@ -90,7 +95,7 @@ func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 	if !ins.ok {
 		return application.Outcome{}, nil
 	}
-	l := domain.Lock{Token: ins.token, Owner: owner, Resource: ref}
+	l := domain.Lock{Token: ins.token, Owner: owner, Resource: ref, Note: note}
 	if err := entstore.ParseTimes(&l, ins.acquired, ins.expires); err != nil {
 		return application.Outcome{}, s.Failed(ctx, err, "acquire lock on", ref)
 	}
