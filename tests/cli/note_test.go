@@ -1,8 +1,16 @@
 package cli
 
 import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"testing/fstest"
+
+	"github.com/pressly/goose/v3"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -75,4 +83,63 @@ func testNote(t *testing.T, a *agents) {
 	}
 	a.mustRun("--json", "locks", "list", "--owner", "E").decode(t, &ls)
 	assert.Empty(t, ls, "a bad note writes nothing")
+}
+
+// A database at the migration before the note, which a process of an
+// earlier release still serves, is read by list and diagnostics, which
+// migrate nothing: its locks have no note.
+func TestCLI_ListBeforeTheNoteMigration(t *testing.T) {
+	t.Parallel()
+	a := newAgents(t)
+	raw, err := sql.Open("sqlite", a.db)
+	require.NoError(t, err)
+	defer raw.Close()
+	firstMigrationOnly(t, raw, goose.DialectSQLite3, "../../adapters/sqlite/migrations")
+	testListBeforeNote(t, a, raw, "?")
+}
+
+func TestCLI_Postgres_ListBeforeTheNoteMigration(t *testing.T) {
+	t.Parallel()
+	a := newPGAgents(t)
+	raw, err := sql.Open("pgx", a.db)
+	require.NoError(t, err)
+	defer raw.Close()
+	firstMigrationOnly(t, raw, goose.DialectPostgres, "../../adapters/postgres/migrations")
+	testListBeforeNote(t, a, raw, "$")
+}
+
+func firstMigrationOnly(t *testing.T, db *sql.DB, dialect goose.Dialect, dir string) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*_m4_001_concurrency_locks.sql"))
+	require.NoError(t, err)
+	require.Len(t, files, 1)
+	data, err := os.ReadFile(files[0])
+	require.NoError(t, err)
+	p, err := goose.NewProvider(dialect, db, fstest.MapFS{filepath.Base(files[0]): {Data: data}},
+		goose.WithTableName("locks_schema_version"))
+	require.NoError(t, err)
+	_, err = p.Up(context.Background())
+	require.NoError(t, err)
+}
+
+func testListBeforeNote(t *testing.T, a *agents, raw *sql.DB, param string) {
+	ph := func(i int) string {
+		if param == "?" {
+			return "?"
+		}
+		return fmt.Sprintf("$%d", i)
+	}
+	_, err := raw.Exec(fmt.Sprintf("INSERT INTO locks (owner_id, resource_type, resource_id, acquired_at, expires_at) VALUES (%s, %s, %s, %s, %s)",
+		ph(1), ph(2), ph(3), ph(4), ph(5)), "old", "plan", "p1", "2026-01-01T00:00:00.000000Z", "2999-01-01T00:00:00.000000Z")
+	require.NoError(t, err)
+
+	var ls []map[string]any
+	a.mustRun("--json", "locks", "list").decode(t, &ls)
+	require.Len(t, ls, 1)
+	assertKeys(t, ls[0], append(lockKeys, "expired")...)
+	assert.Equal(t, "old", ls[0]["owner_id"])
+	assert.Regexp(t, `(?m)^plan +p1 +old +\d+ +.* +active$`, a.mustRun("locks", "list").stdout)
+	r := a.run("--json", "diagnostics")
+	assert.Equal(t, 0, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+	assert.Contains(t, r.stdout, `"owner_id": "old"`)
 }
