@@ -45,6 +45,10 @@ func testNote(t *testing.T, a *agents) {
 	assertKeys(t, ls[0], append(lockKeys, "expired", "note")...)
 	assert.Equal(t, note, ls[0]["note"])
 	assert.Regexp(t, `(?m)^plan +p1 +A +\d+ +.* +active +`+note+`$`, a.mustRun("locks", "list").stdout)
+	r = a.run("diagnostics")
+	assert.Contains(t, r.stdout, `held by "A" (note "`+note+`") since`, "the oldest lock's note: %s", r.stderr)
+	r = a.run("--json", "diagnostics")
+	assert.Contains(t, r.stdout, `"note": "`+note+`"`)
 
 	r = a.run("--json", "--owner", "B", "locks", "acquire", "plan", "p1", "--note", "mine")
 	require.Equal(t, 3, r.code, "stderr: %s", r.stderr)
