@@ -45,6 +45,7 @@ type Op struct {
 	Owner string                          // the caller
 	Ref   domain.ResourceRef              // the resource decided on
 	Held  domain.Lock                     // OpRenewToken's acquisition: only its token and owner's row extends
+	Note  string                          // OpAcquire's and OpTake's note, stored with a new lock only
 	At    func() (now, expires time.Time) // now and now+TTL, called as close to the write as can be
 }
 
@@ -52,9 +53,9 @@ type Op struct {
 func (op Op) Decide(cur *domain.Lock, now, expires time.Time) (Change, error) {
 	switch op.Kind {
 	case OpAcquire:
-		return DecideAcquire(cur, op.Owner, op.Ref, now, expires)
+		return noted(DecideAcquire, op.Note)(cur, op.Owner, op.Ref, now, expires)
 	case OpTake:
-		return DecideTake(cur, op.Owner, op.Ref, now, expires)
+		return noted(DecideTake, op.Note)(cur, op.Owner, op.Ref, now, expires)
 	case OpRenew:
 		return DecideRenew(cur, op.Owner, op.Ref, now, expires)
 	case OpRenewToken:
@@ -117,6 +118,22 @@ func DecideRenewToken(cur *domain.Lock, held domain.Lock, now, expires time.Time
 		return Change{}, lost
 	}
 	return Change{Kind: ChangeExtend, Lock: domain.Lock{ExpiresAt: expires}}, nil
+}
+
+// noted is decide storing note with the new lock of a change of hands: a
+// note belongs to one acquisition, so an extension (a re-entry, a renewal)
+// keeps the note stored, whatever the caller passed.
+func noted(decide rule, note string) rule {
+	if note == "" {
+		return decide
+	}
+	return func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error) {
+		c, err := decide(cur, owner, ref, now, expires)
+		if c.Kind == ChangeInsert {
+			c.Lock.Note = note
+		}
+		return c, err
+	}
 }
 
 // overDead is cur once holder's process is found gone: nil if still holder's, active.

@@ -19,6 +19,10 @@ type AcquireOptions struct {
 	// Reentrant lets a Take in the work (KeepAlive or Do context) of a handle holding the
 	// resource share its token, never moving its expiry; else it is refused (Nested).
 	Reentrant bool
+	// Note is stored with a new lock and shown to operators and to other
+	// owners refused by it (see domain.ValidateNote); a re-entry keeps the
+	// note of the acquisition it re-enters.
+	Note string
 }
 
 // Handle is one acquisition of a lock, renewed, kept alive, checked and released
@@ -56,11 +60,11 @@ func (s *LockService) Take(ctx context.Context, owner string, ref domain.Resourc
 		return s.reenter(ctx, outer, owner, ttl, opts)
 	}
 	if !opts.Wait {
-		return s.takeOnce(ctx, owner, ref, ttl, time.Time{})
+		return s.takeOnce(ctx, owner, ref, ttl, opts.Note, time.Time{})
 	}
 	start := s.started()
 	h, err := s.waitTurn(ctx, ref, opts.Timeout, func(notAfter time.Time) (*Handle, error) {
-		return s.takeOnce(ctx, owner, ref, ttl, notAfter)
+		return s.takeOnce(ctx, owner, ref, ttl, opts.Note, notAfter)
 	})
 	var l domain.Lock
 	if h != nil {
@@ -81,12 +85,15 @@ func (s *LockService) checkTake(owner string, ref domain.ResourceRef, opts Acqui
 	case opts.Timeout > 0 && !opts.Wait:
 		return 0, &domain.ValidationError{Field: "timeout", Reason: "bounds a wait: set Wait with it, or leave it zero to fail at once when the lock is held"}
 	}
+	if err := domain.ValidateNote(opts.Note); err != nil {
+		return 0, err
+	}
 	return ttl, nil
 }
 
 // takeOnce tries once in ref's turn, so that two Takes never both find it
 // free: refused if a handle of this service holds ref, else by DecideTake.
-func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, notAfter time.Time) (*Handle, error) {
+func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, note string, notAfter time.Time) (*Handle, error) {
 	sl, err := s.holders.enter(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -97,7 +104,7 @@ func (s *LockService) takeOnce(ctx context.Context, owner string, ref domain.Res
 		return nil, &domain.LockConflictError{Holder: l, Now: now, InProcess: true}
 	}
 	decide, one := s.beforeDeadline(DecideTake, &Op{Kind: OpTake}, notAfter)
-	r, err := s.acquire(ctx, owner, ref, ttl, decide, one)
+	r, err := s.acquire(ctx, owner, ref, ttl, note, decide, one)
 	var conflict *domain.LockConflictError
 	if errors.As(err, &conflict) && s.holders.holdsToken(sl, conflict.Holder.Token) {
 		// This service's handle, renewed past its expiry as it knew it.

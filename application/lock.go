@@ -144,10 +144,23 @@ func (g *gate) close(ctx context.Context) error {
 // Errors: *domain.ValidationError; *domain.LockConflictError naming another
 // owner's active lock; *domain.LockExpiredError with WrittenAt set when the
 // write outlasted ttl; *domain.StoreError; domain.ErrClosed.
-func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration) (domain.Lock, error) {
-	r, err := s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
+func (s *LockService) Acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, opts ...AcquireOption) (domain.Lock, error) {
+	var o AcquireOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := domain.ValidateNote(o.Note); err != nil {
+		return domain.Lock{}, err
+	}
+	r, err := s.acquire(ctx, owner, ref, ttl, o.Note, DecideAcquire, &Op{Kind: OpAcquire})
 	return r.Lock, err
 }
+
+// AcquireOption tunes an Acquire; Take and Do take AcquireOptions itself.
+type AcquireOption func(*AcquireOptions)
+
+// WithNote stores note with the lock an Acquire takes (AcquireOptions.Note).
+func WithNote(note string) AcquireOption { return func(o *AcquireOptions) { o.Note = note } }
 
 // AcquireResult is what an owner-scoped acquisition did.
 type AcquireResult struct {
@@ -159,9 +172,17 @@ type AcquireResult struct {
 // rule decides owner's acquisition of ref.
 type rule func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (Change, error)
 
-// acquire decides by decide, or by one in a OneStatement store (nil: Update).
-func (s *LockService) acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, decide rule, one *Op) (AcquireResult, error) {
+// acquire decides by decide, or by one in a OneStatement store (nil: Update),
+// storing note with a new lock.
+func (s *LockService) acquire(ctx context.Context, owner string, ref domain.ResourceRef, ttl time.Duration, note string,
+	decide rule, one *Op) (AcquireResult, error) {
 	start := s.started()
+	decide = noted(decide, note)
+	if one != nil {
+		op := *one
+		op.Note = note
+		one = &op
+	}
 	out, err := s.apply(ctx, owner, ref, ttl, func(cur *domain.Lock, now, expires time.Time) (Change, error) {
 		return decide(cur, owner, ref, now, expires)
 	}, one)

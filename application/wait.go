@@ -370,7 +370,7 @@ func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref d
 		return AcquireResult{}, err
 	}
 	if !opts.Wait {
-		return s.acquire(ctx, owner, ref, ttl, DecideAcquire, &Op{Kind: OpAcquire})
+		return s.acquire(ctx, owner, ref, ttl, opts.Note, DecideAcquire, &Op{Kind: OpAcquire})
 	}
 	start := s.started()
 	var r AcquireResult // of the try that took the lock
@@ -384,7 +384,7 @@ func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref d
 			return nil, &domain.LockConflictError{Holder: held, Now: s.Now(), InProcess: true}
 		}
 		decide, one := s.beforeDeadline(DecideAcquire, &Op{Kind: OpAcquire}, notAfter)
-		if r, err = s.acquire(ctx, owner, ref, ttl, decide, one); err != nil {
+		if r, err = s.acquire(ctx, owner, ref, ttl, opts.Note, decide, one); err != nil {
 			return nil, err
 		}
 		return &Handle{svc: s, ttl: ttl, lock: r.Lock}, nil // never a holder: only its lock is returned

@@ -38,6 +38,10 @@ func (e *LockConflictError) Error() string {
 		waited = fmt.Sprintf(" after waiting %s", roundForHumans(e.Waited))
 	}
 	held := fmt.Sprintf("acquired %s, expires %s, in %s", rfc3339(h.AcquiredAt), rfc3339(h.ExpiresAt), roundForHumans(h.Remaining(e.Now)))
+	if h.Note != "" {
+		// Quoted: a note is the holder's words, not the service's.
+		held = fmt.Sprintf("note %q, %s", h.Note, held)
+	}
 	switch {
 	case e.Nested:
 		return fmt.Sprintf("%s is already held by the handle whose work this call runs in (owner %q, token %d): taking it again would wait for itself; "+

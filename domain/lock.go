@@ -81,6 +81,26 @@ func validateIdentifier(field, v string) error {
 	return nil
 }
 
+// MaxNoteBytes is the longest note accepted: enough for a sentence or a
+// URL, short enough for a table row and an error message.
+const MaxNoteBytes = 256
+
+// ValidateNote checks a lock's note: empty (no note), or at most
+// MaxNoteBytes of valid UTF-8 without control characters, so that it
+// prints on one line of a terminal and fits the stores' column.
+func ValidateNote(note string) error {
+	fail := func(reason string) error { return &ValidationError{Field: "note", Reason: reason} }
+	switch {
+	case len(note) > MaxNoteBytes:
+		return fail(fmt.Sprintf("is %d bytes long; the limit is %d bytes: shorten it, or point to the details (a URL, a ticket)", len(note), MaxNoteBytes))
+	case !utf8.ValidString(note):
+		return fail("is not valid UTF-8")
+	case strings.IndexFunc(note, unicode.IsControl) >= 0:
+		return fail("must not contain control characters (a newline, a tab, a terminal escape): write it on one line")
+	}
+	return nil
+}
+
 // Lock is one held (or expired but not yet purged) advisory lock, active
 // from AcquiredAt up to, but not including, ExpiresAt.
 type Lock struct {
@@ -89,6 +109,7 @@ type Lock struct {
 	Resource   ResourceRef
 	AcquiredAt time.Time
 	ExpiresAt  time.Time
+	Note       string // what the holder said it does, given at acquire; empty: none
 }
 
 // ExpiredAt reports whether the lock has expired at the instant now.

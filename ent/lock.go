@@ -25,7 +25,9 @@ type Lock struct {
 	// AcquiredAt holds the value of the "acquired_at" field.
 	AcquiredAt string `json:"acquired_at,omitempty"`
 	// ExpiresAt holds the value of the "expires_at" field.
-	ExpiresAt    string `json:"expires_at,omitempty"`
+	ExpiresAt string `json:"expires_at,omitempty"`
+	// Note holds the value of the "note" field.
+	Note         string `json:"note,omitempty"`
 	selectValues sql.SelectValues
 }
 
@@ -36,7 +38,7 @@ func (*Lock) scanValues(columns []string) ([]any, error) {
 		switch columns[i] {
 		case lock.FieldID:
 			values[i] = new(sql.NullInt64)
-		case lock.FieldOwnerID, lock.FieldResourceType, lock.FieldResourceID, lock.FieldAcquiredAt, lock.FieldExpiresAt:
+		case lock.FieldOwnerID, lock.FieldResourceType, lock.FieldResourceID, lock.FieldAcquiredAt, lock.FieldExpiresAt, lock.FieldNote:
 			values[i] = new(sql.NullString)
 		default:
 			values[i] = new(sql.UnknownType)
@@ -89,6 +91,12 @@ func (_m *Lock) assignValues(columns []string, values []any) error {
 			} else if value.Valid {
 				_m.ExpiresAt = value.String
 			}
+		case lock.FieldNote:
+			if value, ok := values[i].(*sql.NullString); !ok {
+				return fmt.Errorf("unexpected type %T for field note", values[i])
+			} else if value.Valid {
+				_m.Note = value.String
+			}
 		default:
 			_m.selectValues.Set(columns[i], values[i])
 		}
@@ -139,6 +147,9 @@ func (_m *Lock) String() string {
 	builder.WriteString(", ")
 	builder.WriteString("expires_at=")
 	builder.WriteString(_m.ExpiresAt)
+	builder.WriteString(", ")
+	builder.WriteString("note=")
+	builder.WriteString(_m.Note)
 	builder.WriteByte(')')
 	return builder.String()
 }

@@ -49,6 +49,20 @@ func (_c *LockCreate) SetExpiresAt(v string) *LockCreate {
 	return _c
 }
 
+// SetNote sets the "note" field.
+func (_c *LockCreate) SetNote(v string) *LockCreate {
+	_c.mutation.SetNote(v)
+	return _c
+}
+
+// SetNillableNote sets the "note" field if the given value is not nil.
+func (_c *LockCreate) SetNillableNote(v *string) *LockCreate {
+	if v != nil {
+		_c.SetNote(*v)
+	}
+	return _c
+}
+
 // SetID sets the "id" field.
 func (_c *LockCreate) SetID(v int64) *LockCreate {
 	_c.mutation.SetID(v)
@@ -129,6 +143,11 @@ func (_c *LockCreate) check() error {
 			return &ValidationError{Name: "expires_at", err: fmt.Errorf(`ent: validator failed for field "Lock.expires_at": %w`, err)}
 		}
 	}
+	if v, ok := _c.mutation.Note(); ok {
+		if err := lock.NoteValidator(v); err != nil {
+			return &ValidationError{Name: "note", err: fmt.Errorf(`ent: validator failed for field "Lock.note": %w`, err)}
+		}
+	}
 	return nil
 }
 
@@ -180,6 +199,10 @@ func (_c *LockCreate) createSpec() (*Lock, *sqlgraph.CreateSpec) {
 	if value, ok := _c.mutation.ExpiresAt(); ok {
 		_spec.SetField(lock.FieldExpiresAt, field.TypeString, value)
 		_node.ExpiresAt = value
+	}
+	if value, ok := _c.mutation.Note(); ok {
+		_spec.SetField(lock.FieldNote, field.TypeString, value)
+		_node.Note = value
 	}
 	return _node, _spec
 }

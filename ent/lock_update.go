@@ -120,6 +120,9 @@ func (_u *LockUpdate) sqlSave(ctx context.Context) (_node int, err error) {
 	if value, ok := _u.mutation.ExpiresAt(); ok {
 		_spec.SetField(lock.FieldExpiresAt, field.TypeString, value)
 	}
+	if _u.mutation.NoteCleared() {
+		_spec.ClearField(lock.FieldNote, field.TypeString)
+	}
 	if _node, err = sqlgraph.UpdateNodes(ctx, _u.driver, _spec); err != nil {
 		if _, ok := err.(*sqlgraph.NotFoundError); ok {
 			err = &NotFoundError{lock.Label}
@@ -262,6 +265,9 @@ func (_u *LockUpdateOne) sqlSave(ctx context.Context) (_node *Lock, err error) {
 	}
 	if value, ok := _u.mutation.ExpiresAt(); ok {
 		_spec.SetField(lock.FieldExpiresAt, field.TypeString, value)
+	}
+	if _u.mutation.NoteCleared() {
+		_spec.ClearField(lock.FieldNote, field.TypeString)
 	}
 	_node = &Lock{config: _u.config}
 	_spec.Assign = _node.assignValues

@@ -37,6 +37,7 @@ type LockMutation struct {
 	resource_id   *string
 	acquired_at   *string
 	expires_at    *string
+	note          *string
 	clearedFields map[string]struct{}
 	done          bool
 	oldValue      func(context.Context) (*Lock, error)
@@ -327,6 +328,55 @@ func (m *LockMutation) ResetExpiresAt() {
 	m.expires_at = nil
 }
 
+// SetNote sets the "note" field.
+func (m *LockMutation) SetNote(s string) {
+	m.note = &s
+}
+
+// Note returns the value of the "note" field in the mutation.
+func (m *LockMutation) Note() (r string, exists bool) {
+	v := m.note
+	if v == nil {
+		return
+	}
+	return *v, true
+}
+
+// OldNote returns the old "note" field's value of the Lock entity.
+// If the Lock object wasn't provided to the builder, the object is fetched from the database.
+// An error is returned if the mutation operation is not UpdateOne, or the database query fails.
+func (m *LockMutation) OldNote(ctx context.Context) (v string, err error) {
+	if !m.op.Is(OpUpdateOne) {
+		return v, errors.New("OldNote is only allowed on UpdateOne operations")
+	}
+	if m.id == nil || m.oldValue == nil {
+		return v, errors.New("OldNote requires an ID field in the mutation")
+	}
+	oldValue, err := m.oldValue(ctx)
+	if err != nil {
+		return v, fmt.Errorf("querying old value for OldNote: %w", err)
+	}
+	return oldValue.Note, nil
+}
+
+// ClearNote clears the value of the "note" field.
+func (m *LockMutation) ClearNote() {
+	m.note = nil
+	m.clearedFields[lock.FieldNote] = struct{}{}
+}
+
+// NoteCleared returns if the "note" field was cleared in this mutation.
+func (m *LockMutation) NoteCleared() bool {
+	_, ok := m.clearedFields[lock.FieldNote]
+	return ok
+}
+
+// ResetNote resets all changes to the "note" field.
+func (m *LockMutation) ResetNote() {
+	m.note = nil
+	delete(m.clearedFields, lock.FieldNote)
+}
+
 // Where appends a list predicates to the LockMutation builder.
 func (m *LockMutation) Where(ps ...predicate.Lock) {
 	m.predicates = append(m.predicates, ps...)
@@ -361,7 +411,7 @@ func (m *LockMutation) Type() string {
 // order to get all numeric fields that were incremented/decremented, call
 // AddedFields().
 func (m *LockMutation) Fields() []string {
-	fields := make([]string, 0, 5)
+	fields := make([]string, 0, 6)
 	if m.owner_id != nil {
 		fields = append(fields, lock.FieldOwnerID)
 	}
@@ -376,6 +426,9 @@ func (m *LockMutation) Fields() []string {
 	}
 	if m.expires_at != nil {
 		fields = append(fields, lock.FieldExpiresAt)
+	}
+	if m.note != nil {
+		fields = append(fields, lock.FieldNote)
 	}
 	return fields
 }
@@ -395,6 +448,8 @@ func (m *LockMutation) Field(name string) (ent.Value, bool) {
 		return m.AcquiredAt()
 	case lock.FieldExpiresAt:
 		return m.ExpiresAt()
+	case lock.FieldNote:
+		return m.Note()
 	}
 	return nil, false
 }
@@ -414,6 +469,8 @@ func (m *LockMutation) OldField(ctx context.Context, name string) (ent.Value, er
 		return m.OldAcquiredAt(ctx)
 	case lock.FieldExpiresAt:
 		return m.OldExpiresAt(ctx)
+	case lock.FieldNote:
+		return m.OldNote(ctx)
 	}
 	return nil, fmt.Errorf("unknown Lock field %s", name)
 }
@@ -458,6 +515,13 @@ func (m *LockMutation) SetField(name string, value ent.Value) error {
 		}
 		m.SetExpiresAt(v)
 		return nil
+	case lock.FieldNote:
+		v, ok := value.(string)
+		if !ok {
+			return fmt.Errorf("unexpected type %T for field %s", value, name)
+		}
+		m.SetNote(v)
+		return nil
 	}
 	return fmt.Errorf("unknown Lock field %s", name)
 }
@@ -487,7 +551,11 @@ func (m *LockMutation) AddField(name string, value ent.Value) error {
 // ClearedFields returns all nullable fields that were cleared during this
 // mutation.
 func (m *LockMutation) ClearedFields() []string {
-	return nil
+	var fields []string
+	if m.FieldCleared(lock.FieldNote) {
+		fields = append(fields, lock.FieldNote)
+	}
+	return fields
 }
 
 // FieldCleared returns a boolean indicating if a field with the given name was
@@ -500,6 +568,11 @@ func (m *LockMutation) FieldCleared(name string) bool {
 // ClearField clears the value of the field with the given name. It returns an
 // error if the field is not defined in the schema.
 func (m *LockMutation) ClearField(name string) error {
+	switch name {
+	case lock.FieldNote:
+		m.ClearNote()
+		return nil
+	}
 	return fmt.Errorf("unknown Lock nullable field %s", name)
 }
 
@@ -521,6 +594,9 @@ func (m *LockMutation) ResetField(name string) error {
 		return nil
 	case lock.FieldExpiresAt:
 		m.ResetExpiresAt()
+		return nil
+	case lock.FieldNote:
+		m.ResetNote()
 		return nil
 	}
 	return fmt.Errorf("unknown Lock field %s", name)

@@ -75,4 +75,8 @@ func init() {
 	lockDescExpiresAt := lockFields[5].Descriptor()
 	// lock.ExpiresAtValidator is a validator for the "expires_at" field. It is called by the builders before save.
 	lock.ExpiresAtValidator = lockDescExpiresAt.Validators[0].(func(string) error)
+	// lockDescNote is the schema descriptor for note field.
+	lockDescNote := lockFields[6].Descriptor()
+	// lock.NoteValidator is a validator for the "note" field. It is called by the builders before save.
+	lock.NoteValidator = lockDescNote.Validators[0].(func(string) error)
 }

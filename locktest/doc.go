@@ -73,6 +73,11 @@
 //     context cancelled or past its deadline before the call returns the
 //     context's error and writes nothing, through whichever ports the
 //     store implements.
+//   - Note: the note of a new lock (Change.Lock.Note, Op.Note) is stored
+//     and read back by Get and List, whatever path wrote it; a re-entry
+//     or renewal keeps it; a refusal names it in the holder and its
+//     message; a note past domain.MaxNoteBytes, or not on one line, is
+//     refused before any write.
 //
 // No call hangs the suite: a subtest that has not returned in 30 s (60 s
 // under -race; the time its own subtests take is theirs) fails with

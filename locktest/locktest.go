@@ -121,6 +121,7 @@ func Run(t *testing.T, newRepo NewRepository) {
 	run(t, "Handles", func(t *testing.T) { testHandles(t, newRepo) })
 	run(t, "ExactBytes", func(t *testing.T) { testExactBytes(t, newRepo) })
 	run(t, "EndedContext", func(t *testing.T) { testEndedContext(t, newRepo) })
+	run(t, "Note", func(t *testing.T) { testNote(t, newRepo) })
 }
 
 func testAcquire(t *testing.T, newRepo NewRepository) {

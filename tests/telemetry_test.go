@@ -88,3 +88,37 @@ func TestContainer_Telemetry(t *testing.T) {
 	assert.Equal(t, "lock refused", lines[1]["msg"])
 	assert.Equal(t, "A", lines[1]["holder_owner"])
 }
+
+// A lock's note is in its events, so that a log says what the holder
+// does: the acquired lock's, the holder's in a refusal, the previous
+// holder's in a takeover.
+func TestContainer_TelemetryShowsNotes(t *testing.T) {
+	ctx := context.Background()
+	mc := newMock()
+	var logs bytes.Buffer
+	c := MustOpen(t, locks.Config{
+		Database: locks.MemoryDatabase,
+		Owner:    "A",
+		Clock:    mc,
+		Logger:   slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	_, err := c.Locks.Acquire(ctx, "A", plan1, 10*time.Second, application.WithNote("migrating"))
+	require.NoError(t, err)
+	_, err = c.Locks.Acquire(ctx, "B", plan1, 0)
+	require.ErrorIs(t, err, domain.ErrConflict)
+	mc.Add(10 * time.Second)
+	_, err = c.Locks.Take(ctx, "B", plan1, application.AcquireOptions{Note: "rebuilding"})
+	require.NoError(t, err)
+
+	var lines []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), line)
+		lines = append(lines, m)
+	}
+	require.Len(t, lines, 3)
+	assert.Equal(t, "migrating", lines[0]["note"], "acquired")
+	assert.Equal(t, "migrating", lines[1]["holder_note"], "refused")
+	assert.Equal(t, "rebuilding", lines[2]["note"], "taken over")
+	assert.Equal(t, "migrating", lines[2]["previous_note"])
+}

@@ -55,7 +55,7 @@ func CheckFence(ctx context.Context, q Querier, dialectName string, f applicatio
 	if err == nil {
 		defer rows.Close()
 		if rows.Next() {
-			cur, err = scanLock(rows)
+			cur, err = scanLock(rows, true)
 		}
 		if err == nil {
 			err = rows.Err()

@@ -66,7 +66,7 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 					return written{}, err
 				}
 			}
-			cur, err := scanLock(s.On(ctx, tx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID))
+			cur, err := scanLock(s.On(ctx, tx, s.stmts.sel).QueryRowContext(ctx, string(ref.Type), ref.ID), true)
 			if err != nil {
 				return written{}, err
 			}
@@ -134,7 +134,7 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 		l.Resource = ref
 		acquired, expires := FormatTime(l.AcquiredAt), FormatTime(l.ExpiresAt)
 		err := s.On(ctx, tx, s.stmts.insert).QueryRowContext(ctx,
-			l.Owner, string(ref.Type), ref.ID, acquired, expires).Scan(&l.Token)
+			l.Owner, string(ref.Type), ref.ID, acquired, expires, NoteValue(l.Note)).Scan(&l.Token)
 		if err != nil {
 			return written{}, err
 		}
@@ -186,6 +186,9 @@ func (s *Store) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, e
 // List implements application.LockRepository.
 func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lock, error) {
 	q := s.readEnt.Lock.Query()
+	if s.noteless {
+		q.Select(lockColumns(false)...)
+	}
 	if f.Type != "" {
 		q = q.Where(entlock.ResourceType(string(f.Type)))
 	}
@@ -205,7 +208,7 @@ func (s *Store) List(ctx context.Context, f application.ListFilter) ([]domain.Lo
 	}
 	out := make([]domain.Lock, len(rows))
 	for i, row := range rows {
-		out[i] = domain.Lock{Token: row.ID, Owner: row.OwnerID,
+		out[i] = domain.Lock{Token: row.ID, Owner: row.OwnerID, Note: row.Note,
 			Resource: domain.ResourceRef{Type: domain.ResourceType(row.ResourceType), ID: row.ResourceID}}
 		if err := ParseTimes(&out[i], row.AcquiredAt, row.ExpiresAt); err != nil {
 			return nil, s.explain(ctx, err, "list locks")
@@ -327,11 +330,10 @@ type statementText struct {
 
 func buildStatements(dialectName string) (t statementText) {
 	b := entsql.Dialect(dialectName)
-	byResource := entsql.And(entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""))
-	t.sel, _ = b.Select(entlock.Columns...).From(b.Table(entlock.Table)).Where(byResource).Query()
+	t.sel = selectLock(dialectName, lockColumns(true))
 	t.insert, _ = b.Insert(entlock.Table).
-		Columns(entlock.FieldOwnerID, entlock.FieldResourceType, entlock.FieldResourceID, entlock.FieldAcquiredAt, entlock.FieldExpiresAt).
-		Values("", "", "", "", "").Returning(entlock.FieldID).Query()
+		Columns(entlock.FieldOwnerID, entlock.FieldResourceType, entlock.FieldResourceID, entlock.FieldAcquiredAt, entlock.FieldExpiresAt, entlock.FieldNote).
+		Values("", "", "", "", "", "").Returning(entlock.FieldID).Query()
 	// extend and delID name the row version read: id and expiry.
 	thisVersion := entsql.And(entsql.EQ(entlock.FieldID, 0), entsql.EQ(entlock.FieldExpiresAt, ""))
 	t.extend, _ = b.Update(entlock.Table).Set(entlock.FieldExpiresAt, "").Where(thisVersion).Query()
@@ -348,6 +350,23 @@ func buildStatements(dialectName string) (t statementText) {
 			entsql.EQ(entlock.FieldID, 0), entsql.GT(entlock.FieldExpiresAt, ""))).
 		Query()
 	return
+}
+
+// lockColumns are the columns a lock is read from: all, or (note false) the
+// first migration's, which have no note.
+func lockColumns(note bool) []string {
+	if note {
+		return entlock.Columns
+	}
+	return slices.DeleteFunc(slices.Clone(entlock.Columns), func(c string) bool { return c == entlock.FieldNote })
+}
+
+// selectLock reads cols of the lock on a resource, scanLock's row.
+func selectLock(dialectName string, cols []string) string {
+	b := entsql.Dialect(dialectName)
+	byResource := entsql.And(entsql.EQ(entlock.FieldResourceType, ""), entsql.EQ(entlock.FieldResourceID, ""))
+	query, _ := b.Select(cols...).From(b.Table(entlock.Table)).Where(byResource).Query()
+	return query
 }
 
 // stmts are the prepared hot-path statements of one Store.
@@ -379,16 +398,26 @@ func (s *Store) prepare(ctx context.Context) (err error) {
 // ReadLock reads the lock on ref, or nil, outside any transaction; errors are the database's.
 func (s *Store) ReadLock(ctx context.Context, ref domain.ResourceRef) (*domain.Lock, error) {
 	if s.stmts.read == nil { // a read-only store prepares nothing
-		return scanLock(s.read.QueryRowContext(ctx, s.text.sel, string(ref.Type), ref.ID))
+		return scanLock(s.read.QueryRowContext(ctx, s.text.sel, string(ref.Type), ref.ID), !s.noteless)
 	}
-	return scanLock(s.stmts.read.QueryRowContext(ctx, string(ref.Type), ref.ID))
+	return scanLock(s.stmts.read.QueryRowContext(ctx, string(ref.Type), ref.ID), true)
 }
 
-// scanLock reads a row of the lock's columns, or nil for none.
-func scanLock(row interface{ Scan(dest ...any) error }) (*domain.Lock, error) {
+// NoteValue is a lock's note as stored: NULL for none, as in the rows that
+// were written before the column was added.
+func NoteValue(note string) sql.NullString { return sql.NullString{String: note, Valid: note != ""} }
+
+// scanLock reads a row of lockColumns(note), or nil for none.
+func scanLock(row interface{ Scan(dest ...any) error }, note bool) (*domain.Lock, error) {
 	var l domain.Lock
 	var acquired, expires string
-	err := row.Scan(&l.Token, &l.Owner, (*string)(&l.Resource.Type), &l.Resource.ID, &acquired, &expires)
+	var stored sql.NullString
+	dest := []any{&l.Token, &l.Owner, (*string)(&l.Resource.Type), &l.Resource.ID, &acquired, &expires, &stored}
+	if !note {
+		dest = dest[:len(dest)-1]
+	}
+	err := row.Scan(dest...)
+	l.Note = stored.String
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}

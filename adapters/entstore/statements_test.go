@@ -11,8 +11,8 @@ import (
 func TestStatements(t *testing.T) {
 	sqlite := buildStatements(dialect.SQLite)
 	for got, want := range map[string]string{
-		sqlite.sel:      "SELECT `id`, `owner_id`, `resource_type`, `resource_id`, `acquired_at`, `expires_at` FROM `locks` WHERE `resource_type` = ? AND `resource_id` = ?",
-		sqlite.insert:   "INSERT INTO `locks` (`owner_id`, `resource_type`, `resource_id`, `acquired_at`, `expires_at`) VALUES (?, ?, ?, ?, ?) RETURNING `id`",
+		sqlite.sel:      "SELECT `id`, `owner_id`, `resource_type`, `resource_id`, `acquired_at`, `expires_at`, `note` FROM `locks` WHERE `resource_type` = ? AND `resource_id` = ?",
+		sqlite.insert:   "INSERT INTO `locks` (`owner_id`, `resource_type`, `resource_id`, `acquired_at`, `expires_at`, `note`) VALUES (?, ?, ?, ?, ?, ?) RETURNING `id`",
 		sqlite.extend:   "UPDATE `locks` SET `expires_at` = ? WHERE `id` = ? AND `expires_at` = ?",
 		sqlite.delID:    "DELETE FROM `locks` WHERE `id` = ? AND `expires_at` = ?",
 		sqlite.delOwned: "DELETE FROM `locks` WHERE `resource_type` = ? AND `resource_id` = ? AND `owner_id` = ?",

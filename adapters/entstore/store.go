@@ -66,7 +66,10 @@ type Store struct {
 	b           Backend
 	text        statementText
 	stmts       stmts
-	contended   Contention
+	// noteless: the locks table has no note column (a database that only
+	// an earlier release has opened, inspected by NewReadOnly).
+	noteless  bool
+	contended Contention
 	// bound keeps the statements bound to the last shared transaction
 	// (tx.StmtContext per write cost 7% of a batch); tx keeps its address from reuse.
 	bound struct {
@@ -97,12 +100,35 @@ func New(ctx context.Context, read, write *sql.DB, b Backend) (*Store, error) {
 }
 
 // NewReadOnly returns a store for inspection, which prepares nothing (the
-// locks table may be missing); its writes fail with StoreReadOnly.
-func NewReadOnly(read *sql.DB, b Backend) *Store {
+// locks table may be missing) and migrates nothing: on a database that no
+// release with the note column has opened, it reads the locks without
+// notes. Its writes fail with StoreReadOnly.
+func NewReadOnly(ctx context.Context, read *sql.DB, b Backend) *Store {
 	b.WriteTx = func(context.Context, WriteKind, func(context.Context, *sql.Tx) error) error {
 		return &domain.StoreError{Op: "write", Kind: domain.StoreReadOnly, Err: errors.New("opened for inspection only")}
 	}
-	return newStore(read, b)
+	s := newStore(read, b)
+	if !s.hasNote(ctx) {
+		s.noteless = true
+		s.text.sel = selectLock(b.Dialect, lockColumns(false))
+	}
+	return s
+}
+
+// hasNote reports whether the locks table has the note column: false only
+// when the database says that a table or column is missing, so that a read
+// that fails for another reason reports its own failure.
+func (s *Store) hasNote(ctx context.Context) bool {
+	b := entsql.Dialect(s.b.Dialect)
+	query, _ := b.Select(entlock.FieldNote).From(b.Table(entlock.Table)).Limit(0).Query()
+	err := s.reading(ctx, func(ctx context.Context) error {
+		rows, err := s.read.QueryContext(ctx, query)
+		if err == nil {
+			err = rows.Close()
+		}
+		return err
+	})
+	return err == nil || !domain.IsStoreKind(s.b.FormatError("read the columns of "+entlock.Table, err), domain.StoreSchema)
 }
 
 // Close releases the prepared statements, not the adapter's connections.

@@ -19,7 +19,7 @@ import (
 var pgStatement = strings.NewReplacer(
 	"{locks}", entlock.Table, "{id}", entlock.FieldID, "{owner}", entlock.FieldOwnerID,
 	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
-	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt,
+	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt, "{note}", entlock.FieldNote,
 	"{serverNow}", `to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`,
 	"{layout}", `'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'`,
 	"{rowWait}", rowWaitSQL,
@@ -82,8 +82,8 @@ func (s *LockRepository) pick(st [2]string) string {
 // for a fifth of acquireSQL's server CPU; parameters as acquireSQL's. Testing
 // the snapshot first keeps an occupied resource from drawing an id.
 var acquireFreeSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint))
-INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
-SELECT $4::varchar, $2::varchar, $3::varchar, $5::varchar, $6::varchar
+INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires}, {note})
+SELECT $4::varchar, $2::varchar, $3::varchar, $5::varchar, $6::varchar, NULLIF($7::varchar, '')
 WHERE EXISTS (SELECT FROM held)
   AND NOT EXISTS (SELECT FROM {locks} WHERE {type} = $2 AND {rid} = $3)
 ON CONFLICT ({type}, {rid}) DO NOTHING
@@ -91,10 +91,10 @@ RETURNING {id}, xmin::text`)
 
 // acquireSQL is Acquire's rule (application.DecideAcquire) as one
 // statement; takeSQL is Take's, without re-entry. Parameters: $1 the
-// advisory lock key, $2 and $3 the resource, $4 the owner, $5 now and $6
-// the new expiry. held comes first, so that an Update that read the row
-// never meets this insert; old needs the lock expired on the server's clock
-// too, as now is an estimate. ins draws no id on a refusal; it writes nothing.
+// advisory lock key, $2 and $3 the resource, $4 the owner, $5 now, $6
+// the new expiry and $7 the note (empty: none). held comes first, so that
+// an Update that read the row never meets this insert; old needs the lock
+// expired on the server's clock too, as now is an estimate. ins draws no id on a refusal; it writes nothing.
 var acquireSQL, takeSQL = acquireStatement(true), acquireStatement(false)
 
 func acquireStatement(reenter bool) [2]string {
@@ -106,9 +106,9 @@ re AS (
   WHERE {type} = $2 AND {rid} = $3 AND {owner} = $4::varchar
     AND ` + activeAtCheck("{expires}", "$5") + `
     AND EXISTS (SELECT FROM held)
-  RETURNING {id}, {acquired}, {expires}),`
+  RETURNING {id}, {acquired}, {expires}, {note}),`
 		notRe = " AND NOT EXISTS (SELECT FROM re)"
-		reRow = `SELECT true, {id}, {acquired}, {expires}, NULL::bigint, NULL::varchar, NULL::varchar, NULL::varchar, NULL::text FROM re
+		reRow = `SELECT true, {id}, {acquired}, {expires}, NULL::bigint, NULL::varchar, NULL::varchar, NULL::varchar, NULL::text, {note}, NULL::varchar FROM re
 UNION ALL
 `
 	}
@@ -118,33 +118,33 @@ old AS (
   DELETE FROM {locks}
   WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {expires} <= $5::varchar
     AND EXISTS (SELECT FROM bound) AND {expiredOnServer}
-  RETURNING {id}, {owner}, {acquired}, {expires}),` + re + `
+  RETURNING {id}, {owner}, {acquired}, {expires}, {note}),` + re + `
 ins AS (
-  INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
-  SELECT $4::varchar, $2, $3, $5, $6::varchar
+  INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires}, {note})
+  SELECT $4::varchar, $2, $3, $5, $6::varchar, NULLIF($7::varchar, '')
   WHERE EXISTS (SELECT FROM held)` + notRe + `
     AND NOT EXISTS (SELECT FROM {locks} WHERE {type} = $2 AND {rid} = $3 AND {id} NOT IN (SELECT {id} FROM old))
   ON CONFLICT ({type}, {rid}) DO NOTHING
-  RETURNING {id}, {acquired}, {expires}, xmin::text AS v)
-` + reRow + `SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}, ins.v
+  RETURNING {id}, {acquired}, {expires}, {note}, xmin::text AS v)
+` + reRow + `SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}, ins.v, ins.{note}, old.{note}
 FROM ins LEFT JOIN old ON true`)
 }
 
 // TakeAt is Take's rule (application.OpTake) as AcquireAt is Acquire's,
 // with takeSQL: it never re-enters the caller's own active lock.
 func (s *LockRepository) TakeAt(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time)) (application.Outcome, error) {
-	return s.acquireBy(ctx, ref, owner, at, true, application.DecideTake)
+	return s.acquireBy(ctx, ref, owner, "", at, true, application.DecideTake)
 }
 
 // AcquireAt is Acquire's rule (application.OpAcquire) with acquireFreeSQL,
 // then, if the resource has a row, acquireSQL; right after a refusal on ref
 // a plain read decides first. A now read before the statement is never less safe.
 func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time)) (application.Outcome, error) {
-	return s.acquireBy(ctx, ref, owner, at, false, application.DecideAcquire)
+	return s.acquireBy(ctx, ref, owner, "", at, false, application.DecideAcquire)
 }
 
-// acquireBy is AcquireAt, or TakeAt (take), with decide's refusals.
-func (s *LockRepository) acquireBy(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time), take bool,
+// acquireBy is AcquireAt, or TakeAt (take), storing note with a new lock, with decide's refusals.
+func (s *LockRepository) acquireBy(ctx context.Context, ref domain.ResourceRef, owner, note string, at func() (time.Time, time.Time), take bool,
 	decide func(cur *domain.Lock, owner string, ref domain.ResourceRef, now, expires time.Time) (application.Change, error)) (application.Outcome, error) {
 	now, expires := at()
 	refuses := func(cur *domain.Lock, now time.Time) error {
@@ -167,7 +167,7 @@ func (s *LockRepository) acquireBy(ctx context.Context, ref domain.ResourceRef, 
 			return application.Outcome{}, err
 		}
 	}
-	req := writeReq{key: resourceKey(ref), ref: ref, owner: owner, now: entstore.FormatTime(now), expires: entstore.FormatTime(expires), take: take}
+	req := writeReq{key: resourceKey(ref), ref: ref, owner: owner, now: entstore.FormatTime(now), expires: entstore.FormatTime(expires), take: take, note: note}
 	if !seen && !s.occupied.Has(ref) {
 		m, err := s.w.free(ctx, req)
 		if err != nil {
@@ -175,6 +175,7 @@ func (s *LockRepository) acquireBy(ctx context.Context, ref domain.ResourceRef, 
 		}
 		if m.id.Valid {
 			m.times = [2]sql.NullString{{String: req.now, Valid: true}, {String: req.expires, Valid: true}}
+			m.note = entstore.NoteValue(note)
 			return decided(m)
 		}
 	}

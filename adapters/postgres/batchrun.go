@@ -26,9 +26,9 @@ func newBatches(s *LockRepository, always bool, parent context.Context) *batches
 	releaseArgs := func(r releaseReq) []any { return []any{string(r.ref.Type), r.ref.ID, r.owner, r.token, r.now} }
 	// batchRun's flags: a busy column; a member the batch left undecided runs alone.
 	b := &batches{life: life, end: end,
-		frees:    &batcher[writeReq, made]{one: s.acquireFreeOne, many: batchRun(s, acquireFreeBatchSQL, writeReq.args, false, false, freeCols), undo: s.undoMade},
-		acquires: &batcher[writeReq, made]{one: s.acquireOne, many: batchRun(s, s.pick(acquireBatchSQL), writeReq.args, false, true, acquireCols), undo: s.undoMade},
-		takes:    &batcher[writeReq, made]{one: s.acquireOne, many: batchRun(s, s.pick(takeBatchSQL), writeReq.args, false, true, acquireCols), undo: s.undoMade},
+		frees:    &batcher[writeReq, made]{one: s.acquireFreeOne, many: batchRun(s, acquireFreeBatchSQL, writeReq.acquireArgs, false, false, freeCols), undo: s.undoMade},
+		acquires: &batcher[writeReq, made]{one: s.acquireOne, many: batchRun(s, s.pick(acquireBatchSQL), writeReq.acquireArgs, false, true, acquireCols), undo: s.undoMade},
+		takes:    &batcher[writeReq, made]{one: s.acquireOne, many: batchRun(s, s.pick(takeBatchSQL), writeReq.acquireArgs, false, true, acquireCols), undo: s.undoMade},
 		renewals: &batcher[writeReq, made]{one: s.renewOne, many: batchRun(s, renewBatchSQL, withToken, true, false, renewCols)},
 		// A release's row names it removed, or busy (then its res is unused).
 		releases: &batcher[releaseReq, bool]{one: s.releaseOne, many: batchRun(s, releaseBatch(s.notice, releaseCommit), releaseArgs, true, false,

@@ -25,9 +25,9 @@ const noRow = `(SELECT l.{id} FROM {locks} l WHERE l.{type} = r.typ AND l.{rid} 
 
 // acquireFreeBatchSQL is acquireFreeSQL over arrays. Result: per lock inserted, n, its id and xmin.
 var acquireFreeBatchSQL = pgStatement(`WITH ins AS (
-  INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
-  SELECT own, typ, rid, acq, exp
-  FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[]) AS r(k, typ, rid, own, acq, exp)
+  INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires}, {note})
+  SELECT own, typ, rid, acq, exp, NULLIF(nt, '')
+  FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[], $7::varchar[]) AS r(k, typ, rid, own, acq, exp, nt)
   WHERE ` + noRow + ` AND pg_try_advisory_xact_lock(k)
   ON CONFLICT ({type}, {rid}) DO NOTHING
   RETURNING {id}, {type}, {rid}, xmin::text AS v)
@@ -45,14 +45,14 @@ func acquireBatch(reenter bool) [2]string {
   UPDATE {locks} l SET {expires} = GREATEST(l.{expires}, req.exp) FROM req, cur
   WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n AND l.{owner} = req.own
     AND ` + activeAtCheck("l.{expires}", "req.acq") + `
-  RETURNING req.n, l.{id}, l.{acquired}, l.{expires}),`
+  RETURNING req.n, l.{id}, l.{acquired}, l.{expires}, l.{note}),`
 	changes := "l.{expires} <= req.acq OR l.{owner} = req.own" // the rows old or re may change
 	if !reenter {
-		re = `re AS (SELECT 0::bigint AS n, 0::bigint AS {id}, ''::varchar AS {acquired}, ''::varchar AS {expires} WHERE false),`
+		re = `re AS (SELECT 0::bigint AS n, 0::bigint AS {id}, ''::varchar AS {acquired}, ''::varchar AS {expires}, ''::varchar AS {note} WHERE false),`
 		changes = "l.{expires} <= req.acq"
 	}
-	return pgStatements(`WITH req AS (SELECT * FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[])
-  WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, n)),
+	return pgStatements(`WITH req AS (SELECT * FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[], $7::varchar[])
+  WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, nt, n)),
 held AS MATERIALIZED (SELECT n FROM req WHERE pg_try_advisory_xact_lock(k)),
 ` + batchRows + `,
 cand AS MATERIALIZED (SELECT l.{id}, n FROM rows l JOIN req USING (n)
@@ -63,17 +63,18 @@ old AS (
   DELETE FROM {locks} l USING req, cur
   WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
     AND l.{expires} <= req.acq AND {expiredOnServer}
-  RETURNING req.n, l.{id}, l.{owner}, l.{acquired}, l.{expires}),
+  RETURNING req.n, l.{id}, l.{owner}, l.{acquired}, l.{expires}, l.{note}),
 ` + re + `
 ins AS (
-  INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires})
-  SELECT own, typ, rid, acq, exp FROM req r
+  INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires}, {note})
+  SELECT own, typ, rid, acq, exp, NULLIF(nt, '') FROM req r
   WHERE n IN (SELECT n FROM ok) AND n NOT IN (SELECT n FROM re)
     AND n NOT IN (SELECT n FROM rows WHERE {id} NOT IN (SELECT {id} FROM old))
   ON CONFLICT ({type}, {rid}) DO NOTHING
-  RETURNING {id}, {type}, {rid}, {acquired}, {expires}, xmin::text AS v)
+  RETURNING {id}, {type}, {rid}, {acquired}, {expires}, {note}, xmin::text AS v)
 SELECT ok.n, re.n IS NOT NULL, COALESCE(re.{id}, ins.{id}), COALESCE(re.{acquired}, ins.{acquired}), COALESCE(re.{expires}, ins.{expires}),
-  CASE WHEN ins.{id} IS NOT NULL THEN old.{id} END, old.{owner}, old.{acquired}, old.{expires}, ins.v
+  CASE WHEN ins.{id} IS NOT NULL THEN old.{id} END, old.{owner}, old.{acquired}, old.{expires}, ins.v,
+  CASE WHEN re.n IS NOT NULL THEN re.{note} ELSE ins.{note} END, old.{note}
 FROM ok JOIN req USING (n) LEFT JOIN re USING (n)
   LEFT JOIN ins ON ins.{type} = req.typ AND ins.{rid} = req.rid LEFT JOIN old ON old.n = req.n`)
 }
@@ -94,10 +95,10 @@ up AS (
   WHERE l.{id} = ANY (ARRAY(SELECT {id} FROM cur)) AND l.{id} = cur.{id} AND cur.n = req.n
     AND l.{type} = req.typ AND l.{rid} = req.rid AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)
     AND ` + activeAtCheck("l.{expires}", "req.acq") + `
-  RETURNING req.n, l.{id}, l.{acquired}, l.{expires})
-SELECT n, false, {id}, {acquired}, {expires} FROM up
+  RETURNING req.n, l.{id}, l.{acquired}, l.{expires}, l.{note})
+SELECT n, false, {id}, {acquired}, {expires}, {note} FROM up
 UNION ALL
-SELECT n, true, NULL, NULL, NULL FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
+SELECT n, true, NULL, NULL, NULL, NULL FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
 
 // releaseBatchSQL is the releases by owner (tok 0) and by token (active at
 // at) over arrays, with {notice} and {commit}. Result: per member decided,

@@ -81,6 +81,7 @@ func TestLockRepository_Schema(t *testing.T) {
 		"resource_id character varying 255",
 		"acquired_at character varying 30",
 		"expires_at character varying 30",
+		"note character varying 256", // nullable: rows and writers of m4_001 stay valid
 	}, got)
 }
 

@@ -38,7 +38,7 @@ func OpenReadOnly(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		return nil, FormatError(op, err)
 	}
 	db := &DB{sql: sdb, conns: conns}
-	db.store = newLockRepository(entstore.NewReadOnly(sdb, entstore.Backend{Dialect: dialect.Postgres, FormatError: FormatError, Read: read}), sdb, false, nil, nil)
+	db.store = newLockRepository(entstore.NewReadOnly(ctx, sdb, entstore.Backend{Dialect: dialect.Postgres, FormatError: FormatError, Read: read}), sdb, false, nil, nil)
 	return db, nil
 }
 

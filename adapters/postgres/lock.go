@@ -37,9 +37,9 @@ var _ application.OneStatement = (*LockRepository)(nil)
 func (s *LockRepository) Apply(ctx context.Context, op application.Op) (application.Outcome, error) {
 	switch op.Kind {
 	case application.OpAcquire:
-		return s.AcquireAt(ctx, op.Ref, op.Owner, op.At)
+		return s.acquireBy(ctx, op.Ref, op.Owner, op.Note, op.At, false, application.DecideAcquire)
 	case application.OpTake:
-		return s.TakeAt(ctx, op.Ref, op.Owner, op.At)
+		return s.acquireBy(ctx, op.Ref, op.Owner, op.Note, op.At, true, application.DecideTake)
 	case application.OpRenew:
 		return s.RenewAt(ctx, op.Ref, op.Owner, op.At)
 	case application.OpRenewToken:

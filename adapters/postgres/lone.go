@@ -39,12 +39,16 @@ type writeReq struct {
 	now, expires string
 	take         bool
 	token        int64
+	note         string // an acquire's, for a new lock
 }
 
 // args are the parameters $1-$6 of acquireSQL, acquireFreeSQL and renewSQL.
 func (r writeReq) args() []any {
 	return []any{r.key, string(r.ref.Type), r.ref.ID, r.owner, r.now, r.expires}
 }
+
+// acquireArgs are the parameters $1-$7 of acquireSQL and acquireFreeSQL.
+func (r writeReq) acquireArgs() []any { return append(r.args(), r.note) }
 
 // releaseReq is a release: by owner (token 0) or by token, active at now.
 type releaseReq struct {
@@ -63,18 +67,20 @@ type made struct {
 	prevID    sql.NullInt64     // the lock replaced, if any:
 	prev      [3]sql.NullString // its owner, acquired, expires
 	version   sql.NullString    // the row inserted (its xmin), for undo
+	note      sql.NullString    // the lock's note
+	prevNote  sql.NullString    // the note of the lock replaced
 }
 
 // acquireCols, freeCols and renewCols take the columns of acquireSQL, acquireFreeSQL and renewSQL.
 func acquireCols(m *made) []any {
-	return []any{&m.reentered, &m.id, &m.times[0], &m.times[1], &m.prevID, &m.prev[0], &m.prev[1], &m.prev[2], &m.version}
+	return []any{&m.reentered, &m.id, &m.times[0], &m.times[1], &m.prevID, &m.prev[0], &m.prev[1], &m.prev[2], &m.version, &m.note, &m.prevNote}
 }
 func freeCols(m *made) []any  { return []any{&m.id, &m.version} }
-func renewCols(m *made) []any { return []any{&m.id, &m.times[0], &m.times[1]} }
+func renewCols(m *made) []any { return []any{&m.id, &m.times[0], &m.times[1], &m.note} }
 
 // outcome is the acquisition m describes, of owner on ref.
 func (m made) outcome(ref domain.ResourceRef, owner string) (application.Outcome, error) {
-	a := application.Outcome{Kind: application.ChangeInsert, Lock: domain.Lock{Token: m.id.Int64, Owner: owner, Resource: ref}}
+	a := application.Outcome{Kind: application.ChangeInsert, Lock: domain.Lock{Token: m.id.Int64, Owner: owner, Resource: ref, Note: m.note.String}}
 	if m.reentered {
 		a.Kind = application.ChangeExtend
 	}
@@ -82,7 +88,7 @@ func (m made) outcome(ref domain.ResourceRef, owner string) (application.Outcome
 		return a, err
 	}
 	if m.prevID.Valid {
-		p := domain.Lock{Token: m.prevID.Int64, Owner: m.prev[0].String, Resource: ref}
+		p := domain.Lock{Token: m.prevID.Int64, Owner: m.prev[0].String, Resource: ref, Note: m.prevNote.String}
 		if err := entstore.ParseTimes(&p, m.prev[1].String, m.prev[2].String); err != nil {
 			return a, err
 		}
@@ -104,14 +110,14 @@ func (s *LockRepository) writeOne(ctx context.Context, query string, args []any,
 }
 
 func (s *LockRepository) acquireFreeOne(ctx context.Context, r writeReq) (made, error) {
-	return s.writeOne(ctx, acquireFreeSQL, r.args(), freeCols)
+	return s.writeOne(ctx, acquireFreeSQL, r.acquireArgs(), freeCols)
 }
 
 func (s *LockRepository) acquireOne(ctx context.Context, r writeReq) (made, error) {
 	if r.take {
-		return s.writeOne(ctx, s.pick(takeSQL), r.args(), acquireCols)
+		return s.writeOne(ctx, s.pick(takeSQL), r.acquireArgs(), acquireCols)
 	}
-	return s.writeOne(ctx, s.pick(acquireSQL), r.args(), acquireCols)
+	return s.writeOne(ctx, s.pick(acquireSQL), r.acquireArgs(), acquireCols)
 }
 
 func (s *LockRepository) renewOne(ctx context.Context, r writeReq) (made, error) {

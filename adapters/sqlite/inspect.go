@@ -59,7 +59,7 @@ func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, err
 	}
 	db := &DB{sql: sdb, writer: make(chan struct{}, 1), path: path}
 	// Nothing prepared: a missing locks table is for Schema to report.
-	db.store = &LockRepository{Store: entstore.NewReadOnly(sdb, db.backend())}
+	db.store = &LockRepository{Store: entstore.NewReadOnly(ctx, sdb, db.backend())}
 	return db, nil
 }
 

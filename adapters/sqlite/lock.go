@@ -38,8 +38,8 @@ var _ application.OneStatement = (*LockRepository)(nil)
 var insertFreeSQL = strings.NewReplacer(
 	"{locks}", entlock.Table, "{owner}", entlock.FieldOwnerID,
 	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
-	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt, "{time}", lockTimeName,
-).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`) VALUES (?, ?, ?, {time}(?, 0), {time}(?, 1))")
+	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt, "{note}", entlock.FieldNote, "{time}", lockTimeName,
+).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`, `{note}`) VALUES (?, ?, ?, {time}(?, 0), {time}(?, 1), ?)")
 
 // lockTimeName is lockTime's name in SQL, registered with the driver for
 // every connection in the process: one that no other code would choose.
@@ -136,12 +136,17 @@ func (s *LockRepository) Apply(ctx context.Context, op application.Op) (applicat
 	if op.Kind != application.OpAcquire && op.Kind != application.OpTake {
 		return application.Outcome{}, nil
 	}
-	return s.AcquireAt(ctx, op.Ref, op.Owner, op.At)
+	return s.acquireAt(ctx, op.Ref, op.Owner, op.Note, op.At)
 }
 
 // AcquireAt inserts the lock if the resource has no row, and otherwise
 // leaves it to Update (ChangeNone), at once for one just refused.
 func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, owner string, at func() (time.Time, time.Time)) (application.Outcome, error) {
+	return s.acquireAt(ctx, ref, owner, "", at)
+}
+
+// acquireAt is AcquireAt storing note with the lock.
+func (s *LockRepository) acquireAt(ctx context.Context, ref domain.ResourceRef, owner, note string, at func() (time.Time, time.Time)) (application.Outcome, error) {
 	if s.insertFree == nil || s.Contended().Has(ref) {
 		return application.Outcome{}, nil
 	}
@@ -155,7 +160,7 @@ func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 		key := datingKey.Add(1)
 		datings.Store(key, d)
 		defer datings.Delete(key)
-		res, err := s.On(ctx, tx, s.insertFree).ExecContext(ctx, owner, string(ref.Type), ref.ID, key, key)
+		res, err := s.On(ctx, tx, s.insertFree).ExecContext(ctx, owner, string(ref.Type), ref.ID, key, key, entstore.NoteValue(note))
 		if d.panicked {
 			panic(d.panicVal)
 		}
@@ -179,7 +184,7 @@ func (s *LockRepository) AcquireAt(ctx context.Context, ref domain.ResourceRef, 
 	if !ins.ok {
 		return application.Outcome{}, nil
 	}
-	l := domain.Lock{Token: ins.token, Owner: owner, Resource: ref}
+	l := domain.Lock{Token: ins.token, Owner: owner, Resource: ref, Note: note}
 	if err := entstore.ParseTimes(&l, ins.acquired, ins.expires); err != nil {
 		return application.Outcome{}, s.Failed(ctx, err, "acquire lock on", ref)
 	}

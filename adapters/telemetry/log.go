@@ -42,6 +42,9 @@ func (l *Logger) Observe(ctx context.Context, e application.Event) {
 	}
 	if e.Lock.Token != 0 {
 		attrs = append(attrs, slog.Int64("token", e.Lock.Token), slog.Time("expires_at", e.Lock.ExpiresAt))
+		if e.Lock.Note != "" {
+			attrs = append(attrs, slog.String("note", e.Lock.Note))
+		}
 	}
 	if p := e.Previous; p != nil {
 		prefix := "previous_"
@@ -53,6 +56,9 @@ func (l *Logger) Observe(ctx context.Context, e application.Event) {
 		}
 		attrs = append(attrs, slog.String(prefix+"owner", p.Owner), slog.Int64(prefix+"token", p.Token),
 			slog.Time(prefix+"expires_at", p.ExpiresAt))
+		if p.Note != "" {
+			attrs = append(attrs, slog.String(prefix+"note", p.Note))
+		}
 	}
 	if e.Kind == application.EventReleasedAll || e.Kind == application.EventCleanedUp {
 		attrs = append(attrs, slog.Int("count", e.Count))

@@ -18,7 +18,7 @@ func (c *invocation) acquire(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	opts, err := c.wait.options(c.ttl)
+	opts, err := c.wait.options(c.ttl, c.note)
 	if err != nil {
 		return err
 	}

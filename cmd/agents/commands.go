@@ -25,17 +25,19 @@ type command struct {
 
 // commands are the subcommands of agents, in the order of the help text.
 var commands = []command{
-	{"locks acquire", "TYPE ID [--owner ID] [--ttl D] [--wait [--timeout D]]", "Take the lock on a resource for --owner, or re-enter it if --owner holds it already; with --wait, wait until it is free.",
+	{"locks acquire", "TYPE ID [--owner ID] [--ttl D] [--wait [--timeout D]] [--note TEXT]", "Take the lock on a resource for --owner, or re-enter it if --owner holds it already; with --wait, wait until it is free.",
 		func(c *invocation, fs *pflag.FlagSet) {
 			c.g.registerOwner(fs, ownerUsage)
 			fs.Var(&c.ttl, "ttl", ttlUsage)
+			fs.StringVar(&c.note, "note", "", noteUsage+"; a re-entry keeps the note it has")
 			c.wait.register(fs)
 			c.registerCreate(fs)
 		}, (*invocation).acquire},
-	{"locks run", "TYPE ID [--owner ID] [--ttl D] [--wait [--timeout D]] [--grace D] [--conflict-exit-code N] [--lost-exit-code N] -- CMD [ARGS...]", "Take the lock, run CMD while keeping it alive, and release it when CMD ends; exit with CMD's status.",
+	{"locks run", "TYPE ID [--owner ID] [--ttl D] [--wait [--timeout D]] [--note TEXT] [--grace D] [--conflict-exit-code N] [--lost-exit-code N] -- CMD [ARGS...]", "Take the lock, run CMD while keeping it alive, and release it when CMD ends; exit with CMD's status.",
 		func(c *invocation, fs *pflag.FlagSet) {
 			c.g.registerOwner(fs, ownerUsage+"; default: an id of this agents process")
 			fs.Var(&c.ttl, "ttl", ttlUsage+"; renewed every half of it while CMD runs")
+			fs.StringVar(&c.note, "note", "", noteUsage)
 			c.wait.register(fs)
 			c.registerCreate(fs)
 			c.grace = defaultGrace
@@ -204,7 +206,7 @@ func knowSwitches(cmd *cobra.Command) {
 
 // valueFlags are the flags that take a value, whose value normalizeArgs
 // leaves alone.
-var valueFlags = map[string]bool{"db": true, "deadline": true, "owner": true, "ttl": true, "timeout": true, "grace": true, "type": true,
+var valueFlags = map[string]bool{"db": true, "deadline": true, "owner": true, "ttl": true, "timeout": true, "grace": true, "type": true, "note": true,
 	"conflict-exit-code": true, "lost-exit-code": true}
 
 // normalizeArgs spells "-flag" as "--flag", up to "--": agents has always

@@ -165,8 +165,8 @@ func (c *invocation) checkOrphaned(ctx context.Context, svc *application.LockSer
 	}
 	first := newLockDoc(orphaned[0])
 	return check{Name: "orphaned_locks", Status: statusWarn, Count: &n, Oldest: &first, Detail: fmt.Sprintf(
-		"%s held by processes of this machine that are gone, such as %s held by %q; the next acquire of each takes it over at once",
-		plural(n, "lock"), printable(orphaned[0].Resource.String()), orphaned[0].Owner)}
+		"%s held by processes of this machine that are gone, such as %s held by %q%s; the next acquire of each takes it over at once",
+		plural(n, "lock"), printable(orphaned[0].Resource.String()), orphaned[0].Owner, noteOf(orphaned[0]))}
 }
 
 // inspectSQLite opens the SQLite file for diagnostics, read-only, and
@@ -326,8 +326,16 @@ func (c *invocation) checkActive(ctx context.Context, svc *application.LockServi
 	doc := newLockDoc(oldest)
 	now := svc.Now()
 	return check{Name: "active_locks", Status: statusOK, Count: &n, Oldest: &doc, Detail: fmt.Sprintf(
-		"%s held; the oldest is %s, held by %q since %s", plural(n, "lock"), printable(oldest.Resource.String()),
-		oldest.Owner, c.when(oldest.AcquiredAt, now))}
+		"%s held; the oldest is %s, held by %q%s since %s", plural(n, "lock"), printable(oldest.Resource.String()),
+		oldest.Owner, noteOf(oldest), c.when(oldest.AcquiredAt, now))}
+}
+
+// noteOf is " (note ...)" for a lock with a note, quoted: the holder's words.
+func noteOf(l domain.Lock) string {
+	if l.Note == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (note %q)", l.Note)
 }
 
 func (c *invocation) printReport(w io.Writer, path string, r report) {

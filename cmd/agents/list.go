@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"text/tabwriter"
 
 	"github.com/cleveragents/locks/application"
@@ -73,15 +74,26 @@ func (c *invocation) list(ctx context.Context, args []string) error {
 			}
 			return
 		}
+		// A NOTE column only when a lock has one: the table of locks
+		// without notes stays as it was.
+		notes := slices.ContainsFunc(ls, func(l domain.Lock) bool { return l.Note != "" })
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "TYPE\tID\tOWNER\tTOKEN\tACQUIRED\tEXPIRES\tSTATUS")
+		header := "TYPE\tID\tOWNER\tTOKEN\tACQUIRED\tEXPIRES\tSTATUS"
+		if notes {
+			header += "\tNOTE"
+		}
+		fmt.Fprintln(tw, header)
 		for _, l := range ls {
 			status := "active"
 			if l.ExpiredAt(now) {
 				status = "EXPIRED"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", l.Resource.Type, printable(l.Resource.ID), printable(l.Owner), l.Token,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s", l.Resource.Type, printable(l.Resource.ID), printable(l.Owner), l.Token,
 				c.when(l.AcquiredAt, now), c.when(l.ExpiresAt, now), status)
+			if notes {
+				fmt.Fprintf(tw, "\t%s", printable(l.Note))
+			}
+			fmt.Fprintln(tw)
 		}
 		tw.Flush()
 	})

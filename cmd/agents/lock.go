@@ -27,6 +27,7 @@ type lockDoc struct {
 	ResourceID   string `json:"resource_id"`
 	AcquiredAt   string `json:"acquired_at"`
 	ExpiresAt    string `json:"expires_at"`
+	Note         string `json:"note,omitempty"` // absent for a lock without one
 }
 
 func newLockDoc(l domain.Lock) lockDoc {
@@ -37,6 +38,7 @@ func newLockDoc(l domain.Lock) lockDoc {
 		ResourceID:   l.Resource.ID,
 		AcquiredAt:   l.AcquiredAt.UTC().Format(jsonTime),
 		ExpiresAt:    l.ExpiresAt.UTC().Format(jsonTime),
+		Note:         l.Note,
 	}
 }
 
@@ -53,6 +55,9 @@ func (c *invocation) printLock(w io.Writer, verb string, l domain.Lock, now time
 
 func (c *invocation) printTimes(w io.Writer, l domain.Lock, now time.Time) {
 	fmt.Fprintf(w, "  acquired  %s\n  expires   %s\n", c.when(l.AcquiredAt, now), c.when(l.ExpiresAt, now))
+	if l.Note != "" {
+		fmt.Fprintf(w, "  note      %s\n", printable(l.Note))
+	}
 }
 
 // printConflict reports on stderr who holds the resource, since when and
@@ -129,6 +134,8 @@ func (c *invocation) target(args []string) (domain.ResourceRef, string, error) {
 // service for its default.
 type ttlFlag time.Duration
 
+const noteUsage = "what the lock is taken for, shown by list and diagnostics and to owners it refuses: `TEXT` of at most 256 bytes on one line"
+
 const ttlUsage = "how long the lock lives: a duration `D` (90s, 5m) or whole seconds (300), from 5s to 1h; default 5m"
 
 func (f *ttlFlag) String() string {
@@ -193,12 +200,16 @@ func (w *waitFlags) register(fs *pflag.FlagSet) {
 		})
 }
 
-// options returns the acquire options that the flags ask for.
-func (w *waitFlags) options(ttl ttlFlag) (application.AcquireOptions, error) {
+// options returns the acquire options that the flags ask for, the note
+// checked before the database is opened (or created).
+func (w *waitFlags) options(ttl ttlFlag, note string) (application.AcquireOptions, error) {
 	if w.timeoutSet && !w.wait {
 		return application.AcquireOptions{}, usagef("--timeout bounds a wait: pass --wait with it")
 	}
-	return application.AcquireOptions{TTL: time.Duration(ttl), Wait: w.wait, Timeout: w.timeout}, nil
+	if err := domain.ValidateNote(note); err != nil {
+		return application.AcquireOptions{}, err
+	}
+	return application.AcquireOptions{TTL: time.Duration(ttl), Wait: w.wait, Timeout: w.timeout, Note: note}, nil
 }
 
 // Type names the value of --ttl in help.

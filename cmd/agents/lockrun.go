@@ -86,7 +86,7 @@ func (c *invocation) lockRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	opts, err := c.wait.options(ttl)
+	opts, err := c.wait.options(ttl, c.note)
 	if err != nil {
 		return err
 	}

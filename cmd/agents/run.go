@@ -91,6 +91,7 @@ type invocation struct {
 	// The flags of the commands that take them.
 	ttl      ttlFlag
 	wait     waitFlags
+	note     string
 	grace    time.Duration
 	listType string
 	listAll  bool

@@ -21,6 +21,8 @@ const (
 	FieldAcquiredAt = "acquired_at"
 	// FieldExpiresAt holds the string denoting the expires_at field in the database.
 	FieldExpiresAt = "expires_at"
+	// FieldNote holds the string denoting the note field in the database.
+	FieldNote = "note"
 	// Table holds the table name of the lock in the database.
 	Table = "locks"
 )
@@ -33,6 +35,7 @@ var Columns = []string{
 	FieldResourceID,
 	FieldAcquiredAt,
 	FieldExpiresAt,
+	FieldNote,
 }
 
 // ValidColumn reports if the column name is valid (part of the table columns).
@@ -56,6 +59,8 @@ var (
 	AcquiredAtValidator func(string) error
 	// ExpiresAtValidator is a validator for the "expires_at" field. It is called by the builders before save.
 	ExpiresAtValidator func(string) error
+	// NoteValidator is a validator for the "note" field. It is called by the builders before save.
+	NoteValidator func(string) error
 )
 
 // OrderOption defines the ordering options for the Lock queries.
@@ -89,4 +94,9 @@ func ByAcquiredAt(opts ...sql.OrderTermOption) OrderOption {
 // ByExpiresAt orders the results by the expires_at field.
 func ByExpiresAt(opts ...sql.OrderTermOption) OrderOption {
 	return sql.OrderByField(FieldExpiresAt, opts...).ToFunc()
+}
+
+// ByNote orders the results by the note field.
+func ByNote(opts ...sql.OrderTermOption) OrderOption {
+	return sql.OrderByField(FieldNote, opts...).ToFunc()
 }

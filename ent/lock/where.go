@@ -77,6 +77,11 @@ func ExpiresAt(v string) predicate.Lock {
 	return predicate.Lock(sql.FieldEQ(FieldExpiresAt, v))
 }
 
+// Note applies equality check predicate on the "note" field. It's identical to NoteEQ.
+func Note(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldEQ(FieldNote, v))
+}
+
 // OwnerIDEQ applies the EQ predicate on the "owner_id" field.
 func OwnerIDEQ(v string) predicate.Lock {
 	return predicate.Lock(sql.FieldEQ(FieldOwnerID, v))
@@ -400,6 +405,81 @@ func ExpiresAtEqualFold(v string) predicate.Lock {
 // ExpiresAtContainsFold applies the ContainsFold predicate on the "expires_at" field.
 func ExpiresAtContainsFold(v string) predicate.Lock {
 	return predicate.Lock(sql.FieldContainsFold(FieldExpiresAt, v))
+}
+
+// NoteEQ applies the EQ predicate on the "note" field.
+func NoteEQ(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldEQ(FieldNote, v))
+}
+
+// NoteNEQ applies the NEQ predicate on the "note" field.
+func NoteNEQ(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldNEQ(FieldNote, v))
+}
+
+// NoteIn applies the In predicate on the "note" field.
+func NoteIn(vs ...string) predicate.Lock {
+	return predicate.Lock(sql.FieldIn(FieldNote, vs...))
+}
+
+// NoteNotIn applies the NotIn predicate on the "note" field.
+func NoteNotIn(vs ...string) predicate.Lock {
+	return predicate.Lock(sql.FieldNotIn(FieldNote, vs...))
+}
+
+// NoteGT applies the GT predicate on the "note" field.
+func NoteGT(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldGT(FieldNote, v))
+}
+
+// NoteGTE applies the GTE predicate on the "note" field.
+func NoteGTE(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldGTE(FieldNote, v))
+}
+
+// NoteLT applies the LT predicate on the "note" field.
+func NoteLT(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldLT(FieldNote, v))
+}
+
+// NoteLTE applies the LTE predicate on the "note" field.
+func NoteLTE(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldLTE(FieldNote, v))
+}
+
+// NoteContains applies the Contains predicate on the "note" field.
+func NoteContains(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldContains(FieldNote, v))
+}
+
+// NoteHasPrefix applies the HasPrefix predicate on the "note" field.
+func NoteHasPrefix(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldHasPrefix(FieldNote, v))
+}
+
+// NoteHasSuffix applies the HasSuffix predicate on the "note" field.
+func NoteHasSuffix(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldHasSuffix(FieldNote, v))
+}
+
+// NoteIsNil applies the IsNil predicate on the "note" field.
+func NoteIsNil() predicate.Lock {
+	return predicate.Lock(sql.FieldIsNull(FieldNote))
+}
+
+// NoteNotNil applies the NotNil predicate on the "note" field.
+func NoteNotNil() predicate.Lock {
+	return predicate.Lock(sql.FieldNotNull(FieldNote))
+}
+
+// NoteEqualFold applies the EqualFold predicate on the "note" field.
+func NoteEqualFold(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldEqualFold(FieldNote, v))
+}
+
+// NoteContainsFold applies the ContainsFold predicate on the "note" field.
+func NoteContainsFold(v string) predicate.Lock {
+	return predicate.Lock(sql.FieldContainsFold(FieldNote, v))
 }
 
 // And groups predicates with the AND operator between them.

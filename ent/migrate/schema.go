@@ -17,6 +17,7 @@ var (
 		{Name: "resource_id", Type: field.TypeString, Size: 255, SchemaType: map[string]string{"mysql": "varchar(255)", "postgres": "varchar(255)", "sqlite3": "varchar(255)"}},
 		{Name: "acquired_at", Type: field.TypeString, Size: 30, SchemaType: map[string]string{"mysql": "varchar(30)", "postgres": "varchar(30)", "sqlite3": "varchar(30)"}},
 		{Name: "expires_at", Type: field.TypeString, Size: 30, SchemaType: map[string]string{"mysql": "varchar(30)", "postgres": "varchar(30)", "sqlite3": "varchar(30)"}},
+		{Name: "note", Type: field.TypeString, Nullable: true, Size: 256, SchemaType: map[string]string{"mysql": "varchar(256)", "postgres": "varchar(256)", "sqlite3": "varchar(256)"}},
 	}
 	// LocksTable holds the schema information for the "locks" table.
 	LocksTable = &schema.Table{

@@ -36,6 +36,10 @@ func (Lock) Fields() []ent.Field {
 		field.String("resource_id").MaxLen(255).NotEmpty().Immutable().SchemaType(varchar(255)),
 		field.String("acquired_at").MaxLen(30).Immutable().SchemaType(varchar(30)),
 		field.String("expires_at").MaxLen(30).SchemaType(varchar(30)),
+		// The holder's note (domain.ValidateNote), NULL for none: added
+		// after the table, nullable so that the rows and the writers of
+		// earlier versions stay valid.
+		field.String("note").Optional().MaxLen(256).Immutable().SchemaType(varchar(256)),
 	}
 }
 
