@@ -182,3 +182,13 @@ func TestOwner_SameProcessContainers(t *testing.T) {
 	t.Run("SQLite", func(t *testing.T) { each(t, filepath.Join(t.TempDir(), "agents.db")) })
 	t.Run("PostgreSQL", func(t *testing.T) { each(t, testdb.Postgres(t)) })
 }
+
+// On PostgreSQL a claim is the schema's: one owner id opens in two
+// schemas of one database at once, as on two SQLite files.
+func TestOwner_PostgresSchemasApart(t *testing.T) {
+	first := MustOpen(t, locks.Config{Database: testdb.Postgres(t), Owner: "app"})
+	second, err := locks.Open(context.Background(), locks.Config{Database: testdb.Postgres(t), Owner: "app"})
+	require.NoError(t, err, "an owner id claimed in one schema was refused in another")
+	require.NoError(t, second.Close())
+	require.NoError(t, first.Close())
+}
