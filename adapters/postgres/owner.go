@@ -80,4 +80,3 @@ func closeConn(conn *pgx.Conn) {
 	defer cancel()
 	_ = conn.Close(ctx)
 }
-
