@@ -192,3 +192,20 @@ func TestOwner_PostgresSchemasApart(t *testing.T) {
 	require.NoError(t, second.Close())
 	require.NoError(t, first.Close())
 }
+
+// Behind PgBouncer in session mode the claim is the client's session's:
+// the second Open through the pooler is refused, and the first's Close
+// frees the id at once (the pooler resets the server session, DISCARD
+// ALL, before it serves another client), so no claim outlives its container.
+func TestOwner_BehindSessionPooler(t *testing.T) {
+	db := testdb.PgBouncer(t, testdb.EnvPgBouncerSession)
+	ctx := context.Background()
+	for range 3 {
+		first, err := locks.Open(ctx, locks.Config{Database: db, Owner: "pooled"})
+		require.NoError(t, err, "the owner id stayed claimed after its container closed")
+		_, err = locks.Open(ctx, locks.Config{Database: db, Owner: "pooled"})
+		var inUse *domain.OwnerInUseError
+		require.ErrorAs(t, err, &inUse, "a second container through the pooler with the same owner id")
+		require.NoError(t, first.Close())
+	}
+}
