@@ -94,7 +94,8 @@ type Container struct {
 // refuses it, before it writes anything. Close frees it at once, and so
 // does the end of the process, however it ends. On SQLite it is a kernel
 // lock in the wake file (Linux only; elsewhere Open claims nothing), on
-// PostgreSQL a session advisory lock (docs/holding.md, "Which owner to give").
+// PostgreSQL a session advisory lock (docs/holding.md, "One owner id, one
+// open container").
 //
 // Errors: *domain.ValidationError for a bad Config (a PostgreSQL DSN
 // without PostgresPackage imported too); *domain.OwnerInUseError when
