@@ -61,6 +61,13 @@ type Config struct {
 	// KeepLocksOnClose makes Close leave the owner's locks to expire, for a
 	// process that exits holding one on purpose, such as the agents CLI.
 	KeepLocksOnClose bool
+	// ShareOwner lets other processes open the database with Owner while
+	// this container is open, and this one open beside them: Open neither
+	// claims Owner nor checks it (see Open). For a process that acts for an
+	// owner id another process uses, as the agents CLI does for --owner.
+	// It requires KeepLocksOnClose: Close would otherwise release the
+	// locks of every process of the owner.
+	ShareOwner bool
 }
 
 // Container is the lock module as the application container embeds it.
@@ -78,13 +85,23 @@ type Container struct {
 	closing  atomic.Bool
 }
 
-// Open builds the container that cfg describes: it migrates the store,
-// purges expired locks (unless cfg.SkipStartupCleanup) and starts the
-// periodic cleanup.
+// Open builds the container that cfg describes: it claims the owner id
+// (unless cfg.ShareOwner), migrates the store, purges expired locks
+// (unless cfg.SkipStartupCleanup) and starts the periodic cleanup.
+//
+// The claim makes an owner id one container's at a time on a database:
+// while a container is open with it, in this process or another, Open
+// refuses it, before it writes anything. Close frees it at once, and so
+// does the end of the process, however it ends. On SQLite it is a kernel
+// lock in the wake file (Linux only; elsewhere Open claims nothing), on
+// PostgreSQL a session advisory lock (docs/holding.md, "One owner id, one
+// open container").
+//
 // Errors: *domain.ValidationError for a bad Config (a PostgreSQL DSN
-// without PostgresPackage imported too); *domain.StoreError when the store
-// cannot be opened, migrated or cleaned (a refused SQLite file is left as
-// it was: see sqlite.Open).
+// without PostgresPackage imported too); *domain.OwnerInUseError when
+// another open container claims cfg.Owner; *domain.StoreError when the
+// store cannot be opened, migrated or cleaned (a refused SQLite file is
+// left as it was: see sqlite.Open).
 func Open(ctx context.Context, cfg Config) (*Container, error) {
 	kind, err := databaseKind(cfg.Database)
 	if err != nil {
@@ -95,6 +112,10 @@ func Open(ctx context.Context, cfg Config) (*Container, error) {
 	}
 	if err := domain.ValidateOwner(cfg.Owner); err != nil {
 		return nil, err
+	}
+	if cfg.ShareOwner && !cfg.KeepLocksOnClose {
+		return nil, &domain.ValidationError{Field: "ShareOwner", Reason: "needs KeepLocksOnClose: the Close of a container that shares its owner id " +
+			"would release the locks that the owner's other processes hold; set KeepLocksOnClose too, or give this process an owner id of its own"}
 	}
 	if cfg.CleanupInterval != 0 {
 		if err := application.ValidateCleanupInterval(cfg.CleanupInterval); err != nil {

@@ -70,7 +70,11 @@ func provideStore(ctx context.Context, cfg Config, open backend.Open, sd *shutdo
 		Add(time.Duration)
 		Set(time.Time)
 	})
-	s, err := open(ctx, backend.Options{Database: cfg.Database, Clock: cfg.Clock, LocalTime: cfg.LocalTime || mock, BusyTimeout: cfg.BusyTimeout})
+	opts := backend.Options{Database: cfg.Database, Clock: cfg.Clock, LocalTime: cfg.LocalTime || mock, BusyTimeout: cfg.BusyTimeout}
+	if !cfg.ShareOwner {
+		opts.Owner = cfg.Owner
+	}
+	s, err := open(ctx, opts)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -15,6 +15,7 @@ var (
 	ErrNotFound    = errors.New("no lock on resource")
 	ErrUnavailable = errors.New("lock store unavailable") // the StoreError's Kind says why
 	ErrClosed      = errors.New("lock service is closed; open a new container to take locks again")
+	ErrOwnerInUse  = errors.New("owner id is in use by another open container of the lock database")
 )
 
 func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
@@ -312,3 +313,23 @@ func (e *StaleSnapshotError) Error() string {
 func (e *StaleSnapshotError) Unwrap() error {
 	return &StoreError{Op: e.Op, Kind: StoreBusy, Err: e.Err, Advice: e.Advice}
 }
+
+// OwnerInUseError is Open's refusal of an owner id that another open
+// container of the same lock database uses: another live process, or
+// another container of this process. Sharing it would merge the two
+// processes' owner-scoped locks (each re-enters and releases the other's),
+// and one's Close would release the other's locks.
+type OwnerInUseError struct {
+	Owner    string // the owner id refused
+	Database string // the database, as the store names it (a PostgreSQL DSN without its password)
+	Where    string // where the claim is kept, in the store's terms: for an operator looking for its holder
+}
+
+func (e *OwnerInUseError) Error() string {
+	return fmt.Sprintf("owner id %q is in use: another process (or another container of this process) has the lock database %s open with it (%s); "+
+		"give each process its own owner id (Config.Owner; empty means one unique to the process), or wait for the other process to exit or close its container, "+
+		"which frees the id at once (a process that dies frees it too)", e.Owner, e.Database, e.Where)
+}
+
+// Is makes errors.Is(err, ErrOwnerInUse) true.
+func (e *OwnerInUseError) Is(target error) bool { return target == ErrOwnerInUse }

@@ -66,8 +66,9 @@ func TestHandle_CancelledReleaseIsRetriedNeverShared(t *testing.T) {
 		_, rerr := first.Release(ended)
 		require.Error(t, rerr)
 		// Another process given the same owner id (its own container, so
-		// no handle of its own holds the plan): the store refuses it too.
-		other := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: newMock()})
+		// no handle of its own holds the plan), which only one that
+		// shares it, as the agents CLI does, can be: the store refuses it too.
+		other := MustOpen(t, locks.Config{Database: db, Owner: "A", Clock: newMock(), ShareOwner: true, KeepLocksOnClose: true})
 		_, err = other.Locks.Take(ctx, "A", plan2, application.AcquireOptions{TTL: time.Minute})
 		require.ErrorIs(t, err, domain.ErrConflict, "the store gave the same owner's Take the lock that the failed release left")
 		_, rerr = first.Release(ctx)

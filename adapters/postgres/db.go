@@ -28,7 +28,8 @@ type DB struct {
 	sql   *sql.DB
 	conns *pool // the pool's connections, to cut when the server is silent
 	store *LockRepository
-	wake  *listener // nil when opened for inspection
+	wake  *listener   // nil when opened for inspection
+	claim *ownerClaim // Options.Owner's, while open; nil if none
 }
 
 // Options tune Open. The zero value is the recommended setting.
@@ -38,12 +39,17 @@ type Options struct {
 	// by default also on the server's, as an estimate (ServerClock) can run ahead.
 	LocalTime          bool
 	DisableGroupCommit bool // runs every acquire, renewal and release alone
+	// Owner, when set, is claimed while the DB is open: Open refuses it
+	// with a *domain.OwnerInUseError, before it migrates, while another
+	// open DB of the database's schema, in any process, claims it.
+	Owner string
 }
 
 // Open connects to the database that dsn (a URL or key=value string)
 // names and applies the pending migrations.
 // Errors: a *domain.StoreError whose kind names the cause; StoreUnreachable
-// matching ErrTransactionPooling for a pooler that shares server sessions.
+// matching ErrTransactionPooling for a pooler that shares server sessions;
+// *domain.OwnerInUseError for an Options.Owner another open DB claims.
 func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	op := "open lock store " + Redact(dsn)
 	cfg, err := pgx.ParseConfig(WithConnectTimeout(dsn))
@@ -67,8 +73,19 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		return nil, entstore.Explain(ctx, err, op, FormatError)
 	}
 	db := &DB{sql: sdb, conns: conns}
+	if opts.Owner != "" {
+		schema, err := db.currentSchema(ctx, op)
+		if err == nil {
+			db.claim, err = claimOwner(ctx, op, params.listenerConfig(cfg), schema, opts.Owner, Redact(dsn))
+		}
+		if err != nil {
+			sdb.Close()
+			return nil, err
+		}
+	}
 	schema, err := db.migrate(ctx)
 	if err != nil {
+		db.closeClaim()
 		sdb.Close()
 		return nil, err
 	}
@@ -82,6 +99,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	}
 	store, err := entstore.New(ctx, sdb, sdb, backend)
 	if err != nil {
+		db.closeClaim()
 		sdb.Close()
 		return nil, err
 	}
@@ -143,7 +161,21 @@ func (db *DB) CloseContext(ctx context.Context) error {
 		db.conns.cutAll()
 		err = <-closed
 	}
+	// Last: the owner id is free only once the store is done with it.
+	db.closeClaim()
 	return FormatError("close lock store", err)
+}
+
+// closeClaim ends the owner's claim, if any: a failure to say goodbye
+// leaves the server to end the session when it sees the connection gone.
+func (db *DB) closeClaim() {
+	if db.claim == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeGrace)
+	defer cancel()
+	_ = db.claim.close(ctx)
+	db.claim = nil
 }
 
 const closeGrace = 2 * time.Second

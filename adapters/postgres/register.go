@@ -27,7 +27,7 @@ type store struct {
 // openStore decides expiry on a ServerClock, so that hosts whose clocks
 // disagree never take a live lock early (opts.LocalTime: the local clock).
 func openStore(ctx context.Context, opts backend.Options) (backend.Store, error) {
-	db, err := Open(ctx, opts.Database, Options{LocalTime: opts.LocalTime})
+	db, err := Open(ctx, opts.Database, Options{LocalTime: opts.LocalTime, Owner: opts.Owner})
 	if err != nil {
 		return nil, err
 	}

@@ -39,7 +39,8 @@ type DB struct {
 	commits     committer
 	writers     *writerQueue // the writes of every process on the file
 	checkpoints checkpointer
-	wake        *wakeFile // nil where wake-ups cannot cross processes
+	wake        *wakeFile   // nil where wake-ups cannot cross processes
+	claim       *ownerClaim // Options.Owner's, while open; nil if none
 	path        string
 	// file is the file as Open found it; every write checks abs still names it (checkFile).
 	file  os.FileInfo
@@ -51,6 +52,10 @@ type DB struct {
 type Options struct {
 	// BusyTimeout is how long a statement waits for another process's write lock; zero: DefaultBusyTimeout.
 	BusyTimeout time.Duration
+	// Owner, when set, is claimed while the DB is open (on Linux): Open
+	// refuses it with a *domain.OwnerInUseError, before it writes
+	// anything, while another open DB of the file, in any process, claims it.
+	Owner string
 }
 
 // Open opens (creating it if needed) the database at pathOrURI, applies the
@@ -61,7 +66,8 @@ type Options struct {
 // no file; *domain.StoreError of kind StoreUnreachable (a missing
 // directory, *LinkedFileError, *SideFileError, ErrWALWithoutIndex,
 // ErrHotJournal), StoreReadOnly, StoreCorrupt (not a database),
-// StoreSchema (ErrForeignLocksTable, ErrForeignSchemaObject) or StoreBusy.
+// StoreSchema (ErrForeignLocksTable, ErrForeignSchemaObject) or StoreBusy;
+// *domain.OwnerInUseError for an Options.Owner another open DB claims.
 func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)
 	if err != nil {
@@ -102,6 +108,14 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	if err := preflight(ctx, op, dsn, real); err != nil {
 		return nil, err
 	}
+	claim, err := claimOwner(real, opts.Owner)
+	var inUse *domain.OwnerInUseError
+	if errors.As(err, &inUse) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, FormatError(op, err)
+	}
 	rdb := openPool(dsn, real)
 	wdb := openPool(dsn+"&_pragma=wal_autocheckpoint(0)&_pragma="+walSizePragma, real) // checkpointer's job
 	// Connections are costly to open (the pragmas): keep all, open few.
@@ -109,7 +123,7 @@ func Open(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	rdb.SetMaxIdleConns(maxReaders)
 	wdb.SetMaxOpenConns(1)
 	wdb.SetMaxIdleConns(1)
-	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path, file: file, abs: abs}
+	db := &DB{sql: rdb, wsql: wdb, writer: make(chan struct{}, 1), path: path, file: file, abs: abs, claim: claim}
 	db.commits.db = db
 	db.checkpoints.init(rdb, real+"-wal")
 	fail := func(err error) (*DB, error) { db.Close(); return nil, err }
@@ -216,7 +230,7 @@ func (db *DB) Close() error {
 	if db.writers != nil {
 		err = errors.Join(err, db.writers.close())
 	}
-	err = errors.Join(err, db.wake.close())
+	err = errors.Join(err, db.wake.close(), db.claim.close())
 	return FormatError("close lock store", err)
 }
 

@@ -29,7 +29,7 @@ type store struct {
 }
 
 func openStore(ctx context.Context, opts backend.Options) (backend.Store, error) {
-	db, err := Open(ctx, opts.Database, Options{BusyTimeout: opts.BusyTimeout})
+	db, err := Open(ctx, opts.Database, Options{BusyTimeout: opts.BusyTimeout, Owner: opts.Owner})
 	if err != nil {
 		return nil, err
 	}

@@ -13,12 +13,15 @@ import (
 
 // open builds the same container as an application that embeds the lock
 // module, so that the CLI sees the same store, migrations and startup
-// cleanup. Two settings are the CLI's own:
+// cleanup. Three settings are the CLI's own:
 //
 //   - KeepLocksOnClose, always: the container of an embedder releases its
 //     owner's locks on Close, but "agents locks acquire" exists to leave a
 //     lock behind when it exits, and the owner it acts for may be a
 //     running application's (docs/cli.md explains it in full);
+//   - ShareOwner, always, for that same reason: the application's
+//     container claims its owner id, and an operator's command acts for
+//     it beside it (as do two "locks run" with one --owner);
 //   - SkipStartupCleanup, when asked: for the commands that must see the
 //     expired locks (list --all, and cleanup, which counts what it purges).
 //
@@ -65,6 +68,7 @@ func (c *invocation) openWith(ctx context.Context, cfg locks.Config, access stor
 	cfg.Clock = c.clock
 	cfg.LocalTime = c.localTime
 	cfg.KeepLocksOnClose = true
+	cfg.ShareOwner = true
 	return locks.Open(ctx, cfg)
 }
 

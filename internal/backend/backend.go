@@ -27,6 +27,10 @@ type Options struct {
 	Clock       application.Clock // nil means the real clock
 	LocalTime   bool              // also implied by a mock Clock
 	BusyTimeout time.Duration
+	// Owner, when set, is claimed for as long as the store is open: Open
+	// refuses it (*domain.OwnerInUseError) while another open store of
+	// the database, in any process, claims it.
+	Owner string
 }
 
 // Store is an open database of locks, as the container uses it.
