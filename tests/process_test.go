@@ -69,6 +69,8 @@ func TestMain(m *testing.M) {
 		os.Exit(workerFight())
 	case "wait":
 		os.Exit(workerWait())
+	case "holdDo":
+		os.Exit(workerHoldDo())
 	default:
 		fmt.Fprintln(os.Stderr, "unknown worker", os.Getenv(envWorker))
 		os.Exit(2)
