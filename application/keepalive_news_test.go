@@ -48,11 +48,16 @@ type watchingHolder struct {
 	held  context.Context
 }
 
-func newWatchingHolder(t *testing.T) *watchingHolder {
+// eventChan is an observer that hands on every event, from any goroutine.
+type eventChan chan application.Event
+
+func (c eventChan) Observe(_ context.Context, e application.Event) { c <- e }
+
+func newWatchingHolder(t *testing.T, opts ...application.Option) *watchingHolder {
 	t.Helper()
 	w := &watchingHolder{clk: testclock.New(holdStart), repo: &readCountingRepo{LockRepository: memory.NewLockRepository()},
 		wake: newFakeWakeups(true)}
-	svc := newHoldService(t, w.repo, w.clk, application.WithWakeups(w.wake))
+	svc := newHoldService(t, w.repo, w.clk, append(opts, application.WithWakeups(w.wake))...)
 	w.other = newHoldService(t, w.repo, w.clk)
 	var err error
 	w.h, err = svc.Take(context.Background(), "A", plan, application.AcquireOptions{TTL: time.Minute})
@@ -102,6 +107,32 @@ func TestHandle_KeepAliveHearsOfItsLoss(t *testing.T) {
 		assert.Equal(t, holdStart, w.clk.Now(), "learned without the clock moving")
 		assert.EqualValues(t, 1, w.repo.reads.Load(), "one read, by the wake-up")
 		assert.Equal(t, lost, w.h.Err())
+	})
+
+	t.Run("TheLossHeardIsAnEvent", func(t *testing.T) {
+		events := make(eventChan, 64)
+		w := newWatchingHolder(t, application.WithObserver(events))
+		_, err := w.other.Release(ctx, "A", plan)
+		require.NoError(t, err)
+		w.wake.wake()
+		lost := ended(t, w.held)
+		for {
+			select {
+			case e := <-events:
+				if e.Kind != application.EventLost {
+					continue // the Take's
+				}
+				assert.Equal(t, "lost", e.Kind.String())
+				assert.Equal(t, "A", e.Owner)
+				assert.Equal(t, plan, e.Resource)
+				require.NotNil(t, e.Previous, "the acquisition lost")
+				assert.Equal(t, w.h.Lock().Token, e.Previous.Token)
+				assert.Equal(t, lost, e.Err)
+				return
+			case <-time.After(eventBound):
+				t.Fatal("a loss heard between renewals is no event: an operator's log would not show it")
+			}
+		}
 	})
 
 	t.Run("RemovedElsewhereSaysRemoved", func(t *testing.T) {

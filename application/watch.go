@@ -40,12 +40,17 @@ func (k *keeper) watch() (news <-chan struct{}, stop func()) {
 
 // look reads the lock by its token after news, and reports whether it is
 // still held; a read that fails proves nothing, and the renewal decides.
+// A loss is an event, as a renewal's would have been (renew_failed).
 func (k *keeper) look() bool {
-	_, lost, _ := k.h.svc.explainLoss(k.run, k.h.Lock())
+	svc, held := k.h.svc, k.h.Lock()
+	_, lost, _ := svc.explainLoss(k.run, held)
 	if lost == nil || k.run.Err() != nil {
 		return true
 	}
 	k.lose(*lost)
+	if err := k.h.Err(); err != nil {
+		svc.observe(k.run, Event{Kind: EventLost, Owner: held.Owner, Resource: held.Resource, Previous: &held, Err: err})
+	}
 	return false
 }
 
