@@ -365,8 +365,8 @@ func TestWakeups_NoInotifyInstanceLeft(t *testing.T) {
 
 // A takeover replaces a lock that its holder may still think its own
 // (its process paused, or its clock behind): the holder's watch in
-// another process hears it, as it hears a release. Extending a lock
-// sends nothing.
+// another process hears it, as it hears a release; an acquisition of
+// a free resource sends nothing.
 func TestWakeups_TakeoverWakesTheHoldersWatch(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "agents.db")
