@@ -47,7 +47,8 @@ type Config struct {
 	LocalTime   bool
 	BusyTimeout time.Duration // how long a SQLite statement waits for another process's write; zero: 5 s
 	// PollOnly makes waits poll the store rather than also watch for
-	// releases, whose read never blocks durably in a testing/synctest bubble.
+	// releases, and keep-alives learn of a loss only at their renewals: a
+	// watch's read never blocks durably in a testing/synctest bubble.
 	PollOnly           bool
 	SkipStartupCleanup bool                 // leaves expired locks in place when opening
 	Logger             *slog.Logger         // when set, receives every lock event (telemetry.Logger)

@@ -22,13 +22,14 @@ const (
 	EventReleasedAll                      // an owner's locks were released (Count)
 	EventCleanedUp                        // expired locks were purged (Count)
 	EventWaited                           // a wait ended, with Lock or Err; Took is the whole wait
+	EventLost                             // a keep-alive heard of its loss between renewals (Err; Previous, the acquisition)
 )
 
 var eventNames = map[EventKind]string{
 	EventAcquired: "acquired", EventReentered: "reentered", EventTakenOver: "taken_over",
 	EventRefused: "refused", EventRenewed: "renewed", EventRenewFailed: "renew_failed",
 	EventReleased: "released", EventReleasedAll: "released_all", EventCleanedUp: "cleaned_up",
-	EventWaited: "waited",
+	EventWaited: "waited", EventLost: "lost",
 }
 
 // String returns the event's name in logs and metrics ("taken_over").
@@ -45,11 +46,11 @@ type Event struct {
 	Owner      string             // the owner the call was made for; empty for a cleanup
 	Resource   domain.ResourceRef // zero for a release-all and a cleanup
 	Lock       domain.Lock        // the lock as stored after the event, if any
-	Previous   *domain.Lock       // the refusing holder, the lock taken over, or a Handle's released
+	Previous   *domain.Lock       // the refusing holder, the lock taken over, or a Handle's released or lost
 	Count      int                // how many locks a release-all or a cleanup removed
 	Took       time.Duration      // one try's time; EventWaited's, the whole wait's
 	HeldFor    time.Duration      // how long a lock released through a Handle was held
-	Err        error              // why a renewal failed, or a wait ended without the lock
+	Err        error              // why a renewal failed, a wait ended without the lock, or a lock was lost
 	DeadHolder bool               // the holder taken over was a gone process of this machine
 }
 

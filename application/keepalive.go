@@ -28,6 +28,11 @@ type keeper struct {
 	cancelHeld context.CancelCauseFunc
 	done       chan struct{}
 	follower   bool // a re-entry's: renews nothing, ends with its outer handle's
+	// news: wake-ups from other processes on the resource (watch); poke:
+	// this service's removal or takeover of it. Either makes it look.
+	news    <-chan struct{}
+	unwatch func()
+	poke    chan struct{}
 }
 
 // KeepAlive renews the lock by token every domain.RenewInterval(TTL) until
@@ -42,7 +47,7 @@ func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 		defer h.mu.Unlock()
 		return h.keeper.held
 	}
-	k := &keeper{h: h, done: make(chan struct{})}
+	k := &keeper{h: h, done: make(chan struct{}), poke: make(chan struct{}, 1)}
 	k.run, k.stopRun = context.WithCancel(ctx)
 	k.held, k.cancelHeld = context.WithCancelCause(withHeld(ctx, h))
 	h.keeper = k
@@ -60,6 +65,8 @@ func (h *Handle) KeepAlive(ctx context.Context) context.Context {
 		h.noteLost(&domain.LockLostError{Lock: h.Lock(), Reason: domain.LostClosed, At: h.svc.Now()})
 		k.end(h.Err())
 	default:
+		// Watching from now: a removal or takeover found later is news.
+		k.news, k.unwatch = k.watch()
 		// The first wait is measured now, not when the goroutine runs.
 		go k.loop(k.nextRenewal())
 	}
@@ -126,17 +133,47 @@ func (k *keeper) loop(wait time.Duration) {
 	svc := k.h.svc
 	defer svc.gate.unkeep()
 	defer close(k.done)
+	defer k.unwatch() // before done: a Release writes once nothing watches for it
+	var (
+		pace  pacer
+		paced <-chan time.Time // a look that pace put off
+	)
 	for ; ; wait = k.nextRenewal() {
-		select {
-		case <-svc.timers.After(wait):
-		case <-k.run.Done():
-			return
-		case <-k.held.Done():
-			return // lost, as learned elsewhere
-		case <-svc.gate.closing:
-			k.lose(domain.LockLostError{Lock: k.h.Lock(), Reason: domain.LostClosed})
-			return
+		renewal := svc.timers.After(wait)
+	waiting:
+		for {
+			select {
+			case <-renewal:
+				break waiting
+			case <-k.news:
+			case <-k.poke:
+			case <-paced:
+				paced = nil
+				pace.take(svc.clock.Now())
+				if !k.look() {
+					return
+				}
+				continue
+			case <-k.run.Done():
+				return
+			case <-k.held.Done():
+				return // lost, as learned elsewhere
+			case <-svc.gate.closing:
+				k.lose(domain.LockLostError{Lock: k.h.Lock(), Reason: domain.LostClosed})
+				return
+			}
+			if paced != nil {
+				continue // a look is due already
+			}
+			if d := pace.take(svc.clock.Now()); d > 0 {
+				paced = svc.timers.After(d)
+				continue
+			}
+			if !k.look() {
+				return
+			}
 		}
+		paced = nil // the renewal reads the row too
 		if !k.renew() {
 			return
 		}

@@ -287,6 +287,7 @@ func (s *LockService) ReleaseAllForOwner(ctx context.Context, owner string) (int
 	n, err := s.repo.DeleteAllOwned(ctx, owner)
 	if n > 0 {
 		s.waiters.wakeAll()
+		s.holders.pokeAll()
 		s.observe(ctx, Event{Kind: EventReleasedAll, Owner: owner, Count: n})
 	}
 	return n, err
@@ -363,6 +364,9 @@ func (s *LockService) apply(ctx context.Context, owner string, ref domain.Resour
 			}
 			return c, err
 		})
+	}
+	if err == nil && out.Previous != nil {
+		s.holders.poke(ref) // a handle of this service may have held what was taken over
 	}
 	if err == nil {
 		err = lateWrite(out.Lock, owner, ref, s.Now())

@@ -35,12 +35,14 @@ const (
 )
 
 // freed is called when this service has released ref: the local waiters
-// may try, but after handOverGrace if another process waits for ref.
+// may try, but after handOverGrace if another process waits for ref; a
+// handle of this service that held it (an owner's release) looks.
 func (s *LockService) freed(ref domain.ResourceRef) {
 	if s.wakeups != nil && s.wakeups.Contended(ref) {
 		s.waiters.yieldUntil(ref, time.Now().Add(handOverGrace)) // real time: see waitTurn
 	}
 	s.waiters.wake(ref)
+	s.holders.poke(ref)
 }
 
 // yieldUntil keeps ref's waiters of this service from trying before t.

@@ -21,6 +21,7 @@ import (
 type fakeWakeups struct {
 	mu        sync.Mutex
 	watches   int
+	active    int           // watches not stopped yet
 	c         chan struct{} // handed to every watcher; nil: watching is not possible
 	contended bool
 	watched   chan domain.ResourceRef // receives on each Watch
@@ -37,12 +38,28 @@ func newFakeWakeups(watchable bool) *fakeWakeups {
 func (w *fakeWakeups) Watch(ref domain.ResourceRef) (<-chan struct{}, func()) {
 	w.mu.Lock()
 	w.watches++
+	w.active++
 	w.mu.Unlock()
 	w.watched <- ref
-	if w.c == nil {
-		return nil, func() {}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			w.mu.Lock()
+			w.active--
+			w.mu.Unlock()
+		})
 	}
-	return w.c, func() {}
+	if w.c == nil {
+		return nil, stop
+	}
+	return w.c, stop
+}
+
+// watching returns how many watches have not been stopped.
+func (w *fakeWakeups) watching() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.active
 }
 
 func (w *fakeWakeups) Contended(domain.ResourceRef) bool {

@@ -71,6 +71,8 @@ func TestMain(m *testing.M) {
 		os.Exit(workerWait())
 	case "claim":
 		os.Exit(workerClaim())
+	case "holdDo":
+		os.Exit(workerHoldDo())
 	default:
 		fmt.Fprintln(os.Stderr, "unknown worker", os.Getenv(envWorker))
 		os.Exit(2)

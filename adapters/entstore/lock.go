@@ -87,12 +87,16 @@ func (s *Store) UpdateTx(ctx context.Context, ref domain.ResourceRef, decide app
 	if err != nil {
 		return domain.Lock{}, "", s.Failed(ctx, err, "update lock on", ref)
 	}
+	if out.replaced {
+		s.b.replaced(ctx, ref)
+	}
 	return out.lock, out.note, nil
 }
 
 type written struct {
-	lock domain.Lock
-	note string
+	lock     domain.Lock
+	note     string
+	replaced bool // another lock was deleted for this one
 }
 
 // decided carries a Decide function's error apart from the store's own.
@@ -148,7 +152,7 @@ func (s *Store) apply(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, c
 			return written{}, err
 		}
 		l.ExpiresAt, err = ParseTime(entlock.FieldExpiresAt, expires)
-		return written{lock: l, note: note}, err
+		return written{lock: l, note: note, replaced: cur != nil}, err
 	}
 	if cur == nil {
 		return written{}, nil

@@ -39,6 +39,20 @@ type Backend struct {
 	// ReleaseStatement, when set, rewrites a release's DELETE into one that
 	// also sends wake-ups at its commit, with the same rows affected.
 	ReleaseStatement func(deleteSQL string) string
+	// Replaced, when set, is told after each commit of an Update that
+	// replaced a lock with another (a takeover), whose holder may watch
+	// for it; nil: Released is told.
+	Replaced func(ctx context.Context, ref domain.ResourceRef)
+}
+
+// replaced tells the holders watching ref that its lock was replaced.
+func (b Backend) replaced(ctx context.Context, ref domain.ResourceRef) {
+	switch {
+	case b.Replaced != nil:
+		b.Replaced(ctx, ref)
+	case b.Released != nil:
+		b.Released(ref)
+	}
 }
 
 func (b Backend) releasing(deleteSQL string) string {

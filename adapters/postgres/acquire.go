@@ -158,6 +158,9 @@ func (s *LockRepository) acquireBy(ctx context.Context, ref domain.ResourceRef, 
 		}
 		s.Contended().Note(ref, false)
 		s.occupied.Note(ref, true)
+		if a.Previous != nil && s.replaced != nil {
+			s.replaced(ctx, ref) // its holder may not know yet
+		}
 		return a, nil
 	}
 	seen := false // a row was read just now

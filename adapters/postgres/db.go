@@ -96,6 +96,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		Read:             read,
 		FormatError:      FormatError,
 		ReleaseStatement: releaseStatement(channel),
+		Replaced:         notifyReplaced(sdb, channel),
 	}
 	store, err := entstore.New(ctx, sdb, sdb, backend)
 	if err != nil {
@@ -105,6 +106,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	}
 	notice := func(typ, id string) string { return watchedOrNotify(channel, typ, id) }
 	db.store = newLockRepository(store, sdb, opts.LocalTime, backend.ReleaseStatement, notice)
+	db.store.replaced = backend.Replaced
 	if !opts.DisableGroupCommit {
 		db.store.w = newBatches(db.store, false, context.Background())
 	}

@@ -29,6 +29,9 @@ type LockRepository struct {
 	left     *leftGroup                  // writes going on past their callers, for Close
 	undoSQL  string                      // undoVersionSQL with a release's wake-up
 	notice   func(typ, id string) string // a batch release's wake-up (watchedOrNotify); nil: none
+	// replaced tells the watchers of a lock that a committed takeover
+	// replaced (Backend.Replaced); nil: nobody.
+	replaced func(ctx context.Context, ref domain.ResourceRef)
 }
 
 var _ application.OneStatement = (*LockRepository)(nil)

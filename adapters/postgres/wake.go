@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
@@ -60,6 +61,29 @@ func watchKey(name string) string { return "hashtext(" + name + ")" }
 func watchedOrNotify(channel, typ, id string) string {
 	return "CASE WHEN pg_try_advisory_xact_lock(" + fmt.Sprint(watchClass) + ", " + watchKey(typ+" || ':' || "+id) + ") THEN NULL " +
 		"ELSE pg_notify('" + channel + "', 'r' || " + typ + " || ':' || " + id + ") END"
+}
+
+// replacedSQL is the statement by which a committed takeover of $1, $2
+// tells the replaced holder's watchers, only if someone watches, as a
+// release does in its own statement.
+func replacedSQL(channel string) string {
+	return "SELECT " + watchedOrNotify(channel, "$1::varchar", "$2::varchar")
+}
+
+// replacedTimeout bounds a takeover's notice: past it, or if the process
+// dies first, the replaced holder learns of its loss at its next renewal.
+const replacedTimeout = 2 * time.Second
+
+// notifyReplaced returns the Backend.Replaced of the store on db: a
+// statement after the takeover's commit, which a one-statement acquire
+// or take could not carry without a channel of its own per store.
+func notifyReplaced(db *sql.DB, channel string) func(context.Context, domain.ResourceRef) {
+	query := replacedSQL(channel)
+	return func(ctx context.Context, ref domain.ResourceRef) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replacedTimeout)
+		defer cancel()
+		_, _ = db.ExecContext(ctx, query, string(ref.Type), ref.ID)
+	}
 }
 
 // plainName matches the schema names a channel carries unquoted; others are hashed.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cleveragents/locks/adapters/postgres"
+	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 	"github.com/cleveragents/locks/tests/testdb"
 )
@@ -406,4 +407,38 @@ func TestWakeups_CloseWithWatchesInFlight(t *testing.T) {
 	assert.False(t, w.Contended(plan1))
 	// TestMain's goleak check fails the package if the listener's
 	// goroutine outlived Close.
+}
+
+// A takeover replaces a lock that its holder may still think its own (its
+// process paused, or its clock behind): the holder's watch in another
+// process hears it, whether the takeover is one statement (AcquireAt) or
+// an Update.
+func TestWakeups_TakeoverWakesTheHoldersWatch(t *testing.T) {
+	ctx := context.Background()
+	_, a, b := openPair(t)
+	repo := postgres.NewLockRepository(a)
+	c1, c2 := watchListening(t, b, plan1, plan2)
+	lapsed := func() (time.Time, time.Time) {
+		at := time.Now().Add(-2 * time.Minute) // expired a minute ago
+		return at, at.Add(time.Minute)
+	}
+
+	_, err := repo.AcquireAt(ctx, plan1, "A", lapsed)
+	require.NoError(t, err)
+	took := acquire(t, a, plan1, "B")
+	require.Equal(t, "B", took.Owner)
+	woken(t, c1, "a takeover in one statement")
+
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	insert := func(owner string, acquired time.Time) application.Decide {
+		return func(*domain.Lock) (application.Change, error) {
+			return application.Change{Kind: application.ChangeInsert,
+				Lock: domain.Lock{Owner: owner, AcquiredAt: acquired, ExpiresAt: acquired.Add(time.Minute)}}, nil
+		}
+	}
+	_, err = repo.Update(ctx, plan2, insert("A", now.Add(-2*time.Minute)))
+	require.NoError(t, err)
+	_, err = repo.Update(ctx, plan2, insert("B", now))
+	require.NoError(t, err)
+	woken(t, c2, "a takeover by Update")
 }

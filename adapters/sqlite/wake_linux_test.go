@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
 )
 
@@ -360,4 +361,39 @@ func TestWakeups_NoInotifyInstanceLeft(t *testing.T) {
 	defer stop()
 	sqlite.Freed(releaser, wakeRef)
 	requireWokenWithin(t, c, 10*time.Second, "a watch once an instance could be had again did not hear the release")
+}
+
+// A takeover replaces a lock that its holder may still think its own
+// (its process paused, or its clock behind): the holder's watch in
+// another process hears it, as it hears a release; an acquisition of
+// a free resource sends nothing.
+func TestWakeups_TakeoverWakesTheHoldersWatch(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "agents.db")
+	holder, taker := openWake(t, path), openWake(t, path)
+	c, stop := holder.Wakeups().Watch(wakeRef)
+	defer stop()
+	repo := sqlite.NewLockRepository(taker)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	insert := func(owner string, acquired time.Time) application.Decide {
+		return func(*domain.Lock) (application.Change, error) {
+			return application.Change{Kind: application.ChangeInsert,
+				Lock: domain.Lock{Owner: owner, AcquiredAt: acquired, ExpiresAt: acquired.Add(time.Minute)}}, nil
+		}
+	}
+	_, err := repo.Update(ctx, wakeRef, insert("A", now.Add(-2*time.Minute))) // expired a minute ago
+	require.NoError(t, err)
+	select {
+	case <-c:
+		t.Fatal("an acquisition of a free resource woke a watcher")
+	default:
+	}
+	taken, err := repo.Update(ctx, wakeRef, insert("B", now))
+	require.NoError(t, err)
+	require.Equal(t, "B", taken.Owner)
+	select {
+	case <-c:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a takeover did not wake the holder's watch in the other store")
+	}
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // Logger writes every lock event to a *slog.Logger: changes of hands,
-// releases and cleanups at Info, failed renewals at Warn, and the frequent
-// ones (re-entries, renewals, refusals) at Debug.
+// releases and cleanups at Info, failed renewals and losses at Warn, and
+// the frequent ones (re-entries, renewals, refusals) at Debug.
 type Logger struct{ log *slog.Logger }
 
 var _ application.Observer = (*Logger)(nil)
@@ -24,7 +24,7 @@ func NewLogger(log *slog.Logger) *Logger { return &Logger{log: log} }
 func (l *Logger) Observe(ctx context.Context, e application.Event) {
 	level := slog.LevelInfo
 	switch {
-	case e.Kind == application.EventRenewFailed:
+	case e.Kind == application.EventRenewFailed || e.Kind == application.EventLost:
 		level = slog.LevelWarn
 	case e.Kind == application.EventReentered || e.Kind == application.EventRenewed || e.Kind == application.EventRefused,
 		e.Kind == application.EventWaited && e.Took == 0: // it did not have to wait
