@@ -26,6 +26,9 @@ import (
 type LockRepository struct {
 	*entstore.Store
 	insertFree *sql.Stmt // nil on a store opened for inspection
+	// insertFreeTx is insertFree in a shared transaction, whose BEGIN
+	// waited for the write lock: its times are bound, read just before.
+	insertFreeTx *sql.Stmt
 }
 
 var _ application.OneStatement = (*LockRepository)(nil)
@@ -33,13 +36,20 @@ var _ application.OneStatement = (*LockRepository)(nil)
 // insertFreeSQL inserts a lock, which the unique index refuses when the
 // resource has a row, changing nothing (not even the AUTOINCREMENT sequence,
 // where ON CONFLICT DO NOTHING would leave a gap in the tokens). The token is
-// the rowid, read without RETURNING, which doubles SQLite's cost. The times
-// come from lockTime, which the statement calls once it holds the write lock.
-var insertFreeSQL = strings.NewReplacer(
-	"{locks}", entlock.Table, "{owner}", entlock.FieldOwnerID,
-	"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
-	"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt, "{note}", entlock.FieldNote, "{time}", lockTimeName,
-).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`, `{note}`) VALUES (?, ?, ?, {time}(?, 0), {time}(?, 1), ?)")
+// the rowid, read without RETURNING, which doubles SQLite's cost. Alone, the
+// statement is its own transaction and takes its times from lockTime, which
+// it calls once it holds the write lock; insertFreeTxSQL, in a shared
+// transaction, has them bound.
+var insertFreeSQL, insertFreeTxSQL = insertFreeWith(lockTimeName+"(?, 0)", lockTimeName+"(?, 1)"), insertFreeWith("?", "?")
+
+func insertFreeWith(acquired, expires string) string {
+	return strings.NewReplacer(
+		"{locks}", entlock.Table, "{owner}", entlock.FieldOwnerID,
+		"{type}", entlock.FieldResourceType, "{rid}", entlock.FieldResourceID,
+		"{acquired}", entlock.FieldAcquiredAt, "{expires}", entlock.FieldExpiresAt, "{note}", entlock.FieldNote,
+		"{at}", acquired, "{exp}", expires,
+	).Replace("INSERT INTO `{locks}` (`{owner}`, `{type}`, `{rid}`, `{acquired}`, `{expires}`, `{note}`) VALUES (?, ?, ?, {at}, {exp}, ?)")
+}
 
 // lockTimeName is lockTime's name in SQL, registered with the driver for
 // every connection in the process: one that no other code would choose.
@@ -119,7 +129,12 @@ func newLockRepository(ctx context.Context, s *entstore.Store, db *DB) (*LockRep
 	if err != nil {
 		return nil, db.formatError("prepare statements", err)
 	}
-	return &LockRepository{Store: s, insertFree: st}, nil
+	tx, err := db.wsql.PrepareContext(ctx, insertFreeTxSQL)
+	if err != nil {
+		st.Close()
+		return nil, db.formatError("prepare statements", err)
+	}
+	return &LockRepository{Store: s, insertFree: st, insertFreeTx: tx}, nil
 }
 
 // Close releases the prepared statements.
@@ -127,7 +142,35 @@ func (s *LockRepository) Close() error {
 	if s.insertFree == nil {
 		return s.Store.Close()
 	}
-	return errors.Join(s.insertFree.Close(), s.Store.Close())
+	return errors.Join(s.insertFree.Close(), s.insertFreeTx.Close(), s.Store.Close())
+}
+
+// inserted is the outcome of one run of acquireAt's write.
+type inserted struct {
+	ok                bool // false: the resource has a row
+	token             int64
+	acquired, expires string
+}
+
+// insert runs insertFree alone, dated by lockTime, or insertFreeTx in tx.
+func (s *LockRepository) insert(ctx context.Context, tx *sql.Tx, ref domain.ResourceRef, owner, note string,
+	at func() (time.Time, time.Time)) (in inserted, res sql.Result, err error) {
+	if tx != nil {
+		now, exp := at()
+		in.acquired, in.expires = entstore.FormatTime(now), entstore.FormatTime(exp)
+		res, err = s.On(ctx, tx, s.insertFreeTx).ExecContext(ctx,
+			owner, string(ref.Type), ref.ID, in.acquired, in.expires, entstore.NoteValue(note))
+		return in, res, err
+	}
+	d := &dating{at: at}
+	key := datingKey.Add(1)
+	datings.Store(key, d)
+	defer datings.Delete(key)
+	res, err = s.insertFree.ExecContext(ctx, owner, string(ref.Type), ref.ID, key, key, entstore.NoteValue(note))
+	if d.panicked {
+		panic(d.panicVal)
+	}
+	return inserted{acquired: d.acquired, expires: d.expires}, res, err
 }
 
 // Apply implements application.OneStatement: AcquireAt for an acquire or a
@@ -150,28 +193,15 @@ func (s *LockRepository) acquireAt(ctx context.Context, ref domain.ResourceRef, 
 	if s.insertFree == nil || s.Contended().Has(ref) {
 		return application.Outcome{}, nil
 	}
-	type inserted struct { // the outcome of one run of the write
-		ok                bool // false: the resource has a row
-		token             int64
-		acquired, expires string
-	}
 	ins, err := entstore.WriteOne(ctx, s.Store, entstore.OneStatement, func(ctx context.Context, tx *sql.Tx) (inserted, error) {
-		d := &dating{at: at}
-		key := datingKey.Add(1)
-		datings.Store(key, d)
-		defer datings.Delete(key)
-		res, err := s.On(ctx, tx, s.insertFree).ExecContext(ctx, owner, string(ref.Type), ref.ID, key, key, entstore.NoteValue(note))
-		if d.panicked {
-			panic(d.panicVal)
-		}
-		in := inserted{acquired: d.acquired, expires: d.expires}
+		in, res, err := s.insert(ctx, tx, ref, owner, note, at)
 		if err != nil {
 			if isDuplicate(err) {
 				return inserted{}, nil // the resource has a row: Update decides
 			}
 			return inserted{}, err
 		}
-		if !d.read {
+		if in.acquired == "" {
 			return inserted{}, errors.New("the lock was inserted without its times") // SQLite skipped lockTime
 		}
 		in.token, err = res.LastInsertId()
