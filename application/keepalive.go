@@ -150,8 +150,12 @@ func (k *keeper) loop(wait time.Duration) {
 			case <-paced:
 				paced = nil
 				pace.take(svc.clock.Now())
-				if !k.look() {
+				held, due := k.look(renewal)
+				if !held {
 					return
+				}
+				if due {
+					break waiting
 				}
 				continue
 			case <-k.run.Done():
@@ -169,8 +173,12 @@ func (k *keeper) loop(wait time.Duration) {
 				paced = svc.timers.After(d)
 				continue
 			}
-			if !k.look() {
+			held, due := k.look(renewal)
+			if !held {
 				return
+			}
+			if due {
+				break waiting
 			}
 		}
 		paced = nil // the renewal reads the row too

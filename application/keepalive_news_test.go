@@ -22,10 +22,15 @@ type readCountingRepo struct {
 	*memory.LockRepository
 	reads   atomic.Int64
 	release func()
+	hang    atomic.Bool // the next read hangs until its context ends
 }
 
 func (r *readCountingRepo) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
 	r.reads.Add(1)
+	if r.hang.CompareAndSwap(true, false) {
+		<-ctx.Done() // a store that does not answer
+		return domain.Lock{}, ctx.Err()
+	}
 	return r.LockRepository.Get(ctx, ref)
 }
 
@@ -165,6 +170,18 @@ func TestHandle_KeepAliveHearsOfItsLoss(t *testing.T) {
 		}
 		assert.Equal(t, 250*time.Millisecond, w.clk.NextTimer(t))
 		assert.EqualValues(t, 4, w.repo.reads.Load(), "no read before the pace allows")
+		assert.NoError(t, w.held.Err())
+	})
+
+	t.Run("AReadThatHangsHoldsBackNoRenewal", func(t *testing.T) {
+		w := newWatchingHolder(t)
+		w.repo.hang.Store(true)
+		w.wake.wake()
+		require.Eventually(t, func() bool { return w.repo.reads.Load() == 1 }, eventBound, time.Millisecond)
+		before := w.h.Lock().ExpiresAt
+		w.clk.Add(30 * time.Second) // the renewal, while the look still waits for its read
+		require.Eventually(t, func() bool { return w.h.Lock().ExpiresAt.After(before) }, eventBound, time.Millisecond,
+			"the renewal waited for a read that does not answer: the lock would expire while its holder works on")
 		assert.NoError(t, w.held.Err())
 	})
 

@@ -1,6 +1,7 @@
 package application
 
 import (
+	"context"
 	"time"
 
 	"github.com/cleveragents/locks/domain"
@@ -40,18 +41,39 @@ func (k *keeper) watch() (news <-chan struct{}, stop func()) {
 
 // look reads the lock by its token after news, and reports whether it is
 // still held; a read that fails proves nothing, and the renewal decides.
-// A loss is an event, as a renewal's would have been (renew_failed).
-func (k *keeper) look() bool {
+// The read is abandoned when renewal falls due (due), or the service
+// closes: a store that does not answer must not hold back the renewal and
+// the expiry it declares. A loss is an event, as a renewal's would have
+// been (renew_failed).
+func (k *keeper) look(renewal <-chan time.Time) (stillHeld, due bool) {
 	svc, held := k.h.svc, k.h.Lock()
-	_, lost, _ := svc.explainLoss(k.run, held)
-	if lost == nil || k.run.Err() != nil {
-		return true
+	ctx, cancel := context.WithCancel(k.run)
+	finished, fired := make(chan struct{}), make(chan bool, 1)
+	go func() {
+		select {
+		case <-renewal:
+			cancel()
+			fired <- true
+		case <-svc.gate.closing:
+			cancel()
+			fired <- false
+		case <-finished:
+			fired <- false
+		}
+	}()
+	_, lost, _ := svc.explainLoss(ctx, held)
+	cut := ctx.Err() != nil // released, or abandoned: the read proves nothing
+	close(finished)
+	due = <-fired
+	cancel()
+	if lost == nil || cut {
+		return true, due
 	}
 	k.lose(*lost)
 	if err := k.h.Err(); err != nil {
 		svc.observe(k.run, Event{Kind: EventLost, Owner: held.Owner, Resource: held.Resource, Previous: &held, Err: err})
 	}
-	return false
+	return false, due
 }
 
 // heard wakes a keep-alive that watches for news.

@@ -209,3 +209,24 @@ func TestOwner_BehindSessionPooler(t *testing.T) {
 		require.NoError(t, first.Close())
 	}
 }
+
+// A server or role that ends idle sessions (idle_session_timeout, common on
+// managed PostgreSQL) must not end the claim, whose connection only idles:
+// a second container would open with the id, and its Close would delete
+// the first's locks.
+func TestOwner_PostgresClaimOutlivesIdleSessionTimeout(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.Postgres(t) + "&idle_session_timeout=200"
+	first := MustOpen(t, locks.Config{Database: dsn, Owner: "idle"})
+	ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "idle"}
+	_, err := first.Locks.Acquire(ctx, "idle", ref, time.Minute)
+	require.NoError(t, err)
+	time.Sleep(time.Second) // the server's timer, which no clock of ours moves
+	second, err := locks.Open(ctx, locks.Config{Database: dsn, Owner: "idle"})
+	if err == nil {
+		second.Close()
+	}
+	require.ErrorIs(t, err, domain.ErrOwnerInUse, "a second container opened with the id after the claim's session idled out")
+	_, err = first.Locks.Get(ctx, ref)
+	require.NoError(t, err)
+}

@@ -51,6 +51,13 @@ func claimOwner(ctx context.Context, op string, cfg *pgx.ConnConfig, schema, own
 	if err != nil {
 		return nil, FormatError(op, err)
 	}
+	// The claim's session only idles: a server or role that ends idle
+	// sessions (PostgreSQL 14's idle_session_timeout) must not end it.
+	if _, err := conn.Exec(ctx, "SELECT set_config('idle_session_timeout', '0', false) "+
+		"WHERE current_setting('server_version_num')::int >= 140000"); err != nil {
+		closeConn(conn)
+		return nil, FormatError(op, err)
+	}
 	k1, k2 := ownerKeys(schema, owner)
 	var got bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1::int4, $2::int4)", k1, k2).Scan(&got); err != nil {
