@@ -40,7 +40,7 @@ var _ application.OneStatement = (*LockRepository)(nil)
 // statement is its own transaction and takes its times from lockTime, which
 // it calls once it holds the write lock; insertFreeTxSQL, in a shared
 // transaction, has them bound.
-var insertFreeSQL, insertFreeTxSQL = insertFreeWith(lockTimeName+"(?, 0)", lockTimeName+"(?, 1)"), insertFreeWith("?", "?")
+var insertFreeSQL, insertFreeTxSQL = insertFreeWith(lockTimeName+"(?, 0, 0)", lockTimeName+"(?, 1, 0)"), insertFreeWith("?", "?")
 
 func insertFreeWith(acquired, expires string) string {
 	return strings.NewReplacer(
@@ -55,8 +55,14 @@ func insertFreeWith(acquired, expires string) string {
 // every connection in the process: one that no other code would choose.
 const lockTimeName = "cleveragents_locks_time"
 
+// lockTimeArgs is lockTime's number of arguments, the third unused: SQLite
+// finds a function by its name in any case and its number of arguments,
+// and a function of the same name registered with the usual two would
+// otherwise be called instead on some connections.
+const lockTimeArgs = 3
+
 func init() {
-	msqlite.MustRegisterScalarFunction(lockTimeName, 2, lockTime)
+	msqlite.MustRegisterScalarFunction(lockTimeName, lockTimeArgs, lockTime)
 	datingKey.Store(int64(rand.Uint64() >> 2)) // keys another caller cannot guess
 }
 
@@ -69,12 +75,12 @@ var (
 // errNotOurs is lockTime's answer to a key of no insert under way.
 var errNotOurs = errors.New(lockTimeName + " is the lock store's own, for its inserts alone")
 
-// checkLockTime makes sure that lockTime answers on db's connections: a
-// function of the same name in another case, registered with the driver
-// by other code, would take its place and date the locks.
+// checkLockTime makes sure that lockTime answers on db's connection: a
+// function of the same name in another case and arguments, registered with
+// the driver by other code, would take its place and date the locks.
 func checkLockTime(ctx context.Context, db *sql.DB) error {
 	var v any
-	err := db.QueryRowContext(ctx, "SELECT "+lockTimeName+"(0, 0)").Scan(&v)
+	err := db.QueryRowContext(ctx, "SELECT "+lockTimeName+"(0, 0, 0)").Scan(&v)
 	if err != nil && strings.Contains(err.Error(), errNotOurs.Error()) {
 		return nil
 	}

@@ -63,7 +63,7 @@ func TestLockTime_RefusedToOthers(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	var v any
-	err = db.QueryRow("SELECT cleveragents_locks_time(1, 0)").Scan(&v)
+	err = db.QueryRow("SELECT cleveragents_locks_time(1, 0, 0)").Scan(&v)
 	require.Error(t, err, "got %v", v)
 	require.Contains(t, err.Error(), "the lock store's own")
 }

@@ -91,7 +91,7 @@ func TestLockTime_OtherCallerCannotReadAnInsertsTime(t *testing.T) {
 	defer mine.Close()
 	var got string
 	for k := 1; k <= 100000 && got == ""; k++ {
-		_ = mine.QueryRow("SELECT cleveragents_locks_time(?, 0)", k).Scan(&got)
+		_ = mine.QueryRow("SELECT cleveragents_locks_time(?, 0, 0)", k).Scan(&got)
 	}
 	// The writer kept the lock longer than the TTL.
 	<-current

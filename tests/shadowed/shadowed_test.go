@@ -4,10 +4,12 @@
 package shadowed
 
 import (
+	"context"
 	"database/sql/driver"
 	"fmt"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,18 +26,23 @@ func init() {
 		})
 }
 
-// The store refuses to open rather than let the other function date its
-// locks (which committed rows dated 2000 and reported a failure).
-func TestOpen_RefusedWhereItsSQLFunctionIsShadowed(t *testing.T) {
-	for i := range 5 {
-		db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), fmt.Sprintf("l%d.db", i)), sqlite.Options{})
-		if err == nil {
-			db.Close()
-		}
-		require.Error(t, err, "store %d opened", i)
-		require.ErrorIs(t, err, domain.ErrUnavailable)
-		assert.True(t, domain.IsPermanent(err))
-		assert.Contains(t, err.Error(), "cleveragents_locks_time")
-		assert.Contains(t, err.Error(), "rename it")
+// The other function never dates the store's locks (it did on some
+// connections: rows dated 2000 were committed and the acquire failed),
+// and Open is not refused for it.
+func TestAcquire_DatedByTheStoreBesideAFunctionOfTheSameName(t *testing.T) {
+	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	at := func() (time.Time, time.Time) { return now, now.Add(time.Minute) }
+	ref := domain.ResourceRef{Type: domain.ResourcePlan, ID: "p"}
+	for i := range 20 {
+		db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), fmt.Sprintf("l%d.db", i)), sqlite.Options{})
+		require.NoError(t, err, "store %d", i)
+		repo := sqlite.NewLockRepository(db)
+		out, err := repo.AcquireAt(context.Background(), ref, "alice", at)
+		require.NoError(t, err, "store %d", i)
+		assert.Equal(t, now.Add(time.Minute), out.Lock.ExpiresAt, "store %d", i)
+		got, err := repo.Get(context.Background(), ref)
+		require.NoError(t, err)
+		assert.Equal(t, now, got.AcquiredAt, "store %d: the row's date", i)
+		require.NoError(t, db.Close())
 	}
 }
