@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -223,7 +224,27 @@ func readOnlyModeError(op, dsn string) error {
 // filePath returns the file that dsn, made by DSN (never in memory), names.
 func filePath(dsn string) string {
 	base, _, _ := strings.Cut(dsn, "?")
-	return uriPath(base)
+	return kernelPath(uriPath(base))
+}
+
+// kernelPath names path's file as the kernel resolves it, and SQLite with
+// it: filepath.Abs cleans "dir/link/.." to "dir" before it follows link,
+// where the kernel goes to the parent of link's target. Paths without
+// ".." are left as they are.
+func kernelPath(path string) string {
+	i := strings.LastIndexByte(path, '/')
+	if i < 0 || !strings.Contains(path[:i], "..") {
+		return path
+	}
+	dir, base := path[:i], path[i+1:]
+	if dir == "" || base == "" || base == "." || base == ".." {
+		return path
+	}
+	real, err := filepath.EvalSymlinks(dir) // follows each link before the ".." after it
+	if err != nil {
+		return path // a missing directory: Open says so
+	}
+	return filepath.Join(real, base)
 }
 
 // createPrivate creates a missing database 0600, not SQLite's 0644, which -wal and -shm copy.
