@@ -245,6 +245,26 @@ func leftOf(pgid int, bound time.Duration) string {
 	}
 }
 
+// evidence is what the harness saw of a fault's effect itself; the
+// cut-offs' is the server's, which ProveFaults reads after the run.
+func (s FaultSeen) evidence() string {
+	switch s.Kind {
+	case FaultLatency:
+		if s.RoundTrip == 0 {
+			return ", no probe answered: " + s.ProbeErr
+		}
+		return fmt.Sprintf(", a probe answered in %v", s.RoundTrip.Round(time.Millisecond))
+	case FaultKill:
+		if s.Left != "" {
+			return ", left: " + s.Left
+		}
+		return ", its processes gone"
+	case FaultClock:
+		return fmt.Sprintf(", its clock set to %v off", s.Offset)
+	}
+	return ""
+}
+
 // inject runs the schedule from begin: each start and end at its time, in
 // order, on the test's goroutine (a server restart holds the others back
 // while it runs). It returns what it saw of each fault, for ProveFaults.
@@ -255,6 +275,11 @@ func (h *harness) inject(begin time.Time, faults []fault) []FaultSeen {
 	}
 	var actions []action
 	seen := make([]FaultSeen, len(faults))
+	defer func() { // what each fault's proof rests on, for the record
+		for _, s := range seen {
+			h.t.Logf("%s %s %s: in place %v after its start%s", stamp(s.At), s.Kind, s.Host, s.In.Sub(s.At).Round(time.Millisecond), s.evidence())
+		}
+	}()
 	var probes sync.WaitGroup
 	defer probes.Wait()
 	for k, f := range faults {
