@@ -177,6 +177,29 @@ func (h *harness) readCommits() []Commit {
 	return out
 }
 
+// proveFaults holds the run's faults to their effects (ProveFaults), and
+// logs how close the cut-offs came to failing it: the transactions of the
+// host that the server began while the fault was in place, all from
+// before Settle, the latest how long after In.
+func (h *harness) proveFaults(seen []FaultSeen, events []Event) []Violation {
+	commits := h.readCommits()
+	hostOf := hostsOf(events)
+	for _, f := range seen {
+		if f.Kind != FaultPartition && f.Kind != FaultPause && f.Kind != FaultBlackhole {
+			continue
+		}
+		n, latest := 0, time.Duration(0)
+		for _, c := range commits {
+			if hostOf[c.Owner] == f.Host && !c.Began.Before(f.In) && !c.At.After(f.Out) {
+				n, latest = n+1, max(latest, c.Began.Sub(f.In))
+			}
+		}
+		h.t.Logf("%s %s %s: %d transactions of the host begun while it was in place and changed before its end, the latest begun %v after it was in place",
+			stamp(f.At), f.Kind, f.Host, n, latest.Round(time.Millisecond))
+	}
+	return ProveFaults(seen, events, commits, proof)
+}
+
 // probe measures a round trip through a proxy: PostgreSQL's SSLRequest,
 // which the server answers with one byte before any authentication. It
 // tries until one is answered or until is past (a server restart may

@@ -303,7 +303,7 @@ func TestHosts(t *testing.T) {
 	for _, v := range vs {
 		t.Errorf("%s: %s", v.Kind, v.Detail)
 	}
-	for _, v := range ProveFaults(seen, events, h.readCommits(), proof) {
+	for _, v := range h.proveFaults(seen, events) {
 		t.Errorf("%s: %s", v.Kind, v.Detail)
 	}
 	t.Logf("%d violations; %d rows, %d changes of the locks table, counters %v", len(vs), len(tables.Rows), len(tables.Changes), tables.Counters)

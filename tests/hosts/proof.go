@@ -81,12 +81,7 @@ type ProofLimits struct {
 // events gives each owner's host; one violation per fault, in the order
 // of the faults.
 func ProveFaults(seen []FaultSeen, events []Event, commits []Commit, lim ProofLimits) []Violation {
-	hostOf := map[string]string{}
-	for _, e := range events {
-		if e.Owner != "" && e.Host != "" {
-			hostOf[e.Owner] = e.Host
-		}
-	}
+	hostOf := hostsOf(events)
 	sorted := append([]Commit(nil), commits...)
 	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].At.Before(sorted[j].At) })
 	var out []Violation
@@ -139,4 +134,15 @@ func ProveFaults(seen []FaultSeen, events []Event, commits []Commit, lim ProofLi
 		}
 	}
 	return out
+}
+
+// hostsOf maps each owner to its host, from the events.
+func hostsOf(events []Event) map[string]string {
+	hostOf := map[string]string{}
+	for _, e := range events {
+		if e.Owner != "" && e.Host != "" {
+			hostOf[e.Owner] = e.Host
+		}
+	}
+	return hostOf
 }
