@@ -283,8 +283,8 @@ func TestHosts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(sd, sd^0x9e3779b97f4a7c15))
 	faults := schedule(rng, dur, short)
 	begin := time.Now()
-	seen := h.inject(begin, faults)
-	if rest := begin.Add(dur).Sub(time.Now()); rest > 0 {
+	seen, late := h.inject(begin, faults)
+	if rest := begin.Add(dur + late).Sub(time.Now()); rest > 0 {
 		time.Sleep(rest) // the quiet tail: the hosts work on, undisturbed, to show they recovered
 	}
 	end := time.Now()
