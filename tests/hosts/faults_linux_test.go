@@ -207,24 +207,7 @@ func (h *harness) proveFaults(seen []FaultSeen, events []Event) []Violation {
 func probe(addr string, until time.Time) (time.Duration, string) {
 	last := "no time left to send one"
 	for time.Now().Before(until) {
-		rtt, err := func() (time.Duration, error) {
-			conn, err := net.DialTimeout("tcp", addr, time.Until(until))
-			if err != nil {
-				return 0, err
-			}
-			defer conn.Close()
-			if err := conn.SetDeadline(until); err != nil {
-				return 0, err
-			}
-			sent := time.Now()
-			if _, err := conn.Write([]byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}); err != nil {
-				return 0, err
-			}
-			if _, err := conn.Read(make([]byte, 1)); err != nil {
-				return 0, err
-			}
-			return time.Since(sent), nil
-		}()
+		rtt, err := probeOnce(addr, until)
 		if err == nil {
 			return rtt, ""
 		}
@@ -232,6 +215,35 @@ func probe(addr string, until time.Time) (time.Duration, string) {
 		time.Sleep(100 * time.Millisecond) // the probe's own pace, not a wait for a state
 	}
 	return 0, last
+}
+
+// probeOnce is one of probe's requests, answered before until or not.
+func probeOnce(addr string, until time.Time) (time.Duration, error) {
+	conn, err := net.DialTimeout("tcp", addr, time.Until(until))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(until); err != nil {
+		return 0, err
+	}
+	sent := time.Now()
+	if _, err := conn.Write([]byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}); err != nil {
+		return 0, err
+	}
+	if _, err := conn.Read(make([]byte, 1)); err != nil {
+		return 0, err
+	}
+	return time.Since(sent), nil
+}
+
+// serverStart reads the server's start time, for a restart's proof.
+func (h *harness) serverStart() (time.Time, string) {
+	var t time.Time
+	if err := h.srv.Open("hosts").QueryRow(`SELECT pg_postmaster_start_time()`).Scan(&t); err != nil {
+		return time.Time{}, err.Error()
+	}
+	return t, ""
 }
 
 // leftOf names the processes of group pgid that are not gone (zombies
@@ -277,6 +289,16 @@ func (s FaultSeen) evidence() string {
 			return ", no probe answered: " + s.ProbeErr
 		}
 		return fmt.Sprintf(", a probe answered in %v", s.RoundTrip.Round(time.Millisecond))
+	case FaultReset:
+		if s.RoundTrip > 0 {
+			return fmt.Sprintf(", a probe answered in %v", s.RoundTrip.Round(time.Millisecond))
+		}
+		return ", a probe got " + s.ProbeErr
+	case FaultRestart:
+		if s.ServerStart.IsZero() {
+			return ", its start time unread: " + s.ServerErr
+		}
+		return ", the server started at " + stamp(s.ServerStart)
 	case FaultKill:
 		if s.Left != "" {
 			return ", left: " + s.Left
@@ -347,6 +369,7 @@ func (h *harness) inject(begin time.Time, faults []fault) ([]FaultSeen, time.Dur
 			case FaultRestart:
 				h.srv.Stop("immediate")
 				h.srv.Restart()
+				s.ServerStart, s.ServerErr = h.serverStart()
 				record()
 			case FaultLatency:
 				undo, err = toxic(c.proxy, "latency", fmt.Sprintf(`{"latency":%d,"jitter":%d}`, latencyMs, jitterMs))
@@ -356,6 +379,12 @@ func (h *harness) inject(begin time.Time, faults []fault) ([]FaultSeen, time.Dur
 				undo, err = toxic(c.proxy, "timeout", `{"timeout":0}`)
 			case FaultReset:
 				undo, err = toxic(c.proxy, "reset_peer", `{"timeout":0}`)
+				if err == nil { // at once, on this goroutine: the toxic is in place until it returns
+					var perr error
+					if s.RoundTrip, perr = probeOnce(c.proxy.Listen, time.Now().Add(2*time.Second)); perr != nil {
+						s.ProbeErr = perr.Error()
+					}
+				}
 			}
 			s.In = time.Now()
 			require.NoError(h.t, err, f.kind)

@@ -3,6 +3,7 @@ package hosts
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -31,6 +32,15 @@ type FaultSeen struct {
 	// with ProbeErr when none answered.
 	RoundTrip time.Duration
 	ProbeErr  string
+	// A reset's probe is RoundTrip and ProbeErr too: one request through
+	// the host's proxy while the toxic was in place, which must not be
+	// answered but reset (ProbeErr says "reset" or "EOF").
+	//
+	// ServerStart is a server restart's: the server's own start time
+	// (pg_postmaster_start_time()), read once it was back; ServerErr why
+	// it could not be read.
+	ServerStart time.Time
+	ServerErr   string
 	// Left names a killed host's processes that were not gone (zombies
 	// count as gone) within ProofLimits.Gone of the signal; empty: none.
 	Left string
@@ -74,6 +84,8 @@ type ProofLimits struct {
 //     committed (its change dated) before its Out, by the server's own
 //     records and clock;
 //   - a latency: a probe through the host's proxy took MinRoundTrip;
+//   - a reset: a probe through the host's proxy was reset, not answered;
+//   - a server restart: the server's start time after the restart began;
 //   - a kill: none of the host's processes was left;
 //   - a clock step: the host read its clock, within ClockRead of the
 //     step, at the step's offset within ClockSlack.
@@ -110,6 +122,20 @@ func ProveFaults(seen []FaultSeen, events []Event, commits []Commit, lim ProofLi
 				fail("no probe through the host's proxy was answered while it lasted (%s)", f.ProbeErr)
 			case f.RoundTrip < lim.MinRoundTrip:
 				fail("a probe through the host's proxy was answered in %v, under the %v the toxic allows", f.RoundTrip.Round(time.Microsecond), lim.MinRoundTrip)
+			}
+		case FaultReset:
+			switch {
+			case f.RoundTrip > 0:
+				fail("a probe through the host's proxy was answered in %v: its connections were not reset", f.RoundTrip.Round(time.Microsecond))
+			case !strings.Contains(f.ProbeErr, "reset") && !strings.Contains(f.ProbeErr, "EOF"):
+				fail("a probe through the host's proxy was not answered, but not reset either: %s", f.ProbeErr)
+			}
+		case FaultRestart:
+			switch {
+			case f.ServerStart.IsZero():
+				fail("the server's start time could not be read after it: %s", f.ServerErr)
+			case f.ServerStart.Before(f.At):
+				fail("the server's start time read after it was %s: it had not restarted", stamp(f.ServerStart))
 			}
 		case FaultKill:
 			if f.Left != "" {

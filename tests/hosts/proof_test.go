@@ -14,7 +14,8 @@ var testProof = ProofLimits{Settle: time.Second, MinRoundTrip: 300 * time.Millis
 // to 17 s, h2 paused from 20 s to 27 s, h3 blackholed from 30 s to 37 s,
 // each committing only outside its fault, or inside it a transaction
 // begun before it (a statement that waited on another's lock); h1 under
-// latency, h2 killed, h3's clock stepped ahead 10 minutes.
+// latency, h2 killed, h3's clock stepped ahead 10 minutes, the server
+// restarted, h1's connections reset.
 func proven() ([]FaultSeen, []Event, []Commit) {
 	seen := []FaultSeen{
 		{Kind: FaultPartition, Host: "h1", At: at(10), In: at(10.05), Out: at(17), End: at(17.05)},
@@ -23,7 +24,8 @@ func proven() ([]FaultSeen, []Event, []Commit) {
 		{Kind: FaultLatency, Host: "h1", At: at(40), In: at(40.01), Out: at(48), End: at(48.01), RoundTrip: 612 * time.Millisecond},
 		{Kind: FaultKill, Host: "h2", At: at(50), In: at(50.1), Out: at(51), End: at(51.2)},
 		{Kind: FaultClock, Host: "h3", At: at(55), End: at(55.01), Offset: 10 * time.Minute},
-		{Kind: FaultRestart, At: at(60), End: at(62)},
+		{Kind: FaultRestart, At: at(60), In: at(62), End: at(62), ServerStart: at(61.5)},
+		{Kind: FaultReset, Host: "h1", At: at(65), In: at(65.01), Out: at(66), End: at(66.01), ProbeErr: "read tcp 10.213.1.1:40000->10.213.1.1:5432: read: connection reset by peer"},
 	}
 	events := []Event{
 		{Kind: KindStarted, Host: "h1", Owner: "h1-1", At: at(0)},
@@ -94,6 +96,26 @@ func TestProveFaults_NoEffect(t *testing.T) {
 		{"KillThatLeftAProcess", []string{"kill of h2", "pid 4242 (locks.test) state S"},
 			func(seen []FaultSeen, ev []Event, cs []Commit) ([]Event, []Commit) {
 				seen[4].Left = "pid 4242 (locks.test) state S"
+				return ev, cs
+			}},
+		{"ResetAnswered", []string{"reset of h1", "answered in 1ms", "not reset"},
+			func(seen []FaultSeen, ev []Event, cs []Commit) ([]Event, []Commit) {
+				seen[7].RoundTrip, seen[7].ProbeErr = time.Millisecond, ""
+				return ev, cs
+			}},
+		{"ResetTimedOut", []string{"reset of h1", "not reset either", "i/o timeout"},
+			func(seen []FaultSeen, ev []Event, cs []Commit) ([]Event, []Commit) {
+				seen[7].ProbeErr = "read tcp 10.213.1.1:40000->10.213.1.1:5432: i/o timeout"
+				return ev, cs
+			}},
+		{"RestartOfAServerThatKeptRunning", []string{"restart of  from 12:01:00.000", "start time read after it was 11:59:58.000", "had not restarted"},
+			func(seen []FaultSeen, ev []Event, cs []Commit) ([]Event, []Commit) {
+				seen[6].ServerStart = at(-2)
+				return ev, cs
+			}},
+		{"RestartOfAServerThatDidNotAnswer", []string{"restart of", "could not be read", "connection refused"},
+			func(seen []FaultSeen, ev []Event, cs []Commit) ([]Event, []Commit) {
+				seen[6].ServerStart, seen[6].ServerErr = time.Time{}, "dial tcp 127.0.0.1:5433: connection refused"
 				return ev, cs
 			}},
 		{"ClockNotRead", []string{"clock of h3", "no reading", "10m0s"},
