@@ -98,7 +98,11 @@ func ProveFaults(seen []FaultSeen, events []Event, commits []Commit, lim ProofLi
 	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].At.Before(sorted[j].At) })
 	var out []Violation
 	for _, f := range seen {
-		name := fmt.Sprintf("%s of %s from %s to %s", f.Kind, f.Host, stamp(f.At), stamp(f.End))
+		on := f.Host
+		if on == "" {
+			on = "the server"
+		}
+		name := fmt.Sprintf("%s of %s from %s to %s", f.Kind, on, stamp(f.At), stamp(f.End))
 		fail := func(format string, args ...any) {
 			out = append(out, Violation{Kind: VNoEffect, Detail: name + ": " + fmt.Sprintf(format, args...)})
 		}

@@ -108,7 +108,7 @@ func TestProveFaults_NoEffect(t *testing.T) {
 				seen[7].ProbeErr = "read tcp 10.213.1.1:40000->10.213.1.1:5432: i/o timeout"
 				return ev, cs
 			}},
-		{"RestartOfAServerThatKeptRunning", []string{"restart of  from 12:01:00.000", "start time read after it was 11:59:58.000", "had not restarted"},
+		{"RestartOfAServerThatKeptRunning", []string{"restart of the server from 12:01:00.000", "start time read after it was 11:59:58.000", "had not restarted"},
 			func(seen []FaultSeen, ev []Event, cs []Commit) ([]Event, []Commit) {
 				seen[6].ServerStart = at(-2)
 				return ev, cs
