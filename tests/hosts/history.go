@@ -90,6 +90,9 @@ type Event struct {
 	Estimate     time.Time `json:"estimate,omitzero"`
 	EstimateFrom time.Time `json:"estimate_from,omitzero"`
 	EstimateTo   time.Time `json:"estimate_to,omitzero"`
+	// Clock is a KindClock event's reading of the host's injected wall
+	// clock.
+	Clock time.Time `json:"clock,omitzero"`
 }
 
 // Row is a write that the server committed: a row of the writes table,

@@ -260,6 +260,7 @@ func workerMain() int {
 			case len(f) == 2 && f[0] == "clock":
 				if d, err := time.ParseDuration(f[1]); err == nil {
 					clk.off.Store(int64(d))
+					rec.emit(Event{Kind: KindClock, Clock: clk.Now()}) // the step's proof, for the harness
 				}
 			case len(f) == 1 && f[0] == "stop":
 				cancel()
