@@ -40,6 +40,7 @@ type options struct {
 	svg           string        // chart; empty: beside out
 	command       string        // how the run was started, for the document
 	handover      string        // handoverOn, handoverOff or handoverOnly
+	loss          string        // lossOn, lossOff or lossOnly; empty: off
 	handovers     int           // hand-overs per case between worker processes
 	cliHandovers  int           // hand-overs per case through the CLI
 	idleFor       time.Duration // how long the idle waiters wait
@@ -73,6 +74,8 @@ func main() {
 	redisAddr := flag.String("redis", "127.0.0.1:6379", "Redis address")
 	handover := flag.String("handover", handoverOn, "hand-over between processes: "+
 		handoverOn+" (with the rest), "+handoverOff+", or "+handoverOnly+" (the rest is skipped and its section of -out left as it is)")
+	loss := flag.String("loss", lossOn, "prompt loss (a holder's loss heard in another process): "+
+		lossOn+" (with the hand-over cases, "+fmt.Sprint(fullRun.handovers)+" rounds per case, as many as hand-overs), "+lossOff+", or "+lossOnly+" (the rest is skipped and its sections of -out left as they are)")
 	builds := flag.String("builds", "", "compare builds instead: name=dir,name=dir (checkouts of the lock module, e.g.\n"+
 		"git worktree add --detach /tmp/c57 c57c013; go run . -builds c57c013=/tmp/c57,new=.. [-quick]):\n"+
 		"each build's acquire+release cycle against its database/sql floor at 1, 8 and 32 callers on SQLite,\n"+
@@ -86,6 +89,10 @@ func main() {
 	opts.out, opts.svg, opts.postgresDSN, opts.redisAddr, opts.handover = *out, *svg, *pg, *redisAddr, *handover
 	if h := opts.handover; h != handoverOn && h != handoverOff && h != handoverOnly {
 		fmt.Fprintf(os.Stderr, "bench: -handover is %s, %s or %s, not %q\n", handoverOn, handoverOff, handoverOnly, h)
+		os.Exit(2)
+	}
+	if opts.loss = *loss; opts.loss != lossOn && opts.loss != lossOff && opts.loss != lossOnly {
+		fmt.Fprintf(os.Stderr, "bench: -loss is %s, %s or %s, not %q\n", lossOn, lossOff, lossOnly, opts.loss)
 		os.Exit(2)
 	}
 	if *only != "" {
@@ -128,27 +135,36 @@ func run(ctx context.Context, opts options, stdout, log io.Writer) error {
 
 	r := &report{opts: opts, machine: describeMachine(ctx, env, selected), started: time.Now()}
 	r.loadBefore = loadAverage()
-	if opts.handover != handoverOnly {
+	if opts.mainRuns() {
 		if err := runConcurrency(ctx, env, selected, opts, r); err != nil {
 			return err
 		}
 	}
-	if opts.handover != handoverOff {
+	if opts.handoverRuns() {
 		fmt.Fprintf(log, "hand-over between processes: %d per case, %d through the CLI; idle waiters %v, fairness %v\n",
 			opts.handovers, opts.cliHandovers, opts.idleFor, opts.fairFor)
 		if r.handover, err = runHandover(ctx, env, selected, opts); err != nil {
 			return fmt.Errorf("hand-over: %w", err)
 		}
 	}
+	if opts.lossRuns() {
+		fmt.Fprintf(log, "prompt loss: %d rounds per case\n", opts.handovers)
+		if r.loss, err = runLoss(ctx, env, selected, opts); err != nil {
+			return fmt.Errorf("prompt loss: %w", err)
+		}
+	}
 	r.loadAfter = loadAverage()
 	r.took = time.Since(r.started)
 
 	r.skipped = env.skipped
-	if opts.handover != handoverOnly {
+	if opts.mainRuns() {
 		fmt.Fprint(stdout, r.text())
 	}
 	if r.handover != nil {
 		fmt.Fprint(stdout, "\n## Hand-over between processes\n\n", r.handoverText())
+	}
+	if r.loss != nil {
+		fmt.Fprint(stdout, "\n## Prompt loss\n\n", r.lossText())
 	}
 	if opts.out == "" {
 		return nil

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -191,4 +193,96 @@ func TestWrite_NeedsMarkers(t *testing.T) {
 	assert.ErrorContains(t, err, "add the markers")
 	b, _ := os.ReadFile(doc)
 	assert.Equal(t, "# Performance\n", string(b))
+}
+
+// TestRun_Loss runs the tiny prompt-loss cases alone, on SQLite and on
+// PostgreSQL if it answers, and checks that every case has figures, that
+// the holder was told of a loss, and that only the prompt-loss section of
+// the document is rewritten.
+func TestRun_Loss(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the prompt-loss cases run on Linux only")
+	}
+	opts := tinyRun
+	opts.loss = lossOnly
+	opts.postgresDSN = envOr("LOCKS_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	opts.contenders = []string{"module-sqlite"}
+	pg := probe(context.Background(), &environment{postgresDSN: opts.postgresDSN}, "postgres") == nil
+	if pg {
+		opts.contenders = append(opts.contenders, "module-postgres")
+	} else {
+		t.Log("PostgreSQL cases skipped: PostgreSQL does not answer at LOCKS_TEST_POSTGRES_DSN")
+	}
+	opts.out = filepath.Join(t.TempDir(), "performance.md")
+	const doc = "# Before\n\n" + beginMarker + "\nold figures\n" + endMarker + "\n\n" + handoverBegin + "\nold hand-over figures\n" +
+		handoverEnd + "\n\n## Prompt loss\n\n" + lossBegin + "\nold loss figures\n" + lossEnd + "\n\n# After\n"
+	require.NoError(t, os.WriteFile(opts.out, []byte(doc), 0o644))
+	var stdout, log bytes.Buffer
+	require.NoError(t, run(context.Background(), opts, &stdout, &log), "log:\n%s", log.String())
+
+	out := stdout.String()
+	assert.NotContains(t, out, "failed:")
+	assert.NotContains(t, out, "### Callers in one process")
+	assert.NotContains(t, out, "### Hand-over latency")
+	stores := []string{"module-sqlite"}
+	if pg {
+		stores = append(stores, "module-postgres")
+	}
+	for _, s := range stores {
+		for _, c := range []string{s + ", removed, then taken", s + ", taken over"} {
+			assert.Regexp(t, `(?m)^\| `+regexp.QuoteMeta(c)+` \| [^|]+ \| `+fmt.Sprint(tinyRun.handovers)+`( \| [0-9.]+ ms){4} \|$`, out)
+			assert.Regexp(t, `(?m)^\| `+regexp.QuoteMeta(c)+`: loss heard, p99 \| [0-9.]+ ms \| ≤ 200 ms \| (met|\*\*not met\*\*) \|$`, out)
+		}
+		// The takeover's holder is told who took it; the removed one may
+		// learn of the removal or of the takeover that follows it.
+		assert.Regexp(t, `(?m)^\| `+regexp.QuoteMeta(s)+`, taken over \| taken over: `+fmt.Sprint(tinyRun.handovers)+` \|$`, out)
+		assert.Regexp(t, `(?m)^\| `+regexp.QuoteMeta(s)+`, removed, then taken \| ((removed|taken over): [0-9]+(, )?)+ \|$`, out)
+	}
+
+	b, err := os.ReadFile(opts.out)
+	require.NoError(t, err)
+	got := string(b)
+	before, _, _ := strings.Cut(doc, lossBegin)
+	assert.True(t, strings.HasPrefix(got, before+lossBegin+"\n"), got)
+	assert.True(t, strings.HasSuffix(got, lossEnd+"\n\n# After\n"))
+	assert.NotContains(t, got, "old loss figures")
+}
+
+// TestLossText: each case has a row of figures, a goal row against the
+// bound that says whether it was met, and its reasons; a failed case says
+// why, and its goal is not measured.
+func TestLossText(t *testing.T) {
+	ds := func(ms ...int) []time.Duration {
+		var out []time.Duration
+		for _, m := range ms {
+			out = append(out, time.Duration(m)*time.Millisecond)
+		}
+		return out
+	}
+	r := &report{opts: options{handovers: 3, command: "cd bench && go run . -loss only"}, loss: &lossReport{
+		cases: []*lossCase{
+			{c: &handoverCase{name: "module-sqlite, taken over", how: "a takeover", latencies: ds(1, 2, 3)}, reasons: map[string]int{"taken over": 3}},
+			{c: &handoverCase{name: "module-postgres, taken over", how: "a takeover", latencies: ds(5, 150, 250)},
+				reasons: map[string]int{"taken over": 2, "removed": 1}},
+			{c: &handoverCase{name: "module-postgres, removed, then taken", how: "a removal", err: errors.New("the holder does not\nwatch")}},
+		},
+		skipped: []string{"nothing skipped, really"},
+	}}
+	out := r.lossText()
+	for _, want := range []string{
+		"Command: `cd bench && go run . -loss only`",
+		"- nothing skipped, really\n",
+		"| module-sqlite, taken over: loss heard, p99 | 3.0 ms | ≤ 200 ms | met |\n",
+		"| module-postgres, taken over: loss heard, p99 | 250 ms | ≤ 200 ms | **not met** |\n",
+		"| module-postgres, removed, then taken: loss heard, p99 | not measured | ≤ 200 ms | |\n",
+		"with a TTL of 20s (its renewal, at TTL/2, would find a loss 10s late)",
+		"3 rounds per case",
+		"| module-sqlite, taken over | a takeover | 3 | 2.0 ms | 3.0 ms | 3.0 ms | 2.0 ms |\n",
+		"| module-postgres, removed, then taken | a removal | failed: the holder does not watch | | | | |\n",
+		"| module-sqlite, taken over | taken over: 3 |\n",
+		"| module-postgres, taken over | removed: 1, taken over: 2 |\n",
+	} {
+		assert.Contains(t, out, want)
+	}
+	assert.NotContains(t, out, "| module-postgres, removed, then taken | removed")
 }

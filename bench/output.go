@@ -38,12 +38,15 @@ func (r *report) write(doc, svg string) error {
 	}
 	text := string(old)
 	dir := filepath.Dir(doc)
-	main := r.opts.handover != handoverOnly
+	main := r.opts.mainRuns()
 	// Both markers first: a document without them is left alone, charts too.
 	if _, err := replaceSection(doc, text, beginMarker, endMarker, ""); main && err != nil {
 		return err
 	}
 	if _, err := replaceSection(doc, text, handoverBegin, handoverEnd, ""); r.handover != nil && err != nil {
+		return err
+	}
+	if _, err := replaceSection(doc, text, lossBegin, lossEnd, ""); r.loss != nil && err != nil {
 		return err
 	}
 	if main {
@@ -62,6 +65,11 @@ func (r *report) write(doc, svg string) error {
 			return err
 		}
 		if text, err = replaceSection(doc, text, handoverBegin, handoverEnd, r.handoverText()); err != nil {
+			return err
+		}
+	}
+	if r.loss != nil {
+		if text, err = replaceSection(doc, text, lossBegin, lossEnd, r.lossText()); err != nil {
 			return err
 		}
 	}

@@ -185,6 +185,9 @@ func workerMain(mode string, stdin io.Reader, stdout io.Writer) int {
 	if strings.HasPrefix(mode, "handover-") || mode == stampMode || mode == fairMode {
 		return handoverWorkerMain(mode, stdin, stdout)
 	}
+	if mode == lossMode {
+		return lossWorkerMain(stdin, stdout)
+	}
 	ctx := context.Background()
 	id := os.Getenv(workerIDEnv)
 	acquire, release, closeStore, err := openWorkerStore(ctx, mode, os.Getenv(workerDBEnv), "bench-worker-"+id)

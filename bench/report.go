@@ -24,6 +24,7 @@ type report struct {
 	// handover is the hand-over part, nil when it did not run.
 	handover      *handoverReport
 	handoverChart string
+	loss          *lossReport // the prompt-loss part, nil when it did not run
 }
 
 // text renders the run: how it was made, the tables and the ratios.

@@ -64,7 +64,7 @@ type Options struct {
 //
 // Errors: *domain.ValidationError (Field "database") when pathOrURI names
 // no file; *domain.StoreError of kind StoreUnreachable (a missing
-// directory, *LinkedFileError, *SideFileError, ErrWALWithoutIndex,
+// directory, *LinkedFileError, *MountedFileError, *SideFileError, ErrWALWithoutIndex,
 // ErrHotJournal), StoreReadOnly, StoreCorrupt (not a database),
 // StoreSchema (ErrForeignLocksTable, ErrForeignSchemaObject) or StoreBusy;
 // *domain.OwnerInUseError for an Options.Owner another open DB claims.

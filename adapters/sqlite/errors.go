@@ -137,9 +137,26 @@ func (e *LinkedFileError) Error() string {
 		"by name, so two names are two databases, and two processes could both hold the same lock", e.Path, e.Links)
 }
 
+// MountedFileError reports a database file that is a mount point of its
+// own, a bind mount of the single file (as `docker run -v FILE:FILE` makes):
+// the file has another name, outside the mount, and SQLite keeps a
+// database's journal (-wal, -shm) by name, as this module keeps its wake
+// file and owner claims, so two names are two databases. It comes wrapped
+// in a *domain.StoreError of kind StoreUnreachable.
+type MountedFileError struct {
+	Path string // the name the store was given
+}
+
+func (e *MountedFileError) Error() string {
+	return fmt.Sprintf("%s is a mount point of its own (a bind mount of a single file): the file has another name, beside which SQLite "+
+		"keeps another journal (-wal and -shm) and this module another wake file and owner claims, so two names are two databases, "+
+		"and two processes could both hold the same lock", e.Path)
+}
+
 // checkOneName refuses, for every opener, a database file with more than
-// one name. It only stat(2)s, following a symbolic link as SQLite does:
-// closing a descriptor of the file would drop SQLite's POSIX locks.
+// one name: hard links, or a bind mount of the file. It only stat(2)s,
+// following a symbolic link as SQLite does: closing a descriptor of the
+// file would drop SQLite's POSIX locks.
 func checkOneName(op, path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -149,6 +166,11 @@ func checkOneName(op, path string) error {
 		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: &LinkedFileError{Path: path, Links: n},
 			Advice: "use one name for the database file in every program that opens it, and remove the other names " +
 				"(find them with: find / -xdev -samefile " + path + ")"}
+	}
+	if mountRoot(path) {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: &MountedFileError{Path: path},
+			Advice: "mount the directory that holds the database rather than the file, so that its side files are the same " +
+				"under every name, and have every program open it by one name (findmnt " + path + " shows the mount)"}
 	}
 	return nil
 }

@@ -28,7 +28,7 @@ var errNotDatabase = errors.New("the file does not begin with the SQLite header"
 // changing nothing (readAccess); writes through the DB fail (StoreReadOnly).
 // Errors: a *domain.ValidationError (Field "database") when pathOrURI names
 // no file; a *domain.StoreError: StoreCorrupt for a file not a database, or
-// StoreUnreachable (fs.ErrNotExist, unreadable now, *LinkedFileError,
+// StoreUnreachable (fs.ErrNotExist, unreadable now, *LinkedFileError, *MountedFileError,
 // *SideFileError, ErrWALWithoutIndex, ErrHotJournal).
 func OpenReadOnly(ctx context.Context, pathOrURI string, opts Options) (*DB, error) {
 	dsn, err := DSN(pathOrURI, opts.BusyTimeout)

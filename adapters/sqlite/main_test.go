@@ -57,6 +57,8 @@ func TestMain(m *testing.M) {
 		code = report(errorReport(sqlite.CheckWritable(os.Getenv(dbEnv))))
 	case "write":
 		code = workerWrite(os.Getenv(dbEnv))
+	case "open-owner":
+		code = workerOpenOwner(os.Getenv(dbEnv))
 	default:
 		fmt.Fprintln(os.Stderr, "unknown worker", os.Getenv(workerEnv))
 		code = 2
@@ -64,11 +66,29 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// ownerEnv is the owner id the open-owner worker opens with.
+const ownerEnv = "LOCKS_SQLITE_TEST_OWNER"
+
+// workerOpenOwner opens the database with the owner id ownerEnv and
+// reports the error, naming a *sqlite.MountedFileError in As.
+func workerOpenOwner(path string) int {
+	db, err := sqlite.Open(context.Background(), path, sqlite.Options{Owner: os.Getenv(ownerEnv)})
+	if err == nil {
+		return report(errorReport(db.Close()))
+	}
+	r := errorReport(err)
+	if mf := (*sqlite.MountedFileError)(nil); errors.As(err, &mf) {
+		r.As = "MountedFileError"
+	}
+	return report(r)
+}
+
 // workerReport is what a worker prints on stdout.
 type workerReport struct {
 	Owner string `json:"owner"` // of the lock on plan p1, read through the store
 	Kind  string `json:"kind"`  // of a *domain.StoreError, or "validation"
 	Error string `json:"error"`
+	As    string `json:"as,omitempty"` // the typed error the worker looked for, when it found it
 }
 
 func errorReport(err error) workerReport {

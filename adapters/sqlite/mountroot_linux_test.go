@@ -1,0 +1,57 @@
+//go:build linux
+
+package sqlite_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cleveragents/locks/adapters/sqlite"
+	"github.com/cleveragents/locks/domain"
+)
+
+// A database file bind-mounted onto another name (a mount of a single
+// file) has side files by each name: SQLite's journal, the wake file and
+// the owner claims would be two, and the owner id that a store of one
+// name claims could be claimed again through the other. Open refuses the
+// mounted name, before it creates anything beside it; the file's own name
+// opens as before. Root makes the mount, in a mount namespace of the
+// worker's own.
+func TestOpen_RefusesABindMountedFile(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root can bind-mount a file")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("no unshare(1) to make a private mount namespace")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	orig, other := filepath.Join(dir, "agents.db"), filepath.Join(t.TempDir(), "mounted.db")
+	db, err := sqlite.Open(ctx, orig, sqlite.Options{Owner: "shared"})
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, os.WriteFile(other, nil, 0o600)) // the mount point
+
+	cmd := exec.Command(unshare, "--mount", "--propagation", "private", "sh", "-c",
+		`mount --bind "$1" "$2" && exec "$3" -test.run='^$'`, "sh", orig, other, os.Args[0])
+	cmd.Env = append(os.Environ(), workerEnv+"=open-owner", dbEnv+"="+other, ownerEnv+"=shared")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	var r workerReport
+	require.NoError(t, json.Unmarshal(out, &r), "%s", out)
+	require.NotEmpty(t, r.Error, "the mounted name was opened, with the owner id the file's own name claims")
+	assert.Equal(t, "MountedFileError", r.As, r.Error)
+	assert.Equal(t, domain.StoreUnreachable.String(), r.Kind, r.Error)
+	for _, side := range []string{"-wal", "-shm", "-wake", "-lock"} {
+		assert.NoFileExists(t, other+side, "created beside the refused name")
+	}
+}
