@@ -19,7 +19,7 @@ UPDATE {locks} SET {expires} = $6::varchar
 WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {owner} = $4::varchar
   AND ` + activeAtCheck("{expires}", "$5::varchar") + `
   AND EXISTS (SELECT FROM held)
-RETURNING {id}, {acquired}, {expires}, {note}`)
+RETURNING {id}, {acquired}, {expires}, {note}, clock_timestamp()`)
 
 // renewTokenSQL is a handle's renewal (application.DecideRenewToken):
 // renewSQL for the acquisition $7 only.
