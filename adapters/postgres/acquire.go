@@ -92,7 +92,8 @@ RETURNING {id}, xmin::text, clock_timestamp()`)
 // acquireSQL is Acquire's rule (application.DecideAcquire) as one
 // statement; takeSQL is Take's, without re-entry. Parameters: $1 the
 // advisory lock key, $2 and $3 the resource, $4 the owner, $5 now, $6
-// the new expiry and $7 the note (empty: none). held comes first, so that
+// the new expiry and $7 the note (empty: none); each also returns the
+// server's clock (ServerClock.observe). held comes first, so that
 // an Update that read the row never meets this insert; old needs the lock
 // expired on the server's clock too, as now is an estimate. ins draws no id on a refusal; it writes nothing.
 var acquireSQL, takeSQL = acquireStatement(true), acquireStatement(false)

@@ -23,7 +23,7 @@ func lockRows(as, from, mode string) string {
 // noRow: the member r's resource has no row in the statement's snapshot.
 const noRow = `(SELECT l.{id} FROM {locks} l WHERE l.{type} = r.typ AND l.{rid} = r.rid) IS NULL`
 
-// acquireFreeBatchSQL is acquireFreeSQL over arrays. Result: per lock inserted, n, its id and xmin.
+// acquireFreeBatchSQL is acquireFreeSQL over arrays. Result: per lock inserted, n, its id, xmin and the server's time.
 var acquireFreeBatchSQL = pgStatement(`WITH ins AS (
   INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires}, {note})
   SELECT own, typ, rid, acq, exp, NULLIF(nt, '')
@@ -81,8 +81,8 @@ FROM ok JOIN req USING (n) LEFT JOIN re USING (n)
 
 // renewBatchSQL is renewSQL and renewTokenSQL over arrays (tok 0: by
 // owner), locking FOR NO KEY UPDATE, which a fence lets through. Result:
-// per member decided, n, false and the lock extended (NULLs: none), or n
-// and true for a member whose row was busy.
+// per member decided, n, false, the lock extended and the server's time
+// (NULLs: none), or n and true for a member whose row was busy.
 var renewBatchSQL = pgStatement(`WITH req AS (SELECT * FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[], $7::bigint[])
   WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, tok, n)),
 held AS MATERIALIZED (SELECT n FROM req WHERE pg_try_advisory_xact_lock(k)),

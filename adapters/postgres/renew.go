@@ -12,7 +12,8 @@ import (
 )
 
 // renewSQL is Renew's extension (application.DecideRenew) in one round
-// trip, parameters as acquireSQL's; no row: nothing written. held comes
+// trip, parameters as acquireSQL's, returning the server's clock too; no
+// row: nothing written. held comes
 // first, so that an Update's takeover never meets this change half-way.
 var renewSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint))
 UPDATE {locks} SET {expires} = $6::varchar
