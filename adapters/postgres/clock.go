@@ -51,6 +51,7 @@ type ServerClock struct {
 	uncertainty time.Duration
 	lastErr     error
 
+	last  atomic.Int64  // the latest tick read, since monotonicEpoch: a statement's send is after it
 	store *serverClocks // whose statements re-anchor it; nil for a read-only DB
 	kick  chan struct{} // a re-anchoring asks for a measurement
 	stop  chan struct{}
@@ -101,10 +102,20 @@ var monotonicEpoch = time.Unix(0, 0)
 // tick reads the monotonic clock as a time.Time; monotonicEpoch has no
 // monotonic component, so Sub of two ticks is that of the readings.
 func (c *ServerClock) tick() time.Time {
+	var t time.Time
 	if c.mono != nil {
-		return monotonicEpoch.Add(c.mono())
+		t = monotonicEpoch.Add(c.mono())
+	} else {
+		t = c.local.Now()
 	}
-	return c.local.Now()
+	c.last.Store(int64(t.Sub(monotonicEpoch)))
+	return t
+}
+
+// lastTick is the latest tick read (by Now, before every decision): an
+// instant before a statement sent now, at no cost.
+func (c *ServerClock) lastTick() time.Time {
+	return monotonicEpoch.Add(time.Duration(c.last.Load()))
 }
 
 // After waits on the local clock.
@@ -277,7 +288,9 @@ type clockSend struct {
 	ticks  []time.Time
 }
 
-// send reads the ticks of s's clocks before a statement is sent.
+// send reads the ticks of s's clocks before a statement is sent: the
+// latest each read, since reading a monotonic clock that counts a suspend
+// is a system call (the answer's is read anew).
 func (s *serverClocks) send() clockSend {
 	if s == nil {
 		return clockSend{}
@@ -288,7 +301,7 @@ func (s *serverClocks) send() clockSend {
 	}
 	ticks := make([]time.Time, len(cs))
 	for i, c := range cs {
-		ticks[i] = c.tick()
+		ticks[i] = c.lastTick()
 	}
 	return clockSend{clocks: cs, ticks: ticks}
 }

@@ -13,8 +13,20 @@ import (
 	"github.com/cleveragents/locks/adapters/postgres"
 	"github.com/cleveragents/locks/application"
 	"github.com/cleveragents/locks/domain"
+	"github.com/cleveragents/locks/locktest/testclock"
 	"github.com/cleveragents/locks/tests/testdb"
 )
+
+// mockHost is a host's clock that moves only when the test moves it, its
+// monotonic reading with it: a postgres.MonotonicClock.
+type mockHost struct {
+	*testclock.Clock
+	start time.Time
+}
+
+func newMockHost(start time.Time) mockHost { return mockHost{testclock.New(start), start} }
+
+func (h mockHost) Monotonic() time.Duration { return h.Now().Sub(h.start) }
 
 // virtualServer is a server whose clock the test sets: for the
 // connections of DSN, pg_catalog's clock_timestamp() and
@@ -116,7 +128,7 @@ func TestServerClock_LagCorrectedByTheNextWrite(t *testing.T) {
 				db, err := postgres.Open(ctx, server.DSN, postgres.Options{})
 				require.NoError(t, err)
 				t.Cleanup(func() { require.NoError(t, db.Close()) })
-				host := mockAt(start)
+				host := newMockHost(start)
 				sc, err := postgres.NewServerClock(ctx, db, host)
 				require.NoError(t, err)
 				defer sc.Close()
@@ -168,7 +180,7 @@ func laggingHolder(t *testing.T, lag, cutLag time.Duration) {
 	db, err := postgres.Open(ctx, server.DSN, postgres.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	host := mockAt(start)
+	host := newMockHost(start)
 	sc, err := postgres.NewServerClock(ctx, db, host)
 	require.NoError(t, err)
 	defer sc.Close()
@@ -182,7 +194,8 @@ func laggingHolder(t *testing.T, lag, cutLag time.Duration) {
 
 	server.Step(lag) // after the last measurement
 	server.Step(ttl / 2)
-	host.Add(ttl / 2) // the renewal is due
+	host.BlockUntil(t, 1) // the keep-alive waits for its renewal
+	host.Add(ttl / 2)     // which is due
 	first := h.Lock().ExpiresAt
 	require.Eventually(t, func() bool { return h.Lock().ExpiresAt.After(first) }, 30*time.Second, time.Millisecond,
 		"the keep-alive never renewed")
@@ -201,6 +214,7 @@ func laggingHolder(t *testing.T, lag, cutLag time.Duration) {
 	_, err = tx.Exec("LOCK TABLE locks IN SHARE MODE")
 	require.NoError(t, err)
 	server.Step(ttl / 2)
+	host.BlockUntil(t, 2) // the next renewal, and the last one's deadline, abandoned
 	host.Add(ttl / 2)
 	waitFor(t, admin, "wait_event_type = 'Lock' AND query LIKE '%UPDATE%'", "the next renewal never started")
 	server.Step(cutLag)
