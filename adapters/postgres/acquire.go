@@ -87,12 +87,13 @@ SELECT $4::varchar, $2::varchar, $3::varchar, $5::varchar, $6::varchar, NULLIF($
 WHERE EXISTS (SELECT FROM held)
   AND NOT EXISTS (SELECT FROM {locks} WHERE {type} = $2 AND {rid} = $3)
 ON CONFLICT ({type}, {rid}) DO NOTHING
-RETURNING {id}, xmin::text`)
+RETURNING {id}, xmin::text, clock_timestamp()`)
 
 // acquireSQL is Acquire's rule (application.DecideAcquire) as one
 // statement; takeSQL is Take's, without re-entry. Parameters: $1 the
 // advisory lock key, $2 and $3 the resource, $4 the owner, $5 now, $6
-// the new expiry and $7 the note (empty: none). held comes first, so that
+// the new expiry and $7 the note (empty: none); each also returns the
+// server's clock (ServerClock.observe). held comes first, so that
 // an Update that read the row never meets this insert; old needs the lock
 // expired on the server's clock too, as now is an estimate. ins draws no id on a refusal; it writes nothing.
 var acquireSQL, takeSQL = acquireStatement(true), acquireStatement(false)
@@ -108,7 +109,7 @@ re AS (
     AND EXISTS (SELECT FROM held)
   RETURNING {id}, {acquired}, {expires}, {note}),`
 		notRe = " AND NOT EXISTS (SELECT FROM re)"
-		reRow = `SELECT true, {id}, {acquired}, {expires}, NULL::bigint, NULL::varchar, NULL::varchar, NULL::varchar, NULL::text, {note}, NULL::varchar FROM re
+		reRow = `SELECT true, {id}, {acquired}, {expires}, NULL::bigint, NULL::varchar, NULL::varchar, NULL::varchar, NULL::text, {note}, NULL::varchar, clock_timestamp() FROM re
 UNION ALL
 `
 	}
@@ -126,7 +127,7 @@ ins AS (
     AND NOT EXISTS (SELECT FROM {locks} WHERE {type} = $2 AND {rid} = $3 AND {id} NOT IN (SELECT {id} FROM old))
   ON CONFLICT ({type}, {rid}) DO NOTHING
   RETURNING {id}, {acquired}, {expires}, {note}, xmin::text AS v)
-` + reRow + `SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}, ins.v, ins.{note}, old.{note}
+` + reRow + `SELECT false, ins.{id}, ins.{acquired}, ins.{expires}, old.{id}, old.{owner}, old.{acquired}, old.{expires}, ins.v, ins.{note}, old.{note}, clock_timestamp()
 FROM ins LEFT JOIN old ON true`)
 }
 

@@ -84,7 +84,7 @@ func (b *batches) stop() { b.end() }
 // statement, even alone, returning its errors as they are: for the
 // contract suite, which holds the batch statements to the rules.
 func (s *LockRepository) InBatches() *LockRepository {
-	v := &LockRepository{Store: s.Store, db: s.db, localTime: s.localTime, left: &leftGroup{}, undoSQL: s.undoSQL, notice: s.notice}
+	v := &LockRepository{Store: s.Store, db: s.db, localTime: s.localTime, left: &leftGroup{}, undoSQL: s.undoSQL, notice: s.notice, clocks: s.clocks}
 	parent := context.Background()
 	if b, ok := s.w.(*batches); ok {
 		parent = b.life
@@ -127,6 +127,7 @@ func batchRun[Req, Res any](s *LockRepository, query string, args func(Req) []an
 	cols func(*Res) []any) func(context.Context, []*batchOp[Req, Res]) error {
 	return func(ctx context.Context, ops []*batchOp[Req, Res]) error {
 		arrays := columns(ops, args)
+		sent := s.clocks.send()
 		rows, err := s.db.QueryContext(ctx, query, arrays...)
 		// A connection the driver knew to be bad was not sent the statement.
 		for again := 0; errors.Is(err, driver.ErrBadConn) && again < badConnAgain; again++ {
@@ -156,6 +157,10 @@ func batchRun[Req, Res any](s *LockRepository, query string, args func(Req) []an
 			}
 			named[n-1] = true
 			ops[n-1].res, ops[n-1].alone = res, busy
+			if m, ok := any(res).(made); ok && m.server.Valid {
+				sent.answered(m.server.Time)
+				sent = clockSend{} // once: the first row is the earliest answer
+			}
 		}
 		if err := rows.Err(); err != nil {
 			return err

@@ -23,7 +23,7 @@ func lockRows(as, from, mode string) string {
 // noRow: the member r's resource has no row in the statement's snapshot.
 const noRow = `(SELECT l.{id} FROM {locks} l WHERE l.{type} = r.typ AND l.{rid} = r.rid) IS NULL`
 
-// acquireFreeBatchSQL is acquireFreeSQL over arrays. Result: per lock inserted, n, its id and xmin.
+// acquireFreeBatchSQL is acquireFreeSQL over arrays. Result: per lock inserted, n, its id, xmin and the server's time.
 var acquireFreeBatchSQL = pgStatement(`WITH ins AS (
   INSERT INTO {locks} ({owner}, {type}, {rid}, {acquired}, {expires}, {note})
   SELECT own, typ, rid, acq, exp, NULLIF(nt, '')
@@ -31,7 +31,7 @@ var acquireFreeBatchSQL = pgStatement(`WITH ins AS (
   WHERE ` + noRow + ` AND pg_try_advisory_xact_lock(k)
   ON CONFLICT ({type}, {rid}) DO NOTHING
   RETURNING {id}, {type}, {rid}, xmin::text AS v)
-SELECT r.n, ins.{id}, ins.v FROM ins JOIN unnest($2::varchar[], $3::varchar[]) WITH ORDINALITY AS r(typ, rid, n)
+SELECT r.n, ins.{id}, ins.v, clock_timestamp() FROM ins JOIN unnest($2::varchar[], $3::varchar[]) WITH ORDINALITY AS r(typ, rid, n)
   ON ins.{type} = r.typ AND ins.{rid} = r.rid`)
 
 // acquireBatchSQL is acquireSQL over arrays; takeBatchSQL is takeSQL's.
@@ -74,15 +74,15 @@ ins AS (
   RETURNING {id}, {type}, {rid}, {acquired}, {expires}, {note}, xmin::text AS v)
 SELECT ok.n, re.n IS NOT NULL, COALESCE(re.{id}, ins.{id}), COALESCE(re.{acquired}, ins.{acquired}), COALESCE(re.{expires}, ins.{expires}),
   CASE WHEN ins.{id} IS NOT NULL THEN old.{id} END, old.{owner}, old.{acquired}, old.{expires}, ins.v,
-  CASE WHEN re.n IS NOT NULL THEN re.{note} ELSE ins.{note} END, old.{note}
+  CASE WHEN re.n IS NOT NULL THEN re.{note} ELSE ins.{note} END, old.{note}, clock_timestamp()
 FROM ok JOIN req USING (n) LEFT JOIN re USING (n)
   LEFT JOIN ins ON ins.{type} = req.typ AND ins.{rid} = req.rid LEFT JOIN old ON old.n = req.n`)
 }
 
 // renewBatchSQL is renewSQL and renewTokenSQL over arrays (tok 0: by
 // owner), locking FOR NO KEY UPDATE, which a fence lets through. Result:
-// per member decided, n, false and the lock extended (NULLs: none), or n
-// and true for a member whose row was busy.
+// per member decided, n, false, the lock extended and the server's time
+// (NULLs: none), or n and true for a member whose row was busy.
 var renewBatchSQL = pgStatement(`WITH req AS (SELECT * FROM unnest($1::bigint[], $2::varchar[], $3::varchar[], $4::varchar[], $5::varchar[], $6::varchar[], $7::bigint[])
   WITH ORDINALITY AS r(k, typ, rid, own, acq, exp, tok, n)),
 held AS MATERIALIZED (SELECT n FROM req WHERE pg_try_advisory_xact_lock(k)),
@@ -96,9 +96,9 @@ up AS (
     AND l.{type} = req.typ AND l.{rid} = req.rid AND l.{owner} = req.own AND (req.tok = 0 OR l.{id} = req.tok)
     AND ` + activeAtCheck("l.{expires}", "req.acq") + `
   RETURNING req.n, l.{id}, l.{acquired}, l.{expires}, l.{note})
-SELECT n, false, {id}, {acquired}, {expires}, {note} FROM up
+SELECT n, false, {id}, {acquired}, {expires}, {note}, clock_timestamp() FROM up
 UNION ALL
-SELECT n, true, NULL, NULL, NULL, NULL FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
+SELECT n, true, NULL, NULL, NULL, NULL, NULL FROM mine WHERE n NOT IN (SELECT n FROM cur)`)
 
 // releaseBatchSQL is the releases by owner (tok 0) and by token (active at
 // at) over arrays, with {notice} and {commit}. Result: per member decided,

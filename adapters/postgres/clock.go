@@ -3,7 +3,9 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -13,15 +15,21 @@ import (
 
 // Every host decides expiry on the server's clock, estimated as its time
 // at one instant of the local monotonic clock plus the monotonic time
-// since: a wall clock step moves nothing.
+// since: a wall clock step moves nothing. Each acquire and renewal reads
+// the server's clock too, and re-anchors an estimate that it shows wrong.
 const (
 	ClockSamples = 5           // round trips per measurement; the fastest is kept
 	ClockRefresh = time.Minute // how often the server's time is measured again
 )
 
+// remeasurePace spaces the measurements that a re-anchoring asks for, so
+// that a host whose clock keeps disagreeing costs the server little.
+const remeasurePace = time.Second
+
 // MonotonicClock is a local clock whose reading a wall clock step does not
 // move, on which ServerClock measures elapsed time; other clocks use
-// SystemClock's, except a *clock.Mock, whose steps step the estimate.
+// SystemClock's, except a *clock.Mock, whose steps step the estimate until
+// the server's time, read again, disagrees.
 type MonotonicClock interface {
 	application.Clock
 	// Monotonic returns the time since a fixed instant; it never decreases.
@@ -38,12 +46,16 @@ type ServerClock struct {
 
 	mu          sync.RWMutex
 	at, mark    time.Time // the server's time at the instant mark (tick)
+	since       time.Time // the tick at which the reading of at was asked for
 	offset      time.Duration
 	uncertainty time.Duration
 	lastErr     error
 
-	stop chan struct{}
-	done chan struct{}
+	last  atomic.Int64  // the latest tick read, since monotonicEpoch: a statement's send is after it
+	store *serverClocks // whose statements re-anchor it; nil for a read-only DB
+	kick  chan struct{} // a re-anchoring asks for a measurement
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 var (
@@ -55,7 +67,7 @@ var (
 //
 // Errors: a *domain.StoreError when the server cannot be asked its time.
 func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*ServerClock, error) {
-	c := &ServerClock{local: local, db: db.sql, stop: make(chan struct{}), done: make(chan struct{})}
+	c := &ServerClock{local: local, db: db.sql, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	if t, ok := local.(application.Timers); ok {
 		c.timers = t
 	}
@@ -68,6 +80,10 @@ func NewServerClock(ctx context.Context, db *DB, local application.Clock) (*Serv
 	}
 	if err := read(ctx, c.measure); err != nil {
 		return nil, FormatError("read the server's clock", err)
+	}
+	if db.store != nil {
+		c.store = db.store.clocks
+		c.store.add(c)
 	}
 	go c.refresh()
 	return c, nil
@@ -86,10 +102,20 @@ var monotonicEpoch = time.Unix(0, 0)
 // tick reads the monotonic clock as a time.Time; monotonicEpoch has no
 // monotonic component, so Sub of two ticks is that of the readings.
 func (c *ServerClock) tick() time.Time {
+	var t time.Time
 	if c.mono != nil {
-		return monotonicEpoch.Add(c.mono())
+		t = monotonicEpoch.Add(c.mono())
+	} else {
+		t = c.local.Now()
 	}
-	return c.local.Now()
+	c.last.Store(int64(t.Sub(monotonicEpoch)))
+	return t
+}
+
+// lastTick is the latest tick read (by Now, before every decision): an
+// instant before a statement sent now, at no cost.
+func (c *ServerClock) lastTick() time.Time {
+	return monotonicEpoch.Add(time.Duration(c.last.Load()))
 }
 
 // After waits on the local clock.
@@ -101,36 +127,52 @@ func (c *ServerClock) After(d time.Duration) <-chan time.Time {
 }
 
 // Offset returns what the local wall clock was off by at the last
-// measurement (decisions do not use it), the uncertainty (half the round
-// trip), and the last refresh's error.
+// measurement or re-anchoring (decisions do not use it), the uncertainty
+// (half the round trip of the reading the estimate is anchored on), and the
+// last refresh's error.
 func (c *ServerClock) Offset() (offset, uncertainty time.Duration, err error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.offset, c.uncertainty, c.lastErr
 }
 
-// Close stops the refreshes.
+// Close stops the refreshes and the re-anchoring.
 func (c *ServerClock) Close() {
 	select {
 	case <-c.stop:
 	default:
 		close(c.stop)
+		if c.store != nil {
+			c.store.remove(c)
+		}
 	}
 	<-c.done
 }
 
 // refresh measures again every ClockRefresh, correcting the monotonic
-// drift, on a real ticker (it paces I/O).
+// drift, and soon after a re-anchoring, whose reading's round trip (a
+// write's, with its waits) makes a loose uncertainty; on real time (it
+// paces I/O).
 func (c *ServerClock) refresh() {
 	defer close(c.done)
 	t := time.NewTicker(ClockRefresh)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-c.stop:
 			return
 		case <-t.C:
+		case <-c.kick:
+			if wait := remeasurePace - time.Since(last); wait > 0 {
+				select {
+				case <-c.stop:
+					return
+				case <-time.After(wait):
+				}
+			}
 		}
+		last = time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		if err := read(ctx, c.measure); err != nil {
 			c.mu.Lock()
@@ -149,7 +191,7 @@ func (c *ServerClock) measure(ctx context.Context) error {
 	}
 	defer conn.Close()
 	best := time.Duration(-1)
-	var at, mark time.Time
+	var at, mark, since time.Time
 	var offset time.Duration
 	for range ClockSamples + 1 {
 		var server time.Time
@@ -160,14 +202,115 @@ func (c *ServerClock) measure(ctx context.Context) error {
 		rtt := c.tick().Sub(before)
 		if best < 0 || rtt < best {
 			best = rtt
-			at, mark = server, before.Add(rtt/2)
+			at, mark, since = server, before.Add(rtt/2), before
 			offset = server.Sub(wall.Add(rtt / 2))
 		}
 	}
 	c.mu.Lock()
-	c.at, c.mark, c.offset, c.uncertainty, c.lastErr = at, mark, offset, best/2, nil
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	c.lastErr = nil
+	if since.Before(c.since) {
+		return nil // a statement answered since re-anchored it, on a later reading
+	}
+	c.at, c.mark, c.since, c.offset, c.uncertainty = at, mark, since, offset, best/2
 	return nil
+}
+
+// observe takes server, the server's clock read by a statement asked for
+// at tick sent and answered at tick got: the server read it in between.
+// An estimate that this shows wrong beyond the uncertainty it states (the
+// server's clock stepped, the host's monotonic clock stood still or
+// drifted) is re-anchored on the reading, with half that round trip as
+// its uncertainty, and a measurement is asked for to narrow it again.
+func (c *ServerClock) observe(sent, got, server time.Time) {
+	c.mu.RLock()
+	wrong := c.disagrees(sent, got, server)
+	c.mu.RUnlock()
+	if !wrong {
+		return
+	}
+	c.mu.Lock()
+	if sent.Before(c.since) || !c.disagrees(sent, got, server) {
+		c.mu.Unlock()
+		return // re-anchored since on a later reading
+	}
+	half := got.Sub(sent) / 2
+	c.at, c.mark, c.since, c.uncertainty = server, sent.Add(half), sent, half
+	c.offset = server.Sub(c.local.Now().Add(-half))
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// disagrees reports whether the estimate, within its uncertainty, is
+// behind server at got or ahead of it at sent (server is truncated to the
+// microsecond: the reading was made before server plus one). Under c.mu.
+func (c *ServerClock) disagrees(sent, got, server time.Time) bool {
+	behind := c.at.Add(got.Sub(c.mark)).Add(c.uncertainty).Before(server)
+	ahead := c.at.Add(sent.Sub(c.mark)).Add(-c.uncertainty).After(server.Add(time.Microsecond))
+	return behind || ahead
+}
+
+// serverClocks are the ServerClocks open on one store: copied on write,
+// so that a statement reads them without a lock.
+type serverClocks struct {
+	mu   sync.Mutex
+	list atomic.Pointer[[]*ServerClock]
+}
+
+func (s *serverClocks) load() []*ServerClock {
+	if p := s.list.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (s *serverClocks) add(c *ServerClock) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := append(slices.Clone(s.load()), c)
+	s.list.Store(&l)
+}
+
+func (s *serverClocks) remove(c *ServerClock) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := slices.DeleteFunc(slices.Clone(s.load()), func(o *ServerClock) bool { return o == c })
+	s.list.Store(&l)
+}
+
+// clockSend is a statement's sending, on the ticks of each ServerClock of
+// its store.
+type clockSend struct {
+	clocks []*ServerClock
+	ticks  []time.Time
+}
+
+// send reads the ticks of s's clocks before a statement is sent: the
+// latest each read, since reading a monotonic clock that counts a suspend
+// is a system call (the answer's is read anew).
+func (s *serverClocks) send() clockSend {
+	if s == nil {
+		return clockSend{}
+	}
+	cs := s.load()
+	if len(cs) == 0 {
+		return clockSend{}
+	}
+	ticks := make([]time.Time, len(cs))
+	for i, c := range cs {
+		ticks[i] = c.lastTick()
+	}
+	return clockSend{clocks: cs, ticks: ticks}
+}
+
+// answered takes the server's time that the statement sent read.
+func (s clockSend) answered(server time.Time) {
+	for i, c := range s.clocks {
+		c.observe(s.ticks[i], c.tick(), server)
+	}
 }
 
 // SystemClock is this host's clock. Its monotonic reading counts the host's

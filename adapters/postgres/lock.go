@@ -32,6 +32,9 @@ type LockRepository struct {
 	// replaced tells the watchers of a lock that a committed takeover
 	// replaced (Backend.Replaced); nil: nobody.
 	replaced func(ctx context.Context, ref domain.ResourceRef)
+	// clocks are the ServerClocks on this store, which the server's time
+	// read by its acquires and renewals re-anchors.
+	clocks *serverClocks
 }
 
 var _ application.OneStatement = (*LockRepository)(nil)
@@ -58,7 +61,7 @@ func (s *LockRepository) DecidesAll() {}
 // newLockRepository returns the store s on db with lone writes; release:
 // Backend.ReleaseStatement (nil: none).
 func newLockRepository(s *entstore.Store, db *sql.DB, localTime bool, release func(string) string, notice func(typ, id string) string) *LockRepository {
-	r := &LockRepository{Store: s, db: db, localTime: localTime, left: &leftGroup{}, undoSQL: undoVersionSQL, notice: notice}
+	r := &LockRepository{Store: s, db: db, localTime: localTime, left: &leftGroup{}, undoSQL: undoVersionSQL, notice: notice, clocks: &serverClocks{}}
 	if release != nil {
 		r.undoSQL = release(undoVersionSQL)
 	}

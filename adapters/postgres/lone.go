@@ -69,14 +69,15 @@ type made struct {
 	version   sql.NullString    // the row inserted (its xmin), for undo
 	note      sql.NullString    // the lock's note
 	prevNote  sql.NullString    // the note of the lock replaced
+	server    sql.NullTime      // the server's clock, read in the statement
 }
 
 // acquireCols, freeCols and renewCols take the columns of acquireSQL, acquireFreeSQL and renewSQL.
 func acquireCols(m *made) []any {
-	return []any{&m.reentered, &m.id, &m.times[0], &m.times[1], &m.prevID, &m.prev[0], &m.prev[1], &m.prev[2], &m.version, &m.note, &m.prevNote}
+	return []any{&m.reentered, &m.id, &m.times[0], &m.times[1], &m.prevID, &m.prev[0], &m.prev[1], &m.prev[2], &m.version, &m.note, &m.prevNote, &m.server}
 }
-func freeCols(m *made) []any  { return []any{&m.id, &m.version} }
-func renewCols(m *made) []any { return []any{&m.id, &m.times[0], &m.times[1], &m.note} }
+func freeCols(m *made) []any  { return []any{&m.id, &m.version, &m.server} }
+func renewCols(m *made) []any { return []any{&m.id, &m.times[0], &m.times[1], &m.note, &m.server} }
 
 // outcome is the acquisition m describes, of owner on ref.
 func (m made) outcome(ref domain.ResourceRef, owner string) (application.Outcome, error) {
@@ -97,13 +98,18 @@ func (m made) outcome(ref domain.ResourceRef, owner string) (application.Outcome
 	return a, nil
 }
 
-// writeOne runs query alone and reads its row, if any, into cols.
+// writeOne runs query alone and reads its row, if any, into cols; the
+// server's time in it re-anchors the store's ServerClocks.
 func (s *LockRepository) writeOne(ctx context.Context, query string, args []any, cols func(*made) []any) (made, error) {
 	return entstore.WriteOne(ctx, s.Store, entstore.OneStatement, func(ctx context.Context, _ *sql.Tx) (made, error) {
 		var m made
+		sent := s.clocks.send()
 		err := s.db.QueryRowContext(ctx, query, args...).Scan(cols(&m)...)
 		if errors.Is(err, sql.ErrNoRows) {
 			return made{}, nil
+		}
+		if err == nil && m.server.Valid {
+			sent.answered(m.server.Time)
 		}
 		return m, err
 	})

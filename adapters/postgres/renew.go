@@ -12,14 +12,15 @@ import (
 )
 
 // renewSQL is Renew's extension (application.DecideRenew) in one round
-// trip, parameters as acquireSQL's; no row: nothing written. held comes
+// trip, parameters as acquireSQL's, returning the server's clock too; no
+// row: nothing written. held comes
 // first, so that an Update's takeover never meets this change half-way.
 var renewSQL = pgStatement(`WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock($1::bigint))
 UPDATE {locks} SET {expires} = $6::varchar
 WHERE {type} = $2::varchar AND {rid} = $3::varchar AND {owner} = $4::varchar
   AND ` + activeAtCheck("{expires}", "$5::varchar") + `
   AND EXISTS (SELECT FROM held)
-RETURNING {id}, {acquired}, {expires}, {note}`)
+RETURNING {id}, {acquired}, {expires}, {note}, clock_timestamp()`)
 
 // renewTokenSQL is a handle's renewal (application.DecideRenewToken):
 // renewSQL for the acquisition $7 only.
