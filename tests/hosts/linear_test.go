@@ -62,14 +62,18 @@ func TestCheck_LinearizableLogs(t *testing.T) {
 			// h1 was told token 3 was released at 17 s; the server,
 			// stopped at once 0.3 s later, lost the release (it does not
 			// wait for its WAL) and the lock came back to expire.
-			tb.Rows = append(tb.Rows,
-				Row{ID: 4, Kind: "do", Resource: "log/r2", Token: 10, Owner: "h1-1", Attempt: "a9", At: at(18.9)},
-				Row{ID: 5, Kind: "do", Resource: "log/r3", Token: 11, Owner: "h2-1", Attempt: "a10", At: at(18.9)})
-			return append(ev,
+			return recoveredAt19(append(ev,
 				Event{Kind: KindReleased, Host: "h1", Owner: "h1-1", Resource: "log/r1", Token: 3, At: at(17)},
+				Event{Kind: KindFault, Fault: FaultRestart, At: at(17.3), End: at(18)}), tb)
+		}},
+		{"ReleaseAnsweredAsTheRestartBegan", func(ev []Event, tb *Tables) []Event {
+			// The harness recorded the restart at 17.3 s; the server took
+			// the signal to stop some milliseconds later and, in between,
+			// told h1 that token 3 was released (recorded at 17.317 s),
+			// then lost the release with its WAL (seed 1796467910150779586).
+			return recoveredAt19(append(ev,
 				Event{Kind: KindFault, Fault: FaultRestart, At: at(17.3), End: at(18)},
-				Event{Kind: KindWrite, Host: "h1", Owner: "h1-1", Resource: "log/r2", Token: 10, At: at(19), Outcome: Committed, Attempt: "a9"},
-				Event{Kind: KindWrite, Host: "h2", Owner: "h2-1", Resource: "log/r3", Token: 11, At: at(19), Outcome: Committed, Attempt: "a10"})
+				Event{Kind: KindReleased, Host: "h1", Owner: "h1-1", Resource: "log/r1", Token: 3, At: at(17.317)}), tb)
 		}},
 		{"ReleasedByItsHolderBeforeItsExpiry", func(ev []Event, tb *Tables) []Event {
 			tb.Changes = append(tb.Changes, Change{ID: 6, Op: ChangeDelete, Resource: "log/r1", Token: 3, Owner: "h1-1", Expires: at(17), Tx: 6, At: at(16.05)})
@@ -155,6 +159,19 @@ func TestCheck_NotLinearizable(t *testing.T) {
 		{"ReleasedButNotDeleted", VLinear, func(ev []Event, tb *Tables) []Event {
 			return append(ev, Event{Kind: KindReleased, Host: "h1", Owner: "h1-1", Resource: "log/r1", Token: 3, At: at(17)})
 		}},
+		{"ReleasedAfterARestartButNotDeleted", VLinear, func(ev []Event, tb *Tables) []Event {
+			// The restart ended at 18 s; a release the server answered
+			// after it was not lost to it.
+			return recoveredAt19(append(ev,
+				Event{Kind: KindFault, Fault: FaultRestart, At: at(15.5), End: at(18)},
+				Event{Kind: KindReleased, Host: "h1", Owner: "h1-1", Resource: "log/r1", Token: 3, At: at(18.05)}), tb)
+		}},
+		{"ReleasedLongBeforeARestartButNotDeleted", VLinear, func(ev []Event, tb *Tables) []Event {
+			// Its WAL was written long before the server stopped.
+			return recoveredAt19(append(ev,
+				Event{Kind: KindReleased, Host: "h1", Owner: "h1-1", Resource: "log/r1", Token: 3, At: at(16.2)},
+				Event{Kind: KindFault, Fault: FaultRestart, At: at(17.3), End: at(18)}), tb)
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -170,4 +187,15 @@ func TestCheck_NotLinearizable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// recoveredAt19 adds a committed write of h1 and of h2 at 19 s, after a
+// restart that ended at 18 s, as the recovery rule asks.
+func recoveredAt19(ev []Event, tb *Tables) []Event {
+	tb.Rows = append(tb.Rows,
+		Row{ID: 4, Kind: "do", Resource: "log/r2", Token: 10, Owner: "h1-1", Attempt: "a9", At: at(18.9)},
+		Row{ID: 5, Kind: "do", Resource: "log/r3", Token: 11, Owner: "h2-1", Attempt: "a10", At: at(18.9)})
+	return append(ev,
+		Event{Kind: KindWrite, Host: "h1", Owner: "h1-1", Resource: "log/r2", Token: 10, At: at(19), Outcome: Committed, Attempt: "a9"},
+		Event{Kind: KindWrite, Host: "h2", Owner: "h2-1", Resource: "log/r3", Token: 11, At: at(19), Outcome: Committed, Attempt: "a10"})
 }
