@@ -52,7 +52,6 @@ type placeConn struct {
 	mu     sync.Mutex
 	conn   *pgx.Conn
 	closed bool
-	leaves sync.WaitGroup // Leaves in flight, which Close waits for
 }
 
 var _ application.Queue = (*listener)(nil)
@@ -152,48 +151,36 @@ func (p *pgPlace) Ahead(ctx context.Context) (bool, error) {
 	return ahead, nil
 }
 
-// Leave implements application.Place, off the caller's path: a waiter
-// that took the lock must not wait for its place's unlock. One that left
-// without it notifies its resource's watchers, since the lock may be free.
+// Leave implements application.Place. It returns once the place is
+// gone, before the caller can release the lock it took: the next waiter,
+// woken by that release, must not find it still ahead. One that left
+// without the lock notifies its resource's watchers, since it may be free.
 func (p *pgPlace) Leave(took bool) {
 	p.once.Do(func() {
 		q := &p.l.queue
 		q.mu.Lock()
-		if q.closed {
-			q.mu.Unlock()
-			return // the session is closing, and the place with it
+		defer q.mu.Unlock()
+		if q.closed || q.conn != p.conn || p.conn.IsClosed() {
+			return // its session, and the place with it, is gone or going
 		}
-		q.leaves.Add(1)
-		q.mu.Unlock()
-		go func() {
-			defer q.leaves.Done()
-			q.mu.Lock()
-			defer q.mu.Unlock()
-			if q.closed || q.conn != p.conn || p.conn.IsClosed() {
-				return // its session, and the place with it, is gone or going
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), talkTimeout)
-			defer cancel()
-			k2 := int32(uint32(p.n))
-			if took {
-				_, _ = p.conn.Exec(ctx, "SELECT pg_advisory_unlock_shared($1::int4, $2::int4)", p.key, k2)
-				return
-			}
-			_, _ = p.conn.Exec(ctx, "SELECT pg_advisory_unlock_shared($1::int4, $2::int4), "+
-				watchedOrNotify(p.l.channel, "$3::varchar", "$4::varchar"), p.key, k2, string(p.ref.Type), p.ref.ID)
-		}()
+		ctx, cancel := context.WithTimeout(context.Background(), talkTimeout)
+		defer cancel()
+		k2 := int32(uint32(p.n))
+		if took {
+			_, _ = p.conn.Exec(ctx, "SELECT pg_advisory_unlock_shared($1::int4, $2::int4)", p.key, k2)
+			return
+		}
+		_, _ = p.conn.Exec(ctx, "SELECT pg_advisory_unlock_shared($1::int4, $2::int4), "+
+			watchedOrNotify(p.l.channel, "$3::varchar", "$4::varchar"), p.key, k2, string(p.ref.Type), p.ref.ID)
 	})
 }
 
-// closeQueue ends the places' session once the Leaves in flight are done.
+// closeQueue ends the places' session, and with it every place left.
 func (l *listener) closeQueue(ctx context.Context) {
 	q := &l.queue
 	q.mu.Lock()
-	q.closed = true
-	q.mu.Unlock()
-	q.leaves.Wait()
-	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.closed = true
 	if q.conn != nil {
 		_ = q.conn.Close(ctx)
 		q.conn = nil
