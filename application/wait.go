@@ -24,6 +24,11 @@ type waitQueues struct {
 	// yields: until when to hold back on a resource just handed over (freed).
 	yields map[domain.ResourceRef]time.Time
 	now    func() time.Time // reads a mock clock the waiters' timers run on; nil for real timers
+	// placing is held from a waiter's join to its place in the Queue, so
+	// that this process's places are in the order of its queues: a head
+	// placed after the waiter behind it could wait for another process's
+	// waiter that waits for that one.
+	placing sync.Mutex
 }
 
 type waiter struct {
@@ -211,6 +216,9 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 	}
 	expired := deadline.c
+	if s.queue != nil {
+		s.waiters.placing.Lock()
+	}
 	w := s.waiters.join(ref, deadline)
 	defer s.waiters.leave(ref, w)
 
@@ -235,6 +243,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 	}()
 	if !first {
 		takePlace()
+		s.waiters.placing.Unlock()
 	}
 
 	var last *domain.LockConflictError
