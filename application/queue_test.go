@@ -21,6 +21,7 @@ type fakeQueue struct {
 	*fakeWakeups
 	mu     sync.Mutex
 	ahead  bool            // what every place's Ahead answers
+	calls  int             // Joins begun
 	places []*fakePlace    // in the order Join returned them
 	joined chan *fakePlace // receives each place as Join returns it
 	hold   func(n int)     // called in Join before its place is numbered
@@ -39,7 +40,8 @@ func newFakeQueue() *fakeQueue {
 
 func (q *fakeQueue) Join(context.Context, domain.ResourceRef) (application.Place, bool, error) {
 	q.mu.Lock()
-	calls := len(q.places)
+	calls := q.calls
+	q.calls++
 	q.mu.Unlock()
 	if q.hold != nil {
 		q.hold(calls)
