@@ -299,7 +299,6 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			if !fresh {
 				a, err := place.Ahead(ctx)
 				ahead = err == nil && a // a failed look: on without the order
-
 			}
 			fresh = false
 			first = !ahead // later places never come before it

@@ -95,7 +95,7 @@ func (l *listener) queueConn(ctx context.Context) (*pgx.Conn, error) {
 	}
 	cfg := l.cfg.Copy()
 	cfg.RuntimeParams["application_name"] = queueAppName
-	ctx, cancel := context.WithTimeout(ctx, talkTimeout)
+	ctx, cancel := placeContext(ctx)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -111,6 +111,13 @@ func (l *listener) queueConn(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
+// placeContext bounds a statement of the places' connection by
+// talkTimeout, never by a waiter's cancelled context: pgx would close the
+// connection, and every place of this store with it.
+func placeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), talkTimeout)
+}
+
 // Join implements application.Queue.
 func (l *listener) Join(ctx context.Context, ref domain.ResourceRef) (application.Place, bool, error) {
 	q := &l.queue
@@ -121,7 +128,7 @@ func (l *listener) Join(ctx context.Context, ref domain.ResourceRef) (applicatio
 		return nil, false, err
 	}
 	p := &pgPlace{l: l, conn: conn, ref: ref, key: queueKey(l.channel, ref)}
-	ctx, cancel := context.WithTimeout(ctx, talkTimeout)
+	ctx, cancel := placeContext(ctx)
 	defer cancel()
 	var got, ahead bool
 	if err := conn.QueryRow(ctx, queueJoinSQL, p.key).Scan(&p.n, &got, &ahead); err != nil {
@@ -142,7 +149,7 @@ func (p *pgPlace) Ahead(ctx context.Context) (bool, error) {
 	if q.conn != p.conn || p.conn.IsClosed() {
 		return false, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, talkTimeout)
+	ctx, cancel := placeContext(ctx)
 	defer cancel()
 	var ahead bool
 	if err := p.conn.QueryRow(ctx, queueAheadSQL, p.key, p.n).Scan(&ahead); err != nil {
