@@ -23,8 +23,10 @@ import (
 // holds; the waiters begin to wait fifoGap apart, taking turns between the
 // processes, and once the bench releases, each takes the lock and releases
 // it at once. A round is in order when they were granted in the order they
-// began to wait; a hand-over is a waiter's grant after the release of the
-// one before it (the first: after the bench's release), CLOCK_MONOTONIC.
+// began to wait; a hand-over runs from the moment the release of the one
+// before it returned (the first: the bench's) to the moment the waiter's
+// Take returned, CLOCK_MONOTONIC, zero if the waiter had the lock first,
+// as in the 2-process hand-over case.
 const (
 	fifoMode       = "handover-fifo"
 	fifoProcesses  = 4
@@ -135,10 +137,10 @@ func fifoStore(ctx context.Context, env *environment, name, target string, round
 				return fail(err)
 			}
 		}
-		freed := monoNow()
 		if err := released(h.Release(ctx)); err != nil {
 			return fail(err)
 		}
+		freed := monoNow()
 		type grant struct{ waiter, at, release int64 }
 		var grants []grant
 		for p, w := range ws {
@@ -160,7 +162,7 @@ func fifoStore(ctx context.Context, env *environment, name, target string, round
 			if k > 0 {
 				before = grants[k-1].release
 			}
-			r.handovers = append(r.handovers, time.Duration(g.at-before))
+			r.handovers = append(r.handovers, time.Duration(max(0, g.at-before)))
 		}
 		r.rounds++
 		r.orders = append(r.orders, order)
@@ -173,8 +175,8 @@ func fifoStore(ctx context.Context, env *environment, name, target string, round
 }
 
 // fifoMain is a fifo worker: "wait <i>" answers "waiting <i>", and starts
-// waiter i, which once granted answers "got <i> <granted> <released>"
-// (CLOCK_MONOTONIC ns), having released at once.
+// waiter i, which once granted releases at once and answers "got <i>
+// <granted> <released>": CLOCK_MONOTONIC ns as its Take and its Release returned.
 func fifoMain(database, id string, stdin io.Reader, stdout io.Writer) int {
 	ctx := context.Background()
 	owner := "bench-fifo-" + id
@@ -214,11 +216,11 @@ func fifoMain(database, id string, stdin io.Reader, stdout io.Writer) int {
 				say("error take: %s", oneLine(err.Error()))
 				return
 			}
-			rel := monoNow()
 			if err := released(h.Release(ctx)); err != nil {
 				say("error release: %s", oneLine(err.Error()))
 				return
 			}
+			rel := monoNow()
 			say("got %s %d %d", i, at, rel)
 		}(f[1])
 	}

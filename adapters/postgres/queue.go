@@ -101,9 +101,11 @@ func (l *listener) queueConn(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The session mostly idles: idle_session_timeout must not end it.
-	if _, err := conn.Exec(ctx, "SELECT set_config('idle_session_timeout', '0', false) "+
-		"WHERE current_setting('server_version_num')::int >= 140000"); err != nil {
+	// The session mostly idles: idle_session_timeout must not end it. A
+	// place's transaction id makes its statement commit a record: nothing
+	// a crash must keep, so it does not wait for the WAL flush.
+	if _, err := conn.Exec(ctx, "SELECT set_config('synchronous_commit', 'off', false), "+
+		"CASE WHEN current_setting('server_version_num')::int >= 140000 THEN set_config('idle_session_timeout', '0', false) END"); err != nil {
 		closeConn(conn)
 		return nil, err
 	}
