@@ -195,3 +195,32 @@ func placeOf(q *fakeQueue, p *fakePlace) int {
 	defer q.mu.Unlock()
 	return p.n
 }
+
+// An owner that holds the lock re-enters it with AcquireWait at once,
+// though waiters of other processes are ahead: they wait for it.
+func TestLockService_QueueLetsTheHolderReenter(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ctx := context.Background()
+	clk := testclock.New(holdStart)
+	q := newFakeQueue()
+	q.setAhead(true)
+	svc := newHoldService(t, memory.NewLockRepository(), clk, application.WithWakeups(q))
+	held, err := svc.Acquire(ctx, "A", plan, time.Minute)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := svc.AcquireWait(ctx, "A", plan, application.AcquireOptions{Wait: true, TTL: time.Minute})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder's re-entry waited behind the waiters that wait for it")
+	}
+	again, err := svc.Get(ctx, plan)
+	require.NoError(t, err)
+	assert.Equal(t, held.Token, again.Token)
+	p := <-q.joined
+	assert.True(t, <-p.left)
+}

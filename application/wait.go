@@ -202,8 +202,11 @@ func (s *LockService) beforeDeadline(decide rule, one *Op, notAfter time.Time) (
 // does, woken by releases and by waiters that leave without the lock, and
 // looks again every waitFallback, which is how a waiter that died is
 // skipped. A place it cannot take or look at leaves it unordered, as
-// without a Queue: the order never costs a lock.
-func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func(notAfter time.Time) (*Handle, error)) (got *Handle, err error) {
+// without a Queue: the order never costs a lock. A reentrant wait tries
+// once before it heeds the queue: an owner holding the lock re-enters at
+// once, rather than behind waiters who wait for it.
+func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, reentrant bool,
+	try func(notAfter time.Time) (*Handle, error)) (got *Handle, err error) {
 	start := s.Now()
 	var (
 		deadline timer
@@ -303,7 +306,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			fresh = false
 			first = !ahead // later places never come before it
 		}
-		if place != nil && ahead {
+		if place != nil && ahead && !reentrant {
 			if !watched {
 				// Watch, and look again: the earlier waiter may have left before the watch.
 				watched = true
@@ -347,6 +350,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			lookedAt = s.waiters.now()
 		}
 		h, err := try(notAfter)
+		reentrant = false // tried once
 		if errors.Is(err, errDeadline) {
 			if last == nil {
 				return s.queuedOut(ctx, ref, start) // names the holder, if any
@@ -461,7 +465,7 @@ func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref d
 	}
 	start := s.started()
 	var r AcquireResult // of the try that took the lock
-	_, err = s.waitTurn(ctx, ref, opts.Timeout, func(notAfter time.Time) (*Handle, error) {
+	_, err = s.waitTurn(ctx, ref, opts.Timeout, true, func(notAfter time.Time) (*Handle, error) {
 		sl, err := s.holders.enter(ctx, ref)
 		if err != nil {
 			return nil, err
