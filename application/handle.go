@@ -63,7 +63,7 @@ func (s *LockService) Take(ctx context.Context, owner string, ref domain.Resourc
 		return s.takeOnce(ctx, owner, ref, ttl, opts.Note, time.Time{})
 	}
 	start := s.started()
-	h, err := s.waitTurn(ctx, ref, opts.Timeout, func(notAfter time.Time) (*Handle, error) {
+	h, err := s.waitTurn(ctx, ref, opts.Timeout, opts.Reentrant, func(notAfter time.Time) (*Handle, error) {
 		return s.takeOnce(ctx, owner, ref, ttl, opts.Note, notAfter)
 	})
 	var l domain.Lock

@@ -28,6 +28,7 @@ type LockService struct {
 	observer   Observer
 	processes  Processes
 	wakeups    Wakeups
+	queue      Queue    // orders waiters across processes; nil: only within this one
 	holders    *holders // the handles holding each resource
 }
 

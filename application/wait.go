@@ -24,6 +24,11 @@ type waitQueues struct {
 	// yields: until when to hold back on a resource just handed over (freed).
 	yields map[domain.ResourceRef]time.Time
 	now    func() time.Time // reads a mock clock the waiters' timers run on; nil for real timers
+	// placing is held from a waiter's join to its place in the Queue, so
+	// that this process's places are in the order of its queues: a head
+	// placed after the waiter behind it could wait for another process's
+	// waiter that waits for that one.
+	placing sync.Mutex
 }
 
 type waiter struct {
@@ -190,7 +195,18 @@ func (s *LockService) beforeDeadline(decide rule, one *Op, notAfter time.Time) (
 // *domain.LockConflictError, or ctx ends, timeout passes or the service
 // closes (then the last conflict, with Waited). Another process's holder is
 // watched through Wakeups or polled, never past the holder's expiry.
-func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, try func(notAfter time.Time) (*Handle, error)) (*Handle, error) {
+//
+// With a Queue, the waiter also takes a place among the other processes'
+// waiters as it begins to wait, and tries only once no live waiter of
+// another process took one before it; until then it sleeps as any waiter
+// does, woken by releases and by waiters that leave without the lock, and
+// looks again every waitFallback, which is how a waiter that died is
+// skipped. A place it cannot take or look at leaves it unordered, as
+// without a Queue: the order never costs a lock. A reentrant wait tries
+// once before it heeds the queue: an owner holding the lock re-enters at
+// once, rather than behind waiters who wait for it.
+func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, timeout time.Duration, reentrant bool,
+	try func(notAfter time.Time) (*Handle, error)) (got *Handle, err error) {
 	start := s.Now()
 	var (
 		deadline timer
@@ -203,8 +219,35 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 	}
 	expired := deadline.c
+	if s.queue != nil {
+		s.waiters.placing.Lock()
+	}
 	w := s.waiters.join(ref, deadline)
 	defer s.waiters.leave(ref, w)
+
+	var (
+		place Place
+		ahead bool             // at the last look, a live waiter of another process joined before this one
+		fresh bool             // ahead was read by Join, just now
+		first = s.queue == nil // no waiter of another process can be ahead any more
+	)
+	takePlace := func() {
+		p, a, err := s.queue.Join(ctx, ref)
+		if err != nil {
+			first = true // no place: on without the order, as without a Queue
+			return
+		}
+		place, ahead, fresh = p, a, true
+	}
+	defer func() {
+		if place != nil {
+			place.Leave(err == nil)
+		}
+	}()
+	if !first {
+		takePlace()
+		s.waiters.placing.Unlock()
+	}
 
 	var last *domain.LockConflictError
 	gaveUp := func(cause error) (*Handle, error) {
@@ -255,11 +298,59 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			return gaveUp(context.DeadlineExceeded)
 		default:
 		}
+		if place != nil && !first {
+			if !fresh {
+				a, err := place.Ahead(ctx)
+				ahead = err == nil && a // a failed look: on without the order
+			}
+			fresh = false
+			first = !ahead // later places never come before it
+		}
+		if place != nil && ahead && !reentrant {
+			if !watched {
+				// Watch, and look again: the earlier waiter may have left before the watch.
+				watched = true
+				c, stop := s.wakeups.Watch(ref)
+				defer stop()
+				if news = c; news != nil {
+					continue
+				}
+			}
+			pause := jittered(waitFallback)
+			if news == nil {
+				pause = jittered(backoff)
+				backoff = min(2*backoff, waitBackoffMax)
+			}
+			slept := s.after(pause)
+			s.waiters.mu.Lock()
+			w.setParked(news, slept, deadline)
+			s.waiters.mu.Unlock()
+			select {
+			case <-w.wake:
+				backoff = waitBackoffMin
+			case <-news:
+				backoff = waitBackoffMin
+			case <-slept.c:
+			case <-ctx.Done():
+				return gaveUp(ctx.Err())
+			case <-expired:
+				s.waiters.unpark(w)
+				if last == nil {
+					return s.queuedOut(ctx, ref, start)
+				}
+				return gaveUp(context.DeadlineExceeded)
+			case <-s.gate.closing:
+				return nil, domain.ErrClosed
+			}
+			s.waiters.unpark(w)
+			continue
+		}
 		var lookedAt time.Time
 		if s.jumps {
 			lookedAt = s.waiters.now()
 		}
 		h, err := try(notAfter)
+		reentrant = false // tried once
 		if errors.Is(err, errDeadline) {
 			if last == nil {
 				return s.queuedOut(ctx, ref, start) // names the holder, if any
@@ -349,7 +440,7 @@ func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, sta
 	case err == nil && !l.ExpiredAt(now):
 		return nil, &domain.LockConflictError{Holder: l, Now: now, Waited: now.Sub(start), Cause: context.DeadlineExceeded}
 	case err == nil || errors.Is(err, domain.ErrNotFound):
-		return nil, fmt.Errorf("the wait for %s timed out after %s behind earlier waiters of this process, who take the lock first (%w); "+
+		return nil, fmt.Errorf("the wait for %s timed out after %s behind earlier waiters, who take the lock first (%w); "+
 			"wait longer, or for less contended work", ref, now.Sub(start), context.DeadlineExceeded)
 	}
 	return nil, errors.Join(context.DeadlineExceeded, err)
@@ -374,7 +465,7 @@ func (s *LockService) AcquireWaitResult(ctx context.Context, owner string, ref d
 	}
 	start := s.started()
 	var r AcquireResult // of the try that took the lock
-	_, err = s.waitTurn(ctx, ref, opts.Timeout, func(notAfter time.Time) (*Handle, error) {
+	_, err = s.waitTurn(ctx, ref, opts.Timeout, true, func(notAfter time.Time) (*Handle, error) {
 		sl, err := s.holders.enter(ctx, ref)
 		if err != nil {
 			return nil, err

@@ -23,8 +23,15 @@ type Wakeups interface {
 }
 
 // WithWakeups lets waiters sleep until a holder in another process lets
-// go, instead of polling the store (nil: poll).
-func WithWakeups(w Wakeups) Option { return func(s *LockService) { s.wakeups = w } }
+// go, instead of polling the store (nil: poll). If w is also a Queue,
+// waiters of different processes take a lock in the order they began to
+// wait (see waitTurn).
+func WithWakeups(w Wakeups) Option {
+	return func(s *LockService) {
+		s.wakeups = w
+		s.queue, _ = w.(Queue)
+	}
+}
 
 const (
 	waitFallback = time.Second // how often a waiter with wake-ups still looks, in case one was lost (jittered)

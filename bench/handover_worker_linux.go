@@ -76,6 +76,8 @@ func handoverWorkerMain(mode string, stdin io.Reader, stdout io.Writer) int {
 		return stampMain(os.Args[1:])
 	case fairMode:
 		return fairMain(stdin, stdout)
+	case fifoMode:
+		return fifoMain(os.Getenv(workerDBEnv), os.Getenv(workerIDEnv), stdin, stdout)
 	}
 	ctx := context.Background()
 	lk, err := openHandoverLocker(ctx, mode, os.Getenv(workerDBEnv), "bench-handover-"+os.Getenv(workerIDEnv))

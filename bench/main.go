@@ -76,6 +76,8 @@ func main() {
 		handoverOn+" (with the rest), "+handoverOff+", or "+handoverOnly+" (the rest is skipped and its section of -out left as it is)")
 	loss := flag.String("loss", lossOn, "prompt loss (a holder's loss heard in another process): "+
 		lossOn+" (with the hand-over cases, "+fmt.Sprint(fullRun.handovers)+" rounds per case, as many as hand-overs), "+lossOff+", or "+lossOnly+" (the rest is skipped and its sections of -out left as they are)")
+	fifo := flag.Int("fifo", 0, "run only the order of waiters across processes (4 processes × 2 waiters), this many rounds on\n"+
+		"SQLite and PostgreSQL, and print its table (docs/performance.md, \"Order of waiters\", is written by hand)")
 	builds := flag.String("builds", "", "compare builds instead: name=dir,name=dir (checkouts of the lock module, e.g.\n"+
 		"git worktree add --detach /tmp/c57 c57c013; go run . -builds c57c013=/tmp/c57,new=.. [-quick]):\n"+
 		"each build's acquire+release cycle against its database/sql floor at 1, 8 and 32 callers on SQLite,\n"+
@@ -102,6 +104,13 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if *fifo > 0 {
+		if err := fifoOnly(ctx, opts, *fifo, os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *builds != "" {
 		if err := compareBuilds(ctx, *builds, opts.rounds, opts.roundFor, os.Stdout, os.Stderr); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
@@ -234,4 +243,16 @@ func envOr(key, fallback string) string {
 		return v
 	}
 	return fallback
+}
+
+// fifoOnly runs the order of waiters across processes alone (-fifo).
+func fifoOnly(ctx context.Context, opts options, rounds int, stdout, log io.Writer) error {
+	dir, err := os.MkdirTemp("", "locks-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	env := &environment{dir: dir, postgresDSN: opts.postgresDSN, redisAddr: opts.redisAddr, log: &lockedWriter{w: log}}
+	defer env.close()
+	return runFIFO(ctx, env, rounds, stdout)
 }

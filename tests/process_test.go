@@ -73,6 +73,8 @@ func TestMain(m *testing.M) {
 		os.Exit(workerClaim())
 	case "holdDo":
 		os.Exit(workerHoldDo())
+	case "fifo":
+		os.Exit(workerFIFO())
 	default:
 		fmt.Fprintln(os.Stderr, "unknown worker", os.Getenv(envWorker))
 		os.Exit(2)

@@ -140,6 +140,8 @@ type listener struct {
 	remote    map[domain.ResourceRef]map[string]time.Time // others' marks: when each instance said so
 	interrupt context.CancelFunc                          // ends the loop's wait, to send what is pending
 	changed   chan struct{}                               // closed and replaced at every change, for tests
+
+	queue placeConn // the places of this store's waiters (queue.go)
 }
 
 type watch struct{ c chan struct{} }
@@ -250,6 +252,7 @@ func (l *listener) close(ctx context.Context) {
 	if started {
 		<-l.done
 	}
+	l.closeQueue(ctx)
 }
 
 func (l *listener) run() {

@@ -45,8 +45,9 @@ type wakeFile struct {
 	wd       int32
 	last     [wakeSlots + 1]uint64
 	subs     [wakeSlots + 1]map[*wakeSub]struct{}
-	watchers [wakeSlots + 1]int // watches per slot: the OFD lock is held while > 0
-	watching int                // watches in all
+	watchers [wakeSlots + 1]int       // watches per slot: the OFD lock is held while > 0
+	watching int                      // watches in all
+	places   map[*queuePlace]struct{} // this store's places in the queues of waiters (queue_linux.go)
 	closed   bool
 }
 
@@ -462,6 +463,9 @@ func (w *wakeFile) refresh() (replaced bool) {
 		if n > 0 {
 			w.mark(slot, true)
 		}
+	}
+	for p := range w.places {
+		_ = p.lock(unix.F_RDLCK) // in the new file's order, by their numbers in the old one
 	}
 	old.Close() // drops only our marks there
 	if in, wd := w.in, w.wd; in != nil {
