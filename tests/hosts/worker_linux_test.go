@@ -244,6 +244,16 @@ func work(ctx context.Context, max time.Duration) {
 	}
 }
 
+// sleep waits d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
 func workerMain() int {
 	host, owner, dsn := os.Getenv(envHost), os.Getenv(envOwner), os.Getenv(envDSN)
 	rec := &recorder{host: host, owner: owner, enc: json.NewEncoder(os.Stdout), held: map[string]int64{}}
@@ -338,8 +348,19 @@ func workerMain() int {
 						work(context.WithoutCancel(ctx), 2*ttl)
 					}
 
-					return rec.fencedWrite(ctx, c, db, "do", ref.String(), l.Token,
-						[]application.Fence{application.FenceOf(l)}, nil)
+					if ref != own || rand.N(3) != 0 {
+						return rec.fencedWrite(ctx, c, db, "do", ref.String(), l.Token,
+							[]application.Fence{application.FenceOf(l)}, nil)
+					}
+					// A log entry under both locks: two fences in one
+					// transaction (own, then a log: one order for all).
+					log := logRefs[rand.N(len(logRefs))]
+					return c.Locks.Do(ctx, owner, log, application.AcquireOptions{TTL: ttl, Wait: true, Timeout: 10 * time.Second},
+						func(ctx context.Context, inner domain.Lock) error {
+							defer rec.watchLoss(ctx, log.String(), inner.Token)()
+							return rec.fencedWrite(ctx, c, db, "do2", log.String(), inner.Token,
+								[]application.Fence{application.FenceOf(l), application.FenceOf(inner)}, nil)
+						})
 				})
 			if err != nil {
 				work(ctx, 200*time.Millisecond)
@@ -348,6 +369,96 @@ func workerMain() int {
 	}
 	wg.Go(doSections)
 	wg.Go(doSections)
+	// Every host purges expired locks, often: a purge that decided on a
+	// wrong clock would remove live locks under their holders.
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			work(ctx, 2*time.Second)
+			if _, err := c.Locks.CleanupExpired(ctx); err != nil && ctx.Err() == nil {
+				fmt.Fprintln(os.Stderr, host, "cleanup:", err)
+			}
+		}
+	})
+	wg.Go(func() { manualHolder(ctx, c, db, rec, host) })
+	wg.Go(func() { manualHolder(ctx, c, db, rec, host) })
 	wg.Wait()
 	return 0
+}
+
+// manualHolder takes handles with Wait and no keep-alive, on a resource
+// of its process's (which its sibling takes next, with the same owner)
+// or on one that every host takes, and holds each in steps of a quarter
+// to seven quarters of the TTL, between which it renews or writes: about
+// half of its renewals, writes and releases come after the lock expired,
+// and its sibling, or a purge, may have taken or removed it meanwhile.
+// A third of its claims never write; their "still held" marks alone show
+// an overlap.
+func manualHolder(ctx context.Context, c *locks.Container, db *sql.DB, rec *recorder, host string) {
+	mine := domain.ResourceRef{Type: domain.ResourceProject, ID: host + "-m"}
+	shared := domain.ResourceRef{Type: domain.ResourceProject, ID: "shared"}
+	for ctx.Err() == nil {
+		ref := mine
+		if rand.N(3) == 0 {
+			ref = shared
+		}
+		h, err := c.Locks.Take(ctx, rec.owner, ref, application.AcquireOptions{TTL: ttl, Wait: true, Timeout: 10 * time.Second})
+		if err != nil {
+			work(ctx, 200*time.Millisecond)
+			continue
+		}
+		writes := rand.N(3) != 0
+		for step := rand.N(3); ; step-- {
+			rec.holdFor(ctx, h.Lock(), ttl/4+rand.N(3*ttl/2))
+			if step == 0 || ctx.Err() != nil {
+				break
+			}
+			if writes && rand.N(2) == 0 {
+				rec.markHeld(h.Lock())
+				_ = rec.fencedWrite(noBelief, c, db, "manual", ref.String(), h.Lock().Token,
+					[]application.Fence{application.FenceOf(h.Lock())}, nil)
+			} else if _, err := h.Renew(ctx); err != nil {
+				break
+			}
+		}
+		_, _ = h.Release(context.WithoutCancel(ctx))
+	}
+}
+
+// noBelief is a done context: a write made with it records no "still
+// held" mark of its own (a holder without a keep-alive records its marks
+// from its lock's expiry, markHeld), and still runs to its end.
+var noBelief = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// holdFor holds l for d, recording a "still held" mark every 100 ms while
+// the host's estimate of the server's time says l has not expired.
+func (r *recorder) holdFor(ctx context.Context, l domain.Lock, d time.Duration) {
+	end := time.Now().Add(d)
+	for {
+		r.markHeld(l)
+		left := time.Until(end)
+		if left <= 0 || ctx.Err() != nil {
+			return
+		}
+		sleep(ctx, min(left, 100*time.Millisecond))
+	}
+}
+
+// markHeld records that l is still held, if the host's estimate of the
+// server's time, widened by its stated uncertainty, is before l's expiry.
+// The mark is dated before the estimate is read, so that a host stopped
+// in between records an earlier time than its check, never a later one.
+func (r *recorder) markHeld(l domain.Lock) {
+	at := time.Now()
+	clk, ok := r.clock.Load().(serverClock)
+	if !ok {
+		return
+	}
+	_, unc, _ := clk.Offset()
+	if clk.Now().Add(unc + 20*time.Millisecond).Before(l.ExpiresAt) {
+		r.emit(Event{Kind: KindBelief, Resource: l.Resource.String(), Token: l.Token, At: at})
+	}
 }
