@@ -381,6 +381,7 @@ func workerMain() int {
 	})
 	wg.Go(func() { manualHolder(ctx, c, db, rec, host) })
 	wg.Go(func() { manualHolder(ctx, c, db, rec, host) })
+	wg.Go(func() { keptHolder(ctx, c, rec, host) })
 	wg.Wait()
 	return 0
 }
@@ -407,8 +408,17 @@ func manualHolder(ctx context.Context, c *locks.Container, db *sql.DB, rec *reco
 			continue
 		}
 		writes := rand.N(3) != 0
-		for step := rand.N(3); ; step-- {
-			rec.holdFor(ctx, h.Lock(), ttl/4+rand.N(3*ttl/2))
+		for step := rand.N(4); ; step-- {
+			// In time, just late (before a purge or a taker comes, so
+			// that a late renewal meets the expired row), or late.
+			d := ttl/4 + rand.N(ttl/2)
+			switch rand.N(3) {
+			case 1:
+				d = ttl + 100*time.Millisecond + rand.N(300*time.Millisecond)
+			case 2:
+				d = ttl + rand.N(3*ttl/4)
+			}
+			rec.holdFor(ctx, h.Lock(), d)
 			if step == 0 || ctx.Err() != nil {
 				break
 			}
@@ -421,6 +431,41 @@ func manualHolder(ctx context.Context, c *locks.Container, db *sql.DB, rec *reco
 			}
 		}
 		_, _ = h.Release(context.WithoutCancel(ctx))
+	}
+}
+
+// keptHolder holds a lock of its process's, or the one every host takes,
+// kept alive for two to four TTLs at a time, and never writes: its "still
+// held" marks (while the keep-alive's context lives and the host's
+// estimate of the server's time says the lock has not expired) and its
+// loss alone show an overlap or a loss heard late, under a cut-off that
+// outlasts the TTL.
+func keptHolder(ctx context.Context, c *locks.Container, rec *recorder, host string) {
+	mine := domain.ResourceRef{Type: domain.ResourceProject, ID: host + "-k"}
+	shared := domain.ResourceRef{Type: domain.ResourceProject, ID: "shared"}
+	for ctx.Err() == nil {
+		ref := mine
+		if rand.N(4) == 0 {
+			ref = shared
+		}
+		h, err := c.Locks.Take(ctx, rec.owner, ref, application.AcquireOptions{TTL: ttl, Wait: true, Timeout: 10 * time.Second})
+		if err != nil {
+			work(ctx, 200*time.Millisecond)
+			continue
+		}
+		held := h.KeepAlive(ctx)
+		done := rec.watchLoss(held, ref.String(), h.Lock().Token)
+		end := time.Now().Add(2*ttl + rand.N(2*ttl))
+		for held.Err() == nil && time.Now().Before(end) {
+			at := time.Now()
+			if held.Err() == nil {
+				rec.markHeldAt(h.Lock(), at)
+			}
+			sleep(held, 100*time.Millisecond)
+		}
+		done()
+		_, _ = h.Release(context.WithoutCancel(ctx))
+		work(ctx, 200*time.Millisecond)
 	}
 }
 
@@ -451,8 +496,10 @@ func (r *recorder) holdFor(ctx context.Context, l domain.Lock, d time.Duration) 
 // server's time, widened by its stated uncertainty, is before l's expiry.
 // The mark is dated before the estimate is read, so that a host stopped
 // in between records an earlier time than its check, never a later one.
-func (r *recorder) markHeld(l domain.Lock) {
-	at := time.Now()
+func (r *recorder) markHeld(l domain.Lock) { r.markHeldAt(l, time.Now()) }
+
+// markHeldAt is markHeld for a check that began at at.
+func (r *recorder) markHeldAt(l domain.Lock, at time.Time) {
 	clk, ok := r.clock.Load().(serverClock)
 	if !ok {
 		return
