@@ -407,6 +407,8 @@ func manualHolder(ctx context.Context, c *locks.Container, db *sql.DB, rec *reco
 			work(ctx, 200*time.Millisecond)
 			continue
 		}
+		// A third never write; the others write once (the checker holds
+		// a resource's writes to strictly increasing tokens).
 		writes := rand.N(3) != 0
 		for step := rand.N(4); ; step-- {
 			// In time, just late (before a purge or a taker comes, so
@@ -423,6 +425,7 @@ func manualHolder(ctx context.Context, c *locks.Container, db *sql.DB, rec *reco
 				break
 			}
 			if writes && rand.N(2) == 0 {
+				writes = false
 				rec.markHeld(h.Lock())
 				_ = rec.fencedWrite(noBelief, c, db, "manual", ref.String(), h.Lock().Token,
 					[]application.Fence{application.FenceOf(h.Lock())}, nil)
@@ -455,11 +458,18 @@ func keptHolder(ctx context.Context, c *locks.Container, rec *recorder, host str
 		}
 		held := h.KeepAlive(ctx)
 		done := rec.watchLoss(held, ref.String(), h.Lock().Token)
+		// It ends its work only while its estimate says it holds the
+		// lock: one whose expiry passed works on until it hears of the
+		// loss (as a holder relying on its context does), which the
+		// keep-alive owes it at the expiry.
 		end := time.Now().Add(2*ttl + rand.N(2*ttl))
-		for held.Err() == nil && time.Now().Before(end) {
+		for held.Err() == nil {
 			at := time.Now()
-			if held.Err() == nil {
-				rec.markHeldAt(h.Lock(), at)
+			if held.Err() == nil && rec.markHeldAt(h.Lock(), at) && at.After(end) {
+				break
+			}
+			if at.After(end.Add(3 * ttl)) {
+				break
 			}
 			sleep(held, 100*time.Millisecond)
 		}
@@ -498,14 +508,17 @@ func (r *recorder) holdFor(ctx context.Context, l domain.Lock, d time.Duration) 
 // in between records an earlier time than its check, never a later one.
 func (r *recorder) markHeld(l domain.Lock) { r.markHeldAt(l, time.Now()) }
 
-// markHeldAt is markHeld for a check that began at at.
-func (r *recorder) markHeldAt(l domain.Lock, at time.Time) {
+// markHeldAt is markHeld for a check that began at at; it reports whether
+// it recorded the mark.
+func (r *recorder) markHeldAt(l domain.Lock, at time.Time) bool {
 	clk, ok := r.clock.Load().(serverClock)
 	if !ok {
-		return
+		return false
 	}
 	_, unc, _ := clk.Offset()
-	if clk.Now().Add(unc + 20*time.Millisecond).Before(l.ExpiresAt) {
-		r.emit(Event{Kind: KindBelief, Resource: l.Resource.String(), Token: l.Token, At: at})
+	if !clk.Now().Add(unc + 20*time.Millisecond).Before(l.ExpiresAt) {
+		return false
 	}
+	r.emit(Event{Kind: KindBelief, Resource: l.Resource.String(), Token: l.Token, At: at})
+	return true
 }
