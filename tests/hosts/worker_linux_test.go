@@ -381,7 +381,8 @@ func workerMain() int {
 	})
 	wg.Go(func() { manualHolder(ctx, c, db, rec, host) })
 	wg.Go(func() { manualHolder(ctx, c, db, rec, host) })
-	wg.Go(func() { keptHolder(ctx, c, rec, host) })
+	wg.Go(func() { keptHolder(ctx, c, rec, host+"-k", false) })
+	wg.Go(func() { keptHolder(ctx, c, rec, host+"-k2", true) })
 	wg.Wait()
 	return 0
 }
@@ -437,18 +438,19 @@ func manualHolder(ctx context.Context, c *locks.Container, db *sql.DB, rec *reco
 	}
 }
 
-// keptHolder holds a lock of its process's, or the one every host takes,
-// kept alive for two to four TTLs at a time, and never writes: its "still
-// held" marks (while the keep-alive's context lives and the host's
-// estimate of the server's time says the lock has not expired) and its
-// loss alone show an overlap or a loss heard late, under a cut-off that
-// outlasts the TTL.
-func keptHolder(ctx context.Context, c *locks.Container, rec *recorder, host string) {
-	mine := domain.ResourceRef{Type: domain.ResourceProject, ID: host + "-k"}
+// keptHolder holds the lock on id, a resource of its process's, or (if
+// share, one time in four) the one every host takes, kept alive for two to
+// four TTLs at a time, and never writes: its "still held" marks (while the
+// keep-alive's context lives and the host's estimate of the server's time
+// says the lock has not expired) and its loss alone show an overlap or a
+// loss heard late, under a cut-off that outlasts the TTL. Two per host,
+// so that one holds whenever a fault begins.
+func keptHolder(ctx context.Context, c *locks.Container, rec *recorder, id string, share bool) {
+	mine := domain.ResourceRef{Type: domain.ResourceProject, ID: id}
 	shared := domain.ResourceRef{Type: domain.ResourceProject, ID: "shared"}
 	for ctx.Err() == nil {
 		ref := mine
-		if rand.N(4) == 0 {
+		if share && rand.N(4) == 0 {
 			ref = shared
 		}
 		h, err := c.Locks.Take(ctx, rec.owner, ref, application.AcquireOptions{TTL: ttl, Wait: true, Timeout: 10 * time.Second})
