@@ -373,14 +373,15 @@ func workerMain() int {
 	// wrong clock would remove live locks under their holders.
 	wg.Go(func() {
 		for ctx.Err() == nil {
-			work(ctx, 2*time.Second)
+			sleep(ctx, 500*time.Millisecond+rand.N(2500*time.Millisecond))
 			if _, err := c.Locks.CleanupExpired(ctx); err != nil && ctx.Err() == nil {
 				fmt.Fprintln(os.Stderr, host, "cleanup:", err)
 			}
 		}
 	})
-	wg.Go(func() { manualHolder(ctx, c, db, rec, host) })
-	wg.Go(func() { manualHolder(ctx, c, db, rec, host) })
+	wg.Go(func() { manualHolder(ctx, c, db, rec, host+"-m", true) })
+	wg.Go(func() { manualHolder(ctx, c, db, rec, host+"-m", true) })
+	wg.Go(func() { manualHolder(ctx, c, db, rec, host+"-s", false) })
 	wg.Go(func() { keptHolder(ctx, c, rec, host+"-k", false) })
 	wg.Go(func() { keptHolder(ctx, c, rec, host+"-k2", true) })
 	wg.Wait()
@@ -394,13 +395,14 @@ func workerMain() int {
 // half of its renewals, writes and releases come after the lock expired,
 // and its sibling, or a purge, may have taken or removed it meanwhile.
 // A third of its claims never write; their "still held" marks alone show
-// an overlap.
-func manualHolder(ctx context.Context, c *locks.Container, db *sql.DB, rec *recorder, host string) {
-	mine := domain.ResourceRef{Type: domain.ResourceProject, ID: host + "-m"}
+// an overlap. Two per host share id; a third has id to itself, so that
+// only a purge competes with its late renewals.
+func manualHolder(ctx context.Context, c *locks.Container, db *sql.DB, rec *recorder, id string, share bool) {
+	mine := domain.ResourceRef{Type: domain.ResourceProject, ID: id}
 	shared := domain.ResourceRef{Type: domain.ResourceProject, ID: "shared"}
 	for ctx.Err() == nil {
 		ref := mine
-		if rand.N(3) == 0 {
+		if share && rand.N(3) == 0 {
 			ref = shared
 		}
 		h, err := c.Locks.Take(ctx, rec.owner, ref, application.AcquireOptions{TTL: ttl, Wait: true, Timeout: 10 * time.Second})
@@ -415,9 +417,9 @@ func manualHolder(ctx context.Context, c *locks.Container, db *sql.DB, rec *reco
 			// In time, just late (before a purge or a taker comes, so
 			// that a late renewal meets the expired row), or late.
 			d := ttl/4 + rand.N(ttl/2)
-			switch rand.N(3) {
-			case 1:
-				d = ttl + 100*time.Millisecond + rand.N(300*time.Millisecond)
+			switch rand.N(4) {
+			case 1, 3:
+				d = ttl + 100*time.Millisecond + rand.N(150*time.Millisecond)
 			case 2:
 				d = ttl + rand.N(3*ttl/4)
 			}
