@@ -43,6 +43,13 @@ const (
 	shortDuration = 60 * time.Second
 )
 
+// startClocks are the hosts' clocks' offsets from the start: hosts whose
+// clocks disagree, by more than a TTL either way, so that whatever
+// decided expiry on a host's own clock rather than on the server's takes
+// or purges a live lock, or keeps one past its expiry, in every run and
+// not only after the clock fault's step (whose sign the seed picks).
+var startClocks = []time.Duration{time.Minute, -time.Minute, 0}
+
 // EstimateSlack is small: the server's clock is this kernel's, which the
 // hosts' monotonic clocks follow at its rate, so an estimate is off by at
 // most half its round trip, plus the server's microsecond readings.
@@ -274,7 +281,7 @@ func TestHosts(t *testing.T) {
 	proxies := newProxies()
 	for i := 1; i <= nHosts; i++ {
 		require.NoError(t, addHost(h.pid, i))
-		hc := &host{i: i}
+		hc := &host{i: i, clock: startClocks[(i-1)%len(startClocks)]}
 		h.hosts = append(h.hosts, hc)
 		hc.proxy = proxies.add(t, hostName(i), rootAddr(h.pid, i)+":"+h.port, "127.0.0.1:"+h.port)
 		h.start(hc)

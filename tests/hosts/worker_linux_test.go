@@ -244,6 +244,16 @@ func work(ctx context.Context, max time.Duration) {
 	}
 }
 
+// sleep waits d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
 func workerMain() int {
 	host, owner, dsn := os.Getenv(envHost), os.Getenv(envOwner), os.Getenv(envDSN)
 	rec := &recorder{host: host, owner: owner, enc: json.NewEncoder(os.Stdout), held: map[string]int64{}}
@@ -338,8 +348,19 @@ func workerMain() int {
 						work(context.WithoutCancel(ctx), 2*ttl)
 					}
 
-					return rec.fencedWrite(ctx, c, db, "do", ref.String(), l.Token,
-						[]application.Fence{application.FenceOf(l)}, nil)
+					if ref != own || rand.N(3) != 0 {
+						return rec.fencedWrite(ctx, c, db, "do", ref.String(), l.Token,
+							[]application.Fence{application.FenceOf(l)}, nil)
+					}
+					// A log entry under both locks: two fences in one
+					// transaction (own, then a log: one order for all).
+					log := logRefs[rand.N(len(logRefs))]
+					return c.Locks.Do(ctx, owner, log, application.AcquireOptions{TTL: ttl, Wait: true, Timeout: 10 * time.Second},
+						func(ctx context.Context, inner domain.Lock) error {
+							defer rec.watchLoss(ctx, log.String(), inner.Token)()
+							return rec.fencedWrite(ctx, c, db, "do2", log.String(), inner.Token,
+								[]application.Fence{application.FenceOf(l), application.FenceOf(inner)}, nil)
+						})
 				})
 			if err != nil {
 				work(ctx, 200*time.Millisecond)
@@ -348,6 +369,160 @@ func workerMain() int {
 	}
 	wg.Go(doSections)
 	wg.Go(doSections)
+	// Every host purges expired locks, often: a purge that decided on a
+	// wrong clock would remove live locks under their holders.
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			sleep(ctx, 500*time.Millisecond+rand.N(2500*time.Millisecond))
+			if _, err := c.Locks.CleanupExpired(ctx); err != nil && ctx.Err() == nil {
+				fmt.Fprintln(os.Stderr, host, "cleanup:", err)
+			}
+		}
+	})
+	wg.Go(func() { manualHolder(ctx, c, db, rec, host+"-m", true) })
+	wg.Go(func() { manualHolder(ctx, c, db, rec, host+"-m", true) })
+	wg.Go(func() { manualHolder(ctx, c, db, rec, host+"-s", false) })
+	wg.Go(func() { keptHolder(ctx, c, rec, host+"-k", false) })
+	wg.Go(func() { keptHolder(ctx, c, rec, host+"-k2", true) })
 	wg.Wait()
 	return 0
+}
+
+// manualHolder takes handles with Wait and no keep-alive, on a resource
+// of its process's (which its sibling takes next, with the same owner)
+// or on one that every host takes, and holds each in steps of a quarter
+// to seven quarters of the TTL, between which it renews or writes: about
+// half of its renewals, writes and releases come after the lock expired,
+// and its sibling, or a purge, may have taken or removed it meanwhile.
+// A third of its claims never write; their "still held" marks alone show
+// an overlap. Two per host share id; a third has id to itself, so that
+// only a purge competes with its late renewals.
+func manualHolder(ctx context.Context, c *locks.Container, db *sql.DB, rec *recorder, id string, share bool) {
+	mine := domain.ResourceRef{Type: domain.ResourceProject, ID: id}
+	shared := domain.ResourceRef{Type: domain.ResourceProject, ID: "shared"}
+	for ctx.Err() == nil {
+		ref := mine
+		if share && rand.N(3) == 0 {
+			ref = shared
+		}
+		h, err := c.Locks.Take(ctx, rec.owner, ref, application.AcquireOptions{TTL: ttl, Wait: true, Timeout: 10 * time.Second})
+		if err != nil {
+			work(ctx, 200*time.Millisecond)
+			continue
+		}
+		// A third never write; the others write once (the checker holds
+		// a resource's writes to strictly increasing tokens).
+		writes := rand.N(3) != 0
+		for step := rand.N(4); ; step-- {
+			// In time, just late (before a purge or a taker comes, so
+			// that a late renewal meets the expired row), or late.
+			d := ttl/4 + rand.N(ttl/2)
+			switch rand.N(4) {
+			case 1, 3:
+				d = ttl + 100*time.Millisecond + rand.N(150*time.Millisecond)
+			case 2:
+				d = ttl + rand.N(3*ttl/4)
+			}
+			rec.holdFor(ctx, h.Lock(), d)
+			if step == 0 || ctx.Err() != nil {
+				break
+			}
+			if writes && rand.N(2) == 0 {
+				writes = false
+				rec.markHeld(h.Lock())
+				_ = rec.fencedWrite(noBelief, c, db, "manual", ref.String(), h.Lock().Token,
+					[]application.Fence{application.FenceOf(h.Lock())}, nil)
+			} else if _, err := h.Renew(ctx); err != nil {
+				break
+			}
+		}
+		_, _ = h.Release(context.WithoutCancel(ctx))
+	}
+}
+
+// keptHolder holds the lock on id, a resource of its process's, or (if
+// share, one time in four) the one every host takes, kept alive for two to
+// four TTLs at a time, and never writes: its "still held" marks (while the
+// keep-alive's context lives and the host's estimate of the server's time
+// says the lock has not expired) and its loss alone show an overlap or a
+// loss heard late, under a cut-off that outlasts the TTL. Two per host,
+// so that one holds whenever a fault begins.
+func keptHolder(ctx context.Context, c *locks.Container, rec *recorder, id string, share bool) {
+	mine := domain.ResourceRef{Type: domain.ResourceProject, ID: id}
+	shared := domain.ResourceRef{Type: domain.ResourceProject, ID: "shared"}
+	for ctx.Err() == nil {
+		ref := mine
+		if share && rand.N(4) == 0 {
+			ref = shared
+		}
+		h, err := c.Locks.Take(ctx, rec.owner, ref, application.AcquireOptions{TTL: ttl, Wait: true, Timeout: 10 * time.Second})
+		if err != nil {
+			work(ctx, 200*time.Millisecond)
+			continue
+		}
+		held := h.KeepAlive(ctx)
+		done := rec.watchLoss(held, ref.String(), h.Lock().Token)
+		// It ends its work only while its estimate says it holds the
+		// lock: one whose expiry passed works on until it hears of the
+		// loss (as a holder relying on its context does), which the
+		// keep-alive owes it at the expiry.
+		end := time.Now().Add(2*ttl + rand.N(2*ttl))
+		for held.Err() == nil {
+			at := time.Now()
+			if held.Err() == nil && rec.markHeldAt(h.Lock(), at) && at.After(end) {
+				break
+			}
+			if at.After(end.Add(3 * ttl)) {
+				break
+			}
+			sleep(held, 100*time.Millisecond)
+		}
+		done()
+		_, _ = h.Release(context.WithoutCancel(ctx))
+		work(ctx, 200*time.Millisecond)
+	}
+}
+
+// noBelief is a done context: a write made with it records no "still
+// held" mark of its own (a holder without a keep-alive records its marks
+// from its lock's expiry, markHeld), and still runs to its end.
+var noBelief = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// holdFor holds l for d, recording a "still held" mark every 100 ms while
+// the host's estimate of the server's time says l has not expired.
+func (r *recorder) holdFor(ctx context.Context, l domain.Lock, d time.Duration) {
+	end := time.Now().Add(d)
+	for {
+		r.markHeld(l)
+		left := time.Until(end)
+		if left <= 0 || ctx.Err() != nil {
+			return
+		}
+		sleep(ctx, min(left, 100*time.Millisecond))
+	}
+}
+
+// markHeld records that l is still held, if the host's estimate of the
+// server's time, widened by its stated uncertainty, is before l's expiry.
+// The mark is dated before the estimate is read, so that a host stopped
+// in between records an earlier time than its check, never a later one.
+func (r *recorder) markHeld(l domain.Lock) { r.markHeldAt(l, time.Now()) }
+
+// markHeldAt is markHeld for a check that began at at; it reports whether
+// it recorded the mark.
+func (r *recorder) markHeldAt(l domain.Lock, at time.Time) bool {
+	clk, ok := r.clock.Load().(serverClock)
+	if !ok {
+		return false
+	}
+	_, unc, _ := clk.Offset()
+	if !clk.Now().Add(unc + 20*time.Millisecond).Before(l.ExpiresAt) {
+		return false
+	}
+	r.emit(Event{Kind: KindBelief, Resource: l.Resource.String(), Token: l.Token, At: at})
+	return true
 }
