@@ -110,7 +110,7 @@ func (p *queuePlace) ahead() bool {
 
 // earlier returns the spans (start, length) of the numbers before p's.
 func (p *queuePlace) earlier() [][2]int64 {
-	lo := p.number - queueWindow // the earliest number that counts as earlier
+	lo := p.number - queueWindow        // the earliest number that counts as earlier
 	if uint64(lo)+queueWindow > 1<<32 { // wraps: two spans
 		return [][2]int64{{int64(lo), 1<<32 - int64(lo)}, {0, int64(p.number)}}
 	}
