@@ -20,9 +20,9 @@ type Queue interface {
 
 // Place is a waiter's place in a Queue.
 type Place interface {
-	// Ahead reports whether a place another process took before this one
-	// is still held by a live waiter: one that died or left is skipped.
-	Ahead(ctx context.Context) (bool, error)
+	// Ahead counts the places other processes took before this one that
+	// live waiters still hold: one that died or left is not counted.
+	Ahead(ctx context.Context) (int, error)
 	// Leave gives the place up, once. took says the waiter took the lock;
 	// if it did not, the waiters behind are woken to try.
 	Leave(took bool)

@@ -20,7 +20,7 @@ import (
 type fakeQueue struct {
 	*fakeWakeups
 	mu     sync.Mutex
-	ahead  bool            // what every place's Ahead answers
+	ahead  int             // what every place's Ahead answers
 	calls  int             // Joins begun
 	places []*fakePlace    // in the order Join returned them
 	joined chan *fakePlace // receives each place as Join returns it
@@ -52,16 +52,16 @@ func (q *fakeQueue) Join(context.Context, domain.ResourceRef) (application.Place
 	ahead := q.ahead
 	q.mu.Unlock()
 	q.joined <- p
-	return p, ahead, nil
+	return p, ahead > 0, nil
 }
 
-func (q *fakeQueue) setAhead(a bool) {
+func (q *fakeQueue) setAhead(a int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.ahead = a
 }
 
-func (p *fakePlace) Ahead(context.Context) (bool, error) {
+func (p *fakePlace) Ahead(context.Context) (int, error) {
 	p.q.mu.Lock()
 	defer p.q.mu.Unlock()
 	return p.q.ahead, nil
@@ -88,7 +88,7 @@ func TestLockService_QueueAcrossProcesses(t *testing.T) {
 		holder, err := newHoldService(t, repo, clk).Take(ctx, "A", plan, application.AcquireOptions{TTL: time.Hour})
 		require.NoError(t, err)
 		q := newFakeQueue()
-		q.setAhead(true)
+		q.setAhead(1)
 		svc := newHoldService(t, repo, clk, application.WithWakeups(q))
 		out := make(chan taken, 1)
 		takeAsync(svc, "B", wait, out)
@@ -101,7 +101,7 @@ func TestLockService_QueueAcrossProcesses(t *testing.T) {
 		_, err = repo.Get(ctx, plan)
 		require.ErrorIs(t, err, domain.ErrNotFound, "taken while a waiter of another process was ahead")
 
-		q.setAhead(false) // it left
+		q.setAhead(0) // it left
 		q.wake()
 		got := <-out
 		require.NoError(t, got.err)
@@ -114,13 +114,58 @@ func TestLockService_QueueAcrossProcesses(t *testing.T) {
 		q.mu.Unlock()
 	})
 
+	t.Run("StuckWaitersAheadPassedInTurn", func(t *testing.T) {
+		// Three live places ahead that never take the free lock (paused
+		// processes): the waiter passes them once its fallback looks have
+		// found the lock free for three fallback periods, one per place, so
+		// that a waiter behind one stuck place passes it before a waiter
+		// behind more does.
+		clk := testclock.New(holdStart)
+		repo := memory.NewLockRepository()
+		holder, err := newHoldService(t, repo, clk).Take(ctx, "A", plan, application.AcquireOptions{TTL: time.Hour})
+		require.NoError(t, err)
+		q := newFakeQueue()
+		q.setAhead(3)
+		svc := newHoldService(t, repo, clk, application.WithWakeups(q))
+		out := make(chan taken, 1)
+		takeAsync(svc, "B", wait, out)
+		p := <-q.joined
+		require.Equal(t, plan, <-q.watched)
+		_, err = holder.Release(ctx)
+		require.NoError(t, err)
+		q.wake()
+		var firstLook time.Time // the first fallback look that found the lock free
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case got := <-out:
+				require.NoError(t, got.err)
+				require.False(t, firstLook.IsZero(), "passed the places ahead without a fallback look")
+				free := clk.Now().Sub(firstLook)
+				assert.GreaterOrEqual(t, free, 3*time.Second, "passed three places ahead before the lock stood free three fallback periods")
+				assert.Less(t, free, 5*time.Second, "passed them long after the lock stood free three fallback periods")
+				assert.True(t, <-p.left, "left without the lock")
+				_, err = got.h.Release(ctx)
+				require.NoError(t, err)
+				return
+			case d := <-clk.Timers():
+				clk.Add(d)
+				if firstLook.IsZero() {
+					firstLook = clk.Now()
+				}
+			case <-deadline:
+				t.Fatal("the waiter never passed the places ahead of it, though the lock stood free")
+			}
+		}
+	})
+
 	t.Run("GivingUpLeavesWithoutTheLock", func(t *testing.T) {
 		clk := testclock.New(holdStart)
 		repo := memory.NewLockRepository()
 		_, err := newHoldService(t, repo, clk).Take(ctx, "A", plan, application.AcquireOptions{TTL: time.Hour})
 		require.NoError(t, err)
 		q := newFakeQueue()
-		q.setAhead(true)
+		q.setAhead(1)
 		svc := newHoldService(t, repo, clk, application.WithWakeups(q))
 		wctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
@@ -203,7 +248,7 @@ func TestLockService_QueueLetsTheHolderReenter(t *testing.T) {
 	ctx := context.Background()
 	clk := testclock.New(holdStart)
 	q := newFakeQueue()
-	q.setAhead(true)
+	q.setAhead(1)
 	svc := newHoldService(t, memory.NewLockRepository(), clk, application.WithWakeups(q))
 	held, err := svc.Acquire(ctx, "A", plan, time.Minute)
 	require.NoError(t, err)

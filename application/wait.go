@@ -230,6 +230,11 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		ahead bool             // at the last look, a live waiter of another process joined before this one
 		fresh bool             // ahead was read by Join, just now
 		first = s.queue == nil // no waiter of another process can be ahead any more
+		// Waiters ahead that leave the lock free for a fallback period
+		// each are paused or stuck: they are passed, for one try.
+		ticked    bool      // this look follows a fallback timer, not a wake-up
+		freeSince time.Time // since when fallback looks found the lock free and a waiter ahead
+		passing   bool      // the next try passes the waiters ahead
 	)
 	takePlace := func() {
 		p, a, err := s.queue.Join(ctx, ref)
@@ -299,14 +304,27 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		default:
 		}
 		if place != nil && !first {
-			if !fresh {
-				a, err := place.Ahead(ctx)
-				ahead = err == nil && a // a failed look: on without the order
+			switch {
+			case fresh:
+			case ticked && s.heldByAnyone(ctx, ref):
+				// Nobody can take it: no need to read the queue (one read a look).
+				freeSince = time.Time{}
+			default:
+				n, err := place.Ahead(ctx)
+				ahead = err == nil && n > 0 // a failed look: on without the order
+				if ahead && ticked {
+					// A fallback period for each waiter ahead: the live ones
+					// behind a stuck one pass it in their order.
+					if freeSince.IsZero() {
+						freeSince = s.Now()
+					}
+					passing = s.Now().Sub(freeSince) >= time.Duration(n)*waitFallback
+				}
 			}
-			fresh = false
+			fresh, ticked = false, false
 			first = !ahead // later places never come before it
 		}
-		if place != nil && ahead && !reentrant {
+		if place != nil && ahead && !reentrant && !passing {
 			if !watched {
 				// Watch, and look again: the earlier waiter may have left before the watch.
 				watched = true
@@ -331,6 +349,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			case <-news:
 				backoff = waitBackoffMin
 			case <-slept.c:
+				ticked = true
 			case <-ctx.Done():
 				return gaveUp(ctx.Err())
 			case <-expired:
@@ -345,6 +364,7 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 			s.waiters.unpark(w)
 			continue
 		}
+		passing, freeSince = false, time.Time{}
 		var lookedAt time.Time
 		if s.jumps {
 			lookedAt = s.waiters.now()
@@ -431,6 +451,16 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 
 // jittered returns a random pause in [d/2, d]: processes do not retry in step.
 func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
+
+// heldByAnyone reports whether ref has an active lock; a failed read
+// counts as held, so that it never passes a waiter ahead.
+func (s *LockService) heldByAnyone(ctx context.Context, ref domain.ResourceRef) bool {
+	l, err := s.repo.Get(ctx, ref)
+	if errors.Is(err, domain.ErrNotFound) {
+		return false
+	}
+	return err != nil || !l.ExpiredAt(s.Now())
+}
 
 // queuedOut answers a waiter timed out behind others: the holder, or the timeout.
 func (s *LockService) queuedOut(ctx context.Context, ref domain.ResourceRef, start time.Time) (*Handle, error) {

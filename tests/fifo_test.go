@@ -238,3 +238,50 @@ func stopped(pid int) bool {
 	i := strings.LastIndexByte(string(b), ')')
 	return i >= 0 && i+2 < len(b) && b[i+2] == 'T'
 }
+
+// fifoPassBound is how soon a paused waiter at the head is passed once the
+// lock is free: the waiter behind finds the lock free and the head's place
+// held at one fallback look, and passes it at the first look a fallback
+// period later (looks come every 0.5–1 s), plus a loaded machine's slack.
+const fifoPassBound = 6 * time.Second
+
+// A waiter paused (SIGSTOP) at the head of the queue keeps its place but
+// never takes the lock: the waiters behind pass it once the lock has been
+// free for about a second, in their order, and it takes the lock after
+// them once continued.
+func TestFIFO_PausedWaiterPassed(t *testing.T) {
+	for _, st := range fifoStores {
+		t.Run(st.name, func(t *testing.T) {
+			db := st.db(t)
+			ctx := context.Background()
+			c := MustOpen(t, locks.Config{Database: db, Owner: "holder"})
+			h, err := c.Locks.Take(ctx, "holder", plan1, application.AcquireOptions{TTL: time.Minute})
+			require.NoError(t, err)
+			paused := startFIFO(t, db, "paused")
+			time.Sleep(fifoGap)
+			next := startFIFO(t, db, "next")
+			time.Sleep(fifoGap)
+			last := startFIFO(t, db, "last")
+			time.Sleep(fifoGap)
+
+			require.NoError(t, paused.cmd.Process.Signal(syscall.SIGSTOP))
+			require.Eventually(t, func() bool { return stopped(paused.cmd.Process.Pid) }, time.Minute, time.Millisecond,
+				"the paused waiter did not stop")
+			released := time.Now()
+			_, err = h.Release(ctx)
+			require.NoError(t, err)
+
+			e := next.next(t)
+			require.Equal(t, "granted", e.Event)
+			took := time.Unix(0, e.At).Sub(released)
+			t.Logf("the waiter behind the paused one was granted %s after the release", took)
+			require.Less(t, took, fifoPassBound, "the paused waiter was not passed")
+			e2 := last.next(t)
+			require.Equal(t, "granted", e2.Event)
+			require.Greater(t, e2.At, e.At, "the last waiter was granted before the one ahead of it")
+
+			require.NoError(t, paused.cmd.Process.Signal(syscall.SIGCONT))
+			require.Equal(t, "granted", paused.next(t).Event, "the continued waiter did not take the lock")
+		})
+	}
+}

@@ -34,12 +34,19 @@ SELECT n, pg_try_advisory_lock_shared($1::int4, (n - CASE WHEN n >= 2147483648 T
 // queueAheadExpr is true when another session holds a place of the
 // resource key $1 with an id up to 2^31-1 before n (ids wrap, as the
 // server's own do).
-const queueAheadExpr = `EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+const queueAheadExpr = `EXISTS (` + queuePlacesAhead + `)`
+
+// queuePlacesAhead selects the places of other sessions ahead of n: held
+// shared locks (a place is one), never an exclusive advisory lock of the
+// application or of an owner claim that meets a place's key, nor a request
+// still waiting.
+const queuePlacesAhead = `SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND mode = 'ShareLock'
  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
  AND classid = ($1::int4::int8 & 4294967295)::oid AND pid <> pg_backend_pid()
- AND ((n - objid::int8) % 4294967296 + 4294967296) % 4294967296 BETWEEN 1 AND 2147483647)`
+ AND ((n - objid::int8) % 4294967296 + 4294967296) % 4294967296 BETWEEN 1 AND 2147483647`
 
-const queueAheadSQL = `SELECT ` + queueAheadExpr + ` FROM (SELECT $2::int8 AS n) t`
+// queueAheadSQL counts the places ahead of $2 (each place is a lock of its own id).
+const queueAheadSQL = `SELECT count(*) FROM (SELECT $2::int8 AS n) t, LATERAL (` + queuePlacesAhead + `) a`
 
 // errNoPlace: the server gave no place (the lock's key is taken
 // exclusively); the waiter goes on without the order.
@@ -144,18 +151,18 @@ func (l *listener) Join(ctx context.Context, ref domain.ResourceRef) (applicatio
 
 // Ahead implements application.Place. A place whose session ended is no
 // longer in the queue: it is ahead of nobody, and nobody of it.
-func (p *pgPlace) Ahead(ctx context.Context) (bool, error) {
+func (p *pgPlace) Ahead(ctx context.Context) (int, error) {
 	q := &p.l.queue
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.conn != p.conn || p.conn.IsClosed() {
-		return false, nil
+		return 0, nil
 	}
 	ctx, cancel := placeContext(ctx)
 	defer cancel()
-	var ahead bool
+	var ahead int
 	if err := p.conn.QueryRow(ctx, queueAheadSQL, p.key, p.n).Scan(&ahead); err != nil {
-		return false, err
+		return 0, err
 	}
 	return ahead, nil
 }

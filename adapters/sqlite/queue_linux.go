@@ -93,12 +93,7 @@ func (p *queuePlace) lock(typ int16) error {
 // an earlier number, with w.mu held. This store's own places never
 // conflict with its probe: the service orders them.
 func (p *queuePlace) ahead() bool {
-	lo := p.number - queueWindow // the earliest number that counts as earlier
-	spans := [][2]int64{{int64(lo), queueWindow}}
-	if uint64(lo)+queueWindow > 1<<32 { // wraps: two spans
-		spans = [][2]int64{{int64(lo), 1<<32 - int64(lo)}, {0, int64(p.number)}}
-	}
-	for _, s := range spans {
+	for _, s := range p.earlier() {
 		if s[1] == 0 {
 			continue
 		}
@@ -113,15 +108,50 @@ func (p *queuePlace) ahead() bool {
 	return false
 }
 
+// earlier returns the spans (start, length) of the numbers before p's.
+func (p *queuePlace) earlier() [][2]int64 {
+	lo := p.number - queueWindow        // the earliest number that counts as earlier
+	if uint64(lo)+queueWindow > 1<<32 { // wraps: two spans
+		return [][2]int64{{int64(lo), 1<<32 - int64(lo)}, {0, int64(p.number)}}
+	}
+	return [][2]int64{{int64(lo), queueWindow}}
+}
+
 // Ahead implements application.Place.
-func (p *queuePlace) Ahead(context.Context) (bool, error) {
+func (p *queuePlace) Ahead(context.Context) (int, error) {
 	p.w.mu.Lock()
 	defer p.w.mu.Unlock()
 	if p.w.closed {
-		return false, domain.ErrClosed
+		return 0, domain.ErrClosed
 	}
 	p.w.recheck()
-	return p.ahead(), nil
+	n := 0
+	for _, s := range p.earlier() {
+		n += p.count(s[0], s[0]+s[1])
+	}
+	return n, nil
+}
+
+// count counts the places held by other stores in [from, to) of p's
+// numbers, with w.mu held: F_OFD_GETLK names one lock that conflicts (a
+// store's places on adjacent numbers merge into one), then each side of
+// it is asked again. A place is one byte, so its lock's length counts them.
+func (p *queuePlace) count(from, to int64) int {
+	if from >= to {
+		return 0
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: p.base + from, Len: to - from}
+	if err := unix.FcntlFlock(p.w.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil || lk.Type == unix.F_UNLCK {
+		return 0 // none, or cannot tell: on without the order
+	}
+	lo, hi := max(lk.Start-p.base, from), to
+	if lk.Len > 0 {
+		hi = min(lk.Start-p.base+lk.Len, to)
+	}
+	if lo >= hi { // not within [from, to): cannot tell
+		return 0
+	}
+	return int(hi-lo) + p.count(from, lo) + p.count(hi, to)
 }
 
 // Leave implements application.Place: a waiter that leaves without the
