@@ -192,6 +192,15 @@ type flakyRepo struct {
 	*memory.LockRepository
 	mu   sync.Mutex
 	fail func(ctx context.Context) error
+	// reads, held by a test, holds back every Get (a kept-alive handle's
+	// look at its lock after a wake-up) until a change of several writes is whole.
+	reads sync.RWMutex
+}
+
+func (r *flakyRepo) Get(ctx context.Context, ref domain.ResourceRef) (domain.Lock, error) {
+	r.reads.RLock()
+	defer r.reads.RUnlock()
+	return r.LockRepository.Get(ctx, ref)
 }
 
 func (r *flakyRepo) Update(ctx context.Context, ref domain.ResourceRef, decide application.Decide) (domain.Lock, error) {
@@ -330,12 +339,16 @@ func TestHandle_KeepAlive(t *testing.T) {
 	})
 
 	t.Run("TakenOver", func(t *testing.T) {
-		clk, _, svc, _, held := setup(t)
+		clk, repo, svc, _, held := setup(t)
 		// Someone releases A's lock behind its back (an operator), and B
-		// takes the resource: the next renewal finds B.
+		// takes the resource: the next renewal, or the look the release's
+		// wake-up sets off, finds B. The look waits until B has it: one
+		// between the two writes would rightly find the lock removed.
+		repo.reads.Lock()
 		_, err := svc.Release(ctx, "A", plan)
 		require.NoError(t, err)
 		b, err := svc.Acquire(ctx, "B", plan, time.Minute)
+		repo.reads.Unlock()
 		require.NoError(t, err)
 		require.Equal(t, ttl/2, clk.NextTimer(t))
 		clk.Add(ttl / 2)
