@@ -122,3 +122,29 @@ func dirNames(t *testing.T, dir string) []string {
 	}
 	return names
 }
+
+// A side file bind-mounted after the store opened is refused to the next
+// connection: the pool checks SQLite's side files before each one.
+func TestSideFile_BindMountedAfterOpen(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root can bind-mount a file")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("no unshare(1) to make a private mount namespace")
+	}
+	path := filepath.Join(t.TempDir(), "agents.db")
+	other := filepath.Join(t.TempDir(), "other-wal")
+	require.NoError(t, os.WriteFile(other, nil, 0o600))
+
+	cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), workerEnv+"=mount-after-open", dbEnv+"="+path, mountEnv+"="+other+" "+path+"-wal")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	var r workerReport
+	require.NoError(t, json.Unmarshal(out, &r), "%s", out)
+	require.NotEmpty(t, r.Error, "a new connection read with -wal bind-mounted onto another file")
+	assert.Equal(t, "MountedFileError", r.As, r.Error)
+	assert.Contains(t, r.Error, path+"-wal", "the error names the mounted side file")
+}
