@@ -40,6 +40,9 @@ func FormatError(op string, err error) error {
 	if sfe, ok := errors.AsType[*SideFileError](err); ok {
 		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: sfe.advice()}
 	}
+	if mfe, ok := errors.AsType[*MountedFileError](err); ok {
+		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: err, Advice: mfe.advice()}
+	}
 	if isHotJournal(err) {
 		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: fmt.Errorf("%w (%w)", ErrHotJournal, err), Advice: hotJournalAdvice}
 	}
@@ -137,20 +140,36 @@ func (e *LinkedFileError) Error() string {
 		"by name, so two names are two databases, and two processes could both hold the same lock", e.Path, e.Links)
 }
 
-// MountedFileError reports a database file that is a mount point of its
-// own, a bind mount of the single file (as `docker run -v FILE:FILE` makes):
-// the file has another name, outside the mount, and SQLite keeps a
-// database's journal (-wal, -shm) by name, as this module keeps its wake
-// file and owner claims, so two names are two databases. It comes wrapped
-// in a *domain.StoreError of kind StoreUnreachable.
+// MountedFileError reports a database file, or one of its side files
+// (-journal, -wal, -shm, -lock, -wake), that is a mount point of its own, a
+// bind mount of the single file (as `docker run -v FILE:FILE` makes): the
+// file has another name, outside the mount, and SQLite keeps a database's
+// journal (-wal, -shm) by name, as this module keeps its writers' queue,
+// wake file and owner claims, so two names are two databases. It comes
+// wrapped in a *domain.StoreError of kind StoreUnreachable.
 type MountedFileError struct {
-	Path string // the name the store was given
+	Path string // the name the store was given, or the mounted side file's
+	DB   string // the database whose side file Path is; empty when Path is the database
 }
 
 func (e *MountedFileError) Error() string {
+	if e.DB != "" {
+		return fmt.Sprintf("%s, a side file of the database %s, is a mount point of its own (a bind mount of a single file): "+
+			"processes that see another file there keep another journal, writers' queue or owner claims of the database, "+
+			"so two processes could both hold the same lock", e.Path, e.DB)
+	}
 	return fmt.Sprintf("%s is a mount point of its own (a bind mount of a single file): the file has another name, beside which SQLite "+
 		"keeps another journal (-wal and -shm) and this module another wake file and owner claims, so two names are two databases, "+
 		"and two processes could both hold the same lock", e.Path)
+}
+
+func (e *MountedFileError) advice() string {
+	if e.DB != "" {
+		return "mount the directory that holds the database rather than its files, so that the database's side files are the same " +
+			"in every mount namespace (findmnt " + e.Path + " shows the mount); the database was left as it was"
+	}
+	return "mount the directory that holds the database rather than the file, so that its side files are the same " +
+		"under every name, and have every program open it by one name (findmnt " + e.Path + " shows the mount)"
 }
 
 // checkOneName refuses, for every opener, a database file with more than
@@ -168,9 +187,7 @@ func checkOneName(op, path string) error {
 				"(find them with: find / -xdev -samefile " + path + ")"}
 	}
 	if mountRoot(path) {
-		return &domain.StoreError{Op: op, Kind: domain.StoreUnreachable, Err: &MountedFileError{Path: path},
-			Advice: "mount the directory that holds the database rather than the file, so that its side files are the same " +
-				"under every name, and have every program open it by one name (findmnt " + path + " shows the mount)"}
+		return FormatError(op, &MountedFileError{Path: path})
 	}
 	return nil
 }

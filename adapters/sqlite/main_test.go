@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -59,6 +60,8 @@ func TestMain(m *testing.M) {
 		code = workerWrite(os.Getenv(dbEnv))
 	case "open-owner":
 		code = workerOpenOwner(os.Getenv(dbEnv))
+	case "mount-after-open":
+		code = workerMountAfterOpen(os.Getenv(dbEnv))
 	default:
 		fmt.Fprintln(os.Stderr, "unknown worker", os.Getenv(workerEnv))
 		code = 2
@@ -76,6 +79,36 @@ func workerOpenOwner(path string) int {
 	if err == nil {
 		return report(errorReport(db.Close()))
 	}
+	r := errorReport(err)
+	if mf := (*sqlite.MountedFileError)(nil); errors.As(err, &mf) {
+		r.As = "MountedFileError"
+	}
+	return report(r)
+}
+
+// mountEnv is what the mount-after-open worker mounts: "FILE SIDE".
+const mountEnv = "LOCKS_SQLITE_TEST_MOUNT"
+
+// workerMountAfterOpen opens the database, then (in its own mount
+// namespace: the caller's) bind-mounts FILE onto SIDE, a side file, and
+// reads through a new connection; it reports the read's error, naming a
+// *sqlite.MountedFileError in As.
+func workerMountAfterOpen(path string) int {
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, path, sqlite.Options{})
+	if err != nil {
+		return report(errorReport(err))
+	}
+	defer db.Close()
+	file, side, _ := strings.Cut(os.Getenv(mountEnv), " ")
+	if out, err := exec.Command("mount", "--bind", file, side).CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "mount: %v: %s\n", err, out)
+		return 1
+	}
+	readers := db.Readers()
+	readers.SetMaxIdleConns(0) // the next read opens a new connection
+	var n int
+	err = readers.QueryRowContext(ctx, "SELECT count(*) FROM locks").Scan(&n)
 	r := errorReport(err)
 	if mf := (*sqlite.MountedFileError)(nil); errors.As(err, &mf) {
 		r.As = "MountedFileError"

@@ -51,8 +51,7 @@ func claimOwner(db, owner string) (*ownerClaim, error) {
 	w := &wakeFile{db: db, path: db + "-wake"}
 	f, writable, err := w.open(fi.Mode().Perm())
 	if err != nil {
-		var sfe *SideFileError
-		if errors.As(err, &sfe) {
+		if refusedSideFile(err) {
 			return nil, err
 		}
 		return nil, nil // waiters poll here too: the wake file cannot be opened

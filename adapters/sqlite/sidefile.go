@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
@@ -66,13 +67,29 @@ func sideFileError(db, name string, fi fs.FileInfo) error {
 	return &SideFileError{Path: name, Problem: problem}
 }
 
-// checkSideFile only looks, so that Open refuses before it writes anything.
+// checkSideFile only looks, so that Open refuses before it writes anything;
+// a side file bind-mounted onto another file (a *MountedFileError) is
+// another journal, queue or wake file in the mount namespaces that see it.
 func checkSideFile(db, path string) error {
 	fi, err := os.Lstat(path)
 	if err != nil {
 		return nil // missing, or for the open to report
 	}
-	return sideFileError(db, path, fi)
+	if err := sideFileError(db, path, fi); err != nil {
+		return err
+	}
+	if mountRoot(path) {
+		return &MountedFileError{Path: path, DB: db}
+	}
+	return nil
+}
+
+// refusedSideFile reports whether err refuses a side file (*SideFileError,
+// *MountedFileError): the store must not go on without it.
+func refusedSideFile(err error) bool {
+	var sfe *SideFileError
+	var mfe *MountedFileError
+	return errors.As(err, &sfe) || errors.As(err, &mfe)
 }
 
 // checkSQLiteSideFiles runs before each connection (sideFileConnector):
@@ -111,6 +128,9 @@ func openSideFile(db, name string, flag int, perm fs.FileMode) (*os.File, error)
 	fi, err := f.Stat()
 	if err == nil {
 		err = sideFileError(db, name, fi)
+	}
+	if err == nil && mountRootFile(f) {
+		err = &MountedFileError{Path: name, DB: db}
 	}
 	if err != nil {
 		f.Close() // a FIFO opened without blocking, or a file left as it was

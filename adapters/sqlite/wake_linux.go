@@ -71,7 +71,8 @@ const (
 // openWakeFile opens, or creates with the database's permissions, the
 // wake file of the database at path (resolved by sidePath). It returns
 // nil and no error where it cannot (waiters then poll), and refuses (a
-// *SideFileError) a file another user may have planted (openSideFile).
+// *SideFileError, *MountedFileError) a file another user may have planted,
+// or a bind mount (openSideFile).
 func openWakeFile(path string) (*wakeFile, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -79,7 +80,7 @@ func openWakeFile(path string) (*wakeFile, error) {
 	}
 	w := &wakeFile{db: path, path: path + "-wake"}
 	if w.f, w.writable, err = w.open(fi.Mode().Perm()); err != nil {
-		if sfe := (*SideFileError)(nil); errors.As(err, &sfe) {
+		if refusedSideFile(err) {
 			return nil, err
 		}
 		return nil, nil
