@@ -21,7 +21,7 @@ func us(n int) time.Time { return monotonicEpoch.Add(time.Duration(n) * time.Mic
 // that saw the server's clock off the host's ticks by off.
 func orderedClock(sent, got int, off time.Duration) *ServerClock {
 	c := &ServerClock{local: clock.NewMock(), kick: make(chan struct{}, 1)}
-	c.observe(us(sent), us(got), us((sent + got) / 2).Add(off))
+	c.observe(us(sent), us(got), us((sent+got)/2).Add(off))
 	<-c.kick
 	return c
 }
