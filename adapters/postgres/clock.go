@@ -225,12 +225,12 @@ func (c *ServerClock) measure(ctx context.Context) error {
 // An estimate that this shows wrong beyond the uncertainty it states (the
 // server's clock stepped, the host's monotonic clock stood still or
 // drifted) is corrected (see take), and a measurement is asked for to
-// narrow its uncertainty again.
+// narrow its uncertainty again; a later reading settles an ambiguous one.
 func (c *ServerClock) observe(sent, got, server time.Time) {
 	c.mu.RLock()
-	wrong := c.disagrees(sent, got, server)
+	weigh := c.ambiguous || c.disagrees(sent, got, server)
 	c.mu.RUnlock()
-	if !wrong {
+	if !weigh {
 		return
 	}
 	c.mu.Lock()
@@ -268,8 +268,8 @@ func (c *ServerClock) take(sent, got, server time.Time, offset time.Duration, me
 	}
 	wrong := c.disagrees(sent, got, server)
 	switch {
-	case !sent.Before(c.got): // the later
-		if measured || wrong {
+	case !sent.Before(c.got): // the later: it settles an ambiguous estimate too
+		if measured || wrong || c.ambiguous && half < c.uncertainty {
 			anchor()
 			return !measured
 		}

@@ -85,6 +85,14 @@ func TestServerClock_OldReadingAnsweredLateDoesNotMislead(t *testing.T) {
 			c.mu.Unlock()
 			checkCovers(t, c, us(12000000), truth, "after a measurement made during the write")
 
+			if step < 0 { // a write sent after both, answered, settles it too
+				c.observe(us(12500000), us(12502000), us(12501000).Add(step))
+				checkCovers(t, c, us(13000000), us(13000000).Add(step), "after a write sent after both")
+				if _, u, _ := c.Offset(); u > time.Millisecond {
+					t.Errorf("a write sent after both readings left an uncertainty of %v", u)
+				}
+			}
+
 			c.mu.Lock()
 			c.take(us(13000000), us(13001000), us(13000500).Add(step), 0, true) // the measurement asked for
 			c.mu.Unlock()
