@@ -46,7 +46,8 @@ type ServerClock struct {
 
 	mu          sync.RWMutex
 	at, mark    time.Time // the server's time at the instant mark (tick)
-	since       time.Time // the tick at which the reading of at was asked for
+	since, got  time.Time // the ticks between which the readings the estimate rests on were made
+	ambiguous   bool      // it rests on two readings that disagree, neither known to be the later
 	offset      time.Duration
 	uncertainty time.Duration
 	lastErr     error
@@ -128,8 +129,10 @@ func (c *ServerClock) After(d time.Duration) <-chan time.Time {
 
 // Offset returns what the local wall clock was off by at the last
 // measurement or re-anchoring (decisions do not use it), the uncertainty
-// (half the round trip of the reading the estimate is anchored on), and the
-// last refresh's error.
+// (half the round trip of the reading the estimate is anchored on; more,
+// to cover both, while two readings disagree and neither is known to be
+// the later, until the measurement that tells), and the last refresh's
+// error.
 func (c *ServerClock) Offset() (offset, uncertainty time.Duration, err error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -191,7 +194,7 @@ func (c *ServerClock) measure(ctx context.Context) error {
 	}
 	defer conn.Close()
 	best := time.Duration(-1)
-	var at, mark, since time.Time
+	var at, sent, got time.Time
 	var offset time.Duration
 	for range ClockSamples + 1 {
 		var server time.Time
@@ -199,20 +202,21 @@ func (c *ServerClock) measure(ctx context.Context) error {
 		if err := conn.QueryRowContext(ctx, "SELECT clock_timestamp()").Scan(&server); err != nil {
 			return err
 		}
-		rtt := c.tick().Sub(before)
+		after := c.tick()
+		rtt := after.Sub(before)
 		if best < 0 || rtt < best {
 			best = rtt
-			at, mark, since = server, before.Add(rtt/2), before
+			at, sent, got = server, before, after
 			offset = server.Sub(wall.Add(rtt / 2))
 		}
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	kick := c.take(sent, got, at, offset, true)
 	c.lastErr = nil
-	if since.Before(c.since) {
-		return nil // a statement answered since re-anchored it, on a later reading
+	c.mu.Unlock()
+	if kick {
+		c.remeasure()
 	}
-	c.at, c.mark, c.since, c.offset, c.uncertainty = at, mark, since, offset, best/2
 	return nil
 }
 
@@ -220,28 +224,90 @@ func (c *ServerClock) measure(ctx context.Context) error {
 // at tick sent and answered at tick got: the server read it in between.
 // An estimate that this shows wrong beyond the uncertainty it states (the
 // server's clock stepped, the host's monotonic clock stood still or
-// drifted) is re-anchored on the reading, with half that round trip as
-// its uncertainty, and a measurement is asked for to narrow it again.
+// drifted) is corrected (see take), and a measurement is asked for to
+// narrow its uncertainty again; a later reading settles an ambiguous one.
 func (c *ServerClock) observe(sent, got, server time.Time) {
 	c.mu.RLock()
-	wrong := c.disagrees(sent, got, server)
+	weigh := c.ambiguous || c.disagrees(sent, got, server)
 	c.mu.RUnlock()
-	if !wrong {
+	if !weigh {
 		return
 	}
 	c.mu.Lock()
-	if sent.Before(c.since) || !c.disagrees(sent, got, server) {
-		c.mu.Unlock()
-		return // re-anchored since on a later reading
-	}
-	half := got.Sub(sent) / 2
-	c.at, c.mark, c.since, c.uncertainty = server, sent.Add(half), sent, half
-	c.offset = server.Sub(c.local.Now().Add(-half))
+	kick := c.take(sent, got, server, server.Sub(c.local.Now().Add(-got.Sub(sent)/2)), false)
 	c.mu.Unlock()
+	if kick {
+		c.remeasure()
+	}
+}
+
+// remeasure asks the refresh for a measurement.
+func (c *ServerClock) remeasure() {
 	select {
 	case c.kick <- struct{}{}:
 	default:
 	}
+}
+
+// take weighs the reading server, made between ticks sent and got, against
+// the estimate, and reports whether a measurement is needed. Only the
+// order of the readings tells which is right when they disagree (the
+// server's clock moved between them): a reading asked for once the
+// estimate's were all answered is the later, and is taken; one answered
+// before the estimate's were asked for is the earlier, and is dropped. A
+// reading made in the same span as the estimate's may be either: when it
+// disagrees, the estimate is widened to cover both (on the later of the
+// two, which decides an expiry no earlier than the server: a lock never
+// changes hands on the estimate alone) until a measurement, asked for at
+// once, tells. A measurement (measured) that agrees narrows the estimate,
+// but never an ambiguous one. Under c.mu.
+func (c *ServerClock) take(sent, got, server time.Time, offset time.Duration, measured bool) (kick bool) {
+	half := got.Sub(sent) / 2
+	anchor := func() {
+		c.at, c.mark, c.since, c.got, c.offset, c.uncertainty, c.ambiguous = server, sent.Add(half), sent, got, offset, half, false
+	}
+	wrong := c.disagrees(sent, got, server)
+	switch {
+	case !sent.Before(c.got): // the later: it settles an ambiguous estimate too
+		if measured || wrong || c.ambiguous && half < c.uncertainty {
+			anchor()
+			return !measured
+		}
+		return false
+	case !c.since.Before(got): // the earlier
+		return false
+	case !wrong:
+		if measured && !c.ambiguous && !sent.Before(c.since) {
+			since, got := c.since, later(c.got, got)
+			anchor()
+			c.since, c.got = since, got
+		}
+		return false
+	}
+	// Either may be the later: the estimate covers both until a measurement.
+	d := server.Sub(c.at.Add(sent.Add(half).Sub(c.mark))) // the reading's estimate less this one
+	if d > 0 {
+		u := max(half, d+c.uncertainty)
+		c.at, c.mark, c.offset, c.uncertainty = server, sent.Add(half), offset, u
+	} else {
+		c.uncertainty = max(c.uncertainty, -d+half)
+	}
+	c.since, c.got, c.ambiguous = earlier(c.since, sent), later(c.got, got), true
+	return true
+}
+
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // disagrees reports whether the estimate, within its uncertainty, is

@@ -231,3 +231,55 @@ func laggingHolder(t *testing.T, lag, cutLag time.Duration) {
 	var lost *domain.LockLostError
 	require.ErrorAs(t, context.Cause(work), &lost)
 }
+
+// The review's break: an acquire sent before a measurement, held back by
+// a table lock until after it, answers with the server's clock read after
+// a 30 s step forward. Its reading came later than the measurement's:
+// sent earlier is no reason to ignore it. Until a new measurement tells,
+// the estimate states an uncertainty that covers the server's time; the
+// measurement it asks for narrows it again.
+func TestServerClock_ReadingSentBeforeAMeasurementAnsweredAfterIt(t *testing.T) {
+	ctx := context.Background()
+	start := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	server := newVirtualServer(t, start)
+	db, err := postgres.Open(ctx, server.DSN, postgres.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	host := newMockHost(start)
+	sc, err := postgres.NewServerClock(ctx, db, host)
+	require.NoError(t, err)
+	defer sc.Close()
+	svc, err := application.NewLockService(postgres.NewLockRepository(db), sc, 0)
+	require.NoError(t, err)
+	_, err = svc.Acquire(ctx, "A", plan1, time.Minute) // creates the table's first row
+	require.NoError(t, err)
+
+	admin := rawPG(t, server.DSN)
+	tx, err := admin.Begin()
+	require.NoError(t, err)
+	defer tx.Rollback() //nolint:errcheck // ends the hold
+	_, err = tx.Exec("LOCK TABLE locks IN EXCLUSIVE MODE")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := svc.Acquire(ctx, "A", plan2, time.Minute)
+		done <- err
+	}()
+	waitFor(t, admin, "wait_event_type = 'Lock'", "the acquire never waited")
+
+	host.Add(time.Second) // both clocks run on; the measurement, sent after the acquire, agrees
+	server.Step(time.Second)
+	require.NoError(t, postgres.Measure(ctx, sc))
+	requireEstimate(t, server, sc, "after the measurement")
+
+	server.Step(30 * time.Second) // the server's clock steps while the acquire waits
+	host.Add(time.Second)
+	server.Step(time.Second)
+	require.NoError(t, tx.Commit())
+	require.NoError(t, <-done)
+	requireEstimate(t, server, sc, "after the acquire that read the stepped clock")
+	require.Eventually(t, func() bool {
+		_, uncertainty, err := sc.Offset()
+		return err == nil && uncertainty < time.Second && sc.Now().Sub(server.Now()).Abs() <= uncertainty
+	}, 30*time.Second, 5*time.Millisecond, "no measurement narrowed the uncertainty back")
+}
