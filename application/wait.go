@@ -245,8 +245,14 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		place, ahead, fresh = p, a, true
 	}
 	defer func() {
-		if place != nil {
-			place.Leave(err == nil)
+		switch {
+		case place == nil:
+		case err == nil:
+			place.Leave(true) // before the caller can release: the next must not find it ahead
+		default:
+			// A waiter that gives up returns at once: a store that does not
+			// answer must not hold it past its deadline for a place it leaves.
+			go place.Leave(false)
 		}
 	}()
 	if !first {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/fnv"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -120,11 +121,22 @@ func (l *listener) queueConn(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
+// leaveTimeout bounds a place's leaving: one statement a healthy server
+// answers in a millisecond.
+const leaveTimeout = 250 * time.Millisecond
+
 // placeContext bounds a statement of the places' connection by
-// talkTimeout, never by a waiter's cancelled context: pgx would close the
-// connection, and every place of this store with it.
+// talkTimeout, and by the waiter's deadline, but not by a cancellation
+// of its context: pgx would close the connection, and every place of this
+// store with it. A deadline that passes does close it: a server that does
+// not answer in time must not hold the waiter past its deadline (its
+// places are then gone and their waiters go on unordered).
 func placeContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), talkTimeout)
+	d := talkTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)) // a waiter's deadline bounds its place's talk too
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), d)
 }
 
 // Join implements application.Queue.
@@ -179,7 +191,11 @@ func (p *pgPlace) Leave(took bool) {
 		if q.closed || q.conn != p.conn || p.conn.IsClosed() {
 			return // its session, and the place with it, is gone or going
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), talkTimeout)
+		// Bounded by leaveTimeout, not talkTimeout: Leave holds the places'
+		// connection, and a server gone silent must not keep this store's
+		// next Join (a CLI's next round, with its own deadline) waiting
+		// behind it. A timeout closes the connection, and the places with it.
+		ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 		defer cancel()
 		k2 := int32(uint32(p.n))
 		if took {
