@@ -236,14 +236,6 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		freeSince time.Time // since when fallback looks found the lock free and a waiter ahead
 		passing   bool      // the next try passes the waiters ahead
 	)
-	takePlace := func() {
-		p, a, err := s.queue.Join(ctx, ref)
-		if err != nil {
-			first = true // no place: on without the order, as without a Queue
-			return
-		}
-		place, ahead, fresh = p, a, true
-	}
 	defer func() {
 		switch {
 		case place == nil:
@@ -256,7 +248,11 @@ func (s *LockService) waitTurn(ctx context.Context, ref domain.ResourceRef, time
 		}
 	}()
 	if !first {
-		takePlace()
+		if p, a, err := s.queue.Join(ctx, ref); err == nil {
+			place, ahead, fresh = p, a, true
+		} else {
+			first = true // no place: on without the order, as without a Queue
+		}
 		s.waiters.placing.Unlock()
 	}
 
